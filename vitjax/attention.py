@@ -1,0 +1,222 @@
+"""Scaled dot-product attention and the multi-head attention module used by every vitjax model.
+
+Shape letters: B batch, T query length, S key/value length, H heads, K key/query features per head,
+V value features per head, D model width.
+
+`dot_product_attention` computes softmax(Q K^T / sqrt(K) + bias) V with boolean masks (True = attend).
+It has two implementations behind the `implementation` switch:
+
+* "fast" (default; alias "auto"): `jax.nn.dot_product_attention`. On a GPU with bf16/fp16 inputs it first
+  tries cuDNN's fused kernel and falls back to XLA's when cuDNN's constraints do not hold (head size,
+  bias shapes, ...); elsewhere it is XLA's fused-softmax path.
+* "reference": the explicit einsum-softmax-einsum. It is also what runs whenever attention dropout is
+  active, since the fused kernels take no dropout, and when K != V.
+
+Fully masked rows (a query that may attend to nothing) give finite outputs in both implementations: the
+masked logits are set to a large negative number rather than -inf, so such a row averages the values.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+IMPLEMENTATIONS = ("fast", "auto", "xla", "cudnn", "reference")
+
+
+def _large_negative(dtype) -> float:
+  # The same constant jax.nn.dot_product_attention uses, so both implementations agree exactly.
+  return float(0.7 * jnp.finfo(dtype).min)
+
+
+def _as_4d(x: Array | None) -> Array | None:
+  if x is None:
+    return None
+  x = jnp.asarray(x)
+  if x.ndim > 4:
+    raise ValueError(f"mask/bias must broadcast to [B, H, T, S]; got rank {x.ndim} shape {x.shape}")
+  return x.reshape((1,) * (4 - x.ndim) + x.shape)
+
+
+def causal_mask(length: int, key_length: int | None = None) -> Array:
+  """[1, 1, T, S] boolean mask: query t may attend to keys s <= t (S defaults to T)."""
+  key_length = length if key_length is None else key_length
+  return jnp.tril(jnp.ones((length, key_length), bool))[None, None]
+
+
+def padding_mask(query_valid: Array | None, key_valid: Array) -> Array:
+  """[B, 1, T, S] mask from per-token validity flags: query_valid [B, T] (or None), key_valid [B, S]."""
+  key_valid = key_valid.astype(bool)
+  if query_valid is None:
+    return key_valid[:, None, None, :]
+  return query_valid.astype(bool)[:, None, :, None] & key_valid[:, None, None, :]
+
+
+def reference_attention(q: Array, k: Array, v: Array, *, bias: Array | None = None,
+                        mask: Array | None = None, scale: float | None = None,
+                        dropout_rate: float = 0.0, dropout_rng: Array | None = None,
+                        deterministic: bool = True) -> Array:
+  """Explicit attention. q [B, T, H, K], k [B, S, H, K], v [B, S, H, V] -> [B, T, H, V].
+
+  bias: additive, broadcastable to [B, H, T, S]. mask: boolean, broadcastable to [B, H, T, S].
+  Logits and softmax are computed in float32 whatever the input dtype.
+  """
+  scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
+  logits = jnp.einsum("bthk,bshk->bhts", q, k, preferred_element_type=jnp.float32) * scale
+  if bias is not None:
+    logits = logits + _as_4d(bias).astype(jnp.float32)
+  if mask is not None:
+    logits = jnp.where(_as_4d(mask), logits, _large_negative(jnp.float32))
+  weights = jax.nn.softmax(logits, axis=-1)
+  if not deterministic and dropout_rate > 0.0:
+    if dropout_rng is None:
+      raise ValueError("attention dropout needs dropout_rng (pass rngs={'dropout': key} to apply)")
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
+    weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
+  return jnp.einsum("bhts,bshv->bthv", weights.astype(v.dtype), v)
+
+
+def _fast_attention(q, k, v, bias, mask, scale, implementation):
+  bias, mask = _as_4d(bias), _as_4d(mask)
+  if mask is not None:
+    mask = mask.astype(bool)
+  if bias is not None:
+    bias = bias.astype(q.dtype)
+  call = functools.partial(jax.nn.dot_product_attention, q, k, v, bias, mask, scale=scale)
+  if implementation == "cudnn":
+    return call(implementation="cudnn")
+  if implementation in ("fast", "auto") and jax.default_backend() == "gpu" and \
+      q.dtype in (jnp.bfloat16, jnp.float16):
+    try:  # cuDNN refuses at trace time what it cannot run (e.g. head size, bias layouts).
+      return call(implementation="cudnn")
+    except Exception:  # pylint: disable=broad-except
+      pass
+  return call(implementation="xla")
+
+
+def dot_product_attention(q: Array, k: Array, v: Array, *, bias: Array | None = None,
+                          mask: Array | None = None, scale: float | None = None,
+                          dropout_rate: float = 0.0, dropout_rng: Array | None = None,
+                          deterministic: bool = True, implementation: str = "fast") -> Array:
+  """softmax(Q K^T * scale + bias) V, masked. q [B, T, H, K], k [B, S, H, K], v [B, S, H, V].
+
+  Args:
+    bias: additive attention bias broadcastable to [B, H, T, S] (relative positions, ALiBi, ...).
+    mask: boolean, broadcastable to [B, H, T, S]; True where a query may attend to a key.
+    scale: defaults to 1/sqrt(K).
+    dropout_rate, dropout_rng, deterministic: dropout on the attention weights.
+    implementation: "fast"/"auto" (jax.nn.dot_product_attention, cuDNN where possible), "xla",
+      "cudnn" (no fallback), or "reference".
+  Returns:
+    [B, T, H, V].
+  """
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f"unknown attention implementation {implementation!r}; use one of {IMPLEMENTATIONS}")
+  if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+    raise ValueError(f"q, k, v must be [B, T, H, K]; got shapes {q.shape}, {k.shape}, {v.shape}")
+  if q.shape[-1] != k.shape[-1] or k.shape[:-1] != v.shape[:-1]:
+    raise ValueError(f"incompatible q/k/v shapes {q.shape}, {k.shape}, {v.shape}")
+  dropout = not deterministic and dropout_rate > 0.0
+  if implementation == "reference" or dropout or k.shape[-1] != v.shape[-1]:
+    return reference_attention(q, k, v, bias=bias, mask=mask, scale=scale, dropout_rate=dropout_rate,
+                               dropout_rng=dropout_rng, deterministic=deterministic)
+  scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
+  return _fast_attention(q, k, v, bias, mask, scale, implementation)
+
+
+class MultiHeadAttention(nn.Module):
+  """Multi-head attention: self-attention (inputs_kv=None) or cross-attention.
+
+  Parameters: query/key/value kernels [D, H, K] (value [D, H, V]) with optional biases [H, K], and
+  out kernel [H, V, D_out] with bias [D_out] (the layout of the original JAX ViT).
+
+  With decode=True (self-attention only) the module keeps a KV cache in the "cache" collection. Initialise
+  it with a full-length input [B, S_max, D] (flax's convention); then each call appends its tokens
+  [B, T, D] at the cache index and attends causally to everything cached so far, so feeding a sequence a
+  token at a time gives the outputs of one causal pass.
+
+  Attributes:
+    num_heads: H.
+    qk_features, v_features: per-head K and V (default D // H).
+    out_features: D_out (default D).
+    qkv_bias: biases on the q/k/v projections. out_bias: bias on the output projection.
+    dropout_rate: dropout on the attention weights.
+    implementation: see dot_product_attention.
+    deterministic: no dropout when True.
+  """
+  num_heads: int
+  qk_features: int | None = None
+  v_features: int | None = None
+  out_features: int | None = None
+  qkv_bias: bool = True
+  out_bias: bool = True
+  dropout_rate: float = 0.0
+  decode: bool = False
+  implementation: str = "fast"
+  deterministic: bool = True
+  dtype: Any = None
+  param_dtype: Any = jnp.float32
+  kernel_init: Callable = nn.initializers.xavier_uniform()
+  bias_init: Callable = nn.initializers.zeros
+
+  @nn.compact
+  def __call__(self, inputs_q: Array, inputs_kv: Array | None = None, *, mask: Array | None = None,
+               bias: Array | None = None) -> Array:
+    """inputs_q [B, T, D], inputs_kv [B, S, D_kv] or None -> [B, T, D_out].
+
+    mask: boolean, broadcastable to [B, H, T, S] (True = attend). bias: broadcastable to [B, H, T, S].
+    """
+    d = inputs_q.shape[-1]
+    if d % self.num_heads and (self.qk_features is None or self.v_features is None):
+      raise ValueError(f"model width {d} is not divisible by num_heads={self.num_heads}; choose a width "
+                       "that is, or set qk_features and v_features")
+    qk = self.qk_features or d // self.num_heads
+    vf = self.v_features or d // self.num_heads
+    dense = functools.partial(nn.DenseGeneral, axis=-1, dtype=self.dtype, param_dtype=self.param_dtype,
+                              kernel_init=self.kernel_init, bias_init=self.bias_init, use_bias=self.qkv_bias)
+    kv_in = inputs_q if inputs_kv is None else inputs_kv
+    q = dense(features=(self.num_heads, qk), name="query")(inputs_q)
+    k = dense(features=(self.num_heads, qk), name="key")(kv_in)
+    v = dense(features=(self.num_heads, vf), name="value")(kv_in)
+
+    if self.decode:
+      if inputs_kv is not None:
+        raise ValueError("decode=True is for self-attention; cross-attention needs no cache")
+      k, v, cache_mask = self._update_cache(k, v)
+      if cache_mask is not None:  # None while the cache is being initialised.
+        mask = cache_mask if mask is None else jnp.logical_and(_as_4d(mask), cache_mask)
+
+    dropout_rng = None
+    if not self.deterministic and self.dropout_rate > 0.0:
+      dropout_rng = self.make_rng("dropout")
+    x = dot_product_attention(q, k, v, bias=bias, mask=mask, dropout_rate=self.dropout_rate,
+                              dropout_rng=dropout_rng, deterministic=self.deterministic,
+                              implementation=self.implementation)
+    return nn.DenseGeneral(features=self.out_features or d, axis=(-2, -1), dtype=self.dtype,
+                           param_dtype=self.param_dtype, kernel_init=self.kernel_init,
+                           bias_init=self.bias_init, use_bias=self.out_bias, name="out")(x)
+
+  def _update_cache(self, k: Array, v: Array):
+    """Writes k, v [B, T, H, *] at the cache index; returns the whole cache and its [B, 1, T, S] mask."""
+    initialised = self.has_variable("cache", "cached_key")
+    cached_k = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
+    cached_v = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
+    index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+    if not initialised:
+      return k, v, None
+    batch, steps = k.shape[0], k.shape[1]
+    max_len = cached_k.value.shape[1]
+    if cached_k.value.shape[0] != batch:
+      raise ValueError(f"cache was initialised for batch {cached_k.value.shape[0]}, called with {batch}")
+    i = index.value
+    cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k.astype(cached_k.value.dtype), (0, i, 0, 0))
+    cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v.astype(cached_v.value.dtype), (0, i, 0, 0))
+    index.value = i + steps
+    query_pos = i + jnp.arange(steps)
+    mask = jnp.arange(max_len)[None, :] <= query_pos[:, None]  # [T, S]
+    return cached_k.value, cached_v.value, mask[None, None]

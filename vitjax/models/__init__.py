@@ -1,0 +1,53 @@
+"""Model registry: `create(name, **overrides)` builds a model from the short names configs use.
+
+Names: "vit_ti16", "vit_s16", "vit_s32", "vit_b16", "vit_b32", "vit_l16", "vit_h14", ... (vit_SIZE PATCH),
+a ViT variant string such as "S/16", and "swin_t", "swin_s", "swin_b", "swin_l".
+"""
+from __future__ import annotations
+
+import difflib
+import re
+
+import flax.linen as nn
+
+from vitjax.models import swin as swin_lib
+from vitjax.models import vit as vit_lib
+from vitjax.models.swin import Swin
+from vitjax.models.vit import ViT
+
+_VIT_NAME = re.compile(r"^vit_(ti|s|m|b|l|h)(\d+)$")
+_SWIN_NAME = re.compile(r"^swin_(t|s|b|l)$")
+EXAMPLE_NAMES = ["vit_ti16", "vit_s16", "vit_b16", "vit_l16", "vit_h14", "swin_t", "swin_s", "swin_b", "swin_l"]
+
+
+def _config(name: str) -> tuple[type[nn.Module], dict]:
+  if "/" in name:
+    return ViT, vit_lib.parse_variant(name)
+  if m := _VIT_NAME.match(name):
+    size = {"ti": "Ti"}.get(m[1], m[1].upper())
+    return ViT, vit_lib.parse_variant(f"{size}/{m[2]}")
+  if m := _SWIN_NAME.match(name):
+    embed, depths, heads = swin_lib.VARIANTS[m[1].upper()]
+    return Swin, dict(embed_dim=embed, depths=depths, num_heads=heads)
+  near = difflib.get_close_matches(name, EXAMPLE_NAMES, n=1)
+  hint = f" Did you mean {near[0]!r}?" if near else ""
+  raise ValueError(f"unknown model {name!r}.{hint} Known: {', '.join(EXAMPLE_NAMES)}, vit_SIZEPATCH "
+                   "(e.g. vit_b32) or a ViT variant string like 'S/16'.")
+
+
+def create(name: str, **overrides) -> nn.Module:
+  """Builds a model by name; keyword overrides replace any attribute (num_classes, drop_path_rate, ...)."""
+  cls, kwargs = _config(name)
+  fields = set(cls.__dataclass_fields__) - {"parent", "name"}
+  unknown = set(overrides) - fields
+  if unknown:
+    bad = sorted(unknown)[0]
+    near = difflib.get_close_matches(bad, sorted(fields), n=1)
+    hint = f" Did you mean {near[0]!r}?" if near else ""
+    raise ValueError(f"{cls.__name__} has no option {bad!r}.{hint} Options: {', '.join(sorted(fields))}")
+  if "patch_size" in overrides and isinstance(overrides["patch_size"], int) and cls is ViT:
+    overrides["patch_size"] = (overrides["patch_size"],) * 2
+  return cls(**{**kwargs, **overrides})
+
+
+__all__ = ["ViT", "Swin", "create"]

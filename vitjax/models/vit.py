@@ -1,0 +1,192 @@
+"""Vision Transformer (Dosovitskiy et al. 2021), every option of the family in one module.
+
+Patchify (or a convolutional stem, Xiao et al. 2021) -> optional class token -> position embedding
+(learned or 2-D sin-cos) -> pre-norm encoder -> pooling (class token, global average, or a MAP head)
+-> optional pre-logits layer -> classifier. Images are [B, H, W, C]; H and W must be multiples of the
+patch size but need not be equal.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from vitjax.attention import MultiHeadAttention
+from vitjax.layers import EncoderBlock, FeedForward, Stack
+from vitjax.posenc import LearnedPositionEmbedding, sincos_2d
+
+Array = jax.Array
+
+# name: (width, depth, mlp_dim, heads)
+VARIANTS = {
+    "Ti": (192, 12, 768, 3),
+    "S": (384, 12, 1536, 6),
+    "M": (512, 12, 2048, 8),
+    "B": (768, 12, 3072, 12),
+    "L": (1024, 24, 4096, 16),
+    "H": (1280, 32, 5120, 16),
+}
+
+
+def parse_variant(variant: str) -> dict:
+  """"S/16" -> dict(width=384, depth=12, mlp_dim=1536, num_heads=6, patch_size=(16, 16))."""
+  try:
+    size, patch = variant.split("/")
+    width, depth, mlp_dim, heads = VARIANTS[size]
+    patch = int(patch)
+  except (ValueError, KeyError):
+    raise ValueError(f"unknown ViT variant {variant!r}: use SIZE/PATCH with SIZE one of "
+                     f"{list(VARIANTS)} and PATCH an integer, e.g. 'B/16'") from None
+  return dict(width=width, depth=depth, mlp_dim=mlp_dim, num_heads=heads, patch_size=(patch, patch))
+
+
+def check_divisible(image_hw: Sequence[int], patch: Sequence[int], what: str = "patch size") -> None:
+  """Raises a ValueError naming the nearest working sizes when the image is not a multiple of `patch`."""
+  bad = [(s, p) for s, p in zip(image_hw, patch) if s % p]
+  if bad:
+    hints = ", ".join(f"{s} -> {(s // p) * p} or {(s // p + 1) * p}" for s, p in bad)
+    raise ValueError(f"image size {tuple(image_hw)} is not divisible by the {what} {tuple(patch)}; "
+                     f"resize or crop to a multiple ({hints})")
+
+
+class ConvStem(nn.Module):
+  """Xiao et al. 2021 stem: log2(p) 3x3 stride-2 convs (BatchNorm, ReLU), then a 1x1 conv to the width.
+
+  [B, H, W, C] -> [B, H/p, W/p, width]. Channels double up to the width: width/2^(n-1), ..., width.
+  """
+  width: int
+  patch: int
+  train: bool = False
+  dtype: Any = None
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    n = int(math.log2(self.patch))
+    if 2**n != self.patch:
+      raise ValueError(f"the convolutional stem needs a power-of-two patch size, got {self.patch}")
+    for i in range(n):
+      x = nn.Conv(max(self.width // 2 ** (n - 1 - i), 8), (3, 3), strides=2, padding=1, use_bias=False,
+                  dtype=self.dtype, name=f"conv_{i}")(x)
+      x = nn.BatchNorm(use_running_average=not self.train, dtype=self.dtype, name=f"bn_{i}")(x)
+      x = nn.relu(x)
+    return nn.Conv(self.width, (1, 1), dtype=self.dtype, name="proj")(x)
+
+
+class MAPHead(nn.Module):
+  """Multihead attention pooling: a learned probe attends over the tokens. [B, N, D] -> [B, D]."""
+  num_heads: int
+  mlp_dim: int
+  layernorm_eps: float = 1e-6
+  implementation: str = "fast"
+  dtype: Any = None
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    probe = self.param("probe", nn.initializers.xavier_uniform(), (1, 1, x.shape[-1]))
+    probe = jnp.broadcast_to(probe.astype(x.dtype), (x.shape[0], 1, x.shape[-1]))
+    x = MultiHeadAttention(self.num_heads, implementation=self.implementation, dtype=self.dtype,
+                           name="attn")(probe, x)
+    y = nn.LayerNorm(epsilon=self.layernorm_eps, dtype=self.dtype, name="norm")(x)
+    x = x + FeedForward(self.mlp_dim, dtype=self.dtype, name="mlp")(y)
+    return x[:, 0]
+
+
+class ViT(nn.Module):
+  """Vision Transformer. __call__(images [B, H, W, C], train) -> (logits [B, classes], intermediates).
+
+  Attributes:
+    num_classes: classifier outputs; 0 or None gives the pooled features (no head).
+    patch_size, width, depth, mlp_dim, num_heads: the architecture (see VARIANTS, parse_variant).
+    pool_type: "tok" (class token), "gap" (global average), "map" (attention pooling), "none" (all tokens).
+    posemb: "learn" (a learned table covering the class token too, as the original ViT) or "sincos2d".
+    stem: "patch" (a p x p stride-p convolution) or "conv" (ConvStem).
+    representation_size: width of the optional pre-logits layer (Dense + tanh).
+    fc_norm: with pool_type "gap", normalise after pooling instead of before (timm's gap models).
+    dropout_rate, attention_dropout_rate, drop_path_rate: regularisation.
+    scan, remat: scan over layers / rematerialise each block (memory for compute).
+    implementation: the attention implementation (see vitjax.attention).
+    dtype: compute dtype (parameters stay float32).
+  intermediates: "pre_logits" [B, D] (pooled features), "encoded" [B, N, D].
+  """
+  num_classes: int | None = 1000
+  patch_size: Sequence[int] = (16, 16)
+  width: int = 768
+  depth: int = 12
+  mlp_dim: int | None = None
+  num_heads: int = 12
+  pool_type: str = "tok"
+  posemb: str = "learn"
+  stem: str = "patch"
+  representation_size: int | None = None
+  fc_norm: bool = False
+  head_zeroinit: bool = True
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  drop_path_rate: float = 0.0
+  qkv_bias: bool = True
+  layernorm_eps: float = 1e-6
+  scan: bool = False
+  remat: bool = False
+  implementation: str = "fast"
+  dtype: Any = None
+
+  @nn.compact
+  def __call__(self, images: Array, train: bool = False) -> tuple[Array, dict]:
+    if images.ndim != 4:
+      raise ValueError(f"ViT takes images [B, H, W, C], got shape {images.shape}")
+    if self.pool_type not in ("tok", "gap", "map", "none"):
+      raise ValueError(f"unknown pool_type {self.pool_type!r}; use 'tok', 'gap', 'map' or 'none'")
+    patch = tuple(self.patch_size) if isinstance(self.patch_size, Sequence) else (self.patch_size,) * 2
+    check_divisible(images.shape[1:3], patch)
+    x = images.astype(self.dtype or images.dtype)
+    if self.stem == "patch":
+      x = nn.Conv(self.width, patch, strides=patch, padding="VALID", dtype=self.dtype, name="embedding")(x)
+    elif self.stem == "conv":
+      if patch[0] != patch[1]:
+        raise ValueError(f"the convolutional stem needs a square patch, got {patch}")
+      x = ConvStem(self.width, patch[0], train=train, dtype=self.dtype, name="conv_stem")(x)
+    else:
+      raise ValueError(f"unknown stem {self.stem!r}; use 'patch' or 'conv'")
+    b, h, w, d = x.shape
+    x = x.reshape(b, h * w, d)
+
+    if self.pool_type == "tok":
+      cls = self.param("cls", nn.initializers.normal(1e-6), (1, 1, d))
+      x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (b, 1, d)), x], axis=1)
+    if self.posemb == "learn":
+      x = LearnedPositionEmbedding(name="posembed")(x)
+    elif self.posemb == "sincos2d":
+      pe = jnp.asarray(sincos_2d(h, w, d), x.dtype)
+      x = x.at[:, x.shape[1] - h * w:].add(pe[None])
+    else:
+      raise ValueError(f"unknown posemb {self.posemb!r}; use 'learn' or 'sincos2d'")
+    x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
+
+    block_kwargs = dict(num_heads=self.num_heads, mlp_dim=self.mlp_dim or 4 * d, prenorm=True, act="gelu",
+                        dropout_rate=self.dropout_rate, attention_dropout_rate=self.attention_dropout_rate,
+                        qkv_bias=self.qkv_bias, layernorm_eps=self.layernorm_eps,
+                        implementation=self.implementation, deterministic=not train, dtype=self.dtype)
+    x = Stack(EncoderBlock, self.depth, tuple(block_kwargs.items()), drop_path_rate=self.drop_path_rate,
+              scan=self.scan, remat=self.remat, final_norm=not self.fc_norm,
+              layernorm_eps=self.layernorm_eps, dtype=self.dtype, name="encoder")(x)
+    out = {"encoded": x}
+
+    if self.pool_type == "tok":
+      x = x[:, 0]
+    elif self.pool_type == "gap":
+      x = x[:, -h * w:].mean(axis=1)
+    elif self.pool_type == "map":
+      x = MAPHead(self.num_heads, self.mlp_dim or 4 * d, layernorm_eps=self.layernorm_eps,
+                  implementation=self.implementation, dtype=self.dtype, name="map_head")(x)
+    if self.fc_norm:
+      x = nn.LayerNorm(epsilon=self.layernorm_eps, dtype=self.dtype, name="fc_norm")(x)
+    if self.representation_size:
+      x = jnp.tanh(nn.Dense(self.representation_size, dtype=self.dtype, name="pre_logits")(x))
+    out["pre_logits"] = x
+    if self.num_classes:
+      init = nn.initializers.zeros if self.head_zeroinit else nn.initializers.lecun_normal()
+      x = nn.Dense(self.num_classes, kernel_init=init, dtype=self.dtype, name="head")(x)
+    return x.astype(jnp.float32), out

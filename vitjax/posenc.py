@@ -42,11 +42,11 @@ def sincos_2d(height: int, width: int, dim: int, temperature: float = 10000.0) -
 
 class LearnedPositionEmbedding(nn.Module):
   """Adds a learned [1, N, D] table (param "pos_embedding", N(0, 0.02) init) to inputs [B, N, D]."""
-  init: Callable = nn.initializers.normal(stddev=0.02)
+  embedding_init: Callable = nn.initializers.normal(stddev=0.02)
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    pe = self.param("pos_embedding", self.init, (1,) + x.shape[1:])
+    pe = self.param("pos_embedding", self.embedding_init, (1,) + x.shape[1:])
     return x + pe.astype(x.dtype)
 
 
@@ -90,12 +90,12 @@ class RelativePositionBias(nn.Module):
   """
   window: tuple[int, int]
   num_heads: int
-  init: Callable = nn.initializers.truncated_normal(stddev=0.02)
+  table_init: Callable = nn.initializers.truncated_normal(stddev=0.02)
 
   @nn.compact
   def __call__(self) -> Array:
     wh, ww = self.window
-    table = self.param("relative_position_bias_table", self.init, ((2 * wh - 1) * (2 * ww - 1), self.num_heads))
+    table = self.param("relative_position_bias_table", self.table_init, ((2 * wh - 1) * (2 * ww - 1), self.num_heads))
     idx = relative_position_index(self.window).reshape(-1)
     n = wh * ww
     return table[idx].reshape(n, n, self.num_heads).transpose(2, 0, 1)

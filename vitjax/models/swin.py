@@ -3,7 +3,8 @@ patch merging. Layout follows timm's (downsampling at the start of stages 2-4), 
 
 Feature maps are [B, H, W, C]. Per stage and per axis, where the map is not larger than the window the
 window shrinks to the map and the shift is dropped (as the reference does); where the window does not
-divide the map, the map is padded to a multiple of it (and cropped back after attention).
+divide the map, the shifted map is zero-padded to whole windows and cropped back after attention (timm's
+convention; the padded tokens are not masked).
 """
 from __future__ import annotations
 
@@ -92,11 +93,11 @@ class SwinBlock(nn.Module):
     win, shift = effective_window((h, w), self.window, self.shift)
     shortcut = x
     x = nn.LayerNorm(epsilon=1e-5, dtype=self.dtype, name="norm1")(x)
+    if any(shift):  # cyclic shift of the map, then padding to whole windows (timm's order)
+      x = jnp.roll(x, (-shift[0], -shift[1]), axis=(1, 2))
     ph, pw = (-h) % win[0], (-w) % win[1]
     x = jnp.pad(x, ((0, 0), (0, ph), (0, pw), (0, 0)))
     hp, wp = h + ph, w + pw
-    if any(shift):
-      x = jnp.roll(x, (-shift[0], -shift[1]), axis=(1, 2))
     windows = window_partition(x, win)  # [B, nW, N, C]
     nw, n = windows.shape[1], windows.shape[2]
     bias = RelativePositionBias(win, self.num_heads, name="rel_pos")()[None, None]  # [1, 1, H, N, N]
@@ -108,10 +109,9 @@ class SwinBlock(nn.Module):
                               implementation=self.implementation, deterministic=self.deterministic,
                               dtype=self.dtype, name="attn")
     y = attn(windows.reshape(b * nw, n, c), mask=mask, bias=bias[0]).reshape(b, nw, n, c)
-    x = window_reverse(y, win, (hp, wp))
+    x = window_reverse(y, win, (hp, wp))[:, :h, :w]
     if any(shift):
       x = jnp.roll(x, shift, axis=(1, 2))
-    x = x[:, :h, :w]
     drop = lambda y: DropPath(self.deterministic)(
         nn.Dropout(self.dropout_rate)(y, deterministic=self.deterministic), self.drop_path)
     x = shortcut + drop(x)

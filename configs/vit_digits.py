@@ -1,0 +1,32 @@
+"""ViT on scikit-learn's `digits` (1,797 8x8 scans; 1,497 train / 300 test), the embedded default dataset.
+
+Run (from the repository root, after `pip install -e .`):
+
+    python -m vitjax.data.prepare --dataset=digits
+    python -m vitjax.main --config=configs/vit_digits.py --workdir=workdirs/vit_digits
+
+Expected: about 98% test accuracy (at least 97%) in under two minutes on 2 CPU cores.
+A 4-layer, 64-wide ViT with 2x2 patches (16 tokens) and a class token; AdamW, cosine, 60 epochs.
+"""
+import ml_collections as mlc
+
+from vitjax.config import default_config
+
+
+def get_config():
+  c = default_config()
+  c.model = mlc.ConfigDict(dict(name="Ti/2", width=64, depth=4, num_heads=4, mlp_dim=128, num_classes=10,
+                                dropout_rate=0.1))
+  c.data.name = "digits"
+  c.data.image_size = 8
+  c.data.eval_batch_size = 300
+  c.batch_size = 64
+  c.num_epochs = 60
+  c.optim.lr = 2e-3
+  c.optim.weight_decay = 0.05
+  c.schedule.warmup_epochs = 3
+  c.label_smoothing = 0.1
+  c.log_every = 100
+  c.eval_every = 200
+  c.checkpoint_every = 200
+  return c

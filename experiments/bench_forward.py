@@ -1,0 +1,71 @@
+"""Forward-pass time of vitjax vs timm on the same machine, same weights, same input, in one run.
+
+    python experiments/bench_forward.py --batch=8 --models=vit_base_patch16_224,swin_tiny_patch4_window7_224
+
+Prints one line per model and appends them to experiments/results/bench_forward.jsonl. Times are the median
+of --repeats calls after a warm-up (and, for vitjax, after compilation), in float32 inference mode.
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import jax
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "shared", "refs"))
+
+
+def median_time(fn, repeats):
+  fn()  # warm-up
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t)
+  return statistics.median(times)
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--batch", type=int, default=8)
+  ap.add_argument("--repeats", type=int, default=5)
+  ap.add_argument("--models", default="vit_base_patch16_224,swin_tiny_patch4_window7_224")
+  args = ap.parse_args()
+  import torch
+  import torchvision_ops_shim  # noqa: F401
+  import timm
+  from vitjax import convert
+  torch.set_num_threads(os.cpu_count())
+  for name in args.models.split(","):
+    ref = timm.create_model(name, pretrained=False).eval()
+    module, variables = convert.from_timm(name, {k: v.numpy() for k, v in ref.state_dict().items()})
+    hw = ref.default_cfg["input_size"][1:]
+    x = np.random.RandomState(0).randn(args.batch, 3, *hw).astype(np.float32)
+    xt, xj = torch.from_numpy(x), jax.device_put(x.transpose(0, 2, 3, 1))
+    fwd = jax.jit(lambda v, im: module.apply(v, im)[0])
+    t = time.perf_counter()
+    fwd(variables, xj).block_until_ready()
+    compile_s = time.perf_counter() - t
+    with torch.inference_mode():
+      t_timm = median_time(lambda: ref(xt), args.repeats)
+      want = ref(xt).numpy()
+    t_jax = median_time(lambda: fwd(variables, xj).block_until_ready(), args.repeats)
+    err = float(np.abs(np.asarray(fwd(variables, xj)) - want).max() / np.abs(want).max())
+    row = dict(model=name, batch=args.batch, vitjax_s=round(t_jax, 4), timm_s=round(t_timm, 4),
+               vitjax_compile_s=round(compile_s, 2), rel_err=err, cpu=platform.processor() or platform.machine(),
+               cores=os.cpu_count(), jax=jax.__version__, torch=torch.__version__, timm=timm.__version__,
+               date=time.strftime("%Y-%m-%d"))
+    print(f"{name}: batch {args.batch}: vitjax {t_jax * 1e3:.0f} ms, timm {t_timm * 1e3:.0f} ms "
+          f"(vitjax compile {compile_s:.1f} s, relative max error {err:.1e})", flush=True)
+    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
+    with open(os.path.join(HERE, "results", "bench_forward.jsonl"), "a") as f:
+      f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,118 @@
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import naive_attention
+from vitjax.attention import MultiHeadAttention, causal_mask, dot_product_attention, padding_mask
+
+IMPLS = ["fast", "reference"]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("with_bias,with_mask", [(False, False), (True, False), (False, True), (True, True)])
+def test_matches_float64_reference(rng, impl, with_bias, with_mask):
+  b, t, s, h, d = 2, 5, 7, 3, 8
+  q, k, v = rng.randn(b, t, h, d), rng.randn(b, s, h, d), rng.randn(b, s, h, d)
+  bias = rng.randn(1, h, t, s) if with_bias else None
+  mask = rng.rand(b, 1, t, s) > 0.3 if with_mask else None
+  got = dot_product_attention(*(jnp.asarray(a, jnp.float32) for a in (q, k, v)),
+                              bias=None if bias is None else jnp.asarray(bias, jnp.float32),
+                              mask=mask, implementation=impl)
+  np.testing.assert_allclose(got, naive_attention(q, k, v, bias, mask), atol=2e-5, rtol=1e-5)
+
+
+def test_value_width_may_differ_from_key_width(rng):
+  q, k, v = rng.randn(1, 4, 2, 6), rng.randn(1, 3, 2, 6), rng.randn(1, 3, 2, 5)
+  got = dot_product_attention(*(jnp.asarray(a, jnp.float32) for a in (q, k, v)))
+  np.testing.assert_allclose(got, naive_attention(q, k, v), atol=2e-5)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_fully_masked_rows_are_finite_and_agree(rng, impl):
+  q, k, v = (jnp.asarray(rng.randn(2, 4, 2, 8), jnp.float32) for _ in range(3))
+  mask = np.ones((2, 1, 4, 4), bool)
+  mask[0, :, 1] = False  # query 1 of example 0 may attend to nothing
+  mask[1] = False  # example 1 entirely masked
+  out = dot_product_attention(q, k, v, mask=mask, implementation=impl)
+  assert np.isfinite(np.asarray(out)).all()
+  np.testing.assert_allclose(out, naive_attention(q, k, v, None, mask), atol=2e-5)
+  grads = jax.grad(lambda q: dot_product_attention(q, k, v, mask=mask, implementation=impl).sum())(q)
+  assert np.isfinite(np.asarray(grads)).all()
+
+
+def test_attention_dropout_is_seeded_and_unbiased(rng):
+  q, k, v = (jnp.asarray(rng.randn(1, 4, 2, 8), jnp.float32) for _ in range(3))
+  kw = dict(dropout_rate=0.5, deterministic=False)
+  a = dot_product_attention(q, k, v, dropout_rng=jax.random.key(1), **kw)
+  b = dot_product_attention(q, k, v, dropout_rng=jax.random.key(1), **kw)
+  c = dot_product_attention(q, k, v, dropout_rng=jax.random.key(2), **kw)
+  np.testing.assert_array_equal(a, b)
+  assert not np.allclose(a, c)
+  keys = jax.random.split(jax.random.key(0), 2000)
+  mean = jax.vmap(lambda r: dot_product_attention(q, k, v, dropout_rng=r, **kw))(keys).mean(0)
+  np.testing.assert_allclose(mean, dot_product_attention(q, k, v), atol=0.1)
+  with pytest.raises(ValueError, match="dropout_rng"):
+    dot_product_attention(q, k, v, **kw)
+
+
+def test_bad_inputs_raise_clear_errors(rng):
+  x = jnp.zeros((1, 4, 2, 8))
+  with pytest.raises(ValueError, match="unknown attention implementation"):
+    dot_product_attention(x, x, x, implementation="flash")
+  with pytest.raises(ValueError, match="incompatible"):
+    dot_product_attention(x, jnp.zeros((1, 4, 2, 4)), x)
+  with pytest.raises(ValueError, match="not divisible by num_heads"):
+    MultiHeadAttention(num_heads=3).init(jax.random.key(0), jnp.zeros((1, 4, 8)))
+
+
+def _mha_reference(params, xq, xkv, mask):
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), flax.core.unfreeze(params))
+  proj = lambda x, n: np.einsum("btd,dhk->bthk", x, p[n]["kernel"]) + p[n]["bias"]
+  o = naive_attention(proj(xq, "query"), proj(xkv, "key"), proj(xkv, "value"), None, mask)
+  return np.einsum("bthk,hkd->btd", o, p["out"]["kernel"]) + p["out"]["bias"]
+
+
+def test_multihead_cross_attention_matches_reference(rng):
+  xq, xkv = rng.randn(2, 3, 16), rng.randn(2, 5, 16)
+  valid = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
+  mha = MultiHeadAttention(num_heads=4)
+  params = mha.init(jax.random.key(0), jnp.asarray(xq, jnp.float32), jnp.asarray(xkv, jnp.float32))["params"]
+  params = jax.tree.map(lambda a: a + 0.1 * jax.random.normal(jax.random.key(1), a.shape), params)
+  mask = padding_mask(None, jnp.asarray(valid))
+  got = mha.apply({"params": params}, jnp.asarray(xq, jnp.float32), jnp.asarray(xkv, jnp.float32), mask=mask)
+  np.testing.assert_allclose(got, _mha_reference(params, xq, xkv, np.asarray(mask)), atol=1e-4, rtol=1e-4)
+  assert params["query"]["kernel"].shape == (16, 4, 4) and params["out"]["kernel"].shape == (4, 4, 16)
+
+
+def test_causal_mask_future_tokens_do_not_change_earlier_outputs(rng):
+  x = jnp.asarray(rng.randn(1, 6, 16), jnp.float32)
+  mha = MultiHeadAttention(num_heads=2)
+  params = mha.init(jax.random.key(0), x)
+  y1 = mha.apply(params, x, mask=causal_mask(6))
+  x2 = x.at[:, 4:].set(jnp.asarray(rng.randn(1, 2, 16), jnp.float32))
+  y2 = mha.apply(params, x2, mask=causal_mask(6))
+  np.testing.assert_allclose(y1[:, :4], y2[:, :4], atol=1e-6)
+  assert not np.allclose(y1[:, 4:], y2[:, 4:])
+
+
+def test_kv_cache_decoding_equals_full_causal_pass(rng):
+  b, t, d = 2, 7, 16
+  x = jnp.asarray(rng.randn(b, t, d), jnp.float32)
+  full = MultiHeadAttention(num_heads=4)
+  params = full.init(jax.random.key(0), x)["params"]
+  want = full.apply({"params": params}, x, mask=causal_mask(t))
+  dec = MultiHeadAttention(num_heads=4, decode=True)
+  cache = dec.init(jax.random.key(0), x)["cache"]
+  outs = []
+  step = jax.jit(lambda c, xi: dec.apply({"params": params, "cache": c}, xi, mutable=["cache"]))
+  for i in range(t):  # one token at a time ...
+    y, upd = step(cache, x[:, i:i + 1])
+    cache = upd["cache"]
+    outs.append(y)
+  np.testing.assert_allclose(jnp.concatenate(outs, 1), want, atol=1e-5)
+  cache = dec.init(jax.random.key(0), x)["cache"]  # ... or in chunks (a prompt, then tokens)
+  y0, upd = dec.apply({"params": params, "cache": cache}, x[:, :4], mutable=["cache"])
+  y1, _ = dec.apply({"params": params, "cache": upd["cache"]}, x[:, 4:], mutable=["cache"])
+  np.testing.assert_allclose(jnp.concatenate([y0, y1], 1), want, atol=1e-5)

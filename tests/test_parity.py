@@ -1,0 +1,116 @@
+"""Parity with the published implementations: timm's ViT and Swin, and the original JAX ViT checkpoint layout
+(read by timm's own npz loader). Same random weights, same input, inference mode, float32.
+
+Needs torch + timm (see README, 'Parity with timm'); skipped cleanly without them.
+"""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+sys.path.insert(0, os.environ.get("VITJAX_REFS", os.path.join(os.path.dirname(__file__), "..", "..", "shared", "refs")))
+try:
+  import torchvision_ops_shim  # noqa: F401  lets torchvision (and timm) import on CPU-only torch
+except ImportError:
+  pass
+timm = pytest.importorskip("timm")
+
+from vitjax import convert  # noqa: E402
+
+TOL = 1e-4  # max |difference| <= TOL * max |logit|
+
+
+def _random_timm(name, **kw):
+  torch.manual_seed(0)
+  model = timm.create_model(name, pretrained=False, **kw).eval()
+  with torch.no_grad():  # timm zero-initialises heads and some biases: make every weight matter
+    for p in model.parameters():
+      p.add_(0.02 * torch.randn_like(p))
+  return model
+
+
+def _compare(model, module, variables, hw):
+  x = np.random.RandomState(1).randn(2, 3, *hw).astype(np.float32)
+  with torch.no_grad():
+    want = model(torch.from_numpy(x)).numpy()
+  got, _ = module.apply(variables, x.transpose(0, 2, 3, 1))
+  rel = np.abs(np.asarray(got) - want).max() / np.abs(want).max()
+  print(f"relative max error {rel:.2e}")
+  assert got.shape == want.shape and rel <= TOL
+  return rel
+
+
+@pytest.mark.parametrize("name,hw", [
+    ("vit_tiny_patch16_224", (224, 224)),
+    ("vit_small_patch32_384", (384, 384)),
+    ("swin_tiny_patch4_window7_224", (224, 224)),
+    pytest.param("vit_base_patch16_224", (224, 224), marks=pytest.mark.slow),
+    pytest.param("swin_base_patch4_window12_384", (384, 384), marks=pytest.mark.slow),
+])
+def test_from_timm_matches_timm(name, hw):
+  model = _random_timm(name)
+  sd = {k: v.numpy() for k, v in model.state_dict().items()}
+  module, variables = convert.from_timm(name + ".some_pretrained_tag", sd)
+  _compare(model, module, variables, hw)
+
+
+def test_from_timm_matches_timm_when_swin_pads_windows():
+  # 256 px: stage maps 64, 32, 16, 8 are not multiples of the window 7, so both sides pad.
+  model = _random_timm("swin_tiny_patch4_window7_224", img_size=256, num_classes=10)
+  sd = {k: v.numpy() for k, v in model.state_dict().items()}
+  module, variables = convert.from_timm("swin_tiny_patch4_window7_224", sd)
+  _compare(model, module, variables, (256, 256))
+
+
+def test_from_timm_refuses_mismatched_or_unknown_weights():
+  model = _random_timm("vit_tiny_patch16_224", num_classes=10)
+  sd = {k: v.numpy() for k, v in model.state_dict().items()}
+  bad = dict(sd, pos_embed=sd["pos_embed"][:, :100])
+  with pytest.raises(ValueError, match=r"posembed/pos_embedding: model \(1, 197, 192\), checkpoint \(1, 100, 192\)"):
+    convert.from_timm("vit_tiny_patch16_224", bad)
+  with pytest.raises(ValueError, match="does not know"):
+    convert.from_timm("vit_tiny_patch16_224", dict(sd, reg_token=np.zeros((1, 4, 192))))
+  with pytest.raises(ValueError, match="no conversion"):
+    convert.from_timm("resnet50", sd)
+
+
+def _vit_npz_from_timm(model, path):
+  """Writes the original ViT release's .npz layout from a timm model's weights (independently of vitjax)."""
+  sd = {k: v.numpy() for k, v in model.state_dict().items()}
+  d = sd["cls_token"].shape[-1]
+  h = model.blocks[0].attn.num_heads
+  out = {"embedding/kernel": sd["patch_embed.proj.weight"].transpose(2, 3, 1, 0),
+         "embedding/bias": sd["patch_embed.proj.bias"], "cls": sd["cls_token"],
+         "Transformer/posembed_input/pos_embedding": sd["pos_embed"],
+         "Transformer/encoder_norm/scale": sd["norm.weight"], "Transformer/encoder_norm/bias": sd["norm.bias"],
+         "head/kernel": sd["head.weight"].T, "head/bias": sd["head.bias"]}
+  for i in range(len(model.blocks)):
+    s, t = f"blocks.{i}.", f"Transformer/encoderblock_{i}/"
+    for a, b in (("norm1", "LayerNorm_0"), ("norm2", "LayerNorm_2")):
+      out[t + b + "/scale"], out[t + b + "/bias"] = sd[s + a + ".weight"], sd[s + a + ".bias"]
+    qkv_w, qkv_b = sd[s + "attn.qkv.weight"], sd[s + "attn.qkv.bias"]
+    for j, n in enumerate(("query", "key", "value")):
+      out[t + f"MultiHeadDotProductAttention_1/{n}/kernel"] = qkv_w[j * d:(j + 1) * d].T.reshape(d, h, d // h)
+      out[t + f"MultiHeadDotProductAttention_1/{n}/bias"] = qkv_b[j * d:(j + 1) * d].reshape(h, d // h)
+    out[t + "MultiHeadDotProductAttention_1/out/kernel"] = sd[s + "attn.proj.weight"].T.reshape(h, d // h, d)
+    out[t + "MultiHeadDotProductAttention_1/out/bias"] = sd[s + "attn.proj.bias"]
+    for j, n in ((0, "fc1"), (1, "fc2")):
+      out[t + f"MlpBlock_3/Dense_{j}/kernel"] = sd[s + f"mlp.{n}.weight"].T
+      out[t + f"MlpBlock_3/Dense_{j}/bias"] = sd[s + f"mlp.{n}.bias"]
+  np.savez(path, **out)
+
+
+def test_from_vit_npz_matches_timm_reading_the_same_npz(tmp_path):
+  src = _random_timm("vit_tiny_patch16_224", num_classes=7)
+  path = str(tmp_path / "Ti_16.npz")
+  _vit_npz_from_timm(src, path)
+  ref = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=7).eval()
+  from timm.models.vision_transformer import _load_weights
+  _load_weights(ref, path)  # timm's loader of the original release's checkpoints is the reference reader
+  module, variables = convert.from_vit_npz(path, "Ti/16")
+  assert module.num_classes == 7 and module.depth == 12
+  _compare(ref, module, variables, (224, 224))
+  with pytest.raises(ValueError, match="not an original-ViT checkpoint"):
+    convert.from_vit_npz({"foo": np.zeros(3)}, "Ti/16")

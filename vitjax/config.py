@@ -1,0 +1,66 @@
+"""The default experiment config. Every file in configs/ starts from `default_config()` and changes fields.
+
+The returned ConfigDict is locked by the trainer, so a misspelt override (--config.optim.lrr=1) fails with
+ml_collections' "Did you mean 'lr'" message instead of being silently added.
+"""
+from __future__ import annotations
+
+import ml_collections as mlc
+
+
+def default_config() -> mlc.ConfigDict:
+  c = mlc.ConfigDict()
+  c.seed = 0
+  # Model: `name` goes to vitjax.models.create; every other field overrides a model attribute.
+  c.model = mlc.ConfigDict({"name": "vit_ti16", "num_classes": 10})
+
+  c.data = mlc.ConfigDict()
+  c.data.name = "digits"  # 'digits', 'fashion_mnist', or any tfds dataset prepared as array_record
+  c.data.data_dir = mlc.FieldReference(None, field_type=str)  # None: $TFDS_DATA_DIR or ~/tensorflow_datasets
+  c.data.train_split = "train"
+  c.data.eval_split = "test"
+  c.data.image_size = 8
+  c.data.augment = mlc.ConfigDict({"flip": False, "random_resized_crop": False, "randaugment": False,
+                                   "mixup_alpha": 0.0, "cutmix_alpha": 0.0})
+  c.data.eval_batch_size = 256
+  c.data.worker_count = 0  # grain worker processes; keep fixed across a resume
+  c.data.read_threads = 0
+
+  c.batch_size = 128  # global, over all devices of all processes
+  c.num_epochs = mlc.FieldReference(None, field_type=float)  # either epochs ...
+  c.total_steps = mlc.FieldReference(None, field_type=int)  # ... or steps
+
+  c.optim = mlc.ConfigDict()
+  c.optim.name = "adamw"  # 'adamw' | 'sgd'
+  c.optim.lr = 1e-3  # peak learning rate
+  c.optim.b1 = 0.9
+  c.optim.b2 = 0.999
+  c.optim.eps = 1e-8
+  c.optim.momentum = 0.9  # sgd
+  c.optim.nesterov = False  # sgd
+  c.optim.weight_decay = 1e-4  # decoupled; not applied to biases, norms, position embeddings, bias tables
+  c.optim.grad_clip_norm = 1.0  # global-norm clipping; 0 disables
+  c.optim.accum_steps = 1  # gradient accumulation: micro-batches per step
+
+  c.schedule = mlc.ConfigDict()
+  c.schedule.warmup_steps = mlc.FieldReference(None, field_type=int)
+  c.schedule.warmup_epochs = mlc.FieldReference(None, field_type=float)
+  c.schedule.decay = "cosine"  # 'cosine' | 'linear' | 'rsqrt' | 'constant'
+  c.schedule.end_lr_factor = 0.0  # final lr = factor * peak (cosine, linear)
+  c.schedule.rsqrt_timescale = mlc.FieldReference(None, field_type=int)  # default: the warm-up length
+
+  c.label_smoothing = 0.0
+  c.compute_dtype = "float32"  # 'float32' | 'bfloat16'; parameters are always float32
+
+  # Parameter sharding rules: (regex on 'a/b/kernel' paths, mesh axes per dimension). Empty: replicate.
+  c.sharding_rules = ()
+  c.mesh_axes = ("data",)
+
+  c.log_every = 50
+  c.eval_every = 500  # steps; evaluation also runs at the end
+  c.checkpoint_every = 500
+  c.keep_checkpoints = 3  # the last N; the best by best_metric is kept apart in WORKDIR/best
+  c.best_metric = "eval/accuracy"
+  c.best_mode = "max"
+  c.init_from = ""  # a workdir, 'timm:NAME:FILE' (.safetensors/.pth), or 'npz:VARIANT:FILE'
+  return c

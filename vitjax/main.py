@@ -1,0 +1,57 @@
+"""Command line: train, resume or evaluate an experiment.
+
+    python -m vitjax.main --config=configs/vit_digits.py --workdir=workdirs/vit_digits
+    python -m vitjax.main --config=configs/vit_digits.py --workdir=workdirs/vit_digits --config.optim.lr=3e-3
+    python -m vitjax.main --config=configs/vit.py:variant=S/16,dataset=fashion_mnist --workdir=...
+    python -m vitjax.main --mode=eval --workdir=workdirs/vit_digits [--checkpoint=best|latest|STEP] [--split=test]
+
+Training resumes from the workdir's latest checkpoint. In eval mode the config defaults to the one saved in the
+workdir. For several hosts, pass --multihost on each (jax.distributed reads the cluster from the environment).
+"""
+import json
+import os
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+config_flags.DEFINE_config_file("config", None, "experiment config file (configs/*.py), with :args", lock_config=True)
+flags.DEFINE_string("workdir", None, "where checkpoints, metrics and summaries go", required=True)
+flags.DEFINE_enum("mode", "train", ["train", "eval"], "train (resumes if possible) or evaluate a checkpoint")
+flags.DEFINE_string("checkpoint", "latest", "eval mode: 'latest', 'best' or a step number")
+flags.DEFINE_string("split", None, "eval mode: split to evaluate (default: config.data.eval_split)")
+flags.DEFINE_bool("multihost", False, "call jax.distributed.initialize() first (one process per host)")
+FLAGS = flags.FLAGS
+
+
+def _saved_config(workdir):
+  import ml_collections as mlc
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path} not found: pass --config, or point --workdir at a training run")
+  with open(path) as f:
+    return mlc.ConfigDict(json.load(f))
+
+
+def main(argv):
+  del argv
+  if FLAGS.multihost:
+    import jax
+    jax.distributed.initialize()
+  from vitjax import train
+  from vitjax.data import DatasetNotPreparedError
+  try:
+    config = FLAGS.config if FLAGS.config is not None else _saved_config(FLAGS.workdir)
+    if FLAGS.mode == "train":
+      if FLAGS.config is None:
+        raise train.ConfigError("training needs --config=configs/NAME.py")
+      train.train(config, FLAGS.workdir)
+    else:
+      train.evaluate(config, FLAGS.workdir, FLAGS.checkpoint, FLAGS.split)
+  except (train.ConfigError, DatasetNotPreparedError, FileNotFoundError) as e:
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,570 @@
+"""The one trainer: a config in, a trained, checkpointed, evaluated model out.
+
+Sections: errors -> mesh and sharding -> model and state -> optimizer -> steps -> parameter import ->
+checkpoints -> reporting -> train loop -> evaluation. `python -m vitjax.main` is the command line.
+
+Parallelism: jax.jit over a Mesh; the global batch is split over all devices of all processes along the
+"data" axis; parameters follow `config.sharding_rules` (replicated by default), so FSDP or tensor-parallel
+rules are a config change, not a rewrite.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import time
+from typing import Any, Callable, Iterator
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections as mlc
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from vitjax import convert, data as data_lib, models, posenc
+
+
+# ------------------------------------------------------------------------------------------ errors
+
+class ConfigError(ValueError):
+  """A problem with the experiment's config, workdir or checkpoints; the message says how to fix it."""
+
+
+# --------------------------------------------------------------------------------- mesh & sharding
+
+def make_mesh(axes=("data",)) -> Mesh:
+  """All devices of all processes on the first axis (data parallel); other axes get size 1."""
+  shape = (jax.device_count(),) + (1,) * (len(axes) - 1)
+  # Auto axes: XLA propagates shardings from the inputs' and parameters' (jax's newer default is Explicit).
+  return jax.make_mesh(shape, tuple(axes), axis_types=(jax.sharding.AxisType.Auto,) * len(axes))
+
+
+def param_specs(params, rules) -> Any:
+  """PartitionSpec per parameter from (regex, axes) rules on 'a/b/kernel' paths; unmatched: replicated."""
+  compiled = [(re.compile(r), tuple(axes)) for r, axes in rules]
+
+  def spec(path, _):
+    name = "/".join(str(getattr(k, "key", k)) for k in path)
+    for r, axes in compiled:
+      if r.search(name):
+        return P(*axes)
+    return P()
+  return jax.tree_util.tree_map_with_path(spec, params)
+
+
+def check_batch(batch_size: int, what: str = "batch_size") -> None:
+  n, procs = jax.device_count(), jax.process_count()
+  if batch_size % n:
+    lo, hi = (batch_size // n) * n, (batch_size // n + 1) * n
+    raise ConfigError(f"{what}={batch_size} is not divisible by the {n} devices; use a multiple of {n} "
+                      f"(e.g. --config.{what}={hi}{f' or {lo}' if lo else ''})")
+  if batch_size % procs:
+    raise ConfigError(f"{what}={batch_size} is not divisible by the {procs} processes")
+
+
+# ---------------------------------------------------------------------------------- model & state
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  model_state: Any  # non-parameter collections, e.g. BatchNorm's batch_stats
+
+
+def build_model(config) -> nn.Module:
+  kwargs = {k: v for k, v in config.model.to_dict().items() if k != "name"}
+  if config.compute_dtype not in ("float32", "bfloat16"):
+    raise ConfigError(f"compute_dtype must be 'float32' or 'bfloat16', got {config.compute_dtype!r}")
+  if config.compute_dtype == "bfloat16":
+    kwargs["dtype"] = jnp.bfloat16
+  try:
+    return models.create(config.model.name, **kwargs)
+  except ValueError as e:
+    raise ConfigError(f"config.model: {e}") from None
+
+
+def init_variables(model, image_shape, seed: int):
+  x = jnp.zeros((1,) + tuple(image_shape), jnp.float32)
+  return model.init({"params": jax.random.key(seed), "dropout": jax.random.key(seed + 1)}, x)
+
+
+# --------------------------------------------------------------------------------------- optimizer
+
+NO_DECAY = re.compile(r"(bias|scale|pos_embedding|relative_position_bias_table|cls|probe)$")
+
+
+def decay_mask(params):
+  """True where weight decay applies: kernels and embeddings, not biases, norms, positions or bias tables."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: not NO_DECAY.search(str(getattr(path[-1], "key", path[-1]))) and x.ndim > 1, params)
+
+
+def make_schedule(config, total_steps: int, steps_per_epoch: int) -> optax.Schedule:
+  s, lr = config.schedule, config.optim.lr
+  warmup = s.warmup_steps if s.warmup_steps is not None else int(round((s.warmup_epochs or 0) * steps_per_epoch))
+  warmup = min(warmup, total_steps)
+  rest = max(total_steps - warmup, 1)
+  if s.decay == "cosine":
+    decay = optax.cosine_decay_schedule(lr, rest, alpha=s.end_lr_factor)
+  elif s.decay == "linear":
+    decay = optax.linear_schedule(lr, lr * s.end_lr_factor, rest)
+  elif s.decay == "constant":
+    decay = optax.constant_schedule(lr)
+  elif s.decay == "rsqrt":  # inverse square root, continuous with the warm-up ("Attention is all you need")
+    t0 = s.rsqrt_timescale or max(warmup, 1)
+    decay = lambda step: lr * jnp.sqrt(t0 / (step + t0))
+  else:
+    raise ConfigError(f"unknown schedule.decay {s.decay!r}; use 'cosine', 'linear', 'rsqrt' or 'constant'")
+  if warmup == 0:
+    return decay
+  return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), decay], [warmup])
+
+
+def make_optimizer(config, schedule) -> optax.GradientTransformation:
+  o = config.optim
+  if o.name == "adamw":
+    tx = optax.adamw(schedule, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=decay_mask)
+  elif o.name == "sgd":
+    tx = optax.chain(optax.add_decayed_weights(o.weight_decay, mask=decay_mask),
+                     optax.sgd(schedule, momentum=o.momentum, nesterov=o.nesterov))
+  else:
+    raise ConfigError(f"unknown optim.name {o.name!r}; use 'adamw' or 'sgd'")
+  if o.grad_clip_norm:
+    tx = optax.chain(optax.clip_by_global_norm(o.grad_clip_norm), tx)
+  return tx
+
+
+# ------------------------------------------------------------------------------------------- steps
+
+def cross_entropy(logits, labels, num_classes: int, smoothing: float = 0.0):
+  """Mean label-smoothed cross-entropy per example. labels: int [B] or soft [B, K]. -> [B]."""
+  targets = jax.nn.one_hot(labels, num_classes) if labels.ndim == 1 else labels
+  if smoothing:
+    targets = targets * (1.0 - smoothing) + smoothing / num_classes
+  return -jnp.sum(targets * jax.nn.log_softmax(logits.astype(jnp.float32)), axis=-1)
+
+
+def make_train_step(model, tx, schedule, config, num_classes: int) -> Callable:
+  accum, smoothing = config.optim.accum_steps, config.label_smoothing
+  dropout_key = jax.random.key(config.seed + 2)
+
+  def loss_fn(params, model_state, images, labels, rng):
+    variables = {"params": params, **model_state}
+    mutable = list(model_state)
+    out, new_state = model.apply(variables, images, train=True, rngs={"dropout": rng}, mutable=mutable)
+    logits = out[0]
+    loss = cross_entropy(logits, labels, num_classes, smoothing).mean()
+    hard = labels if labels.ndim == 1 else labels.argmax(-1)
+    return loss, (dict(new_state), jnp.mean(logits.argmax(-1) == hard))
+
+  def train_step(state: TrainState, batch):
+    rng = jax.random.fold_in(dropout_key, state.step)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    if accum == 1:
+      (loss, (model_state, acc)), grads = grad_fn(state.params, state.model_state, batch["image"], batch["label"], rng)
+    else:  # micro-batches in sequence, gradients averaged: one optimizer step per global batch
+      micro = jax.tree.map(lambda x: x.reshape((accum, x.shape[0] // accum) + x.shape[1:]), batch)
+
+      def body(carry, xs):
+        grads, model_state, loss, acc, i = carry
+        (l, (model_state, a)), g = grad_fn(state.params, model_state, xs["image"], xs["label"],
+                                           jax.random.fold_in(rng, i))
+        return (jax.tree.map(jnp.add, grads, g), model_state, loss + l, acc + a, i + 1), None
+      zeros = jax.tree.map(jnp.zeros_like, state.params)
+      (grads, model_state, loss, acc, _), _ = jax.lax.scan(
+          body, (zeros, state.model_state, 0.0, 0.0, 0), {"image": micro["image"], "label": micro["label"]})
+      grads, loss, acc = jax.tree.map(lambda g: g / accum, grads), loss / accum, acc / accum
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {"train/loss": loss, "train/accuracy": acc, "train/grad_norm": optax.global_norm(grads),
+               "train/lr": schedule(state.step)}
+    return TrainState(state.step + 1, params, opt_state, model_state), metrics
+  return train_step
+
+
+def make_eval_step(model, num_classes: int) -> Callable:
+  def eval_step(params, model_state, batch):
+    logits, _ = model.apply({"params": params, **model_state}, batch["image"], train=False)
+    mask = batch["mask"].astype(jnp.float32)
+    loss = cross_entropy(logits, batch["label"], num_classes)
+    return {"loss_sum": jnp.sum(loss * mask), "correct": jnp.sum((logits.argmax(-1) == batch["label"]) * mask),
+            "count": jnp.sum(mask)}
+  return eval_step
+
+
+# -------------------------------------------------------------------------------- parameter import
+
+def load_params(init_from: str):
+  """Parameters (a nested dict of arrays) from a workdir, 'timm:NAME:FILE' or 'npz:VARIANT:FILE'."""
+  kind, _, rest = init_from.partition(":")
+  if kind == "timm":
+    name, _, path = rest.partition(":")
+    if path.endswith(".safetensors"):
+      from safetensors.numpy import load_file
+      sd = load_file(path)
+    else:
+      import torch  # a .pth / .bin state dict
+      sd = torch.load(path, map_location="cpu", weights_only=True)
+      sd = sd.get("state_dict", sd.get("model", sd))
+    return convert.from_timm(name, sd)[1]["params"]
+  if kind == "npz":
+    variant, _, path = rest.partition(":")
+    return convert.from_vit_npz(path, variant)[1]["params"]
+  workdir = os.path.abspath(init_from)
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(ckpt_dir):
+    raise ConfigError(f"init_from={init_from!r}: no checkpoints/ there; give a workdir of a vitjax run, "
+                      "'timm:NAME:FILE' or 'npz:VARIANT:FILE'")
+  with ocp.CheckpointManager(ckpt_dir, options=ocp.CheckpointManagerOptions(read_only=True)) as mngr:
+    step = mngr.latest_step()
+    if step is None:
+      raise ConfigError(f"init_from={init_from!r}: the workdir has no finished checkpoint")
+    restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore()))
+  return restored["state"]["params"]
+
+
+def adapt_params(loaded, target, log=print):
+  """Fits loaded parameters to the target model's shapes, for fine-tuning.
+
+  The classifier head is replaced (kept at its initialisation) when the number of classes differs; learned
+  position embeddings are resampled, relative-position bias tables resized, to a new resolution or window.
+  Anything else that differs is an error listing every mismatch.
+  """
+  flat_l = flax.traverse_util.flatten_dict(flax.core.unfreeze(loaded), sep="/")
+  flat_t = flax.traverse_util.flatten_dict(flax.core.unfreeze(target), sep="/")
+  out, problems = {}, []
+  for k, t in flat_t.items():
+    if k not in flat_l:
+      if k.startswith("head/"):
+        log(f"init_from: {k} not in the checkpoint; keeping its initialisation")
+        out[k] = t
+        continue
+      problems.append(f"  {k}: missing from the checkpoint (model {t.shape})")
+      continue
+    v = np.asarray(flat_l[k])
+    if v.shape == t.shape:
+      out[k] = v
+    elif k.startswith("head/"):
+      log(f"init_from: new head {k} {v.shape} -> {t.shape}")
+      out[k] = t
+    elif k.endswith("pos_embedding") and v.shape[-1] == t.shape[-1]:
+      prefix = 1 if _has_square(v.shape[1] - 1) and not _has_square(v.shape[1]) else 0
+      grid = _grid(t.shape[1] - prefix)
+      out[k] = posenc.resample_posemb(v, grid, num_prefix_tokens=prefix)
+      log(f"init_from: resampled {k} {v.shape} -> {out[k].shape}")
+    elif k.endswith("relative_position_bias_table") and v.shape[1] == t.shape[1]:
+      old, new = (int(math.isqrt(v.shape[0])) + 1) // 2, (int(math.isqrt(t.shape[0])) + 1) // 2
+      out[k] = posenc.resize_relative_bias_table(v, (old, old), (new, new))
+      log(f"init_from: resized {k} {v.shape} -> {out[k].shape}")
+    else:
+      problems.append(f"  {k}: model {t.shape}, checkpoint {v.shape}")
+  if problems:
+    raise ConfigError("the checkpoint's parameters do not match the model (check config.model):\n"
+                      + "\n".join(problems[:20]))
+  return flax.traverse_util.unflatten_dict({tuple(k.split("/")): v for k, v in out.items()})
+
+
+def _has_square(n):
+  return n > 0 and math.isqrt(n) ** 2 == n
+
+
+def _grid(n):
+  side = math.isqrt(n)
+  if side * side != n:
+    raise ConfigError(f"cannot resample position embeddings to a non-square grid of {n} tokens")
+  return side, side
+
+
+# ------------------------------------------------------------------------------------- checkpoints
+
+def _fingerprint(config) -> dict:
+  """What makes two runs the same experiment, for refusing a workdir that holds another one."""
+  return {"model": config.model.to_dict(), "data": config.data.name, "image_size": config.data.image_size}
+
+
+def check_workdir(workdir: str, config) -> None:
+  """Refuses a workdir whose checkpoints belong to another experiment; writes the resolved config."""
+  path = os.path.join(workdir, "config.json")
+  has_ckpt = os.path.isdir(os.path.join(workdir, "checkpoints")) and any(
+      n.isdigit() for n in os.listdir(os.path.join(workdir, "checkpoints")))
+  if os.path.exists(path) and has_ckpt:
+    with open(path) as f:
+      old = json.load(f)
+    old_fp = {"model": old.get("model"), "data": old.get("data", {}).get("name"),
+              "image_size": old.get("data", {}).get("image_size")}
+    new_fp = json.loads(json.dumps(_fingerprint(config)))
+    if old_fp != new_fp:
+      diff = [k for k in new_fp if old_fp.get(k) != new_fp[k]]
+      raise ConfigError(f"workdir {workdir} holds checkpoints of another experiment ({', '.join(diff)} differ: "
+                        f"{ {k: old_fp.get(k) for k in diff} } there, { {k: new_fp[k] for k in diff} } now). "
+                        "Use a new --workdir, or --config.init_from to start from those weights.")
+  if jax.process_index() == 0:
+    os.makedirs(workdir, exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+      f.write(config.to_json_best_effort(indent=2))
+    os.replace(tmp, path)
+
+
+def checkpoint_managers(workdir: str, config):
+  last = ocp.CheckpointManager(
+      os.path.join(workdir, "checkpoints"),
+      options=ocp.CheckpointManagerOptions(max_to_keep=config.keep_checkpoints, enable_async_checkpointing=True),
+      item_names=("state", "data"))
+  best = ocp.CheckpointManager(
+      os.path.join(workdir, "best"),
+      options=ocp.CheckpointManagerOptions(max_to_keep=1, best_fn=lambda m: m[config.best_metric],
+                                           best_mode=config.best_mode, enable_async_checkpointing=False),
+      item_names=("state",))
+  return last, best
+
+
+def _data_state(it) -> str:
+  s = it.get_state()
+  return s.decode() if isinstance(s, bytes) else json.dumps(s)
+
+
+def restore_state(mngr, step, abstract_state, with_data: bool = True):
+  items = {"state": ocp.args.StandardRestore(abstract_state)}
+  if with_data:
+    items["data"] = ocp.args.JsonRestore()
+  try:
+    restored = mngr.restore(step, args=ocp.args.Composite(**items))
+  except (ValueError, KeyError) as e:
+    raise ConfigError(f"the checkpoint at step {step} in {mngr.directory} does not match the model of this "
+                      f"config ({str(e).splitlines()[0][:300]}). Use the config it was written with.") from None
+  return restored
+
+
+# --------------------------------------------------------------------------------------- reporting
+
+class Reporter:
+  """Progress lines, WORKDIR/metrics.jsonl and TensorBoard summaries (process 0 only)."""
+
+  def __init__(self, workdir: str, total_steps: int, global_batch: int):
+    self.workdir, self.total, self.batch = workdir, total_steps, global_batch
+    self.main = jax.process_index() == 0
+    self.tb = None
+    if self.main:
+      from tensorboardX import SummaryWriter
+      self.tb = SummaryWriter(os.path.join(workdir, "tb"))
+    self.t0, self.s0 = time.time(), None
+
+  def write(self, step: int, metrics: dict) -> None:
+    if not self.main:
+      return
+    row = {"step": int(step), **{k: float(v) for k, v in metrics.items()}}
+    with open(os.path.join(self.workdir, "metrics.jsonl"), "a") as f:
+      f.write(json.dumps(row) + "\n")
+    for k, v in row.items():
+      if k != "step":
+        self.tb.add_scalar(k, v, step)
+    self.tb.flush()
+
+  def progress(self, step: int, metrics: dict) -> None:
+    now = time.time()
+    if self.s0 is None:  # the first report includes compilation: rates start after it
+      self.t0, self.s0 = now, step
+      rate = float("nan")
+    else:
+      rate = (step - self.s0) / max(now - self.t0, 1e-9)
+    extra = {"train/steps_per_s": rate, "train/examples_per_s": rate * self.batch} if rate == rate else {}
+    self.write(step, {**metrics, **extra})
+    if self.main:
+      eta = (self.total - step) / rate if rate == rate and rate > 0 else float("nan")
+      print(f"step {step}/{self.total} | loss {metrics['train/loss']:.4f} | acc {metrics['train/accuracy']:.3f} | "
+            f"lr {metrics['train/lr']:.2e} | {rate:.2f} steps/s | {rate * self.batch:.0f} ex/s | "
+            f"ETA {_fmt_time(eta)}", flush=True)
+
+  def close(self):
+    if self.tb:
+      self.tb.close()
+
+
+def _fmt_time(s: float) -> str:
+  if s != s:
+    return "?"
+  s = int(s)
+  return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+# -------------------------------------------------------------------------------------- train loop
+
+@dataclasses.dataclass
+class Experiment:
+  """What train() and evaluate() share: model, mesh, shardings, compiled steps."""
+  config: Any
+  model: nn.Module
+  mesh: Mesh
+  abstract_state: Any
+  state_sharding: Any
+  batch_sharding: NamedSharding
+  init_state: Callable
+  schedule: Callable
+  tx: optax.GradientTransformation
+
+
+def setup(config, workdir: str, total_steps: int | None = None, steps_per_epoch: int = 1) -> Experiment:
+  mesh = make_mesh(config.mesh_axes)
+  check_batch(config.batch_size)
+  model = build_model(config)
+  image_shape = (config.data.image_size, config.data.image_size, _channels(config))
+  schedule = make_schedule(config, total_steps or 1, steps_per_epoch)
+  tx = make_optimizer(config, schedule)
+
+  def init_state():
+    variables = init_variables(model, image_shape, config.seed)
+    params = variables.pop("params")
+    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), dict(variables))
+
+  abstract = jax.eval_shape(init_state)
+  specs = TrainState(P(), param_specs(abstract.params, config.sharding_rules),
+                     _opt_specs(abstract, config.sharding_rules), jax.tree.map(lambda _: P(), abstract.model_state))
+  sharding = jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
+  abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, sharding)
+  return Experiment(config, model, mesh, abstract, sharding, NamedSharding(mesh, P(config.mesh_axes[0])),
+                    init_state, schedule, tx)
+
+
+def _opt_specs(abstract, rules):
+  """Optimizer moments shaped like a parameter follow that parameter's rule; the rest is replicated."""
+  pspecs = param_specs(abstract.params, rules)
+  by_shape = {}
+  for leaf, spec in zip(jax.tree.leaves(abstract.params), jax.tree.leaves(pspecs, is_leaf=lambda x: isinstance(x, P))):
+    by_shape.setdefault(leaf.shape, spec)
+  return jax.tree.map(lambda a: by_shape.get(a.shape, P()) if rules else P(), abstract.opt_state)
+
+
+def _channels(config) -> int:
+  return {"digits": 1, "fashion_mnist": 1, "mnist": 1}.get(config.data.name, 3)
+
+
+def _to_global(batch, sharding):
+  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+          for k, v in batch.items() if k in ("image", "label", "mask")}
+
+
+def train(config: mlc.ConfigDict, workdir: str, log=print) -> dict:
+  """Trains (resuming from WORKDIR's latest checkpoint if any), evaluates, checkpoints. Returns final metrics."""
+  workdir = os.path.abspath(workdir)
+  check_batch(config.batch_size)
+  check_batch(config.data.eval_batch_size, "data.eval_batch_size")
+  if config.optim.accum_steps < 1 or (config.batch_size // jax.process_count()) % config.optim.accum_steps:
+    raise ConfigError(f"optim.accum_steps={config.optim.accum_steps} must divide the per-process batch "
+                      f"{config.batch_size // jax.process_count()}")
+  d = config.data
+  train_it, info = data_lib.make_input(d.name, d.train_split, global_batch_size=config.batch_size,
+                                       image_size=d.image_size, train=True, seed=config.seed, data_dir=d.data_dir,
+                                       augment=d.augment, worker_count=d.worker_count, read_threads=d.read_threads)
+  if config.model.get("num_classes") != info.num_classes:
+    raise ConfigError(f"config.model.num_classes={config.model.get('num_classes')} but {d.name} has "
+                      f"{info.num_classes} classes; set --config.model.num_classes={info.num_classes}")
+  steps_per_epoch = max(info.num_examples // config.batch_size, 1)
+  if config.total_steps is None and config.num_epochs is None:
+    raise ConfigError("set config.total_steps or config.num_epochs")
+  total = config.total_steps if config.total_steps is not None else int(math.ceil(config.num_epochs * steps_per_epoch))
+  check_workdir(workdir, config)
+  exp = setup(config, workdir, total, steps_per_epoch)
+  last_mngr, best_mngr = checkpoint_managers(workdir, config)
+  train_step = jax.jit(make_train_step(exp.model, exp.tx, exp.schedule, config, info.num_classes),
+                       in_shardings=(exp.state_sharding, exp.batch_sharding),
+                       out_shardings=(exp.state_sharding, None), donate_argnums=0)
+  eval_step = jax.jit(make_eval_step(exp.model, info.num_classes))
+
+  start = last_mngr.latest_step()
+  if start is not None:
+    restored = restore_state(last_mngr, start, exp.abstract_state)
+    state = restored["state"]
+    train_it.set_state(restored["data"].encode())
+    log(f"resumed from {workdir}/checkpoints at step {start}")
+  else:
+    state = jax.jit(exp.init_state, out_shardings=exp.state_sharding)()
+    if config.init_from:
+      params = adapt_params(load_params(config.init_from), jax.device_get(state.params), log=log)
+      params = jax.device_put(params, exp.state_sharding.params)
+      state = state.replace(params=params, opt_state=jax.jit(exp.tx.init, out_shardings=exp.state_sharding.opt_state)(params))
+      log(f"initialised parameters from {config.init_from}")
+    start = 0
+  n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
+  log(f"{config.model.name}: {n_params:,} parameters | {d.name}: {info.num_examples} training examples, "
+      f"{steps_per_epoch} steps/epoch | {total} steps | {jax.device_count()} devices, {jax.process_count()} processes")
+
+  reporter = Reporter(workdir, total, config.batch_size)
+  evaluate_fn = lambda st: run_eval(exp, eval_step, st.params, st.model_state, d.eval_split)
+  final = {}
+  with exp.mesh:
+    for step in range(start + 1, total + 1):
+      batch = _to_global(next(train_it), exp.batch_sharding)
+      state, metrics = train_step(state, batch)
+      if step % config.log_every == 0 or step == total or step == start + 1:
+        reporter.progress(step, jax.device_get(metrics))
+      if step % config.eval_every == 0 or step == total:
+        final = evaluate_fn(state)
+        reporter.write(step, final)
+        log(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
+        best_mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)), metrics=final)
+      if step % config.checkpoint_every == 0 or step == total:
+        last_mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                     data=ocp.args.JsonSave(_data_state(train_it))))
+  last_mngr.wait_until_finished()
+  best_mngr.wait_until_finished()
+  last_mngr.close()
+  best_mngr.close()
+  reporter.close()
+  return final
+
+
+# -------------------------------------------------------------------------------------- evaluation
+
+def run_eval(exp: Experiment, eval_step, params, model_state, split: str) -> dict:
+  d = exp.config.data
+  it, _ = data_lib.make_input(d.name, split, global_batch_size=d.eval_batch_size, image_size=d.image_size,
+                              train=False, data_dir=d.data_dir, read_threads=d.read_threads)
+  sums = None
+  for batch in it:
+    out = eval_step(params, model_state, _to_global(batch, exp.batch_sharding))
+    sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
+  sums = jax.device_get(sums)
+  return {"eval/loss": float(sums["loss_sum"] / sums["count"]),
+          "eval/accuracy": float(sums["correct"] / sums["count"]), "eval/examples": float(sums["count"])}
+
+
+def evaluate(config, workdir: str, checkpoint: str = "latest", split: str | None = None, log=print) -> dict:
+  """Restores a checkpoint (latest, best, or a step) and evaluates it on a split; writes the result."""
+  workdir = os.path.abspath(workdir)
+  split = split or config.data.eval_split
+  d = config.data
+  _, info = data_lib.make_input(d.name, split, global_batch_size=d.eval_batch_size, image_size=d.image_size,
+                                train=False, data_dir=d.data_dir, read_threads=d.read_threads)
+  exp = setup(config, workdir)
+  sub = "best" if checkpoint == "best" else "checkpoints"
+  path = os.path.join(workdir, sub)
+  if not os.path.isdir(path):
+    raise ConfigError(f"no {sub}/ in {workdir}: train first (python -m vitjax.main --config=... --workdir={workdir})")
+  with ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(read_only=True),
+                             item_names=("state", "data") if sub == "checkpoints" else ("state",)) as mngr:
+    steps = mngr.all_steps()
+    if not steps:
+      raise ConfigError(f"{path} holds no finished checkpoint")
+    step = max(steps) if checkpoint in ("latest", "best") else int(checkpoint)
+    if step not in steps:
+      raise ConfigError(f"no checkpoint for step {step} in {path}; there are {sorted(steps)}")
+    state = restore_state(mngr, step, exp.abstract_state, with_data=False)["state"]
+  with exp.mesh:
+    result = run_eval(exp, jax.jit(make_eval_step(exp.model, info.num_classes)), state.params, state.model_state,
+                      split)
+  result = {f"eval_{split}/{k.split('/')[1]}" if split != d.eval_split else k: v for k, v in result.items()}
+  log(f"{sub} checkpoint, step {step}, split {split}: " + ", ".join(f"{k} {v:.4f}" for k, v in result.items()))
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, f"eval_{split}_{sub}_{step}.json"), "w") as f:
+      json.dump({"step": step, "checkpoint": sub, "split": split, **result}, f, indent=1)
+    with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
+      f.write(json.dumps({"step": step, "source": f"{sub} checkpoint", **result}) + "\n")
+  return {"step": step, **result}

@@ -1,7 +1,9 @@
 """Model registry: `create(name, **overrides)` builds a model from the short names configs use.
 
 Names: "vit_ti16", "vit_s16", "vit_s32", "vit_b16", "vit_b32", "vit_l16", "vit_h14", ... (vit_SIZE PATCH),
-a ViT variant string such as "S/16", and "swin_t", "swin_s", "swin_b", "swin_l".
+a ViT variant string such as "S/16", "swin_t", "swin_s", "swin_b", "swin_l", and the translation Transformer
+"transformer_base", "transformer_big" (the paper's sizes), "transformer_small", "transformer_tiny" (CPU sizes;
+these need vocab_size=...).
 """
 from __future__ import annotations
 
@@ -11,13 +13,17 @@ import re
 import flax.linen as nn
 
 from vitjax.models import swin as swin_lib
+from vitjax.models import transformer as transformer_lib
 from vitjax.models import vit as vit_lib
 from vitjax.models.swin import Swin
+from vitjax.models.transformer import Transformer
 from vitjax.models.vit import ViT
 
 _VIT_NAME = re.compile(r"^vit_(ti|s|m|b|l|h)(\d+)$")
 _SWIN_NAME = re.compile(r"^swin_(t|s|b|l)$")
-EXAMPLE_NAMES = ["vit_ti16", "vit_s16", "vit_b16", "vit_l16", "vit_h14", "swin_t", "swin_s", "swin_b", "swin_l"]
+_TRANSFORMER_NAME = re.compile(r"^transformer_(" + "|".join(transformer_lib.SIZES) + ")$")
+EXAMPLE_NAMES = ["vit_ti16", "vit_s16", "vit_b16", "vit_l16", "vit_h14", "swin_t", "swin_s", "swin_b", "swin_l",
+                 "transformer_base", "transformer_big", "transformer_small", "transformer_tiny"]
 
 
 def _config(name: str) -> tuple[type[nn.Module], dict]:
@@ -29,6 +35,9 @@ def _config(name: str) -> tuple[type[nn.Module], dict]:
   if m := _SWIN_NAME.match(name):
     embed, depths, heads = swin_lib.VARIANTS[m[1].upper()]
     return Swin, dict(embed_dim=embed, depths=depths, num_heads=heads)
+  if m := _TRANSFORMER_NAME.match(name):
+    d, h, ff, layers, drop = transformer_lib.SIZES[m[1]]
+    return Transformer, dict(d_model=d, num_heads=h, d_ff=ff, num_layers=layers, dropout_rate=drop)
   near = difflib.get_close_matches(name, EXAMPLE_NAMES, n=1)
   hint = f" Did you mean {near[0]!r}?" if near else ""
   raise ValueError(f"unknown model {name!r}.{hint} Known: {', '.join(EXAMPLE_NAMES)}, vit_SIZEPATCH "
@@ -50,4 +59,4 @@ def create(name: str, **overrides) -> nn.Module:
   return cls(**{**kwargs, **overrides})
 
 
-__all__ = ["ViT", "Swin", "create"]
+__all__ = ["ViT", "Swin", "Transformer", "create"]

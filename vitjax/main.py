@@ -10,6 +10,7 @@ workdir. For several hosts, pass --multihost on each (jax.distributed reads the 
 """
 import json
 import os
+import re
 import sys
 
 from absl import app, flags
@@ -33,6 +34,46 @@ def _saved_config(workdir):
     return mlc.ConfigDict(json.load(f))
 
 
+def _unknown_field_message(e: BaseException, argv) -> str | None:
+  """A one-line message for a misspelt --config.FIELD override, or None if `e` is something else.
+
+  While absl parses the flags, ml_collections raises AttributeError(KeyError(...)) whose text is the bad name and
+  its 'Did you mean "lr" instead of "lrr"?'; uncaught, that ends the program with a long traceback.
+  """
+  while e.args and isinstance(e.args[0], BaseException):
+    e = e.args[0]
+  text = str(e.args[0]) if e.args else str(e)
+  m = re.match(r"""['"]?([\w-]+)['"]?\s*(?:\n|$)""", text)
+  if not m:
+    return None
+  bad = m.group(1)
+  for arg in argv[1:]:
+    path = re.match(r"--(config(?:\.[\w-]+)+)(?:=|$)", arg)
+    parts = path.group(1).split(".") if path else []
+    if bad not in parts[1:]:
+      continue
+    i = parts.index(bad, 1)
+    parent, flag = ".".join(parts[:i]), "--" + path.group(1)
+    suggestion = re.search(r'Did you mean "([^"]+)"', text)
+    if suggestion:
+      fixed = "--" + ".".join(parts[:i] + [suggestion.group(1)] + parts[i + 1:])
+      return f"{flag}: {parent} has no field {bad!r}; did you mean {fixed} ({suggestion.group(1)!r})?"
+    return f"{flag}: {parent} has no field {bad!r} (the fields are those of vitjax/config.py and the config file)"
+  return None
+
+
+def _parse_flags(argv):
+  """absl's flag parsing, with a clear error (exit status 2) for an unknown --config.FIELD."""
+  try:
+    return app.parse_flags_with_usage(argv)
+  except (AttributeError, KeyError) as e:
+    msg = _unknown_field_message(e, argv)
+    if msg is None:
+      raise
+    print(f"error: {msg}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
 def main(argv):
   del argv
   if FLAGS.multihost:
@@ -54,4 +95,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

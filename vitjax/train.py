@@ -119,7 +119,9 @@ def make_schedule(config, total_steps: int, steps_per_epoch: int) -> optax.Sched
     decay = optax.constant_schedule(lr)
   elif s.decay == "rsqrt":  # inverse square root, continuous with the warm-up ("Attention is all you need")
     t0 = s.rsqrt_timescale or max(warmup, 1)
-    decay = lambda step: lr * jnp.sqrt(t0 / (step + t0))
+    # join_schedules also evaluates this at step - warmup < 0: keep the denominator positive (a Python int step
+    # would otherwise raise ZeroDivisionError at step 0).
+    decay = lambda step: lr * jnp.sqrt(t0 / jnp.maximum(step + t0, 1))
   else:
     raise ConfigError(f"unknown schedule.decay {s.decay!r}; use 'cosine', 'linear', 'rsqrt' or 'constant'")
   if warmup == 0:
@@ -289,23 +291,33 @@ def _fingerprint(config) -> dict:
   return {"model": config.model.to_dict(), "data": config.data.name, "image_size": config.data.image_size}
 
 
+def _has_checkpoints(workdir: str) -> bool:
+  ckpt = os.path.join(workdir, "checkpoints")
+  return os.path.isdir(ckpt) and any(n.isdigit() for n in os.listdir(ckpt))
+
+
 def check_workdir(workdir: str, config) -> None:
-  """Refuses a workdir whose checkpoints belong to another experiment; writes the resolved config."""
+  """Refuses a workdir whose checkpoints belong to another experiment. Writes nothing."""
   path = os.path.join(workdir, "config.json")
-  has_ckpt = os.path.isdir(os.path.join(workdir, "checkpoints")) and any(
-      n.isdigit() for n in os.listdir(os.path.join(workdir, "checkpoints")))
-  if os.path.exists(path) and has_ckpt:
+  if os.path.exists(path) and _has_checkpoints(workdir):
     with open(path) as f:
       old = json.load(f)
     old_fp = {"model": old.get("model"), "data": old.get("data", {}).get("name"),
               "image_size": old.get("data", {}).get("image_size")}
     new_fp = json.loads(json.dumps(_fingerprint(config)))
     if old_fp != new_fp:
-      diff = [k for k in new_fp if old_fp.get(k) != new_fp[k]]
-      raise ConfigError(f"workdir {workdir} holds checkpoints of another experiment ({', '.join(diff)} differ: "
-                        f"{ {k: old_fp.get(k) for k in diff} } there, { {k: new_fp[k] for k in diff} } now). "
+      flat_old = flax.traverse_util.flatten_dict(old_fp, sep=".")
+      flat_new = flax.traverse_util.flatten_dict(new_fp, sep=".")
+      diff = [f"{k}: {flat_old.get(k)!r} there, {flat_new.get(k)!r} now"
+              for k in sorted(set(flat_old) | set(flat_new)) if flat_old.get(k) != flat_new.get(k)]
+      raise ConfigError(f"workdir {workdir} holds checkpoints of another experiment ({'; '.join(diff)}). "
                         "Use a new --workdir, or --config.init_from to start from those weights.")
+
+
+def write_config(workdir: str, config) -> None:
+  """Writes the resolved config to WORKDIR/config.json (atomically; process 0)."""
   if jax.process_index() == 0:
+    path = os.path.join(workdir, "config.json")
     os.makedirs(workdir, exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
@@ -451,6 +463,17 @@ def _to_global(batch, sharding):
           for k, v in batch.items() if k in ("image", "label", "mask")}
 
 
+def initial_state(exp: Experiment, config, log=print) -> TrainState:
+  """The initialised TrainState, with parameters from config.init_from if set (ConfigError if they do not fit)."""
+  state = jax.jit(exp.init_state, out_shardings=exp.state_sharding)()
+  if config.init_from:
+    params = adapt_params(load_params(config.init_from), jax.device_get(state.params), log=log)
+    params = jax.device_put(params, exp.state_sharding.params)
+    state = state.replace(params=params, opt_state=jax.jit(exp.tx.init, out_shardings=exp.state_sharding.opt_state)(params))
+    log(f"initialised parameters from {config.init_from}")
+  return state
+
+
 def train(config: mlc.ConfigDict, workdir: str, log=print) -> dict:
   """Trains (resuming from WORKDIR's latest checkpoint if any), evaluates, checkpoints. Returns final metrics."""
   workdir = os.path.abspath(workdir)
@@ -470,14 +493,19 @@ def train(config: mlc.ConfigDict, workdir: str, log=print) -> dict:
   if config.total_steps is None and config.num_epochs is None:
     raise ConfigError("set config.total_steps or config.num_epochs")
   total = config.total_steps if config.total_steps is not None else int(math.ceil(config.num_epochs * steps_per_epoch))
+  if config.total_steps is not None and config.num_epochs is not None:
+    log(f"total_steps={config.total_steps} takes precedence over num_epochs={config.num_epochs}")
   check_workdir(workdir, config)
   exp = setup(config, workdir, total, steps_per_epoch)
-  last_mngr, best_mngr = checkpoint_managers(workdir, config)
   train_step = jax.jit(make_train_step(exp.model, exp.tx, exp.schedule, config, info.num_classes),
                        in_shardings=(exp.state_sharding, exp.batch_sharding),
                        out_shardings=(exp.state_sharding, None), donate_argnums=0)
   eval_step = jax.jit(make_eval_step(exp.model, info.num_classes))
 
+  # A fresh run builds its initial state (and checks config.init_from) before it writes anything to the workdir.
+  state = None if _has_checkpoints(workdir) else initial_state(exp, config, log)
+  write_config(workdir, config)
+  last_mngr, best_mngr = checkpoint_managers(workdir, config)
   start = last_mngr.latest_step()
   if start is not None:
     restored = restore_state(last_mngr, start, exp.abstract_state)
@@ -485,12 +513,7 @@ def train(config: mlc.ConfigDict, workdir: str, log=print) -> dict:
     train_it.set_state(restored["data"].encode())
     log(f"resumed from {workdir}/checkpoints at step {start}")
   else:
-    state = jax.jit(exp.init_state, out_shardings=exp.state_sharding)()
-    if config.init_from:
-      params = adapt_params(load_params(config.init_from), jax.device_get(state.params), log=log)
-      params = jax.device_put(params, exp.state_sharding.params)
-      state = state.replace(params=params, opt_state=jax.jit(exp.tx.init, out_shardings=exp.state_sharding.opt_state)(params))
-      log(f"initialised parameters from {config.init_from}")
+    state = state if state is not None else initial_state(exp, config, log)
     start = 0
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
   log(f"{config.model.name}: {n_params:,} parameters | {d.name}: {info.num_examples} training examples, "

@@ -1,0 +1,399 @@
+"""Tests of the trainer (vitjax/train.py) and its command line (python -m vitjax.main).
+
+Command-line, resume and multi-device behaviour is tested on subprocesses running a deliberately tiny ViT
+(width 16, one block) for 30 steps on the digits dataset; trainer pieces are tested in-process.
+"""
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections as mlc
+import numpy as np
+import pytest
+
+try:
+  import train_helpers as th  # tests/ is on sys.path (pytest's default import mode)
+except ImportError:
+  from tests import train_helpers as th
+from vitjax import models, posenc, train
+from vitjax.config import default_config
+
+
+# ------------------------------------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="session")
+def compile_cache(tmp_path_factory):
+  """A persistent jax compilation cache shared by this session's subprocesses."""
+  th.CACHE_DIR = str(tmp_path_factory.mktemp("jax_cache"))
+  yield th.CACHE_DIR
+  th.CACHE_DIR = None
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory, compile_cache):
+  """digits, prepared once for the session with the documented command."""
+  path = str(tmp_path_factory.mktemp("tfds"))
+  proc = subprocess.run([sys.executable, "-m", "vitjax.data.prepare", "--dataset=digits", f"--data_dir={path}"],
+                        cwd=th.ROOT, env=th.env(), capture_output=True, text=True, timeout=300)
+  th.check_ok(proc)
+  return path
+
+
+@pytest.fixture(scope="session")
+def run_args(data_dir):
+  """The tiny 30-step run's overrides (progress every step, so that a kill can land on any step)."""
+  return [*th.TINY, f"--config.data.data_dir={data_dir}"]
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory, run_args):
+  """Workdir of an uninterrupted tiny run to step 30. Tests must not modify it: copy it first."""
+  workdir = str(tmp_path_factory.mktemp("finished") / "w")
+  th.check_ok(th.run_main(workdir, *run_args))
+  return workdir
+
+
+def _copy(src, tmp_path, name="w"):
+  dst = str(tmp_path / name)
+  shutil.copytree(src, dst)
+  return dst
+
+
+def _train_rows(workdir):
+  return [r for r in th.read_metrics(workdir) if "train/loss" in r]
+
+
+def _eval_rows(workdir):
+  return [r for r in th.read_metrics(workdir) if "eval/accuracy" in r and "source" not in r]
+
+
+# ------------------------------------------------------------------------------------ exact resume
+
+def test_resume_after_sigkill_is_bitwise_exact(finished_run, run_args, tmp_path):
+  workdir = str(tmp_path / "killed")
+  proc = th.start_main(workdir, *run_args)
+  killed_at = None
+  try:
+    for line in proc.stdout:
+      m = re.match(r"step (\d+)/30 ", line)
+      if m and int(m.group(1)) >= 13 and 10 in th.finished_steps(workdir):
+        os.kill(proc.pid, signal.SIGKILL)
+        killed_at = int(m.group(1))
+        break
+  finally:
+    if proc.poll() is None and killed_at is None:
+      proc.kill()
+    proc.wait(timeout=60)
+    proc.stdout.close()
+  assert killed_at is not None, "the run finished before it could be killed"
+  assert proc.returncode == -signal.SIGKILL
+  survived = th.finished_steps(workdir)
+  assert 10 in survived and max(survived) < 30, survived
+
+  resumed = th.check_ok(th.run_main(workdir, *run_args))  # the same command
+  m = re.search(r"resumed from .* at step (\d+)", resumed.stdout)
+  assert m and 10 <= int(m.group(1)) < 30, resumed.stdout[-2000:]
+
+  ref, got = th.load_state(finished_run), th.load_state(workdir)
+  assert int(got["step"]) == int(ref["step"]) == 30
+  ref_leaves = jax.tree_util.tree_leaves_with_path(ref)
+  got_leaves = jax.tree_util.tree_leaves_with_path(got)
+  assert [p for p, _ in ref_leaves] == [p for p, _ in got_leaves]
+  differ = [jax.tree_util.keystr(p) for (p, a), (_, b) in zip(ref_leaves, got_leaves)
+            if a.dtype != b.dtype or a.tobytes() != b.tobytes()]
+  assert not differ, f"killed at step {killed_at}, resumed at {m.group(1)}: these differ: {differ[:10]}"
+  # The last logged training loss is the same float too.
+  last = lambda w: [r for r in _train_rows(w) if r["step"] == 30][-1]["train/loss"]
+  assert last(workdir) == last(finished_run)
+
+
+# ------------------------------------------------------------------------------------ 1 vs 8 devices
+
+def test_one_and_eight_devices_give_the_same_losses(finished_run, run_args, tmp_path):
+  """The finished 1-device run, repeated on 8 simulated devices (batch 32: 4 examples per device).
+
+  Dropout stays on (0.1): jax's partitionable threefry draws the same masks whatever the sharding, so the
+  losses agree with dropout too (a stronger check than the dropout-0 one).
+  """
+  w8 = str(tmp_path / "d8")
+  out8 = th.check_ok(th.run_main(w8, *run_args, devices=8)).stdout
+  assert "| 8 devices" in out8
+  l1 = {r["step"]: r["train/loss"] for r in _train_rows(finished_run)}
+  l8 = {r["step"]: r["train/loss"] for r in _train_rows(w8)}
+  assert sorted(l1) == sorted(l8) == list(range(1, 31))
+  steps = sorted(l1)
+  np.testing.assert_allclose([l8[s] for s in steps], [l1[s] for s in steps], rtol=1e-4)
+  assert max(l1.values()) - min(l1.values()) > 1e-2  # the parameters did move: the comparison means something
+  e1, e8 = _eval_rows(finished_run), _eval_rows(w8)
+  assert [r["step"] for r in e1] == [r["step"] for r in e8] == [10, 20, 30]
+  for a, b in zip(e1, e8):
+    assert a["eval/examples"] == b["eval/examples"] == 300
+    np.testing.assert_allclose(b["eval/loss"], a["eval/loss"], rtol=1e-4)
+
+
+# -------------------------------------------------------------------------------------- bad input
+
+def _assert_failed_cleanly(proc, *needles):
+  err = th.error_lines(proc)
+  assert proc.returncode != 0, proc.stdout[-2000:]
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  for needle in needles:
+    assert needle in err, f"{needle!r} not in stderr:\n{err[-3000:]}"
+  return err
+
+
+def _existing_workdir(tmp_path):
+  """A workdir holding something (a file) that a failed run must leave alone."""
+  workdir = tmp_path / "existing"
+  workdir.mkdir()
+  (workdir / "notes.txt").write_text("keep me\n")
+  return str(workdir)
+
+
+def test_unknown_config_key_names_the_nearest_one(run_args, tmp_path):
+  workdir = _existing_workdir(tmp_path)
+  before = th.snapshot(workdir)
+  proc = th.run_main(workdir, *run_args, "--config.optim.lrr=1")
+  err = _assert_failed_cleanly(proc, "lrr", "--config.optim.lr ")
+  assert "did you mean" in err.lower()
+  assert th.snapshot(workdir) == before
+
+
+def test_batch_not_divisible_by_devices_says_which_sizes_work(finished_run, run_args, tmp_path):
+  workdir = _copy(finished_run, tmp_path)
+  before = th.snapshot(workdir)
+  proc = th.run_main(workdir, *run_args, "--config.batch_size=12", devices=8)
+  _assert_failed_cleanly(proc, "batch_size=12", "8 devices", "--config.batch_size=16", "or 8")
+  assert th.snapshot(workdir) == before
+
+
+def test_dataset_not_prepared_gives_the_prepare_command(finished_run, run_args, tmp_path):
+  workdir = _copy(finished_run, tmp_path)
+  empty = tmp_path / "empty_data"
+  empty.mkdir()
+  before = th.snapshot(workdir)
+  proc = th.run_main(workdir, *run_args, f"--config.data.data_dir={empty}")
+  _assert_failed_cleanly(proc, "python -m vitjax.data.prepare --dataset=digits", str(empty))
+  assert th.snapshot(workdir) == before
+
+
+def test_init_from_with_other_shapes_lists_the_mismatches(finished_run, run_args, tmp_path):
+  workdir = _existing_workdir(tmp_path)
+  before, source_before = th.snapshot(workdir), th.snapshot(finished_run)
+  proc = th.run_main(workdir, *run_args, "--config.model.width=24", f"--config.init_from={finished_run}")
+  _assert_failed_cleanly(proc, "do not match the model",
+                         "encoder/block_0/mlp/fc1/kernel: model (24, 32), checkpoint (16, 32)")
+  assert th.snapshot(workdir) == before  # nothing written: no config.json, no checkpoints/
+  assert th.snapshot(finished_run) == source_before
+
+
+def test_workdir_of_another_experiment_is_refused(finished_run, run_args, tmp_path):
+  workdir = _copy(finished_run, tmp_path)
+  before = th.snapshot(workdir)
+  proc = th.run_main(workdir, *run_args, "--config.model.width=24")
+  _assert_failed_cleanly(proc, "another experiment", "model.width: 16 there, 24 now", "--workdir")
+  assert th.snapshot(workdir) == before  # checkpoints, config.json, metrics: untouched
+
+
+# ------------------------------------------------------------------------------ eval equals training
+
+def test_eval_mode_reproduces_training_eval(finished_run, tmp_path):
+  workdir = _copy(finished_run, tmp_path)
+  train_evals = _eval_rows(workdir)
+  assert [r["step"] for r in train_evals] == [10, 20, 30]
+
+  th.check_ok(th.run_main(workdir, "--mode=eval", config=None))  # the config comes from WORKDIR/config.json
+  result = th.read_metrics(workdir)[-1]
+  assert result["step"] == 30 and "source" in result
+  assert result["eval/accuracy"] == pytest.approx(train_evals[-1]["eval/accuracy"], abs=1e-6)
+  assert result["eval/loss"] == pytest.approx(train_evals[-1]["eval/loss"], rel=1e-5)
+  assert result["eval/examples"] == 300
+  assert os.path.exists(os.path.join(workdir, "eval_test_checkpoints_30.json"))
+
+  (best_step,) = th.finished_steps(workdir, "best")
+  best_train = max(train_evals, key=lambda r: r["eval/accuracy"])
+  assert best_train["eval/accuracy"] == [r for r in train_evals if r["step"] == best_step][0]["eval/accuracy"]
+  proc = th.check_ok(th.run_main(workdir, "--mode=eval", "--checkpoint=best", config=None))
+  path = os.path.join(workdir, f"eval_test_best_{best_step}.json")
+  assert os.path.exists(path), (os.listdir(workdir), proc.stdout[-2000:])
+  with open(path) as f:
+    best = json.load(f)
+  assert best["step"] == best_step and best["checkpoint"] == "best"
+  assert best["eval/accuracy"] == pytest.approx(best_train["eval/accuracy"], abs=1e-6)
+
+
+# ---------------------------------------------------------------------------------------- metrics
+
+def test_metrics_config_and_tensorboard_are_written(finished_run):
+  rows = th.read_metrics(finished_run)
+  assert rows and all(isinstance(r.get("step"), int) for r in rows)
+  keys = set().union(*rows)
+  assert {"train/loss", "train/accuracy", "train/lr", "train/steps_per_s", "eval/accuracy", "eval/loss"} <= keys
+  train_rows = _train_rows(finished_run)
+  # total_steps=30 takes precedence over the config file's num_epochs=60 (2760 steps).
+  assert [r["step"] for r in train_rows] == list(range(1, 31))
+  assert all(math.isfinite(r["train/loss"]) for r in train_rows)
+  assert all("train/steps_per_s" in r for r in train_rows[1:])
+  with open(os.path.join(finished_run, "config.json")) as f:
+    saved = json.load(f)
+  assert saved["model"]["width"] == 16 and saved["total_steps"] == 30
+  events = [n for n in os.listdir(os.path.join(finished_run, "tb")) if n.startswith("events.out.tfevents")]
+  assert events and all(os.path.getsize(os.path.join(finished_run, "tb", n)) > 0 for n in events)
+
+
+# ------------------------------------------------------------------------------ trainer pieces (unit)
+
+def _random_like(shapes, seed=0):
+  """Random float32 arrays of the given shapes (params without compiling an init)."""
+  rng = np.random.RandomState(seed)
+  return jax.tree.map(lambda a: (0.2 * rng.randn(*a.shape)).astype(np.float32), shapes)
+
+
+def _tiny_vit(image_size=8, seed=0, **kw):
+  """A tiny ViT on 1-channel images and random parameters of its shapes (from eval_shape: nothing compiles)."""
+  model = models.create("Ti/2", **{**dict(width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=10), **kw})
+  shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, image_size, image_size, 1)))["params"]
+  return model, _random_like(flax.core.unfreeze(shapes), seed)
+
+
+def test_decay_mask_excludes_biases_norms_positions_tables_and_cls():
+  _, params = _tiny_vit()
+  params = flax.core.unfreeze(params)
+  params["swin_attn"] = {"relative_position_bias_table": jnp.zeros((9, 2)), "qkv": {"kernel": jnp.zeros((4, 12))}}
+  flat = flax.traverse_util.flatten_dict(train.decay_mask(params), sep="/")
+  no_decay = sorted(k for k, v in flat.items() if not v)
+  for k, v in flat.items():
+    last = k.split("/")[-1]
+    expected = last in ("kernel",)
+    assert v == expected, (k, v)
+  assert "cls" in no_decay and "posembed/pos_embedding" in no_decay
+  assert "swin_attn/relative_position_bias_table" in no_decay
+  assert "encoder/block_0/norm1/scale" in no_decay and "encoder/final_norm/scale" in no_decay
+  assert "head/bias" in no_decay and "embedding/bias" in no_decay
+  assert flat["embedding/kernel"] and flat["head/kernel"] and flat["swin_attn/qkv/kernel"]
+
+
+def _schedule_config(decay, warmup_steps=10, warmup_epochs=None, end=0.0, lr=1.0):
+  c = default_config()
+  c.optim.lr = lr
+  c.schedule.decay = decay
+  c.schedule.warmup_steps = warmup_steps
+  c.schedule.warmup_epochs = warmup_epochs
+  c.schedule.end_lr_factor = end
+  return c
+
+
+@pytest.mark.parametrize("decay, expected", [
+    ("cosine", {60: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)), 85: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.75)),
+                110: 0.1}),
+    ("linear", {60: 0.55, 85: 1.0 - 0.9 * 0.75, 110: 0.1}),
+    ("rsqrt", {40: 0.5, 90: 1 / 3, 110: math.sqrt(10 / 110)}),  # sqrt(warmup / step)
+    ("constant", {60: 1.0, 110: 1.0}),
+])
+def test_schedule_warms_up_then_decays(decay, expected):
+  for cfg in (_schedule_config(decay, end=0.1), _schedule_config(decay, None, warmup_epochs=2, end=0.1)):
+    s = train.make_schedule(cfg, total_steps=110, steps_per_epoch=5)  # warm-up: 10 steps either way
+    for step, want in {0: 0.0, 5: 0.5, 10: 1.0, **expected}.items():
+      assert float(s(step)) == pytest.approx(want, rel=1e-5, abs=1e-7), (decay, step)
+
+
+def test_schedule_rejects_unknown_decay():
+  with pytest.raises(train.ConfigError, match="cosine"):
+    train.make_schedule(_schedule_config("exp"), 100, 10)
+
+
+def test_cross_entropy_with_label_smoothing_matches_hand_computation():
+  rng = np.random.RandomState(0)
+  logits, labels, k, eps = rng.randn(4, 5).astype(np.float32), np.array([0, 3, 4, 1]), 5, 0.1
+  want = []
+  for row, y in zip(logits.astype(np.float64), labels):
+    logp = row - (row.max() + np.log(np.exp(row - row.max()).sum()))
+    target = np.full(k, eps / k)
+    target[y] += 1 - eps
+    want.append(-(target * logp).sum())
+  got = train.cross_entropy(jnp.asarray(logits), jnp.asarray(labels), k, smoothing=eps)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+  # Unsmoothed: -log p(label); soft labels: the same formula with the given targets.
+  plain = train.cross_entropy(jnp.asarray(logits), jnp.asarray(labels), k)
+  np.testing.assert_allclose(np.asarray(plain), -np.asarray(jax.nn.log_softmax(logits))[np.arange(4), labels],
+                             rtol=1e-6)
+  soft = np.eye(k, dtype=np.float32)[labels] * (1 - eps) + eps / k
+  np.testing.assert_allclose(np.asarray(train.cross_entropy(jnp.asarray(logits), jnp.asarray(soft), k)), want,
+                             rtol=1e-6)
+
+
+def _step_config(accum):
+  c = default_config()
+  c.model = mlc.ConfigDict(dict(name="Ti/2", width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=10,
+                                dropout_rate=0.0))
+  c.optim.name, c.optim.lr, c.optim.momentum, c.optim.grad_clip_norm = "sgd", 0.5, 0.0, 0.0
+  c.optim.accum_steps = accum
+  c.schedule.warmup_steps, c.schedule.decay = 0, "constant"
+  return c
+
+
+def test_gradient_accumulation_matches_one_big_batch():
+  rng = np.random.RandomState(1)
+  batch = {"image": jnp.asarray(rng.uniform(-1, 1, (16, 8, 8, 1)).astype(np.float32)),
+           "label": jnp.asarray(rng.randint(0, 10, 16).astype(np.int32))}
+  results = []
+  for accum in (1, 2):
+    cfg = _step_config(accum)
+    model = train.build_model(cfg)
+    schedule = train.make_schedule(cfg, 10, 1)
+    tx = train.make_optimizer(cfg, schedule)
+    _, params = _tiny_vit(dropout_rate=0.0)
+    state = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), {})
+    step = jax.jit(train.make_train_step(model, tx, schedule, cfg, 10))
+    new_state, metrics = step(state, batch)
+    results.append((params, new_state, jax.device_get(metrics)))
+  (p0, s1, m1), (_, s2, m2) = results
+  assert int(s1.step) == int(s2.step) == 1
+  moved = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(p0)))
+  assert moved > 1e-3
+  for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params)):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=1e-5)
+  for key in ("train/loss", "train/accuracy", "train/grad_norm"):
+    np.testing.assert_allclose(m2[key], m1[key], rtol=1e-5)
+
+
+def test_adapt_params_resamples_positions_and_replaces_head():
+  _, loaded = _tiny_vit()  # 8x8 images: 1 + 4x4 tokens, 10 classes
+  _, target = _tiny_vit(image_size=16, seed=1, num_classes=5)  # 1 + 8x8 tokens, 5 classes
+  logs = []
+  out = train.adapt_params(loaded, target, log=logs.append)
+  pos_l, pos_o = np.asarray(loaded["posembed"]["pos_embedding"]), out["posembed"]["pos_embedding"]
+  assert pos_l.shape == (1, 17, 16) and pos_o.shape == (1, 65, 16)
+  np.testing.assert_array_equal(pos_o[:, :1], pos_l[:, :1])  # the class token's embedding is kept
+  np.testing.assert_allclose(pos_o, posenc.resample_posemb(pos_l, (8, 8), num_prefix_tokens=1), rtol=1e-6)
+  for name in ("kernel", "bias"):
+    np.testing.assert_array_equal(out["head"][name], np.asarray(target["head"][name]))  # new head: its init
+  np.testing.assert_array_equal(out["encoder"]["block_0"]["mlp"]["fc1"]["kernel"],
+                                np.asarray(loaded["encoder"]["block_0"]["mlp"]["fc1"]["kernel"]))
+  assert any("resampled posembed/pos_embedding" in l for l in logs) and any("new head" in l for l in logs)
+
+
+def test_adapt_params_lists_every_mismatch():
+  _, loaded = _tiny_vit()
+  _, target = _tiny_vit(mlp_dim=48)
+  with pytest.raises(train.ConfigError) as e:
+    train.adapt_params(loaded, target, log=lambda _: None)
+  msg = str(e.value)
+  assert "encoder/block_0/mlp/fc1/kernel: model (16, 48), checkpoint (16, 32)" in msg
+  assert "encoder/block_0/mlp/fc1/bias: model (48,), checkpoint (32,)" in msg
+  assert "encoder/block_0/mlp/fc2/kernel: model (48, 16), checkpoint (32, 16)" in msg
+  assert "attn" not in msg  # only the parameters that differ
+  _, same = _tiny_vit()
+  same["encoder"]["extra"] = {"kernel": np.zeros((2, 2), np.float32)}
+  with pytest.raises(train.ConfigError) as e:
+    train.adapt_params(loaded, same, log=lambda _: None)
+  assert "encoder/extra/kernel: missing from the checkpoint (model (2, 2))" in str(e.value)
+  assert "mlp" not in str(e.value)

@@ -1,0 +1,101 @@
+"""Helpers for tests/test_train.py: run `python -m vitjax.main` as a subprocess, read its outputs."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(ROOT, "configs", "vit_digits.py")
+
+# A deliberately tiny ViT and a short run: 30 steps, progress every step, an evaluation every 10, a checkpoint
+# every 5; the evaluation batch is a multiple of 8 so that the same run works on 8 devices.
+TINY = ["--config.model.width=16", "--config.model.depth=1", "--config.model.num_heads=2",
+        "--config.model.mlp_dim=32", "--config.batch_size=32", "--config.total_steps=30",
+        "--config.log_every=1", "--config.eval_every=10", "--config.checkpoint_every=5",
+        "--config.data.eval_batch_size=64"]
+
+
+# A persistent compilation cache shared by the subprocesses of a test session (set by a fixture): runs of the
+# same config then compile their steps once, which halves their time.
+CACHE_DIR = None
+
+
+def env(devices: int = 1) -> dict:
+  e = dict(os.environ)
+  e.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+           PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="3")
+  if CACHE_DIR:
+    e.update(JAX_COMPILATION_CACHE_DIR=CACHE_DIR, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+  return e
+
+
+def main_cmd(workdir: str | None, *args: str, config: str | None = CONFIG) -> list[str]:
+  cmd = [sys.executable, "-m", "vitjax.main"]
+  if config:
+    cmd.append(f"--config={config}")
+  if workdir:
+    cmd.append(f"--workdir={workdir}")
+  return cmd + list(args)
+
+
+def run_main(workdir, *args, devices: int = 1, config=CONFIG, timeout: float = 300) -> subprocess.CompletedProcess:
+  """Runs the command line to completion; returns the CompletedProcess (text stdout/stderr)."""
+  return subprocess.run(main_cmd(workdir, *args, config=config), cwd=ROOT, env=env(devices), capture_output=True,
+                        text=True, timeout=timeout)
+
+
+def start_main(workdir, *args, devices: int = 1, config=CONFIG) -> subprocess.Popen:
+  """Starts the command line; stdout is a pipe (line-buffered text), stderr is discarded."""
+  return subprocess.Popen(main_cmd(workdir, *args, config=config), cwd=ROOT, env=env(devices),
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+
+
+def check_ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+  assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
+  return proc
+
+
+def error_lines(proc: subprocess.CompletedProcess) -> str:
+  """stderr without absl's info/warning log lines."""
+  return "\n".join(l for l in proc.stderr.splitlines() if not l[:1] in ("I", "W") or not l[1:5].isdigit())
+
+
+def read_metrics(workdir: str) -> list[dict]:
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(l) for l in f if l.strip()]
+
+
+def snapshot(directory: str) -> dict:
+  """{relative path: (size, mtime_ns, sha1)} of every file under directory (dirs as (None, None, None))."""
+  out = {}
+  for root, dirs, files in os.walk(directory):
+    for d in dirs:
+      out[os.path.relpath(os.path.join(root, d), directory) + "/"] = (None, None, None)
+    for name in files:
+      p = os.path.join(root, name)
+      st = os.stat(p)
+      with open(p, "rb") as f:
+        digest = hashlib.sha1(f.read()).hexdigest()
+      out[os.path.relpath(p, directory)] = (st.st_size, st.st_mtime_ns, digest)
+  return out
+
+
+def finished_steps(workdir: str, sub: str = "checkpoints") -> list[int]:
+  path = os.path.join(workdir, sub)
+  return sorted(int(n) for n in os.listdir(path) if n.isdigit()) if os.path.isdir(path) else []
+
+
+def load_state(workdir: str, step: int | None = None) -> dict:
+  """The full saved TrainState (step, params, opt_state, model_state) of a workdir's checkpoint, as numpy."""
+  import numpy as np
+  import orbax.checkpoint as ocp
+  with ocp.CheckpointManager(os.path.join(workdir, "checkpoints"),
+                             options=ocp.CheckpointManagerOptions(read_only=True)) as mngr:
+    step = mngr.latest_step() if step is None else step
+    restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore()))
+  import jax
+  return jax.tree.map(np.asarray, restored["state"])

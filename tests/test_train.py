@@ -23,7 +23,7 @@ try:
   import train_helpers as th  # tests/ is on sys.path (pytest's default import mode)
 except ImportError:
   from tests import train_helpers as th
-from vitjax import models, posenc, train
+from vitjax import models, posenc, tasks, train
 from vitjax.config import default_config
 
 
@@ -352,7 +352,7 @@ def test_gradient_accumulation_matches_one_big_batch():
     tx = train.make_optimizer(cfg, schedule)
     _, params = _tiny_vit(dropout_rate=0.0)
     state = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), {})
-    step = jax.jit(train.make_train_step(model, tx, schedule, cfg, 10))
+    step = jax.jit(train.make_train_step(model, tx, schedule, cfg, tasks.ImageClassification(cfg, "")))
     new_state, metrics = step(state, batch)
     results.append((params, new_state, jax.device_get(metrics)))
   (p0, s1, m1), (_, s2, m2) = results

@@ -10,6 +10,7 @@ import ml_collections as mlc
 
 def default_config() -> mlc.ConfigDict:
   c = mlc.ConfigDict()
+  c.task = "classification"  # 'classification' | 'translation' (see vitjax.tasks)
   c.seed = 0
   # Model: `name` goes to vitjax.models.create; every other field overrides a model attribute.
   c.model = mlc.ConfigDict({"name": "vit_ti16", "num_classes": 10})
@@ -63,4 +64,37 @@ def default_config() -> mlc.ConfigDict:
   c.best_metric = "eval/accuracy"
   c.best_mode = "max"
   c.init_from = ""  # a workdir, 'timm:NAME:FILE' (.safetensors/.pth), or 'npz:VARIANT:FILE'
+  return c
+
+
+def translation_config(source: str, src_lang: str, tgt_lang: str, size: str = "small") -> mlc.ConfigDict:
+  """Defaults of a translation experiment (task "translation"): the paper's optimiser and schedule, beam search.
+
+  source: "bible", "ding", "tsv:PATH", "files:SRC,TGT" or "tfds:NAME[:SPLIT]" (see vitjax.data.text).
+  """
+  c = default_config()
+  c.task = "translation"
+  c.model = mlc.ConfigDict(dict(name=f"transformer_{size}"))
+  c.data = mlc.ConfigDict(dict(
+      source=source, src_lang=src_lang, tgt_lang=tgt_lang,
+      data_dir=mlc.FieldReference(None, field_type=str),
+      test_source=mlc.FieldReference(None, field_type=str),  # a separate test set (e.g. tfds:NAME:test)
+      vocab_size=8000, tokenizer_sentences=300_000, max_len=128, too_long="drop",
+      tokens_per_batch=4096,  # global; counts the padded rows of source and target
+      split_seed=0, num_valid=500, num_test=1000,
+      eval_split="valid", eval_examples=500, eval_batch_size=64))
+  c.decode = mlc.ConfigDict(dict(method="beam", beam_size=4, alpha=0.6, temperature=1.0, top_k=0, extra_len=10))
+  c.optim.name = "adamw"  # with weight_decay 0: Adam
+  c.optim.b1, c.optim.b2, c.optim.eps = 0.9, 0.98, 1e-9
+  c.optim.weight_decay = 0.0
+  c.optim.grad_clip_norm = 0.0
+  c.optim.lr = 1e-3  # peak, reached at the end of the warm-up
+  c.schedule.warmup_steps = 1000
+  c.schedule.decay = "rsqrt"  # lr * sqrt(warmup / step) after the warm-up: the paper's schedule
+  c.label_smoothing = 0.1
+  c.best_metric = "eval/bleu"
+  c.total_steps = 6000
+  c.log_every = 100
+  c.eval_every = 1000
+  c.checkpoint_every = 500
   return c

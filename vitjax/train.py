@@ -1,7 +1,8 @@
 """The one trainer: a config in, a trained, checkpointed, evaluated model out.
 
-Sections: errors -> mesh and sharding -> model and state -> optimizer -> steps -> parameter import ->
-checkpoints -> reporting -> train loop -> evaluation. `python -m vitjax.main` is the command line.
+Sections: mesh and sharding -> model and state -> optimizer -> steps -> parameter import -> checkpoints ->
+reporting -> train loop -> evaluation. What differs between image classification and translation (inputs,
+loss, evaluation) lives in vitjax.tasks. `python -m vitjax.main` is the command line.
 
 Parallelism: jax.jit over a Mesh; the global batch is split over all devices of all processes along the
 "data" axis; parameters follow `config.sharding_rules` (replicated by default), so FSDP or tensor-parallel
@@ -27,13 +28,8 @@ import optax
 import orbax.checkpoint as ocp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from vitjax import convert, data as data_lib, models, posenc
-
-
-# ------------------------------------------------------------------------------------------ errors
-
-class ConfigError(ValueError):
-  """A problem with the experiment's config, workdir or checkpoints; the message says how to fix it."""
+from vitjax import convert, models, posenc, tasks as tasks_lib
+from vitjax.tasks import ConfigError, check_batch, cross_entropy  # noqa: F401  (part of this module's API)
 
 
 # --------------------------------------------------------------------------------- mesh & sharding
@@ -58,16 +54,6 @@ def param_specs(params, rules) -> Any:
   return jax.tree_util.tree_map_with_path(spec, params)
 
 
-def check_batch(batch_size: int, what: str = "batch_size") -> None:
-  n, procs = jax.device_count(), jax.process_count()
-  if batch_size % n:
-    lo, hi = (batch_size // n) * n, (batch_size // n + 1) * n
-    raise ConfigError(f"{what}={batch_size} is not divisible by the {n} devices; use a multiple of {n} "
-                      f"(e.g. --config.{what}={hi}{f' or {lo}' if lo else ''})")
-  if batch_size % procs:
-    raise ConfigError(f"{what}={batch_size} is not divisible by the {procs} processes")
-
-
 # ---------------------------------------------------------------------------------- model & state
 
 @flax.struct.dataclass
@@ -78,8 +64,10 @@ class TrainState:
   model_state: Any  # non-parameter collections, e.g. BatchNorm's batch_stats
 
 
-def build_model(config) -> nn.Module:
+def build_model(config, overrides: dict | None = None) -> nn.Module:
+  """The model named by config.model (other fields are attributes), with the task's overrides."""
   kwargs = {k: v for k, v in config.model.to_dict().items() if k != "name"}
+  kwargs.update(overrides or {})
   if config.compute_dtype not in ("float32", "bfloat16"):
     raise ConfigError(f"compute_dtype must be 'float32' or 'bfloat16', got {config.compute_dtype!r}")
   if config.compute_dtype == "bfloat16":
@@ -90,9 +78,8 @@ def build_model(config) -> nn.Module:
     raise ConfigError(f"config.model: {e}") from None
 
 
-def init_variables(model, image_shape, seed: int):
-  x = jnp.zeros((1,) + tuple(image_shape), jnp.float32)
-  return model.init({"params": jax.random.key(seed), "dropout": jax.random.key(seed + 1)}, x)
+def init_variables(model, inputs: tuple, seed: int):
+  return model.init({"params": jax.random.key(seed), "dropout": jax.random.key(seed + 1)}, *inputs)
 
 
 # --------------------------------------------------------------------------------------- optimizer
@@ -145,60 +132,41 @@ def make_optimizer(config, schedule) -> optax.GradientTransformation:
 
 # ------------------------------------------------------------------------------------------- steps
 
-def cross_entropy(logits, labels, num_classes: int, smoothing: float = 0.0):
-  """Mean label-smoothed cross-entropy per example. labels: int [B] or soft [B, K]. -> [B]."""
-  targets = jax.nn.one_hot(labels, num_classes) if labels.ndim == 1 else labels
-  if smoothing:
-    targets = targets * (1.0 - smoothing) + smoothing / num_classes
-  return -jnp.sum(targets * jax.nn.log_softmax(logits.astype(jnp.float32)), axis=-1)
-
-
-def make_train_step(model, tx, schedule, config, num_classes: int) -> Callable:
-  accum, smoothing = config.optim.accum_steps, config.label_smoothing
+def make_train_step(model, tx, schedule, config, task) -> Callable:
+  """(state, batch) -> (state, metrics): forward, task loss, gradients (accumulated over micro-batches), update."""
+  accum = config.optim.accum_steps
   dropout_key = jax.random.key(config.seed + 2)
 
-  def loss_fn(params, model_state, images, labels, rng):
+  def loss_fn(params, model_state, batch, rng):
     variables = {"params": params, **model_state}
-    mutable = list(model_state)
-    out, new_state = model.apply(variables, images, train=True, rngs={"dropout": rng}, mutable=mutable)
-    logits = out[0]
-    loss = cross_entropy(logits, labels, num_classes, smoothing).mean()
-    hard = labels if labels.ndim == 1 else labels.argmax(-1)
-    return loss, (dict(new_state), jnp.mean(logits.argmax(-1) == hard))
+    out, new_state = model.apply(variables, *task.model_inputs(batch), train=True, rngs={"dropout": rng},
+                                 mutable=list(model_state))
+    loss, metrics = task.loss(out[0], batch)
+    return loss, (dict(new_state), metrics)
 
   def train_step(state: TrainState, batch):
     rng = jax.random.fold_in(dropout_key, state.step)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if accum == 1:
-      (loss, (model_state, acc)), grads = grad_fn(state.params, state.model_state, batch["image"], batch["label"], rng)
+      (loss, (model_state, metrics)), grads = grad_fn(state.params, state.model_state, batch, rng)
     else:  # micro-batches in sequence, gradients averaged: one optimizer step per global batch
       micro = jax.tree.map(lambda x: x.reshape((accum, x.shape[0] // accum) + x.shape[1:]), batch)
 
       def body(carry, xs):
-        grads, model_state, loss, acc, i = carry
-        (l, (model_state, a)), g = grad_fn(state.params, model_state, xs["image"], xs["label"],
-                                           jax.random.fold_in(rng, i))
-        return (jax.tree.map(jnp.add, grads, g), model_state, loss + l, acc + a, i + 1), None
+        grads, model_state, loss, metrics, i = carry
+        (l, (model_state, m)), g = grad_fn(state.params, model_state, xs, jax.random.fold_in(rng, i))
+        return (jax.tree.map(jnp.add, grads, g), model_state, loss + l, jax.tree.map(jnp.add, metrics, m), i + 1), None
       zeros = jax.tree.map(jnp.zeros_like, state.params)
-      (grads, model_state, loss, acc, _), _ = jax.lax.scan(
-          body, (zeros, state.model_state, 0.0, 0.0, 0), {"image": micro["image"], "label": micro["label"]})
-      grads, loss, acc = jax.tree.map(lambda g: g / accum, grads), loss / accum, acc / accum
+      shapes = jax.eval_shape(lambda: grad_fn(state.params, state.model_state, jax.tree.map(lambda x: x[0], micro), rng))
+      m0 = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes[0][1][1])
+      (grads, model_state, loss, metrics, _), _ = jax.lax.scan(body, (zeros, state.model_state, 0.0, m0, 0), micro)
+      grads, loss, metrics = jax.tree.map(lambda g: g / accum, grads), loss / accum, jax.tree.map(lambda m: m / accum, metrics)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = {"train/loss": loss, "train/accuracy": acc, "train/grad_norm": optax.global_norm(grads),
-               "train/lr": schedule(state.step)}
+    metrics = {"train/loss": loss, **{f"train/{k}": v for k, v in metrics.items()},
+               "train/grad_norm": optax.global_norm(grads), "train/lr": schedule(state.step)}
     return TrainState(state.step + 1, params, opt_state, model_state), metrics
   return train_step
-
-
-def make_eval_step(model, num_classes: int) -> Callable:
-  def eval_step(params, model_state, batch):
-    logits, _ = model.apply({"params": params, **model_state}, batch["image"], train=False)
-    mask = batch["mask"].astype(jnp.float32)
-    loss = cross_entropy(logits, batch["label"], num_classes)
-    return {"loss_sum": jnp.sum(loss * mask), "correct": jnp.sum((logits.argmax(-1) == batch["label"]) * mask),
-            "count": jnp.sum(mask)}
-  return eval_step
 
 
 # -------------------------------------------------------------------------------- parameter import
@@ -288,7 +256,8 @@ def _grid(n):
 
 def _fingerprint(config) -> dict:
   """What makes two runs the same experiment, for refusing a workdir that holds another one."""
-  return {"model": config.model.to_dict(), "data": config.data.name, "image_size": config.data.image_size}
+  d = config.data
+  return {"model": config.model.to_dict(), "data": d.get("name") or d.get("source"), "image_size": d.get("image_size")}
 
 
 def _has_checkpoints(workdir: str) -> bool:
@@ -302,7 +271,8 @@ def check_workdir(workdir: str, config) -> None:
   if os.path.exists(path) and _has_checkpoints(workdir):
     with open(path) as f:
       old = json.load(f)
-    old_fp = {"model": old.get("model"), "data": old.get("data", {}).get("name"),
+    old_data = old.get("data", {})
+    old_fp = {"model": old.get("model"), "data": old_data.get("name") or old_data.get("source"),
               "image_size": old.get("data", {}).get("image_size")}
     new_fp = json.loads(json.dumps(_fingerprint(config)))
     if old_fp != new_fp:
@@ -387,13 +357,21 @@ class Reporter:
       rate = float("nan")
     else:
       rate = (step - self.s0) / max(now - self.t0, 1e-9)
-    extra = {"train/steps_per_s": rate, "train/examples_per_s": rate * self.batch} if rate == rate else {}
+    extra = {}
+    if rate == rate:
+      extra["train/steps_per_s"] = rate
+      if self.batch:
+        extra["train/examples_per_s"] = rate * self.batch
+      if "train/tokens" in metrics:
+        extra["train/tokens_per_s"] = rate * float(metrics["train/tokens"])
     self.write(step, {**metrics, **extra})
     if self.main:
       eta = (self.total - step) / rate if rate == rate and rate > 0 else float("nan")
-      print(f"step {step}/{self.total} | loss {metrics['train/loss']:.4f} | acc {metrics['train/accuracy']:.3f} | "
-            f"lr {metrics['train/lr']:.2e} | {rate:.2f} steps/s | {rate * self.batch:.0f} ex/s | "
-            f"ETA {_fmt_time(eta)}", flush=True)
+      throughput = " | ".join(f"{extra[k]:.0f} {u}" for k, u in (("train/examples_per_s", "ex/s"),
+                                                                   ("train/tokens_per_s", "tok/s")) if k in extra)
+      acc = f" | acc {metrics['train/accuracy']:.3f}" if "train/accuracy" in metrics else ""
+      print(f"step {step}/{self.total} | loss {metrics['train/loss']:.4f}{acc} | lr {metrics['train/lr']:.2e} | "
+            f"{rate:.2f} steps/s{' | ' + throughput if throughput else ''} | ETA {_fmt_time(eta)}", flush=True)
 
   def close(self):
     if self.tb:
@@ -411,8 +389,9 @@ def _fmt_time(s: float) -> str:
 
 @dataclasses.dataclass
 class Experiment:
-  """What train() and evaluate() share: model, mesh, shardings, compiled steps."""
+  """What train() and evaluate() share: task, model, mesh, shardings, optimizer."""
   config: Any
+  task: Any
   model: nn.Module
   mesh: Mesh
   abstract_state: Any
@@ -423,16 +402,17 @@ class Experiment:
   tx: optax.GradientTransformation
 
 
-def setup(config, workdir: str, total_steps: int | None = None, steps_per_epoch: int = 1) -> Experiment:
+def setup(config, workdir: str, task=None, total_steps: int | None = None, steps_per_epoch: int = 1) -> Experiment:
+  task = task or tasks_lib.get(config, workdir)
   mesh = make_mesh(config.mesh_axes)
-  check_batch(config.batch_size)
-  model = build_model(config)
-  image_shape = (config.data.image_size, config.data.image_size, _channels(config))
+  task.check()
+  model = build_model(config, task.model_overrides())
+  inputs = task.example_inputs()
   schedule = make_schedule(config, total_steps or 1, steps_per_epoch)
   tx = make_optimizer(config, schedule)
 
   def init_state():
-    variables = init_variables(model, image_shape, config.seed)
+    variables = init_variables(model, inputs, config.seed)
     params = variables.pop("params")
     return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), dict(variables))
 
@@ -441,7 +421,7 @@ def setup(config, workdir: str, total_steps: int | None = None, steps_per_epoch:
                      _opt_specs(abstract, config.sharding_rules), jax.tree.map(lambda _: P(), abstract.model_state))
   sharding = jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
   abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, sharding)
-  return Experiment(config, model, mesh, abstract, sharding, NamedSharding(mesh, P(config.mesh_axes[0])),
+  return Experiment(config, task, model, mesh, abstract, sharding, NamedSharding(mesh, P(config.mesh_axes[0])),
                     init_state, schedule, tx)
 
 
@@ -452,15 +432,6 @@ def _opt_specs(abstract, rules):
   for leaf, spec in zip(jax.tree.leaves(abstract.params), jax.tree.leaves(pspecs, is_leaf=lambda x: isinstance(x, P))):
     by_shape.setdefault(leaf.shape, spec)
   return jax.tree.map(lambda a: by_shape.get(a.shape, P()) if rules else P(), abstract.opt_state)
-
-
-def _channels(config) -> int:
-  return {"digits": 1, "fashion_mnist": 1, "mnist": 1}.get(config.data.name, 3)
-
-
-def _to_global(batch, sharding):
-  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
-          for k, v in batch.items() if k in ("image", "label", "mask")}
 
 
 def initial_state(exp: Experiment, config, log=print) -> TrainState:
@@ -477,30 +448,19 @@ def initial_state(exp: Experiment, config, log=print) -> TrainState:
 def train(config: mlc.ConfigDict, workdir: str, log=print) -> dict:
   """Trains (resuming from WORKDIR's latest checkpoint if any), evaluates, checkpoints. Returns final metrics."""
   workdir = os.path.abspath(workdir)
-  check_batch(config.batch_size)
-  check_batch(config.data.eval_batch_size, "data.eval_batch_size")
-  if config.optim.accum_steps < 1 or (config.batch_size // jax.process_count()) % config.optim.accum_steps:
-    raise ConfigError(f"optim.accum_steps={config.optim.accum_steps} must divide the per-process batch "
-                      f"{config.batch_size // jax.process_count()}")
-  d = config.data
-  train_it, info = data_lib.make_input(d.name, d.train_split, global_batch_size=config.batch_size,
-                                       image_size=d.image_size, train=True, seed=config.seed, data_dir=d.data_dir,
-                                       augment=d.augment, worker_count=d.worker_count, read_threads=d.read_threads)
-  if config.model.get("num_classes") != info.num_classes:
-    raise ConfigError(f"config.model.num_classes={config.model.get('num_classes')} but {d.name} has "
-                      f"{info.num_classes} classes; set --config.model.num_classes={info.num_classes}")
-  steps_per_epoch = max(info.num_examples // config.batch_size, 1)
+  task = tasks_lib.get(config, workdir, log)
+  task.check()
+  check_workdir(workdir, config)
+  train_it, num_examples, steps_per_epoch = task.train_input()
   if config.total_steps is None and config.num_epochs is None:
     raise ConfigError("set config.total_steps or config.num_epochs")
   total = config.total_steps if config.total_steps is not None else int(math.ceil(config.num_epochs * steps_per_epoch))
   if config.total_steps is not None and config.num_epochs is not None:
     log(f"total_steps={config.total_steps} takes precedence over num_epochs={config.num_epochs}")
-  check_workdir(workdir, config)
-  exp = setup(config, workdir, total, steps_per_epoch)
-  train_step = jax.jit(make_train_step(exp.model, exp.tx, exp.schedule, config, info.num_classes),
+  exp = setup(config, workdir, task, total, steps_per_epoch)
+  train_step = jax.jit(make_train_step(exp.model, exp.tx, exp.schedule, config, task),
                        in_shardings=(exp.state_sharding, exp.batch_sharding),
                        out_shardings=(exp.state_sharding, None), donate_argnums=0)
-  eval_step = jax.jit(make_eval_step(exp.model, info.num_classes))
 
   # A fresh run builds its initial state (and checks config.init_from) before it writes anything to the workdir.
   state = None if _has_checkpoints(workdir) else initial_state(exp, config, log)
@@ -510,32 +470,33 @@ def train(config: mlc.ConfigDict, workdir: str, log=print) -> dict:
   if start is not None:
     restored = restore_state(last_mngr, start, exp.abstract_state)
     state = restored["state"]
-    train_it.set_state(restored["data"].encode())
+    task.restore_data_state(train_it, restored["data"])
     log(f"resumed from {workdir}/checkpoints at step {start}")
   else:
     state = state if state is not None else initial_state(exp, config, log)
     start = 0
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
-  log(f"{config.model.name}: {n_params:,} parameters | {d.name}: {info.num_examples} training examples, "
+  data_name = config.data.get("name") or config.data.get("source")
+  log(f"{config.model.name}: {n_params:,} parameters | {data_name}: {num_examples} training examples, "
       f"{steps_per_epoch} steps/epoch | {total} steps | {jax.device_count()} devices, {jax.process_count()} processes")
 
-  reporter = Reporter(workdir, total, config.batch_size)
-  evaluate_fn = lambda st: run_eval(exp, eval_step, st.params, st.model_state, d.eval_split)
+  reporter = Reporter(workdir, total, config.batch_size if isinstance(task, tasks_lib.ImageClassification) else 0)
+  eval_limit = config.data.get("eval_examples")
   final = {}
   with exp.mesh:
     for step in range(start + 1, total + 1):
-      batch = _to_global(next(train_it), exp.batch_sharding)
+      batch = tasks_lib.to_global(next(train_it), exp.batch_sharding, task.batch_keys)
       state, metrics = train_step(state, batch)
       if step % config.log_every == 0 or step == total or step == start + 1:
         reporter.progress(step, jax.device_get(metrics))
       if step % config.eval_every == 0 or step == total:
-        final = evaluate_fn(state)
+        final = task.evaluate(exp, state.params, state.model_state, config.data.eval_split, eval_limit)
         reporter.write(step, final)
         log(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
         best_mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)), metrics=final)
       if step % config.checkpoint_every == 0 or step == total:
         last_mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                     data=ocp.args.JsonSave(_data_state(train_it))))
+                                                     data=ocp.args.JsonSave(task.data_state(train_it))))
   last_mngr.wait_until_finished()
   best_mngr.wait_until_finished()
   last_mngr.close()
@@ -546,27 +507,8 @@ def train(config: mlc.ConfigDict, workdir: str, log=print) -> dict:
 
 # -------------------------------------------------------------------------------------- evaluation
 
-def run_eval(exp: Experiment, eval_step, params, model_state, split: str) -> dict:
-  d = exp.config.data
-  it, _ = data_lib.make_input(d.name, split, global_batch_size=d.eval_batch_size, image_size=d.image_size,
-                              train=False, data_dir=d.data_dir, read_threads=d.read_threads)
-  sums = None
-  for batch in it:
-    out = eval_step(params, model_state, _to_global(batch, exp.batch_sharding))
-    sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
-  sums = jax.device_get(sums)
-  return {"eval/loss": float(sums["loss_sum"] / sums["count"]),
-          "eval/accuracy": float(sums["correct"] / sums["count"]), "eval/examples": float(sums["count"])}
-
-
-def evaluate(config, workdir: str, checkpoint: str = "latest", split: str | None = None, log=print) -> dict:
-  """Restores a checkpoint (latest, best, or a step) and evaluates it on a split; writes the result."""
-  workdir = os.path.abspath(workdir)
-  split = split or config.data.eval_split
-  d = config.data
-  _, info = data_lib.make_input(d.name, split, global_batch_size=d.eval_batch_size, image_size=d.image_size,
-                                train=False, data_dir=d.data_dir, read_threads=d.read_threads)
-  exp = setup(config, workdir)
+def restore_checkpoint(exp: Experiment, workdir: str, checkpoint: str = "latest"):
+  """(state, step, kind) from WORKDIR/checkpoints (latest or a step) or WORKDIR/best."""
   sub = "best" if checkpoint == "best" else "checkpoints"
   path = os.path.join(workdir, sub)
   if not os.path.isdir(path):
@@ -580,11 +522,19 @@ def evaluate(config, workdir: str, checkpoint: str = "latest", split: str | None
     if step not in steps:
       raise ConfigError(f"no checkpoint for step {step} in {path}; there are {sorted(steps)}")
     state = restore_state(mngr, step, exp.abstract_state, with_data=False)["state"]
+  return state, step, sub
+
+
+def evaluate(config, workdir: str, checkpoint: str = "latest", split: str | None = None, log=print) -> dict:
+  """Restores a checkpoint (latest, best, or a step) and evaluates it on a split; writes the result."""
+  workdir = os.path.abspath(workdir)
+  split = split or config.data.eval_split
+  exp = setup(config, workdir, tasks_lib.get(config, workdir, log))
+  state, step, sub = restore_checkpoint(exp, workdir, checkpoint)
   with exp.mesh:
-    result = run_eval(exp, jax.jit(make_eval_step(exp.model, info.num_classes)), state.params, state.model_state,
-                      split)
-  result = {f"eval_{split}/{k.split('/')[1]}" if split != d.eval_split else k: v for k, v in result.items()}
-  log(f"{sub} checkpoint, step {step}, split {split}: " + ", ".join(f"{k} {v:.4f}" for k, v in result.items()))
+    result = exp.task.evaluate(exp, state.params, state.model_state, split)
+  result = {f"eval_{split}/{k.split('/')[1]}" if split != config.data.eval_split else k: v for k, v in result.items()}
+  log(f"{sub}/ step {step}, split {split}: " + ", ".join(f"{k} {v:.4f}" for k, v in result.items()))
   if jax.process_index() == 0:
     with open(os.path.join(workdir, f"eval_{split}_{sub}_{step}.json"), "w") as f:
       json.dump({"step": step, "checkpoint": sub, "split": split, **result}, f, indent=1)

@@ -1,0 +1,21 @@
+"""Transformer EN->ES on Bible verses: KJV (engKJV2006eb) and Reina-Valera 1909 (spaRV1909eb) from Debian's
+sword-text-kjv and sword-text-sparv packages, paired verse by verse (30,895 pairs; 1,000 held out for test,
+500 for validation, fixed by data.split_seed).
+
+Run (from the repository root):
+
+    apt-get install sword-text-kjv sword-text-sparv
+    python -m vitjax.main --config=configs/transformer_bible_en_es.py --workdir=workdirs/bible_en_es
+    python -m vitjax.main --mode=eval --workdir=workdirs/bible_en_es --split=test
+    echo "In the beginning God created the heaven and the earth." | \
+        python -m vitjax.translate --workdir=workdirs/bible_en_es
+
+Expected: see experiments/README.md for the held-out BLEU measured on 2 CPU cores in under an hour of
+training, next to the BLEU of copying the source. A small post-norm Transformer (d_model 256, 3+3 layers,
+shared 8k SentencePiece vocabulary, tied output), Adam (0.9, 0.98, 1e-9), inverse-sqrt schedule.
+"""
+from vitjax.config import translation_config
+
+
+def get_config():
+  return translation_config("bible", "en", "es")

@@ -1,0 +1,85 @@
+"""Translation through the one trainer: a tiny run on a synthetic TSV corpus, its metrics, evaluation of the
+checkpoint, and the translate command's handling of bad input."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from vitjax import tasks, train
+from vitjax.config import translation_config
+
+WORDS = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+  """A 40-step run on 'x y z' -> 'Z Y X' pairs; returns (config, workdir)."""
+  root = tmp_path_factory.mktemp("tr")
+  rng = np.random.RandomState(0)
+  with open(root / "pairs.tsv", "w") as f:
+    for _ in range(600):
+      words = list(rng.choice(WORDS, rng.randint(2, 6)))
+      f.write(" ".join(words) + "\t" + " ".join(w.upper() for w in reversed(words)) + "\n")
+  c = translation_config(f"tsv:{root / 'pairs.tsv'}", "xx", "yy", size="tiny")
+  c.model.max_len = 32  # the task overrides it with data.max_len
+  c.data.update(dict(vocab_size=40, tokenizer_sentences=2000, max_len=32, tokens_per_batch=512, num_valid=40,
+                     num_test=40, eval_examples=24, eval_batch_size=8))
+  c.update(dict(total_steps=40, log_every=10, eval_every=20, checkpoint_every=20))
+  c.schedule.warmup_steps = 10
+  c.optim.lr = 3e-3
+  workdir = str(root / "wd")
+  train.train(c, workdir, log=lambda *a: None)
+  return c, workdir
+
+
+def test_training_writes_bleu_chrf_and_the_tokenizer(run):
+  config, workdir = run
+  rows = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
+  evals = [r for r in rows if "eval/bleu" in r]
+  assert [r["step"] for r in evals] == [20, 40]
+  for r in evals:
+    assert 0.0 <= r["eval/bleu"] <= 100.0 and 0.0 <= r["eval/chrf"] <= 100.0 and r["eval/examples"] == 24
+  train_rows = [r for r in rows if "train/loss" in r]
+  assert train_rows[-1]["train/loss"] < train_rows[0]["train/loss"]
+  assert "train/tokens_per_s" in train_rows[-1]
+  assert os.path.exists(os.path.join(workdir, "tokenizer.model"))
+
+
+def test_evaluating_the_checkpoint_reproduces_the_logged_metrics(run):
+  config, workdir = run
+  logged = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl")) if "eval/bleu" in l][-1]
+  config = config.copy_and_resolve_references()
+  config.data.eval_examples = 24
+  exp = train.setup(config, workdir, tasks.get(config, workdir, log=lambda *a: None))
+  state, step, _ = train.restore_checkpoint(exp, workdir, "latest")
+  with exp.mesh:
+    got = exp.task.evaluate(exp, state.params, state.model_state, "valid", limit=24)
+  assert step == 40
+  assert got["eval/bleu"] == pytest.approx(logged["eval/bleu"], abs=1e-6)
+  assert got["eval/loss"] == pytest.approx(logged["eval/loss"], rel=1e-5)
+
+
+def test_translate_handles_empty_long_and_unknown_input(run):
+  config, workdir = run
+  lines = ["alpha beta", "", "gamma ☃ delta", " ".join(["alpha"] * 60), "omega"]
+  proc = subprocess.run([sys.executable, "-m", "vitjax.translate", f"--workdir={workdir}", "--checkpoint=latest",
+                         "--method=greedy"], input="\n".join(lines) + "\n", capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  out = proc.stdout.split("\n")
+  assert out[-1] == "" and len(out) - 1 == len(lines)  # one output line per input line
+  assert out[1] == ""  # empty in, empty out
+  assert "line 4" in proc.stderr and "truncated" in proc.stderr
+  config = config.copy_and_resolve_references()
+  tok = tasks.get(config, workdir).tokenizer
+  assert 3 in tok.encode("gamma ☃ delta")  # the unknown character maps to the unknown token
+
+
+def test_translate_refuses_a_classification_workdir(tmp_path):
+  (tmp_path / "config.json").write_text(json.dumps({"task": "classification"}))
+  proc = subprocess.run([sys.executable, "-m", "vitjax.translate", f"--workdir={tmp_path}"], input="",
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2 and "not a translation run" in proc.stderr

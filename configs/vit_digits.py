@@ -5,8 +5,9 @@ Run (from the repository root, after `pip install -e .`):
     python -m vitjax.data.prepare --dataset=digits
     python -m vitjax.main --config=configs/vit_digits.py --workdir=workdirs/vit_digits
 
-Expected: about 98% test accuracy (at least 97%) in under two minutes on 2 CPU cores.
-A 4-layer, 64-wide ViT with 2x2 patches (16 tokens) and a class token; AdamW, cosine, 60 epochs.
+Expected: about 99% test accuracy (99.3% measured; at least 97%) in under two minutes on 2 CPU cores.
+A 4-layer, 64-wide ViT with 2x2 patches (16 tokens) and a class token; small random crops and zooms (without
+them it overfits and ends near 97%); AdamW, cosine, 60 epochs.
 """
 import ml_collections as mlc
 
@@ -19,6 +20,8 @@ def get_config():
                                 dropout_rate=0.1))
   c.data.name = "digits"
   c.data.image_size = 8
+  c.data.augment = mlc.ConfigDict({"flip": False, "random_resized_crop": {"scale": (0.8, 1.0), "ratio": (0.9, 1.1)},
+                                   "randaugment": False, "mixup_alpha": 0.0, "cutmix_alpha": 0.0})
   c.data.eval_batch_size = 300
   c.batch_size = 64
   c.num_epochs = 60

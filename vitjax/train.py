@@ -10,6 +10,7 @@ rules are a config change, not a rewrite.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
@@ -434,6 +435,20 @@ def _opt_specs(abstract, rules):
   return jax.tree.map(lambda a: by_shape.get(a.shape, P()) if rules else P(), abstract.opt_state)
 
 
+def prefetch(it, task, sharding, size: int = 2):
+  """Yields (global batch, data state after it) with `size` batches already on their way to the devices.
+
+  Each batch carries the iterator's state taken right after it was read, so a checkpoint saves the position
+  of the last batch consumed, not of the ones prefetched: a resumed run sees exactly the same batches.
+  """
+  queue = collections.deque()
+  while True:
+    while len(queue) < size:
+      batch = next(it)
+      queue.append((tasks_lib.to_global(batch, sharding, task.batch_keys), task.data_state(it)))
+    yield queue.popleft()
+
+
 def initial_state(exp: Experiment, config, log=print) -> TrainState:
   """The initialised TrainState, with parameters from config.init_from if set (ConfigError if they do not fit)."""
   state = jax.jit(exp.init_state, out_shardings=exp.state_sharding)()
@@ -483,9 +498,10 @@ def train(config: mlc.ConfigDict, workdir: str, log=print) -> dict:
   reporter = Reporter(workdir, total, config.batch_size if isinstance(task, tasks_lib.ImageClassification) else 0)
   eval_limit = config.data.get("eval_examples")
   final = {}
+  batches = prefetch(train_it, task, exp.batch_sharding)
   with exp.mesh:
     for step in range(start + 1, total + 1):
-      batch = tasks_lib.to_global(next(train_it), exp.batch_sharding, task.batch_keys)
+      batch, data_state = next(batches)
       state, metrics = train_step(state, batch)
       if step % config.log_every == 0 or step == total or step == start + 1:
         reporter.progress(step, jax.device_get(metrics))
@@ -496,7 +512,7 @@ def train(config: mlc.ConfigDict, workdir: str, log=print) -> dict:
         best_mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)), metrics=final)
       if step % config.checkpoint_every == 0 or step == total:
         last_mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                     data=ocp.args.JsonSave(task.data_state(train_it))))
+                                                     data=ocp.args.JsonSave(data_state)))
   last_mngr.wait_until_finished()
   best_mngr.wait_until_finished()
   last_mngr.close()

@@ -397,3 +397,13 @@ def test_adapt_params_lists_every_mismatch():
     train.adapt_params(loaded, same, log=lambda _: None)
   assert "encoder/extra/kernel: missing from the checkpoint (model (2, 2))" in str(e.value)
   assert "mlp" not in str(e.value)
+
+
+def test_max_train_minutes_stops_with_a_final_eval_and_checkpoint(tmp_path, run_args):
+  workdir = str(tmp_path / "w")
+  proc = th.check_ok(th.run_main(workdir, *run_args, "--config.total_steps=100000", "--config.max_train_minutes=0.001"))
+  assert "max_train_minutes=0.001 reached" in proc.stdout + proc.stderr
+  rows = th.read_metrics(workdir)
+  last = max(r["step"] for r in rows)
+  assert last < 100000 and any("eval/accuracy" in r and r["step"] == last for r in rows)
+  assert th.finished_steps(workdir) and max(th.finished_steps(workdir)) == last

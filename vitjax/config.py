@@ -30,6 +30,9 @@ def default_config() -> mlc.ConfigDict:
   c.batch_size = 128  # global, over all devices of all processes
   c.num_epochs = mlc.FieldReference(None, field_type=float)  # either epochs ...
   c.total_steps = mlc.FieldReference(None, field_type=int)  # ... or steps
+  # A wall-clock budget for this process's training: when it runs out, the run evaluates, checkpoints and
+  # stops at that step (the schedule still follows total_steps). None: no budget.
+  c.max_train_minutes = mlc.FieldReference(None, field_type=float)
 
   c.optim = mlc.ConfigDict()
   c.optim.name = "adamw"  # 'adamw' | 'sgd'

@@ -499,10 +499,15 @@ def train(config: mlc.ConfigDict, workdir: str, log=print) -> dict:
   eval_limit = config.data.get("eval_examples")
   final = {}
   batches = prefetch(train_it, task, exp.batch_sharding)
+  deadline = time.time() + 60 * config.max_train_minutes if config.get("max_train_minutes") else None
   with exp.mesh:
     for step in range(start + 1, total + 1):
       batch, data_state = next(batches)
       state, metrics = train_step(state, batch)
+      out_of_time = deadline is not None and time.time() > deadline and step < total
+      if out_of_time:
+        log(f"max_train_minutes={config.max_train_minutes} reached at step {step}: evaluating and stopping")
+        total = reporter.total = step  # this step is the last: evaluate and checkpoint below
       if step % config.log_every == 0 or step == total or step == start + 1:
         reporter.progress(step, jax.device_get(metrics))
       if step % config.eval_every == 0 or step == total:
@@ -513,6 +518,8 @@ def train(config: mlc.ConfigDict, workdir: str, log=print) -> dict:
       if step % config.checkpoint_every == 0 or step == total:
         last_mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                      data=ocp.args.JsonSave(data_state)))
+      if out_of_time:
+        break
   last_mngr.wait_until_finished()
   best_mngr.wait_until_finished()
   last_mngr.close()

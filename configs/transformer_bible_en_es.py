@@ -17,5 +17,15 @@ shared 8k SentencePiece vocabulary, tied output), Adam (0.9, 0.98, 1e-9), invers
 from vitjax.config import translation_config
 
 
+
 def get_config():
-  return translation_config("bible", "en", "es")
+  c = translation_config("bible", "en", "es")
+  # Sized for 2 CPU cores and at most an hour: smaller batches (more updates), a short warm-up, a time budget.
+  c.data.tokens_per_batch = 2048
+  c.data.eval_examples = 300
+  c.schedule.warmup_steps = 400
+  c.total_steps = 20000  # the schedule's horizon; max_train_minutes ends the run first on a CPU
+  c.max_train_minutes = 55
+  c.eval_every = 400
+  c.checkpoint_every = 400
+  return c

@@ -17,8 +17,14 @@ from vitjax.config import translation_config
 def get_config():
   c = translation_config("ding", "de", "en")
   c.data.max_len = 64
-  c.data.tokens_per_batch = 4096
   c.data.num_valid, c.data.num_test = 1000, 2000
   c.data.eval_examples = 1000
   c.data.eval_batch_size = 128
+  # Sized for 2 CPU cores and at most an hour: smaller batches (more updates), a short warm-up, a time budget.
+  c.data.tokens_per_batch = 2048
+  c.schedule.warmup_steps = 400
+  c.total_steps = 20000  # the schedule's horizon; max_train_minutes ends the run first on a CPU
+  c.max_train_minutes = 55
+  c.eval_every = 400
+  c.checkpoint_every = 400
   return c

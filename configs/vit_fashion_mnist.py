@@ -6,8 +6,10 @@ Run (from the repository root):
     python -m vitjax.data.prepare --dataset=fashion_mnist
     python -m vitjax.main --config=configs/vit_fashion_mnist.py --workdir=workdirs/vit_fashion_mnist
 
-Expected: at least 90% test accuracy (measured: see experiments/README.md) in about 10 minutes on 2 CPU cores.
-A 4-layer, 96-wide ViT on 4x4 patches (49 tokens) with global average pooling; AdamW, cosine, 8 epochs.
+Expected: at least 90% test accuracy (measured: see experiments/README.md) in about 20 minutes on 2 CPU cores.
+A 4-layer, 96-wide ViT on a 7x7 grid (49 tokens) with global average pooling and the convolutional stem of
+Xiao et al. 2021 (two 3x3 stride-2 convolutions, then 1x1) instead of 4x4 patchify: with patchify the same
+model ended at 88.9% after 8 epochs. AdamW, cosine, 10 epochs.
 """
 import ml_collections as mlc
 
@@ -17,13 +19,13 @@ from vitjax.config import default_config
 def get_config():
   c = default_config()
   c.model = mlc.ConfigDict(dict(name="Ti/4", width=96, depth=4, num_heads=4, mlp_dim=192, num_classes=10,
-                                pool_type="gap", dropout_rate=0.0))
+                                pool_type="gap", stem="conv", dropout_rate=0.0))
   c.data.name = "fashion_mnist"
   c.data.image_size = 28
   c.data.augment.flip = True
   c.data.eval_batch_size = 500
   c.batch_size = 128
-  c.num_epochs = 8
+  c.num_epochs = 10
   c.optim.lr = 2e-3
   c.optim.weight_decay = 0.05
   c.schedule.warmup_epochs = 0.5

@@ -114,3 +114,22 @@ def test_from_vit_npz_matches_timm_reading_the_same_npz(tmp_path):
   _compare(ref, module, variables, (224, 224))
   with pytest.raises(ValueError, match="not an original-ViT checkpoint"):
     convert.from_vit_npz({"foo": np.zeros(3)}, "Ti/16")
+
+
+def test_init_from_a_timm_safetensors_file_for_fine_tuning(tmp_path):
+  """timm weights at 224 px / 1000 classes -> a 64 px / 10-class ViT-Ti: head replaced, positions resampled."""
+  import jax
+  import jax.numpy as jnp
+  from safetensors.numpy import save_file
+  from vitjax import models, train
+  src = _random_timm("vit_tiny_patch16_224")
+  path = str(tmp_path / "model.safetensors")
+  save_file({k: v.numpy().copy() for k, v in src.state_dict().items()}, path)
+  loaded = train.load_params(f"timm:vit_tiny_patch16_224:{path}")
+  target = models.create("vit_ti16", num_classes=10).init(jax.random.key(0), jnp.zeros((1, 64, 64, 3)))["params"]
+  params = train.adapt_params(loaded, jax.device_get(target), log=lambda *a: None)
+  assert params["posembed"]["pos_embedding"].shape == (1, 1 + 4 * 4, 192)
+  np.testing.assert_array_equal(params["posembed"]["pos_embedding"][0, 0], loaded["posembed"]["pos_embedding"][0, 0])
+  np.testing.assert_array_equal(params["head"]["kernel"], target["head"]["kernel"])  # new 10-class head
+  np.testing.assert_array_equal(params["encoder"]["block_3"]["attn"]["query"]["kernel"],
+                                loaded["encoder"]["block_3"]["attn"]["query"]["kernel"])

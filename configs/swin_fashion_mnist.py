@@ -22,7 +22,7 @@ def get_config():
   c.data.name = "fashion_mnist"
   c.data.image_size = 28
   c.data.augment.flip = True
-  c.data.eval_batch_size = 500
+  c.data.eval_batch_size = 512
   c.batch_size = 128
   c.num_epochs = 8
   c.optim.lr = 2e-3

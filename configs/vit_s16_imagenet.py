@@ -5,7 +5,7 @@
         --config.data.data_dir=$DATA
 
 Recipe (Beyer et al. 2022): global average pooling, fixed 2-D sin-cos position embeddings, batch 1024, AdamW
-(b2 0.999) lr 1e-3, weight decay 1e-4 (decoupled; big_vision multiplies it by the lr, here it is 0.0001 as given),
+(b2 0.999) lr 1e-3, decoupled weight decay 1e-4 (scaled by the learning rate, as in big_vision and optax.adamw),
 10k warm-up steps then cosine, gradient clipping at 1.0, random resized crop (scale 0.05-1), flip, RandAugment
 (2, 10), Mixup 0.2, no dropout or stochastic depth, head initialised to zero.
 Expected: 76.5% top-1 on the validation split after 90 epochs (big_vision's number; not reproduced here:

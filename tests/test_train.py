@@ -407,3 +407,25 @@ def test_max_train_minutes_stops_with_a_final_eval_and_checkpoint(tmp_path, run_
   last = max(r["step"] for r in rows)
   assert last < 100000 and any("eval/accuracy" in r and r["step"] == last for r in rows)
   assert th.finished_steps(workdir) and max(th.finished_steps(workdir)) == last
+
+
+def test_bfloat16_compute_keeps_float32_parameters(tmp_path, run_args):
+  workdir = str(tmp_path / "w")
+  th.check_ok(th.run_main(workdir, *run_args, "--config.compute_dtype=bfloat16", "--config.total_steps=5",
+                          "--config.eval_every=5"))
+  rows = th.read_metrics(workdir)
+  assert all(np.isfinite(r["train/loss"]) for r in rows if "train/loss" in r)
+  assert any("eval/accuracy" in r for r in rows)
+  state = th.load_state(workdir)
+  assert {np.asarray(x).dtype for x in jax.tree.leaves(state["params"])} == {np.dtype("float32")}
+
+
+def test_config_arguments_choose_the_variant_and_a_divisible_image_size():
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("vitcfg", os.path.join(th.ROOT, "configs", "vit.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  c = mod.get_config("variant=S/16,dataset=fashion_mnist")
+  assert c.model.name == "S/16" and c.data.name == "fashion_mnist" and c.data.image_size == 32
+  with pytest.raises(ValueError, match="unknown argument 'varaint'"):
+    mod.get_config("varaint=S/16")

@@ -83,3 +83,21 @@ def test_translate_refuses_a_classification_workdir(tmp_path):
   proc = subprocess.run([sys.executable, "-m", "vitjax.translate", f"--workdir={tmp_path}"], input="",
                         capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2 and "not a translation run" in proc.stderr
+
+
+def test_command_line_evaluation_of_the_test_split(run, tmp_path):
+  import shutil
+  config, workdir = run
+  copy = str(tmp_path / "wd")
+  shutil.copytree(workdir, copy)
+  proc = subprocess.run([sys.executable, "-m", "vitjax.main", "--mode=eval", f"--workdir={copy}", "--split=test",
+                         "--checkpoint=latest"], capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  rows = [json.loads(l) for l in open(os.path.join(copy, "metrics.jsonl"))]
+  row = rows[-1]
+  assert row["split"] == "test" and row["step"] == 40 and "eval/bleu" in row and "eval/chrf" in row
+  assert row["eval/examples"] == 40  # the whole held-out test split
+  assert os.path.exists(os.path.join(copy, "eval_test_checkpoints_40.json"))
+  bad = subprocess.run([sys.executable, "-m", "vitjax.main", "--mode=eval", f"--workdir={copy}", "--split=tset"],
+                       capture_output=True, text=True, timeout=300)
+  assert bad.returncode == 2 and "no split 'tset'" in bad.stderr

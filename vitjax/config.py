@@ -77,7 +77,12 @@ def translation_config(source: str, src_lang: str, tgt_lang: str, size: str = "s
   """
   c = default_config()
   c.task = "translation"
-  c.model = mlc.ConfigDict(dict(name=f"transformer_{size}"))
+  # None: the named size's value. All are overridable: --config.model.prenorm=True, --config.model.d_model=384 ...
+  c.model = mlc.ConfigDict(dict(
+      name=f"transformer_{size}", prenorm=False, posemb="sinusoidal", share_embeddings=True, tie_output=True,
+      d_model=mlc.FieldReference(None, field_type=int), num_heads=mlc.FieldReference(None, field_type=int),
+      d_ff=mlc.FieldReference(None, field_type=int), num_layers=mlc.FieldReference(None, field_type=int),
+      dropout_rate=mlc.FieldReference(None, field_type=float)))
   c.data = mlc.ConfigDict(dict(
       source=source, src_lang=src_lang, tgt_lang=tgt_lang,
       data_dir=mlc.FieldReference(None, field_type=str),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -66,9 +67,10 @@ class ImageClassification:
     c = self.config
     check_batch(c.batch_size)
     check_batch(c.data.eval_batch_size, "data.eval_batch_size")
-    if c.optim.accum_steps < 1 or (c.batch_size // jax.process_count()) % c.optim.accum_steps:
-      raise ConfigError(f"optim.accum_steps={c.optim.accum_steps} must divide the per-process batch "
-                        f"{c.batch_size // jax.process_count()}")
+    if c.optim.accum_steps < 1 or c.batch_size % (c.optim.accum_steps * jax.device_count()):
+      raise ConfigError(f"optim.accum_steps={c.optim.accum_steps}: each micro-batch (batch_size / accum_steps) "
+                        f"must split evenly over the {jax.device_count()} devices")
+    _check_best_metric(c, ("eval/accuracy", "eval/loss"))
 
   def _input(self, split, train, **kw):
     d = self.config.data
@@ -169,6 +171,16 @@ class Translation:
     if self._tokenizer is None:
       from vitjax.data import text
       path = os.path.join(self.workdir, "tokenizer.model")
+      parent = os.path.join(self.config.init_from, "tokenizer.model") if self.config.get("init_from") else ""
+      if not os.path.exists(path) and parent and os.path.exists(parent):
+        os.makedirs(self.workdir, exist_ok=True)  # fine-tuning keeps the vocabulary of the weights it starts from
+        if jax.process_index() == 0:
+          shutil.copyfile(parent, path + ".tmp")
+          os.replace(path + ".tmp", path)
+        if jax.process_count() > 1:
+          from jax.experimental import multihost_utils
+          multihost_utils.sync_global_devices("tokenizer")
+        self.log(f"tokenizer copied from {parent}")
       if not os.path.exists(path):
         d = self.config.data
         train = self.splits["train"]
@@ -193,6 +205,11 @@ class Translation:
     check_batch(c.data.eval_batch_size, "data.eval_batch_size")
     if c.optim.accum_steps < 1:
       raise ConfigError("optim.accum_steps must be at least 1")
+    if c.decode.method not in ("beam", "greedy", "sample"):
+      raise ConfigError(f"unknown decode.method {c.decode.method!r}; use 'beam', 'greedy' or 'sample'")
+    _check_best_metric(c, ("eval/bleu", "eval/chrf", "eval/loss"))
+    if c.init_from and c.init_from.startswith(("timm:", "npz:")):
+      raise ConfigError("translation can start only from another translation workdir (init_from=WORKDIR)")
 
   def model_overrides(self) -> dict:
     return {"vocab_size": self.tokenizer.vocab_size, "max_len": self.config.data.max_len}
@@ -247,6 +264,8 @@ class Translation:
     import sacrebleu
     from vitjax.data import text
     d = self.config.data
+    if split not in self.splits:
+      raise ConfigError(f"no split {split!r}; translation splits are {sorted(self.splits)}")
     pairs = self.splits[split][:limit] if limit else self.splits[split]
     batches = text.make_eval_batches(pairs, self.tokenizer, batch_size=d.eval_batch_size // jax.process_count(),
                                      max_len=d.max_len, process_index=jax.process_index(),
@@ -275,6 +294,13 @@ class Translation:
             "eval/chrf": sacrebleu.corpus_chrf(hyps, [refs]).score,
             "eval/bleu_copy_source": sacrebleu.corpus_bleu([s for s, _ in pairs], [refs]).score,
             "eval/examples": float(len(pairs))}
+
+
+def _check_best_metric(config, valid):
+  if config.best_metric not in valid:
+    raise ConfigError(f"best_metric={config.best_metric!r} is not reported by this task; use one of {list(valid)}")
+  if config.best_mode not in ("max", "min"):
+    raise ConfigError(f"best_mode must be 'max' or 'min', got {config.best_mode!r}")
 
 
 def _gather(x) -> np.ndarray:

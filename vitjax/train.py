@@ -67,7 +67,7 @@ class TrainState:
 
 def build_model(config, overrides: dict | None = None) -> nn.Module:
   """The model named by config.model (other fields are attributes), with the task's overrides."""
-  kwargs = {k: v for k, v in config.model.to_dict().items() if k != "name"}
+  kwargs = {k: v for k, v in config.model.to_dict().items() if k != "name" and v is not None}
   kwargs.update(overrides or {})
   if config.compute_dtype not in ("float32", "bfloat16"):
     raise ConfigError(f"compute_dtype must be 'float32' or 'bfloat16', got {config.compute_dtype!r}")
@@ -151,7 +151,8 @@ def make_train_step(model, tx, schedule, config, task) -> Callable:
     if accum == 1:
       (loss, (model_state, metrics)), grads = grad_fn(state.params, state.model_state, batch, rng)
     else:  # micro-batches in sequence, gradients averaged: one optimizer step per global batch
-      micro = jax.tree.map(lambda x: x.reshape((accum, x.shape[0] // accum) + x.shape[1:]), batch)
+      # micro-batch i takes rows i, i + accum, ...: every micro-batch spans all devices of the data axis
+      micro = jax.tree.map(lambda x: jnp.swapaxes(x.reshape((x.shape[0] // accum, accum) + x.shape[1:]), 0, 1), batch)
 
       def body(carry, xs):
         grads, model_state, loss, metrics, i = carry
@@ -161,7 +162,8 @@ def make_train_step(model, tx, schedule, config, task) -> Callable:
       shapes = jax.eval_shape(lambda: grad_fn(state.params, state.model_state, jax.tree.map(lambda x: x[0], micro), rng))
       m0 = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes[0][1][1])
       (grads, model_state, loss, metrics, _), _ = jax.lax.scan(body, (zeros, state.model_state, 0.0, m0, 0), micro)
-      grads, loss, metrics = jax.tree.map(lambda g: g / accum, grads), loss / accum, jax.tree.map(lambda m: m / accum, metrics)
+      grads, loss = jax.tree.map(lambda g: g / accum, grads), loss / accum
+      metrics = {k: v if k == "tokens" else v / accum for k, v in metrics.items()}  # token counts add up
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = {"train/loss": loss, **{f"train/{k}": v for k, v in metrics.items()},
@@ -181,7 +183,10 @@ def load_params(init_from: str):
       from safetensors.numpy import load_file
       sd = load_file(path)
     else:
-      import torch  # a .pth / .bin state dict
+      try:
+        import torch  # a .pth / .bin state dict
+      except ImportError:
+        raise ConfigError(f"reading {path} needs torch (pip install torch), or convert it to .safetensors") from None
       sd = torch.load(path, map_location="cpu", weights_only=True)
       sd = sd.get("state_dict", sd.get("model", sd))
     return convert.from_timm(name, sd)[1]["params"]
@@ -199,6 +204,16 @@ def load_params(init_from: str):
       raise ConfigError(f"init_from={init_from!r}: the workdir has no finished checkpoint")
     restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore()))
   return restored["state"]["params"]
+
+
+def load_model_state(init_from: str) -> dict:
+  """Non-parameter collections (BatchNorm statistics) of a workdir's latest checkpoint; {} for timm / npz."""
+  if init_from.startswith(("timm:", "npz:")):
+    return {}
+  with ocp.CheckpointManager(os.path.join(os.path.abspath(init_from), "checkpoints"),
+                             options=ocp.CheckpointManagerOptions(read_only=True)) as mngr:
+    restored = mngr.restore(mngr.latest_step(), args=ocp.args.Composite(state=ocp.args.PyTreeRestore()))
+  return dict(restored["state"].get("model_state") or {})
 
 
 def adapt_params(loaded, target, log=print):
@@ -225,7 +240,10 @@ def adapt_params(loaded, target, log=print):
     elif k.startswith("head/"):
       log(f"init_from: new head {k} {v.shape} -> {t.shape}")
       out[k] = t
-    elif k.endswith("pos_embedding") and v.shape[-1] == t.shape[-1]:
+    elif k.endswith("pos_embedding") and v.ndim == 2 and v.shape[-1] == t.shape[-1]:  # [max_len, D]
+      out[k] = np.concatenate([v[:t.shape[0]], np.asarray(t)[v.shape[0]:]], axis=0)
+      log(f"init_from: {k} {v.shape} -> {out[k].shape} (truncated, or extended with its initialisation)")
+    elif k.endswith("pos_embedding") and v.ndim == 3 and v.shape[-1] == t.shape[-1]:
       prefix = 1 if _has_square(v.shape[1] - 1) and not _has_square(v.shape[1]) else 0
       grid = _grid(t.shape[1] - prefix)
       out[k] = posenc.resample_posemb(v, grid, num_prefix_tokens=prefix)
@@ -258,7 +276,8 @@ def _grid(n):
 def _fingerprint(config) -> dict:
   """What makes two runs the same experiment, for refusing a workdir that holds another one."""
   d = config.data
-  return {"model": config.model.to_dict(), "data": d.get("name") or d.get("source"), "image_size": d.get("image_size")}
+  model = {k: v for k, v in config.model.to_dict().items() if v is not None}  # None: the model's default
+  return {"model": model, "data": d.get("name") or d.get("source"), "image_size": d.get("image_size")}
 
 
 def _has_checkpoints(workdir: str) -> bool:
@@ -273,7 +292,7 @@ def check_workdir(workdir: str, config) -> None:
     with open(path) as f:
       old = json.load(f)
     old_data = old.get("data", {})
-    old_fp = {"model": old.get("model"), "data": old_data.get("name") or old_data.get("source"),
+    old_fp = {"model": {k: v for k, v in (old.get("model") or {}).items() if v is not None}, "data": old_data.get("name") or old_data.get("source"),
               "image_size": old.get("data", {}).get("image_size")}
     new_fp = json.loads(json.dumps(_fingerprint(config)))
     if old_fp != new_fp:
@@ -409,6 +428,10 @@ def setup(config, workdir: str, task=None, total_steps: int | None = None, steps
   task.check()
   model = build_model(config, task.model_overrides())
   inputs = task.example_inputs()
+  try:
+    jax.eval_shape(lambda: model.init(jax.random.key(0), *inputs))
+  except ValueError as e:  # impossible shapes (image size vs patch, widths vs heads): say which setting
+    raise ConfigError(f"{e} (the model's input comes from config.data; e.g. set --config.data.image_size)") from None
   schedule = make_schedule(config, total_steps or 1, steps_per_epoch)
   tx = make_optimizer(config, schedule)
 
@@ -449,6 +472,14 @@ def prefetch(it, task, sharding, size: int = 2):
     yield queue.popleft()
 
 
+def _all_agree(flag: bool) -> bool:
+  """Process 0's value of `flag` on every process (so all stop at the same step)."""
+  if jax.process_count() == 1:
+    return bool(flag)
+  from jax.experimental import multihost_utils
+  return bool(multihost_utils.broadcast_one_to_all(np.asarray(flag)))
+
+
 def initial_state(exp: Experiment, config, log=print) -> TrainState:
   """The initialised TrainState, with parameters from config.init_from if set (ConfigError if they do not fit)."""
   state = jax.jit(exp.init_state, out_shardings=exp.state_sharding)()
@@ -456,6 +487,10 @@ def initial_state(exp: Experiment, config, log=print) -> TrainState:
     params = adapt_params(load_params(config.init_from), jax.device_get(state.params), log=log)
     params = jax.device_put(params, exp.state_sharding.params)
     state = state.replace(params=params, opt_state=jax.jit(exp.tx.init, out_shardings=exp.state_sharding.opt_state)(params))
+    loaded_ms = load_model_state(config.init_from)
+    if loaded_ms and jax.tree.map(np.shape, loaded_ms) == jax.tree.map(np.shape, jax.device_get(state.model_state)):
+      state = state.replace(model_state=jax.device_put(loaded_ms, exp.state_sharding.model_state))
+      log("init_from: BatchNorm statistics carried over")
     log(f"initialised parameters from {config.init_from}")
   return state
 
@@ -504,20 +539,20 @@ def train(config: mlc.ConfigDict, workdir: str, log=print) -> dict:
     for step in range(start + 1, total + 1):
       batch, data_state = next(batches)
       state, metrics = train_step(state, batch)
-      out_of_time = deadline is not None and time.time() > deadline and step < total
+      out_of_time = deadline is not None and step < total and _all_agree(time.time() > deadline)
       if out_of_time:
         log(f"max_train_minutes={config.max_train_minutes} reached at step {step}: evaluating and stopping")
         total = reporter.total = step  # this step is the last: evaluate and checkpoint below
       if step % config.log_every == 0 or step == total or step == start + 1:
         reporter.progress(step, jax.device_get(metrics))
+      if step % config.checkpoint_every == 0 or step == total:  # before evaluating: a failed eval loses nothing
+        last_mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                     data=ocp.args.JsonSave(data_state)))
       if step % config.eval_every == 0 or step == total:
         final = task.evaluate(exp, state.params, state.model_state, config.data.eval_split, eval_limit)
         reporter.write(step, final)
         log(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
         best_mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)), metrics=final)
-      if step % config.checkpoint_every == 0 or step == total:
-        last_mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                     data=ocp.args.JsonSave(data_state)))
       if out_of_time:
         break
   last_mngr.wait_until_finished()
@@ -556,11 +591,10 @@ def evaluate(config, workdir: str, checkpoint: str = "latest", split: str | None
   state, step, sub = restore_checkpoint(exp, workdir, checkpoint)
   with exp.mesh:
     result = exp.task.evaluate(exp, state.params, state.model_state, split)
-  result = {f"eval_{split}/{k.split('/')[1]}" if split != config.data.eval_split else k: v for k, v in result.items()}
   log(f"{sub}/ step {step}, split {split}: " + ", ".join(f"{k} {v:.4f}" for k, v in result.items()))
   if jax.process_index() == 0:
     with open(os.path.join(workdir, f"eval_{split}_{sub}_{step}.json"), "w") as f:
       json.dump({"step": step, "checkpoint": sub, "split": split, **result}, f, indent=1)
     with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
-      f.write(json.dumps({"step": step, "source": f"{sub} checkpoint", **result}) + "\n")
+      f.write(json.dumps({"step": step, "source": f"{sub} checkpoint", "split": split, **result}) + "\n")
   return {"step": step, **result}

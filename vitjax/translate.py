@@ -52,7 +52,7 @@ def translate_lines(exp, params, lines, batch_size=32, warn=lambda msg: print(ms
   for start in range(0, len(todo), batch_size):
     chunk = todo[start:start + batch_size]
     width = max(len(ids) for _, ids in chunk)
-    width = -(-width // 8) * 8  # few distinct shapes, few compilations
+    width = min(-(-width // 8) * 8, max_len)  # few distinct shapes, few compilations
     src = np.zeros((batch_size, width), np.int32)
     for r, (_, ids) in enumerate(chunk):
       src[r, :len(ids)] = ids

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "shared", "refs"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # torchvision_ops_shim
 
 
 def median_time(fn, repeats):

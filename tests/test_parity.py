@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-sys.path.insert(0, os.environ.get("VITJAX_REFS", os.path.join(os.path.dirname(__file__), "..", "..", "shared", "refs")))
+sys.path.insert(0, os.environ.get("VITJAX_REFS", os.path.dirname(os.path.abspath(__file__))))
 try:
   import torchvision_ops_shim  # noqa: F401  lets torchvision (and timm) import on CPU-only torch
-except ImportError:
-  pass
-timm = pytest.importorskip("timm")
+  import timm
+except Exception as e:  # torchvision's CUDA wheel raises RuntimeError, not ImportError, without the shim
+  pytest.skip(f"timm is not importable here ({type(e).__name__}: {e}); see README, 'Tests'", allow_module_level=True)
 
 from vitjax import convert  # noqa: E402
 

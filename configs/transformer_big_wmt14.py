@@ -11,21 +11,18 @@ Here tokens_per_batch counts the padded rows of both sides, so 50,000 matches th
 Expected: about 28 BLEU on newstest2014 (the paper's number; not reproduced here: it needs 8 accelerators
 for about 3.5 days, and the data).
 """
-from vitjax.config import translation_config
+import importlib.util
+import os
+
+_spec = importlib.util.spec_from_file_location(
+    "transformer_base_wmt14", os.path.join(os.path.dirname(os.path.abspath(__file__)), "transformer_base_wmt14.py"))
+_base = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_base)
 
 
 def get_config():
-  c = translation_config("tfds:wmt14_translate/de-en", "en", "de", size="big")
-  c.data.vocab_size = 32000
-  c.data.tokenizer_sentences = 2_000_000
-  c.data.max_len = 256
-  c.data.tokens_per_batch = 50_000
-  c.data.num_valid, c.data.num_test = 3000, 0
-  c.data.test_source = "tfds:wmt14_translate/de-en:test"  # newstest2014: evaluate with --split=test
+  c = _base.get_config()  # the base recipe, with the big model and its schedule
+  c.model.name = "transformer_big"
   c.optim.lr = 1024**-0.5 * 4000**-0.5
-  c.schedule.warmup_steps = 4000
   c.total_steps = 300_000
-  c.compute_dtype = "bfloat16"
-  c.eval_every = 5000
-  c.checkpoint_every = 2000
   return c

@@ -114,6 +114,18 @@ def test_swin_pads_maps_the_window_does_not_divide_and_refuses_bad_patches():
     model.init(jax.random.key(0), jnp.zeros((1, 30, 28, 3)))
 
 
+def test_swin_conv_stem_replaces_the_patch_embedding():
+  model = _tiny_swin(stem="conv")
+  x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
+  v = model.init(jax.random.key(0), x)
+  assert "conv_stem" in v["params"] and "patch_embed" not in v["params"]
+  (logits, inter), upd = model.apply(v, x, train=True, mutable=["batch_stats"], rngs={"dropout": jax.random.key(1)})
+  assert inter["stage_0"].shape == (2, 4, 4, 16) and logits.shape == (2, 3)
+  assert not np.allclose(upd["batch_stats"]["conv_stem"]["bn_0"]["mean"], 0)
+  with pytest.raises(ValueError, match="unknown stem 'cnn'"):
+    _tiny_swin(stem="cnn").init(jax.random.key(0), x)
+
+
 def test_swin_training_mode_is_stochastic_and_evaluation_is_not():
   model = _tiny_swin(drop_path_rate=0.5)
   x = jax.random.normal(jax.random.key(0), (4, 16, 16, 3))

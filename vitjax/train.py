@@ -428,10 +428,6 @@ def setup(config, workdir: str, task=None, total_steps: int | None = None, steps
   task.check()
   model = build_model(config, task.model_overrides())
   inputs = task.example_inputs()
-  try:
-    jax.eval_shape(lambda: model.init(jax.random.key(0), *inputs))
-  except ValueError as e:  # impossible shapes (image size vs patch, widths vs heads): say which setting
-    raise ConfigError(f"{e} (the model's input comes from config.data; e.g. set --config.data.image_size)") from None
   schedule = make_schedule(config, total_steps or 1, steps_per_epoch)
   tx = make_optimizer(config, schedule)
 
@@ -440,7 +436,10 @@ def setup(config, workdir: str, task=None, total_steps: int | None = None, steps
     params = variables.pop("params")
     return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), dict(variables))
 
-  abstract = jax.eval_shape(init_state)
+  try:
+    abstract = jax.eval_shape(init_state)
+  except ValueError as e:  # impossible shapes (image size vs patch, widths vs heads): say which setting
+    raise ConfigError(f"{e} (the model's input comes from config.data; e.g. set --config.data.image_size)") from None
   specs = TrainState(P(), param_specs(abstract.params, config.sharding_rules),
                      _opt_specs(abstract, config.sharding_rules), jax.tree.map(lambda _: P(), abstract.model_state))
   sharding = jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))

@@ -18,7 +18,7 @@ import numpy as np
 
 from vitjax.attention import MultiHeadAttention
 from vitjax.layers import DropPath, FeedForward, drop_path_rates
-from vitjax.models.vit import check_divisible
+from vitjax.models.vit import ConvStem, check_divisible
 from vitjax.posenc import RelativePositionBias
 
 Array = jax.Array
@@ -141,6 +141,8 @@ class Swin(nn.Module):
   Attributes:
     num_classes: classifier outputs; 0 or None gives pooled features.
     patch_size: side of the square patch partition (4).
+    stem: "patch" (a p x p stride-p convolution, the paper's) or "conv" (the ViT's ConvStem, Xiao et al.
+      2021: 3x3 stride-2 convolutions with BatchNorm, which helps on small images).
     embed_dim, depths, num_heads: the architecture (see VARIANTS).
     window_size: attention window (7 at 224 px, 12 at 384 px); shifts are window // 2 on odd blocks.
     drop_path_rate: stochastic depth of the last block, rising linearly over all blocks.
@@ -148,6 +150,7 @@ class Swin(nn.Module):
   """
   num_classes: int | None = 1000
   patch_size: int = 4
+  stem: str = "patch"
   embed_dim: int = 96
   depths: Sequence[int] = (2, 2, 6, 2)
   num_heads: Sequence[int] = (3, 6, 12, 24)
@@ -169,8 +172,13 @@ class Swin(nn.Module):
     p = (self.patch_size, self.patch_size)
     check_divisible(images.shape[1:3], p)
     window = tuple(self.window_size) if isinstance(self.window_size, Sequence) else (self.window_size,) * 2
-    x = nn.Conv(self.embed_dim, p, strides=p, padding="VALID", dtype=self.dtype, name="patch_embed")(
-        images.astype(self.dtype or images.dtype))
+    images = images.astype(self.dtype or images.dtype)
+    if self.stem == "patch":
+      x = nn.Conv(self.embed_dim, p, strides=p, padding="VALID", dtype=self.dtype, name="patch_embed")(images)
+    elif self.stem == "conv":
+      x = ConvStem(self.embed_dim, self.patch_size, train=train, dtype=self.dtype, name="conv_stem")(images)
+    else:
+      raise ValueError(f"unknown stem {self.stem!r}; use 'patch' or 'conv'")
     x = nn.LayerNorm(epsilon=1e-5, dtype=self.dtype, name="patch_norm")(x)
     x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
     rates = drop_path_rates(self.drop_path_rate, sum(self.depths))

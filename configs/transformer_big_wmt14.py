@@ -7,7 +7,8 @@
 Recipe: d_model 1024, 16 heads, d_ff 4096, 6+6 layers, dropout 0.3, post-norm, shared 32k vocabulary, tied
 output; Adam (0.9, 0.98, 1e-9) with lr = d_model^-0.5 * min(step^-0.5, step * 4000^-1.5) (peak 4.9e-4 at step
 4000), label smoothing 0.1, about 25,000 source + 25,000 target tokens per batch, 300k steps; beam 4, alpha 0.6.
-Here tokens_per_batch counts the padded rows of both sides, so 50,000 matches the paper's batches.
+Here tokens_per_batch is per side (source and target rows are each about that many padded positions),
+so 25,000 matches the paper's batches.
 Expected: about 28 BLEU on newstest2014 (the paper's number; not reproduced here: it needs 8 accelerators
 for about 3.5 days, and the data).
 """

@@ -1,7 +1,7 @@
 """The default experiment config. Every file in configs/ starts from `default_config()` and changes fields.
 
-The returned ConfigDict is locked by the trainer, so a misspelt override (--config.optim.lrr=1) fails with
-ml_collections' "Did you mean 'lr'" message instead of being silently added.
+The command line (vitjax.main) locks the ConfigDict, so a misspelt override (--config.optim.lrr=1) fails with
+one line naming the nearest field (--config.optim.lr) instead of being silently added.
 """
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def translation_config(source: str, src_lang: str, tgt_lang: str, size: str = "s
       data_dir=mlc.FieldReference(None, field_type=str),
       test_source=mlc.FieldReference(None, field_type=str),  # a separate test set (e.g. tfds:NAME:test)
       vocab_size=8000, tokenizer_sentences=300_000, max_len=128, too_long="drop",
-      tokens_per_batch=4096,  # global; counts the padded rows of source and target
+      tokens_per_batch=4096,  # global, per side: source and target are each about this many padded positions
       split_seed=0, num_valid=500, num_test=1000,
       eval_split="valid", eval_examples=500, eval_batch_size=64))
   c.decode = mlc.ConfigDict(dict(method="beam", beam_size=4, alpha=0.6, temperature=1.0, top_k=0, extra_len=10))

@@ -1,4 +1,4 @@
-"""vitjax image data: tfds builders (array_record, no TensorFlow) and grain
+"""vitjax data: image tfds builders (array_record, no TensorFlow) and grain
 input pipelines.
 
 Prepare a dataset with ``python -m vitjax.data.prepare --dataset=NAME

@@ -2,8 +2,8 @@
 
 Names: "vit_ti16", "vit_s16", "vit_s32", "vit_b16", "vit_b32", "vit_l16", "vit_h14", ... (vit_SIZE PATCH),
 a ViT variant string such as "S/16", "swin_t", "swin_s", "swin_b", "swin_l", and the translation Transformer
-"transformer_base", "transformer_big" (the paper's sizes), "transformer_small", "transformer_tiny" (CPU sizes;
-these need vocab_size=...).
+"transformer_base", "transformer_big" (the paper's sizes), "transformer_small", "transformer_tiny" (CPU sizes);
+every transformer_* name needs vocab_size=....
 """
 from __future__ import annotations
 

@@ -429,3 +429,25 @@ def test_config_arguments_choose_the_variant_and_a_divisible_image_size():
   assert c.model.name == "S/16" and c.data.name == "fashion_mnist" and c.data.image_size == 32
   with pytest.raises(ValueError, match="unknown argument 'varaint'"):
     mod.get_config("varaint=S/16")
+
+
+@pytest.mark.parametrize("name", sorted(f for f in os.listdir(os.path.join(th.ROOT, "configs")) if f.endswith(".py")))
+def test_every_config_documents_its_command_and_builds_its_model(name):
+  """Each configs/*.py loads, its docstring gives its run command and expected result, and its model's
+  parameter shapes evaluate (abstractly: no data, no memory) at the config's input size."""
+  import importlib.util
+
+  from vitjax.train import build_model
+  spec = importlib.util.spec_from_file_location(name[:-3], os.path.join(th.ROOT, "configs", name))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  assert f"--config=configs/{name}" in mod.__doc__ and "Expected" in mod.__doc__
+  c = mod.get_config()
+  if c.task == "translation":
+    model = build_model(c, {"vocab_size": c.data.vocab_size, "max_len": c.data.max_len})
+    inputs = (jnp.ones((1, 8), jnp.int32),) * 2
+  else:
+    model = build_model(c)
+    inputs = (jnp.zeros((1, c.data.image_size, c.data.image_size, 3), jnp.float32),)
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), *inputs))
+  assert sum(np.prod(x.shape) for x in jax.tree.leaves(shapes["params"])) > 0

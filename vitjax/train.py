@@ -534,7 +534,7 @@ def train(config: mlc.ConfigDict, workdir: str, log=print) -> dict:
   final = {}
   batches = prefetch(train_it, task, exp.batch_sharding)
   deadline = time.time() + 60 * config.max_train_minutes if config.get("max_train_minutes") else None
-  with exp.mesh:
+  with jax.set_mesh(exp.mesh):
     for step in range(start + 1, total + 1):
       batch, data_state = next(batches)
       state, metrics = train_step(state, batch)
@@ -588,7 +588,7 @@ def evaluate(config, workdir: str, checkpoint: str = "latest", split: str | None
   split = split or config.data.eval_split
   exp = setup(config, workdir, tasks_lib.get(config, workdir, log))
   state, step, sub = restore_checkpoint(exp, workdir, checkpoint)
-  with exp.mesh:
+  with jax.set_mesh(exp.mesh):
     result = exp.task.evaluate(exp, state.params, state.model_state, split)
   log(f"{sub}/ step {step}, split {split}: " + ", ".join(f"{k} {v:.4f}" for k, v in result.items()))
   if jax.process_index() == 0:

@@ -65,6 +65,7 @@ def translate_lines(exp, params, lines, batch_size=32, warn=lambda msg: print(ms
 
 def main(argv):
   del argv
+  import jax
   import ml_collections as mlc
   from vitjax import tasks, train
   path = os.path.join(FLAGS.workdir, "config.json")
@@ -90,7 +91,7 @@ def main(argv):
   lines = src.read().split("\n")
   if lines and lines[-1] == "":
     lines.pop()  # a final newline ends the last line; it is not an extra empty line
-  with exp.mesh:
+  with jax.set_mesh(exp.mesh):
     result = translate_lines(exp, state.params, lines, FLAGS.batch_size)
   dst = open(FLAGS.output, "w", encoding="utf-8") if FLAGS.output else sys.stdout
   dst.write("".join(r + "\n" for r in result))

@@ -10,8 +10,9 @@ Run (from the repository root):
     echo "In the beginning God created the heaven and the earth." | \
         python -m vitjax.translate --workdir=workdirs/bible_en_es
 
-Expected: see experiments/README.md for the held-out BLEU measured on 2 CPU cores in under an hour of
-training, next to the BLEU of copying the source. A small post-norm Transformer (d_model 256, 3+3 layers,
+Expected: 16.7 BLEU (chrF 35.2) on the 1,000 test verses after 55 minutes of training on one CPU core
+(1,343 steps; copying the source: 0.15 BLEU); more with more time, the curve was still rising
+(experiments/README.md). A small post-norm Transformer (d_model 256, 3+3 layers,
 shared 8k SentencePiece vocabulary, tied output), Adam (0.9, 0.98, 1e-9), inverse-sqrt schedule.
 """
 from vitjax.config import translation_config

@@ -7,9 +7,10 @@ Run (from the repository root):
     python -m vitjax.main --config=configs/transformer_ding_de_en.py --workdir=workdirs/ding_de_en
     python -m vitjax.main --mode=eval --workdir=workdirs/ding_de_en --split=test
 
-Expected: see experiments/README.md for the held-out BLEU measured on 2 CPU cores in under an hour of
-training, next to the BLEU of copying the source (the aim is at least 15 BLEU). Same model and recipe as
-configs/transformer_bible_en_es.py; shorter buckets since the median pair has 5 tokens.
+Expected: 4.4 BLEU (chrF 12.5) on the 2,000 test pairs after 55 minutes on one CPU core (1,368 steps; copying
+the source: 0.15 BLEU, chrF 16.5). Short of the 15 BLEU aimed for: 69% of held-out sources are one word, most
+of them rare compounds seen once, with a single reference each (experiments/README.md has the analysis).
+Same model and recipe as configs/transformer_bible_en_es.py; shorter buckets (sources are 1.9 words on average).
 """
 from vitjax.config import translation_config
 

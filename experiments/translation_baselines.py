@@ -12,21 +12,14 @@ Appends one JSON line to experiments/results/translation_baselines.jsonl with --
 """
 import argparse
 import collections
-import importlib.util
 import json
 import os
 
 import numpy as np
 import sacrebleu
 
+from vitjax.config import load_module
 from vitjax.data import text
-
-
-def load_config(path):
-  spec = importlib.util.spec_from_file_location("cfg", path)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod.get_config()
 
 
 def main():
@@ -35,7 +28,7 @@ def main():
   ap.add_argument("--split", default="test")
   ap.add_argument("--out", default="")
   args = ap.parse_args()
-  d = load_config(args.config).data
+  d = load_module(args.config).get_config().data
   pairs = text.load_pairs(d.source, src_lang=d.src_lang, tgt_lang=d.tgt_lang, data_dir=d.data_dir)
   splits = text.split_pairs(pairs, d.split_seed, d.num_valid, d.num_test)
   held = splits[args.split]

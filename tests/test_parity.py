@@ -125,7 +125,7 @@ def test_init_from_a_timm_safetensors_file_for_fine_tuning(tmp_path):
   src = _random_timm("vit_tiny_patch16_224")
   path = str(tmp_path / "model.safetensors")
   save_file({k: v.numpy().copy() for k, v in src.state_dict().items()}, path)
-  loaded = train.load_params(f"timm:vit_tiny_patch16_224:{path}")
+  loaded, _ = train.load_params(f"timm:vit_tiny_patch16_224:{path}")
   target = models.create("vit_ti16", num_classes=10).init(jax.random.key(0), jnp.zeros((1, 64, 64, 3)))["params"]
   params = train.adapt_params(loaded, jax.device_get(target), log=lambda *a: None)
   assert params["posembed"]["pos_embedding"].shape == (1, 1 + 4 * 4, 192)

@@ -24,7 +24,7 @@ try:
 except ImportError:
   from tests import train_helpers as th
 from vitjax import models, posenc, tasks, train
-from vitjax.config import default_config
+from vitjax.config import default_config, load_module
 
 
 # ------------------------------------------------------------------------------------------- fixtures
@@ -421,10 +421,7 @@ def test_bfloat16_compute_keeps_float32_parameters(tmp_path, run_args):
 
 
 def test_config_arguments_choose_the_variant_and_a_divisible_image_size():
-  import importlib.util
-  spec = importlib.util.spec_from_file_location("vitcfg", os.path.join(th.ROOT, "configs", "vit.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
+  mod = load_module(os.path.join(th.ROOT, "configs", "vit.py"))
   c = mod.get_config("variant=S/16,dataset=fashion_mnist")
   assert c.model.name == "S/16" and c.data.name == "fashion_mnist" and c.data.image_size == 32
   with pytest.raises(ValueError, match="unknown argument 'varaint'"):
@@ -435,12 +432,8 @@ def test_config_arguments_choose_the_variant_and_a_divisible_image_size():
 def test_every_config_documents_its_command_and_builds_its_model(name):
   """Each configs/*.py loads, its docstring gives its run command and expected result, and its model's
   parameter shapes evaluate (abstractly: no data, no memory) at the config's input size."""
-  import importlib.util
-
   from vitjax.train import build_model
-  spec = importlib.util.spec_from_file_location(name[:-3], os.path.join(th.ROOT, "configs", name))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
+  mod = load_module(os.path.join(th.ROOT, "configs", name))
   assert f"--config=configs/{name}" in mod.__doc__ and "Expected" in mod.__doc__
   c = mod.get_config()
   if c.task == "translation":

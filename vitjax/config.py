@@ -5,7 +5,19 @@ one line naming the nearest field (--config.optim.lr) instead of being silently 
 """
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import ml_collections as mlc
+
+
+def load_module(path: str):
+  """A config file (configs/NAME.py) as a module: its docstring, `get_config(arg=None)`."""
+  name = os.path.splitext(os.path.basename(path))[0]
+  spec = importlib.util.spec_from_file_location(f"vitjax_configs.{name}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
 def default_config() -> mlc.ConfigDict:

@@ -174,8 +174,9 @@ def make_train_step(model, tx, schedule, config, task) -> Callable:
 
 # -------------------------------------------------------------------------------- parameter import
 
-def load_params(init_from: str):
-  """Parameters (a nested dict of arrays) from a workdir, 'timm:NAME:FILE' or 'npz:VARIANT:FILE'."""
+def load_params(init_from: str) -> tuple[dict, dict]:
+  """(parameters, other collections such as BatchNorm statistics) from a workdir's latest checkpoint, or
+  (parameters, {}) from 'timm:NAME:FILE' or 'npz:VARIANT:FILE'."""
   kind, _, rest = init_from.partition(":")
   if kind == "timm":
     name, _, path = rest.partition(":")
@@ -189,10 +190,10 @@ def load_params(init_from: str):
         raise ConfigError(f"reading {path} needs torch (pip install torch), or convert it to .safetensors") from None
       sd = torch.load(path, map_location="cpu", weights_only=True)
       sd = sd.get("state_dict", sd.get("model", sd))
-    return convert.from_timm(name, sd)[1]["params"]
+    return convert.from_timm(name, sd)[1]["params"], {}
   if kind == "npz":
     variant, _, path = rest.partition(":")
-    return convert.from_vit_npz(path, variant)[1]["params"]
+    return convert.from_vit_npz(path, variant)[1]["params"], {}
   workdir = os.path.abspath(init_from)
   ckpt_dir = os.path.join(workdir, "checkpoints")
   if not os.path.isdir(ckpt_dir):
@@ -203,17 +204,7 @@ def load_params(init_from: str):
     if step is None:
       raise ConfigError(f"init_from={init_from!r}: the workdir has no finished checkpoint")
     restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore()))
-  return restored["state"]["params"]
-
-
-def load_model_state(init_from: str) -> dict:
-  """Non-parameter collections (BatchNorm statistics) of a workdir's latest checkpoint; {} for timm / npz."""
-  if init_from.startswith(("timm:", "npz:")):
-    return {}
-  with ocp.CheckpointManager(os.path.join(os.path.abspath(init_from), "checkpoints"),
-                             options=ocp.CheckpointManagerOptions(read_only=True)) as mngr:
-    restored = mngr.restore(mngr.latest_step(), args=ocp.args.Composite(state=ocp.args.PyTreeRestore()))
-  return dict(restored["state"].get("model_state") or {})
+  return restored["state"]["params"], dict(restored["state"].get("model_state") or {})
 
 
 def adapt_params(loaded, target, log=print):
@@ -273,10 +264,11 @@ def _grid(n):
 
 # ------------------------------------------------------------------------------------- checkpoints
 
-def _fingerprint(config) -> dict:
-  """What makes two runs the same experiment, for refusing a workdir that holds another one."""
-  d = config.data
-  model = {k: v for k, v in config.model.to_dict().items() if v is not None}  # None: the model's default
+def _fingerprint(config: dict) -> dict:
+  """What makes two runs the same experiment (from a config as written to config.json), for refusing a
+  workdir that holds another one."""
+  d = config.get("data", {})
+  model = {k: v for k, v in (config.get("model") or {}).items() if v is not None}  # None: the model's default
   return {"model": model, "data": d.get("name") or d.get("source"), "image_size": d.get("image_size")}
 
 
@@ -290,11 +282,8 @@ def check_workdir(workdir: str, config) -> None:
   path = os.path.join(workdir, "config.json")
   if os.path.exists(path) and _has_checkpoints(workdir):
     with open(path) as f:
-      old = json.load(f)
-    old_data = old.get("data", {})
-    old_fp = {"model": {k: v for k, v in (old.get("model") or {}).items() if v is not None}, "data": old_data.get("name") or old_data.get("source"),
-              "image_size": old.get("data", {}).get("image_size")}
-    new_fp = json.loads(json.dumps(_fingerprint(config)))
+      old_fp = _fingerprint(json.load(f))
+    new_fp = _fingerprint(json.loads(config.to_json_best_effort()))
     if old_fp != new_fp:
       flat_old = flax.traverse_util.flatten_dict(old_fp, sep=".")
       flat_new = flax.traverse_util.flatten_dict(new_fp, sep=".")
@@ -483,10 +472,10 @@ def initial_state(exp: Experiment, config, log=print) -> TrainState:
   """The initialised TrainState, with parameters from config.init_from if set (ConfigError if they do not fit)."""
   state = jax.jit(exp.init_state, out_shardings=exp.state_sharding)()
   if config.init_from:
-    params = adapt_params(load_params(config.init_from), jax.device_get(state.params), log=log)
+    loaded, loaded_ms = load_params(config.init_from)
+    params = adapt_params(loaded, jax.device_get(state.params), log=log)
     params = jax.device_put(params, exp.state_sharding.params)
     state = state.replace(params=params, opt_state=jax.jit(exp.tx.init, out_shardings=exp.state_sharding.opt_state)(params))
-    loaded_ms = load_model_state(config.init_from)
     if loaded_ms and jax.tree.map(np.shape, loaded_ms) == jax.tree.map(np.shape, jax.device_get(state.model_state)):
       state = state.replace(model_state=jax.device_put(loaded_ms, exp.state_sharding.model_state))
       log("init_from: BatchNorm statistics carried over")

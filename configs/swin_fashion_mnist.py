@@ -14,6 +14,7 @@ window). AdamW, cosine, 10 epochs. Measured on the way here (experiments/README.
 paper's patch embedding, window 7, widths 32/64, 6 epochs: 86.8%; the same with a one-convolution stem and
 10 epochs: see the table.
 """
+
 import ml_collections as mlc
 
 from vitjax.config import default_config
@@ -21,8 +22,19 @@ from vitjax.config import default_config
 
 def get_config():
   c = default_config()
-  c.model = mlc.ConfigDict(dict(name="swin_t", patch_size=4, stem="conv", embed_dim=64, depths=(2, 2),
-                                num_heads=(2, 4), window_size=4, num_classes=10, drop_path_rate=0.1))
+  c.model = mlc.ConfigDict(
+    dict(
+      name="swin_t",
+      patch_size=4,
+      stem="conv",
+      embed_dim=64,
+      depths=(2, 2),
+      num_heads=(2, 4),
+      window_size=4,
+      num_classes=10,
+      drop_path_rate=0.1,
+    )
+  )
   c.data.name = "fashion_mnist"
   c.data.image_size = 28
   c.data.augment.flip = True

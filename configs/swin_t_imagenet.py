@@ -8,6 +8,7 @@ Recipe: AdamW, lr 1e-3 at batch 1024, weight decay 0.05, 20 warm-up epochs then 
 at 5.0, label smoothing 0.1, stochastic depth 0.2, RandAugment (2, 9), Mixup 0.8 / CutMix 1.0, 224 px,
 window 7. Expected: 81.3% top-1 on validation (the paper's number; not reproduced here).
 """
+
 import ml_collections as mlc
 
 from vitjax.config import default_config
@@ -19,9 +20,15 @@ def get_config():
   c.data.name = "imagenet2012"
   c.data.eval_split = "validation"
   c.data.image_size = 224
-  c.data.augment = mlc.ConfigDict({"flip": True, "random_resized_crop": {"scale": (0.08, 1.0), "ratio": (0.75, 1.333)},
-                                   "randaugment": {"num_layers": 2, "magnitude": 9}, "mixup_alpha": 0.8,
-                                   "cutmix_alpha": 1.0})
+  c.data.augment = mlc.ConfigDict(
+    {
+      "flip": True,
+      "random_resized_crop": {"scale": (0.08, 1.0), "ratio": (0.75, 1.333)},
+      "randaugment": {"num_layers": 2, "magnitude": 9},
+      "mixup_alpha": 0.8,
+      "cutmix_alpha": 1.0,
+    }
+  )
   c.data.eval_batch_size = 1024
   c.data.worker_count = 8
   c.batch_size = 1024

@@ -12,6 +12,7 @@ so 25,000 matches the paper's batches.
 Expected: about 27 BLEU on newstest2014 (the paper's number; not reproduced here: it needs 8 accelerators
 for about 12 hours, and the data).
 """
+
 from vitjax.config import translation_config
 
 

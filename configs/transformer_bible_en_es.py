@@ -15,8 +15,8 @@ Expected: 16.7 BLEU (chrF 35.2) on the 1,000 test verses after 55 minutes of tra
 (experiments/README.md). A small post-norm Transformer (d_model 256, 3+3 layers,
 shared 8k SentencePiece vocabulary, tied output), Adam (0.9, 0.98, 1e-9), inverse-sqrt schedule.
 """
-from vitjax.config import translation_config
 
+from vitjax.config import translation_config
 
 
 def get_config():

@@ -9,6 +9,7 @@ Recipe: configs/transformer_base_wmt14.py (its optimiser, batch, data, decoding)
 Expected: about 28 BLEU on newstest2014 (the paper's number; not reproduced here: it needs 8 accelerators
 for about 3.5 days, and the data).
 """
+
 import os
 
 from vitjax.config import load_module

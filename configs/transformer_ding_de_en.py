@@ -12,6 +12,7 @@ the source: 0.15 BLEU, chrF 16.5). Short of the 15 BLEU aimed for: 69% of held-o
 of them rare compounds seen once, with a single reference each (experiments/README.md has the analysis).
 Same model and recipe as configs/transformer_bible_en_es.py; shorter buckets (sources are 1.9 words on average).
 """
+
 from vitjax.config import translation_config
 
 

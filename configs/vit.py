@@ -12,6 +12,7 @@ multiple of the patch; images are resized to it), num_classes
 Expected: depends on the arguments (not measured here for every variant; see experiments/README.md for the
 dedicated configs).
 """
+
 import ml_collections as mlc
 
 from vitjax.config import default_config

@@ -11,6 +11,7 @@ A 4-layer, 96-wide ViT on a 7x7 grid (49 tokens) with global average pooling and
 Xiao et al. 2021 (two 3x3 stride-2 convolutions, then 1x1) instead of 4x4 patchify: with patchify the same
 model ended at 88.9% after 8 epochs. AdamW, cosine, 10 epochs.
 """
+
 import ml_collections as mlc
 
 from vitjax.config import default_config
@@ -18,8 +19,19 @@ from vitjax.config import default_config
 
 def get_config():
   c = default_config()
-  c.model = mlc.ConfigDict(dict(name="Ti/4", width=96, depth=4, num_heads=4, mlp_dim=192, num_classes=10,
-                                pool_type="gap", stem="conv", dropout_rate=0.0))
+  c.model = mlc.ConfigDict(
+    dict(
+      name="Ti/4",
+      width=96,
+      depth=4,
+      num_heads=4,
+      mlp_dim=192,
+      num_classes=10,
+      pool_type="gap",
+      stem="conv",
+      dropout_rate=0.0,
+    )
+  )
   c.data.name = "fashion_mnist"
   c.data.image_size = 28
   c.data.augment.flip = True

@@ -11,6 +11,7 @@ Recipe (Beyer et al. 2022): global average pooling, fixed 2-D sin-cos position e
 Expected: 76.5% top-1 on the validation split after 90 epochs (big_vision's number; not reproduced here:
 it needs 8+ accelerators and the ImageNet data).
 """
+
 import ml_collections as mlc
 
 from vitjax.config import default_config
@@ -23,9 +24,15 @@ def get_config():
   c.data.train_split = "train[:99%]"
   c.data.eval_split = "validation"
   c.data.image_size = 224
-  c.data.augment = mlc.ConfigDict({"flip": True, "random_resized_crop": {"scale": (0.05, 1.0), "ratio": (0.75, 1.333)},
-                                   "randaugment": {"num_layers": 2, "magnitude": 10}, "mixup_alpha": 0.2,
-                                   "cutmix_alpha": 0.0})
+  c.data.augment = mlc.ConfigDict(
+    {
+      "flip": True,
+      "random_resized_crop": {"scale": (0.05, 1.0), "ratio": (0.75, 1.333)},
+      "randaugment": {"num_layers": 2, "magnitude": 10},
+      "mixup_alpha": 0.2,
+      "cutmix_alpha": 0.0,
+    }
+  )
   c.data.eval_batch_size = 1024
   c.data.worker_count = 8
   c.batch_size = 1024

@@ -5,6 +5,7 @@
 
 One panel per metric (default: train/loss and eval/accuracy), x = step, one line per workdir.
 """
+
 import argparse
 import json
 import os

@@ -10,6 +10,7 @@ sacreBLEU / chrF of two baselines:
           training target, any other source is copied. It shows how much of the split is memorisable.
 Appends one JSON line to experiments/results/translation_baselines.jsonl with --out.
 """
+
 import argparse
 import collections
 import json
@@ -39,13 +40,18 @@ def main():
   lookup = [table[s].most_common(1)[0][0] if s in table else s for s in srcs]
   words = np.array([len(s.split()) for s in srcs])
   row = {
-      "config": args.config, "split": args.split, "pairs": len(held), "train_pairs": len(splits["train"]),
-      "source_words_median": float(np.median(words)), "source_words_mean": float(words.mean()),
-      "source_one_word": float((words == 1).mean()),
-      "source_seen_in_train": float(np.mean([s in table for s in srcs])),
-      "bleu_copy": sacrebleu.corpus_bleu(srcs, [refs]).score, "chrf_copy": sacrebleu.corpus_chrf(srcs, [refs]).score,
-      "bleu_lookup": sacrebleu.corpus_bleu(lookup, [refs]).score,
-      "chrf_lookup": sacrebleu.corpus_chrf(lookup, [refs]).score,
+    "config": args.config,
+    "split": args.split,
+    "pairs": len(held),
+    "train_pairs": len(splits["train"]),
+    "source_words_median": float(np.median(words)),
+    "source_words_mean": float(words.mean()),
+    "source_one_word": float((words == 1).mean()),
+    "source_seen_in_train": float(np.mean([s in table for s in srcs])),
+    "bleu_copy": sacrebleu.corpus_bleu(srcs, [refs]).score,
+    "chrf_copy": sacrebleu.corpus_chrf(srcs, [refs]).score,
+    "bleu_lookup": sacrebleu.corpus_bleu(lookup, [refs]).score,
+    "chrf_lookup": sacrebleu.corpus_chrf(lookup, [refs]).score,
   }
   print(json.dumps(row, indent=1))
   if args.out:

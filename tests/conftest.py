@@ -1,4 +1,5 @@
 """Shared test helpers."""
+
 import os
 import sys
 

@@ -3,8 +3,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from conftest import naive_attention
+
 from vitjax.attention import MultiHeadAttention, causal_mask, dot_product_attention, padding_mask
 
 IMPLS = ["fast", "reference"]
@@ -17,9 +17,12 @@ def test_matches_float64_reference(rng, impl, with_bias, with_mask):
   q, k, v = rng.randn(b, t, h, d), rng.randn(b, s, h, d), rng.randn(b, s, h, d)
   bias = rng.randn(1, h, t, s) if with_bias else None
   mask = rng.rand(b, 1, t, s) > 0.3 if with_mask else None
-  got = dot_product_attention(*(jnp.asarray(a, jnp.float32) for a in (q, k, v)),
-                              bias=None if bias is None else jnp.asarray(bias, jnp.float32),
-                              mask=mask, implementation=impl)
+  got = dot_product_attention(
+    *(jnp.asarray(a, jnp.float32) for a in (q, k, v)),
+    bias=None if bias is None else jnp.asarray(bias, jnp.float32),
+    mask=mask,
+    implementation=impl,
+  )
   np.testing.assert_allclose(got, naive_attention(q, k, v, bias, mask), atol=2e-5, rtol=1e-5)
 
 
@@ -108,7 +111,7 @@ def test_kv_cache_decoding_equals_full_causal_pass(rng):
   outs = []
   step = jax.jit(lambda c, xi: dec.apply({"params": params, "cache": c}, xi, mutable=["cache"]))
   for i in range(t):  # one token at a time ...
-    y, upd = step(cache, x[:, i:i + 1])
+    y, upd = step(cache, x[:, i : i + 1])
     cache = upd["cache"]
     outs.append(y)
   np.testing.assert_allclose(jnp.concatenate(outs, 1), want, atol=1e-5)

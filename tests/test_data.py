@@ -4,28 +4,37 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from vitjax.data import builders
-from vitjax.data import images
+from vitjax.data import DatasetNotPreparedError, builders, images, make_input, parse_augment
 from vitjax.data import prepare as prepare_lib
-from vitjax.data import DatasetNotPreparedError, make_input, parse_augment
 
-AUG = dict(random_resized_crop={'scale': (0.5, 1.0)}, flip=True,
-           randaugment={'num_layers': 2, 'magnitude': 9},
-           mixup_alpha=0.2, cutmix_alpha=1.0)
+AUG = dict(
+  random_resized_crop={"scale": (0.5, 1.0)},
+  flip=True,
+  randaugment={"num_layers": 2, "magnitude": 9},
+  mixup_alpha=0.2,
+  cutmix_alpha=1.0,
+)
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
   """A data dir with digits prepared through the CLI entry point."""
-  path = str(tmp_path_factory.mktemp('tfds'))
-  assert prepare_lib.main(['--dataset=digits', f'--data_dir={path}']) == 0
+  path = str(tmp_path_factory.mktemp("tfds"))
+  assert prepare_lib.main(["--dataset=digits", f"--data_dir={path}"]) == 0
   return path
 
 
-def _input(data_dir, split='train', **kw):
-  kw = {'global_batch_size': 32, 'image_size': 8, 'train': split == 'train',
-        'process_index': 0, 'process_count': 1, 'read_threads': 0, **kw}
-  return make_input('digits', split, data_dir=data_dir, **kw)
+def _input(data_dir, split="train", **kw):
+  kw = {
+    "global_batch_size": 32,
+    "image_size": 8,
+    "train": split == "train",
+    "process_index": 0,
+    "process_count": 1,
+    "read_threads": 0,
+    **kw,
+  }
+  return make_input("digits", split, data_dir=data_dir, **kw)
 
 
 def _take(it, n):
@@ -33,59 +42,60 @@ def _take(it, n):
 
 
 def _all_equal(batches_a, batches_b):
-  return all(a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
-             for a, b in zip(batches_a, batches_b, strict=True))
+  return all(
+    a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    for a, b in zip(batches_a, batches_b, strict=True)
+  )
 
 
 def test_digits_prepared_counts_and_disjoint_splits(data_dir):
   from sklearn.datasets import load_digits
+
   digits = load_digits()
   expected = np.round(digits.images * 255 / 16).astype(np.uint8)
   by_bytes = {img.tobytes(): i for i, img in enumerate(expected)}  # All unique.
   ids = {}
-  for split, n in [('train', 1497), ('test', 300)]:
-    source = tfds.data_source('digits', split=split, data_dir=data_dir)
+  for split, n in [("train", 1497), ("test", 300)]:
+    source = tfds.data_source("digits", split=split, data_dir=data_dir)
     assert len(source) == n
     ids[split] = set()
     for example in source:
-      image = example['image']
+      image = example["image"]
       assert image.shape == (8, 8, 1) and image.dtype == np.uint8
       i = by_bytes[image[..., 0].tobytes()]
-      assert example['label'] == digits.target[i]
+      assert example["label"] == digits.target[i]
       ids[split].add(i)
-  assert not ids['train'] & ids['test']
-  assert ids['train'] | ids['test'] == set(range(1797))
-  assert ids['test'] == set(builders.digits_split_indices()['test'].tolist())
+  assert not ids["train"] & ids["test"]
+  assert ids["train"] | ids["test"] == set(range(1797))
+  assert ids["test"] == set(builders.digits_split_indices()["test"].tolist())
 
 
 def test_name_resolution():
-  assert builders.resolve_name('digits') == 'digits'
-  assert builders.resolve_name('fashion_mnist') == 'fashion_mnist_deb'
-  assert builders.resolve_name('cifar10') == 'cifar10'
+  assert builders.resolve_name("digits") == "digits"
+  assert builders.resolve_name("fashion_mnist") == "fashion_mnist_deb"
+  assert builders.resolve_name("cifar10") == "cifar10"
 
 
 def test_train_batch_shapes_and_info(data_dir):
   it, info = _input(data_dir, image_size=(12, 16))
-  assert (info.num_classes, info.num_examples, info.image_shape) == (
-      10, 1497, (12, 16, 1))
+  assert (info.num_classes, info.num_examples, info.image_shape) == (10, 1497, (12, 16, 1))
   assert (info.local_batch_size, info.steps_per_epoch) == (32, 1497 // 32)
   batch = next(it)
-  assert batch['image'].shape == (32, 12, 16, 1)
-  assert batch['image'].dtype == np.float32
-  assert -1.0 <= batch['image'].min() < batch['image'].max() <= 1.0
-  assert batch['label'].shape == (32,) and batch['label'].dtype == np.int32
-  assert batch['mask'].dtype == np.bool_ and batch['mask'].all()
+  assert batch["image"].shape == (32, 12, 16, 1)
+  assert batch["image"].dtype == np.float32
+  assert -1.0 <= batch["image"].min() < batch["image"].max() <= 1.0
+  assert batch["label"].shape == (32,) and batch["label"].dtype == np.int32
+  assert batch["mask"].dtype == np.bool_ and batch["mask"].all()
 
 
 def test_default_process_sharding_uses_jax(data_dir):
-  it, info = make_input('digits', 'test', data_dir=data_dir,
-                        global_batch_size=100, image_size=8, train=False)
+  it, info = make_input("digits", "test", data_dir=data_dir, global_batch_size=100, image_size=8, train=False)
   assert info.local_batch_size == 100 and info.steps_per_epoch == 3
-  assert sum(int(b['mask'].sum()) for b in it) == 300
+  assert sum(int(b["mask"].sum()) for b in it) == 300
 
 
 def test_batch_size_must_divide_over_processes(data_dir):
-  with pytest.raises(ValueError, match='multiple of process_count=2'):
+  with pytest.raises(ValueError, match="multiple of process_count=2"):
     _input(data_dir, global_batch_size=33, process_index=0, process_count=2)
 
 
@@ -93,22 +103,19 @@ def test_two_processes_read_disjoint_shards(data_dir):
   # Eval: disjoint shards covering the split, same number of batches each.
   seen, lengths = [], []
   for index in range(2):
-    it, info = _input(data_dir, 'test', global_batch_size=64,
-                      process_index=index, process_count=2)
+    it, info = _input(data_dir, "test", global_batch_size=64, process_index=index, process_count=2)
     batches = list(it)
     lengths.append(len(batches))
     assert len(batches) == info.steps_per_epoch
-    seen.append([i for b in batches for i in b['index'][b['mask']]])
+    seen.append([i for b in batches for i in b["index"][b["mask"]]])
   assert lengths[0] == lengths[1]
   assert not set(seen[0]) & set(seen[1])
   assert sorted(seen[0] + seen[1]) == list(range(300))
   # Train: one epoch on each process, disjoint.
   train = []
   for index in range(2):
-    it, info = _input(data_dir, global_batch_size=32, process_index=index,
-                      process_count=2)
-    train.append({int(i) for b in _take(it, info.steps_per_epoch)
-                  for i in b['index']})
+    it, info = _input(data_dir, global_batch_size=32, process_index=index, process_count=2)
+    train.append({int(i) for b in _take(it, info.steps_per_epoch) for i in b["index"]})
     assert len(train[-1]) == info.steps_per_epoch * 16
   assert not train[0] & train[1]
 
@@ -118,14 +125,13 @@ def test_seeded_shuffling(data_dir):
   again = _take(_input(data_dir, seed=1, augment=AUG)[0], 3)
   other = _take(_input(data_dir, seed=2, augment=AUG)[0], 3)
   assert _all_equal(first, again)
-  assert not np.array_equal(first[0]['index'], other[0]['index'])
-  assert not np.array_equal(first[0]['image'], other[0]['image'])
+  assert not np.array_equal(first[0]["index"], other[0]["index"])
+  assert not np.array_equal(first[0]["image"], other[0]["image"])
 
 
 def test_each_epoch_reshuffles(data_dir):
   it, info = _input(data_dir, global_batch_size=32 * 4)
-  epochs = [np.concatenate([b['index'] for b in _take(it, info.steps_per_epoch)])
-            for _ in range(2)]
+  epochs = [np.concatenate([b["index"] for b in _take(it, info.steps_per_epoch)]) for _ in range(2)]
   assert not np.array_equal(epochs[0], epochs[1])
   assert len(set(epochs[0])) == len(epochs[0])
 
@@ -140,13 +146,13 @@ def test_iterator_state_restores_exactly(data_dir):
   assert _all_equal(_take(fresh, 3), expected)
 
 
-@pytest.mark.parametrize('mix', [dict(mixup_alpha=0.4),
-                                 dict(cutmix_alpha=1.0),
-                                 dict(mixup_alpha=0.2, cutmix_alpha=1.0)])
+@pytest.mark.parametrize(
+  "mix", [dict(mixup_alpha=0.4), dict(cutmix_alpha=1.0), dict(mixup_alpha=0.2, cutmix_alpha=1.0)]
+)
 def test_mixing_gives_soft_labels(data_dir, mix):
   it, info = _input(data_dir, augment=mix)
   for batch in _take(it, 3):
-    labels = batch['label']
+    labels = batch["label"]
     assert labels.shape == (32, info.num_classes) and labels.dtype == np.float32
     np.testing.assert_allclose(labels.sum(-1), 1.0, rtol=1e-6)
     assert labels.min() >= 0
@@ -154,46 +160,51 @@ def test_mixing_gives_soft_labels(data_dir, mix):
 
 
 def test_eval_padding_counts_each_example_once(data_dir):
-  it, info = _input(data_dir, 'test', global_batch_size=64)
+  it, info = _input(data_dir, "test", global_batch_size=64)
   batches = list(it)
   assert len(batches) == info.steps_per_epoch == 5  # ceil(300 / 64)
-  assert all(b['image'].shape == (64, 8, 8, 1) for b in batches)
-  mask = np.concatenate([b['mask'] for b in batches])
-  index = np.concatenate([b['index'] for b in batches])
+  assert all(b["image"].shape == (64, 8, 8, 1) for b in batches)
+  mask = np.concatenate([b["mask"] for b in batches])
+  index = np.concatenate([b["index"] for b in batches])
   assert mask.sum() == 300 and (index[~mask] == -1).all()
   assert sorted(index[mask]) == list(range(300))
 
 
 def test_eval_ignores_augment_and_is_deterministic(data_dir):
-  a = list(_input(data_dir, 'test', augment=AUG, seed=0)[0])
-  b = list(_input(data_dir, 'test', seed=5)[0])
+  a = list(_input(data_dir, "test", augment=AUG, seed=0)[0])
+  b = list(_input(data_dir, "test", seed=5)[0])
   assert _all_equal(a, b)
-  assert a[0]['label'].dtype == np.int32
+  assert a[0]["label"].dtype == np.int32
 
 
 def test_unprepared_dataset_error_names_the_command(tmp_path):
-  empty = str(tmp_path / 'empty')
+  empty = str(tmp_path / "empty")
   with pytest.raises(DatasetNotPreparedError) as err:
     _input(empty)
   assert isinstance(err.value, FileNotFoundError)
-  assert (f'python -m vitjax.data.prepare --dataset=digits --data_dir={empty}'
-          in str(err.value))
-  with pytest.raises(DatasetNotPreparedError,
-                     match='tfds build cifar10 --file_format=array_record'):
-    make_input('cifar10', 'test', data_dir=empty, global_batch_size=8,
-               image_size=32, train=False, process_index=0, process_count=1)
+  assert f"python -m vitjax.data.prepare --dataset=digits --data_dir={empty}" in str(err.value)
+  with pytest.raises(DatasetNotPreparedError, match="tfds build cifar10 --file_format=array_record"):
+    make_input(
+      "cifar10",
+      "test",
+      data_dir=empty,
+      global_batch_size=8,
+      image_size=32,
+      train=False,
+      process_index=0,
+      process_count=1,
+    )
 
 
 def test_unknown_augment_keys_are_rejected():
   with pytest.raises(ValueError, match="'flip'.*'mixup_alpha'"):
-    parse_augment({'fliplr': True})
+    parse_augment({"fliplr": True})
   with pytest.raises(ValueError, match="valid keys: \\['magnitude', 'num_layers'\\]"):
-    parse_augment({'randaugment': {'layers': 2}})
-  assert parse_augment({'random_resized_crop': True}).random_resized_crop == (
-      (0.08, 1.0), (0.75, 4 / 3))
+    parse_augment({"randaugment": {"layers": 2}})
+  assert parse_augment({"random_resized_crop": True}).random_resized_crop == ((0.08, 1.0), (0.75, 4 / 3))
 
 
-@pytest.mark.parametrize('channels', [1, 3])
+@pytest.mark.parametrize("channels", [1, 3])
 def test_randaugment_ops_keep_shape(channels):
   rng = np.random.default_rng(0)
   image = rng.integers(0, 256, (10, 12, channels), dtype=np.uint8)
@@ -208,36 +219,37 @@ def test_randaugment_ops_keep_shape(channels):
 def test_random_resized_crop_box_is_inside():
   rng = np.random.default_rng(0)
   for _ in range(50):
-    x0, y0, x1, y1 = images.random_resized_crop_box(
-        rng, 20, 30, scale=(0.08, 1.0), ratio=(0.75, 4 / 3))
+    x0, y0, x1, y1 = images.random_resized_crop_box(rng, 20, 30, scale=(0.08, 1.0), ratio=(0.75, 4 / 3))
     assert 0 <= x0 < x1 <= 30 and 0 <= y0 < y1 <= 20
 
 
 def test_fashion_mnist_missing_files_error(tmp_path):
-  with pytest.raises(FileNotFoundError,
-                     match='apt-get install dataset-fashion-mnist'):
-    prepare_lib.prepare('fashion_mnist', str(tmp_path / 'd'),
-                        manual_dir=str(tmp_path))
+  with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
+    prepare_lib.prepare("fashion_mnist", str(tmp_path / "d"), manual_dir=str(tmp_path))
 
 
-@pytest.mark.skipif(not builders.fashion_mnist_available(),
-                    reason='Debian package missing: apt-get install '
-                    'dataset-fashion-mnist')
+@pytest.mark.skipif(
+  not builders.fashion_mnist_available(), reason="Debian package missing: apt-get install dataset-fashion-mnist"
+)
 def test_fashion_mnist_prepares_and_reads(tmp_path):
   data_dir = str(tmp_path)
-  builder = prepare_lib.prepare('fashion_mnist', data_dir)  # ~11 s on 2 cores.
-  assert {k: v.num_examples for k, v in builder.info.splits.items()} == {
-      'train': 60000, 'test': 10000}
-  it, info = make_input('fashion_mnist', 'test', data_dir=data_dir,
-                        global_batch_size=128, image_size=28, train=False,
-                        process_index=0, process_count=1, read_threads=0)
-  assert (info.num_classes, info.num_examples, info.image_shape) == (
-      10, 10000, (28, 28, 1))
+  builder = prepare_lib.prepare("fashion_mnist", data_dir)  # ~11 s on 2 cores.
+  assert {k: v.num_examples for k, v in builder.info.splits.items()} == {"train": 60000, "test": 10000}
+  it, info = make_input(
+    "fashion_mnist",
+    "test",
+    data_dir=data_dir,
+    global_batch_size=128,
+    image_size=28,
+    train=False,
+    process_index=0,
+    process_count=1,
+    read_threads=0,
+  )
+  assert (info.num_classes, info.num_examples, info.image_shape) == (10, 10000, (28, 28, 1))
   batch = next(it)
-  assert batch['image'].shape == (128, 28, 28, 1)
-  assert 0 <= batch['label'].min() and batch['label'].max() < 10
-  raw = builders.read_idx(f'{builders.DEBIAN_FASHION_MNIST_DIR}/'
-                          't10k-images-idx3-ubyte.gz')
-  stored = tfds.data_source('fashion_mnist_deb', split='test',
-                            data_dir=data_dir)[0]['image'][..., 0]
+  assert batch["image"].shape == (128, 28, 28, 1)
+  assert 0 <= batch["label"].min() and batch["label"].max() < 10
+  raw = builders.read_idx(f"{builders.DEBIAN_FASHION_MNIST_DIR}/t10k-images-idx3-ubyte.gz")
+  stored = tfds.data_source("fashion_mnist_deb", split="test", data_dir=data_dir)[0]["image"][..., 0]
   assert (raw == stored).all(axis=(1, 2)).any()  # tfds reorders examples.

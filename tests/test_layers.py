@@ -3,8 +3,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from conftest import naive_attention
+
 from vitjax.layers import DecoderBlock, DropPath, EncoderBlock, FeedForward, Stack, drop_path_rates
 
 
@@ -19,6 +19,7 @@ def _ln(x, p, eps=1e-6):
 
 def _gelu(x):
   from scipy.special import erf
+
   return 0.5 * x * (1 + erf(x / np.sqrt(2)))
 
 
@@ -45,8 +46,9 @@ def test_ffn_matches_float64(rng, act):
   x = rng.randn(2, 3, 8)
   mod = FeedForward(16, act=act)
   p = _perturb(mod.init(jax.random.key(0), jnp.asarray(x, jnp.float32))["params"])
-  np.testing.assert_allclose(mod.apply({"params": p}, jnp.asarray(x, jnp.float32)), _ffn(x, _np(p), act),
-                             atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(
+    mod.apply({"params": p}, jnp.asarray(x, jnp.float32)), _ffn(x, _np(p), act), atol=1e-5, rtol=1e-5
+  )
 
 
 @pytest.mark.parametrize("prenorm", [True, False])
@@ -100,15 +102,17 @@ def test_scanned_and_rematerialised_stacks_equal_the_plain_stack(rng):
   plain = _stack(False, False)
   p = _perturb(plain.init(jax.random.key(0), x)["params"])
   want = plain.apply({"params": p}, x)
-  stacked = {"blocks": {"block": jax.tree.map(lambda *a: jnp.stack(a), *[p[f"block_{i}"] for i in range(3)])},
-             "final_norm": p["final_norm"]}
+  stacked = {
+    "blocks": {"block": jax.tree.map(lambda *a: jnp.stack(a), *[p[f"block_{i}"] for i in range(3)])},
+    "final_norm": p["final_norm"],
+  }
   for scan, remat in [(True, False), (True, True), (False, True)]:
     mod = _stack(scan, remat)
     params = stacked if scan else p
     shapes = jax.tree.map(jnp.shape, mod.init(jax.random.key(0), x)["params"])
     assert shapes == jax.tree.map(jnp.shape, params)
     np.testing.assert_allclose(mod.apply({"params": params}, x), want, atol=1e-5)
-    g = jax.grad(lambda q: mod.apply({"params": q}, x).sum())(params)
+    g = jax.grad(lambda q, mod=mod: mod.apply({"params": q}, x).sum())(params)
     assert all(np.isfinite(np.asarray(a)).all() for a in jax.tree.leaves(g))
 
 

@@ -12,8 +12,17 @@ def n_params(model, hw=224, c=3):
   return sum(int(np.prod(a.shape)) for a in jax.tree.leaves(shapes))
 
 
-@pytest.mark.parametrize("name,count", [("vit_ti16", 5_717_416), ("vit_s16", 22_050_664), ("vit_b16", 86_567_656),
-                                        ("vit_l16", 304_326_632), ("Ti/16", 5_717_416), ("swin_t", 28_288_354)])
+@pytest.mark.parametrize(
+  "name,count",
+  [
+    ("vit_ti16", 5_717_416),
+    ("vit_s16", 22_050_664),
+    ("vit_b16", 86_567_656),
+    ("vit_l16", 304_326_632),
+    ("Ti/16", 5_717_416),
+    ("swin_t", 28_288_354),
+  ],
+)
 def test_published_parameter_counts(name, count):
   assert n_params(models.create(name)) == count
 
@@ -22,9 +31,19 @@ def _tiny_vit(**kw):
   return models.create("Ti/4", depth=2, width=32, num_heads=2, mlp_dim=64, num_classes=5, **kw)
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(pool_type="gap"), dict(pool_type="map"), dict(posemb="sincos2d"),
-                                dict(stem="conv"), dict(representation_size=16), dict(scan=True, remat=True),
-                                dict(pool_type="gap", fc_norm=True)])
+@pytest.mark.parametrize(
+  "kw",
+  [
+    dict(),
+    dict(pool_type="gap"),
+    dict(pool_type="map"),
+    dict(posemb="sincos2d"),
+    dict(stem="conv"),
+    dict(representation_size=16),
+    dict(scan=True, remat=True),
+    dict(pool_type="gap", fc_norm=True),
+  ],
+)
 def test_vit_options_run_on_non_square_images(kw):
   model = _tiny_vit(**kw)
   x = jnp.ones((2, 16, 24, 3))
@@ -69,8 +88,8 @@ def _brute_force_shift_mask(hw, window, shift):
     for wj in range(n_ww):
       cells = [(wi * window[0] + a, wj * window[1] + b) for a in range(window[0]) for b in range(window[1])]
       for p, (i, j) in enumerate(cells):
-        for q, (k, l) in enumerate(cells):
-          out[wi * n_ww + wj, p, q] = same_region[i, j, k, l]
+        for q, (k, m) in enumerate(cells):
+          out[wi * n_ww + wj, p, q] = same_region[i, j, k, m]
   return out
 
 
@@ -83,6 +102,7 @@ def test_swin_shift_mask_against_brute_force(hw, window):
 def test_window_partition_roundtrip_and_effective_window():
   x = jnp.arange(2 * 6 * 9 * 3).reshape(2, 6, 9, 3)
   from vitjax.models.swin import window_reverse
+
   parts = window_partition(x, (3, 3))
   assert parts.shape == (2, 6, 9, 3)
   np.testing.assert_array_equal(parts[0, 1, :, 0], np.asarray(x[0, :3, 3:6, 0]).reshape(-1))

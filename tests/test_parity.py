@@ -3,6 +3,7 @@
 
 Needs torch + timm (see README, 'Tests'); skipped cleanly without them.
 """
+
 import os
 import sys
 
@@ -12,8 +13,10 @@ import pytest
 torch = pytest.importorskip("torch")
 sys.path.insert(0, os.environ.get("VITJAX_REFS", os.path.dirname(os.path.abspath(__file__))))
 try:
-  import torchvision_ops_shim  # noqa: F401  lets torchvision (and timm) import on CPU-only torch
+  # isort: off
+  import torchvision_ops_shim  # noqa: F401  lets torchvision (and timm) import on CPU-only torch; must come first
   import timm
+  # isort: on
 except Exception as e:  # torchvision's CUDA wheel raises RuntimeError, not ImportError, without the shim
   pytest.skip(f"timm is not importable here ({type(e).__name__}: {e}); see README, 'Tests'", allow_module_level=True)
 
@@ -42,13 +45,16 @@ def _compare(model, module, variables, hw):
   return rel
 
 
-@pytest.mark.parametrize("name,hw", [
+@pytest.mark.parametrize(
+  "name,hw",
+  [
     ("vit_tiny_patch16_224", (224, 224)),
     ("vit_small_patch32_384", (384, 384)),
     ("swin_tiny_patch4_window7_224", (224, 224)),
     pytest.param("vit_base_patch16_224", (224, 224), marks=pytest.mark.slow),
     pytest.param("swin_base_patch4_window12_384", (384, 384), marks=pytest.mark.slow),
-])
+  ],
+)
 def test_from_timm_matches_timm(name, hw):
   model = _random_timm(name)
   sd = {k: v.numpy() for k, v in model.state_dict().items()}
@@ -81,19 +87,24 @@ def _vit_npz_from_timm(model, path):
   sd = {k: v.numpy() for k, v in model.state_dict().items()}
   d = sd["cls_token"].shape[-1]
   h = model.blocks[0].attn.num_heads
-  out = {"embedding/kernel": sd["patch_embed.proj.weight"].transpose(2, 3, 1, 0),
-         "embedding/bias": sd["patch_embed.proj.bias"], "cls": sd["cls_token"],
-         "Transformer/posembed_input/pos_embedding": sd["pos_embed"],
-         "Transformer/encoder_norm/scale": sd["norm.weight"], "Transformer/encoder_norm/bias": sd["norm.bias"],
-         "head/kernel": sd["head.weight"].T, "head/bias": sd["head.bias"]}
+  out = {
+    "embedding/kernel": sd["patch_embed.proj.weight"].transpose(2, 3, 1, 0),
+    "embedding/bias": sd["patch_embed.proj.bias"],
+    "cls": sd["cls_token"],
+    "Transformer/posembed_input/pos_embedding": sd["pos_embed"],
+    "Transformer/encoder_norm/scale": sd["norm.weight"],
+    "Transformer/encoder_norm/bias": sd["norm.bias"],
+    "head/kernel": sd["head.weight"].T,
+    "head/bias": sd["head.bias"],
+  }
   for i in range(len(model.blocks)):
     s, t = f"blocks.{i}.", f"Transformer/encoderblock_{i}/"
     for a, b in (("norm1", "LayerNorm_0"), ("norm2", "LayerNorm_2")):
       out[t + b + "/scale"], out[t + b + "/bias"] = sd[s + a + ".weight"], sd[s + a + ".bias"]
     qkv_w, qkv_b = sd[s + "attn.qkv.weight"], sd[s + "attn.qkv.bias"]
     for j, n in enumerate(("query", "key", "value")):
-      out[t + f"MultiHeadDotProductAttention_1/{n}/kernel"] = qkv_w[j * d:(j + 1) * d].T.reshape(d, h, d // h)
-      out[t + f"MultiHeadDotProductAttention_1/{n}/bias"] = qkv_b[j * d:(j + 1) * d].reshape(h, d // h)
+      out[t + f"MultiHeadDotProductAttention_1/{n}/kernel"] = qkv_w[j * d : (j + 1) * d].T.reshape(d, h, d // h)
+      out[t + f"MultiHeadDotProductAttention_1/{n}/bias"] = qkv_b[j * d : (j + 1) * d].reshape(h, d // h)
     out[t + "MultiHeadDotProductAttention_1/out/kernel"] = sd[s + "attn.proj.weight"].T.reshape(h, d // h, d)
     out[t + "MultiHeadDotProductAttention_1/out/bias"] = sd[s + "attn.proj.bias"]
     for j, n in ((0, "fc1"), (1, "fc2")):
@@ -108,6 +119,7 @@ def test_from_vit_npz_matches_timm_reading_the_same_npz(tmp_path):
   _vit_npz_from_timm(src, path)
   ref = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=7).eval()
   from timm.models.vision_transformer import _load_weights
+
   _load_weights(ref, path)  # timm's loader of the original release's checkpoints is the reference reader
   module, variables = convert.from_vit_npz(path, "Ti/16")
   assert module.num_classes == 7 and module.depth == 12
@@ -121,7 +133,9 @@ def test_init_from_a_timm_safetensors_file_for_fine_tuning(tmp_path):
   import jax
   import jax.numpy as jnp
   from safetensors.numpy import save_file
+
   from vitjax import models, train
+
   src = _random_timm("vit_tiny_patch16_224")
   path = str(tmp_path / "model.safetensors")
   save_file({k: v.numpy().copy() for k, v in src.state_dict().items()}, path)
@@ -131,5 +145,6 @@ def test_init_from_a_timm_safetensors_file_for_fine_tuning(tmp_path):
   assert params["posembed"]["pos_embedding"].shape == (1, 1 + 4 * 4, 192)
   np.testing.assert_array_equal(params["posembed"]["pos_embedding"][0, 0], loaded["posembed"]["pos_embedding"][0, 0])
   np.testing.assert_array_equal(params["head"]["kernel"], target["head"]["kernel"])  # new 10-class head
-  np.testing.assert_array_equal(params["encoder"]["block_3"]["attn"]["query"]["kernel"],
-                                loaded["encoder"]["block_3"]["attn"]["query"]["kernel"])
+  np.testing.assert_array_equal(
+    params["encoder"]["block_3"]["attn"]["query"]["kernel"], loaded["encoder"]["block_3"]["attn"]["query"]["kernel"]
+  )

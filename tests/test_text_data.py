@@ -3,6 +3,7 @@
 Every fixture is synthetic and built in tmp_path; the last tests read the real
 Debian packages and skip when they are not installed.
 """
+
 import collections
 import os
 import struct
@@ -11,46 +12,45 @@ import zlib
 import numpy as np
 import pytest
 
-from vitjax.data import sword
-from vitjax.data import text
+from vitjax.data import sword, text
 
 # ----------------------------------------------------------------------------
 # A fake SWORD zText module, in the binary layout of the real files.
 
 
-def write_ztext_module(root, name, entries_by_testament, *, lang='en',
-                       per_block=3, versification='KJV'):
+def write_ztext_module(root, name, entries_by_testament, *, lang="en", per_block=3, versification="KJV"):
   """Writes ``root/mods.d/<name>.conf`` and ``root/modules/texts/ztext/<name>/
   {ot,nt}.{bzs,bzv,bzz}``; ``entries_by_testament`` maps 'ot'/'nt' to lists
   of entry strings ('' = empty entry), ``per_block`` entries per zlib block."""
-  data_rel = f'modules/texts/ztext/{name.lower()}/'
-  os.makedirs(os.path.join(root, 'mods.d'), exist_ok=True)
+  data_rel = f"modules/texts/ztext/{name.lower()}/"
+  os.makedirs(os.path.join(root, "mods.d"), exist_ok=True)
   os.makedirs(os.path.join(root, data_rel), exist_ok=True)
-  with open(os.path.join(root, 'mods.d', f'{name.lower()}.conf'), 'w',
-            encoding='utf-8') as f:
-    f.write(f'# fake module\n[{name}]\nDataPath=./{data_rel}\nModDrv=zText\n'
-            f'SourceType=OSIS\nEncoding=UTF-8\nCompressType=ZIP\n'
-            f'BlockType=BOOK\nVersification={versification}\nLang={lang}\n'
-            'About=A made-up module \\\n  continued on a second line\n'
-            'GlobalOptionFilter=OSISStrongs\nGlobalOptionFilter=OSISFootnotes\n')
+  with open(os.path.join(root, "mods.d", f"{name.lower()}.conf"), "w", encoding="utf-8") as f:
+    f.write(
+      f"# fake module\n[{name}]\nDataPath=./{data_rel}\nModDrv=zText\n"
+      f"SourceType=OSIS\nEncoding=UTF-8\nCompressType=ZIP\n"
+      f"BlockType=BOOK\nVersification={versification}\nLang={lang}\n"
+      "About=A made-up module \\\n  continued on a second line\n"
+      "GlobalOptionFilter=OSISStrongs\nGlobalOptionFilter=OSISFootnotes\n"
+    )
   for testament, entries in entries_by_testament.items():
-    bzs, bzv, bzz = b'', b'', b''
+    bzs, bzv, bzz = b"", b"", b""
     for start in range(0, len(entries), per_block):
       block_no = start // per_block
-      raw = b''
-      for entry in entries[start:start + per_block]:
-        data = entry.encode('utf-8')
+      raw = b""
+      for entry in entries[start : start + per_block]:
+        data = entry.encode("utf-8")
         if data:
-          bzv += struct.pack('<IIH', block_no, len(raw), len(data))
+          bzv += struct.pack("<IIH", block_no, len(raw), len(data))
         else:
-          bzv += struct.pack('<IIH', 0, 0, 0)
+          bzv += struct.pack("<IIH", 0, 0, 0)
         raw += data
       comp = zlib.compress(raw)
-      bzs += struct.pack('<III', len(bzz), len(comp), len(raw))
+      bzs += struct.pack("<III", len(bzz), len(comp), len(raw))
       bzz += comp
     prefix = os.path.join(root, data_rel, testament)
-    for ext, blob in (('.bzs', bzs), ('.bzv', bzv), ('.bzz', bzz)):
-      with open(prefix + ext, 'wb') as f:
+    for ext, blob in ((".bzs", bzs), (".bzv", bzv), (".bzz", bzz)):
+      with open(prefix + ext, "wb") as f:
         f.write(blob)
 
 
@@ -60,113 +60,118 @@ def w(word, num):
 
 # (marked-up entry, expected plain text); made-up verses in OSIS style.
 EN_ENTRIES = [
-    ('', ''),
-    ('<milestone type="x-importer" subType="x-osis2mod" n="$Rev: 1 $"/>', ''),
-    ('<div osisID="Bk" sID="b1" type="book"/> <title type="main">Book of '
-     'Tests</title> <div sID="p1" type="x-p"/>', ''),
-    ('<chapter n="1" osisID="Bk.1" sID="Bk.1"/> ', ''),
-    (f'At {w("first", 1)} the {w("robot", 2)} {w("made", 3)} a '
-     f'<transChange type="added">small</transChange> {w("lamp", 4)}.',
-     'At first the robot made a small lamp.'),
-    (f'{w("And", 5)} it {w("shone", 6)}.<note placement="foot"><reference '
-     f'type="annotateRef">1.2 </reference>shone: or, <seg>glowed</seg></note> '
-     '<div eID="p1" type="x-p"/>', 'And it shone.'),
-    (f'<title canonical="true" type="psalm">A {w("song", 7)}.</title> '
-     f'<lg sID="g1"/><l level="1" sID="g2"/>{w("Sing", 8)} &amp; '
-     f'<divineName>{w("dance", 9)}</divineName>;<l eID="g2"/><l sID="g3"/>'
-     'loud\\nd ly\\+nd*!', 'A song. Sing & dance; loud ly!'),
-    ('<title><foreign>ALEPH.</foreign></title> \u00b6 '
-     f'<q who="x">{w("Quote", 10)}</q>  here\n\ttoo.',
-     'Quote here too.'),
+  ("", ""),
+  ('<milestone type="x-importer" subType="x-osis2mod" n="$Rev: 1 $"/>', ""),
+  ('<div osisID="Bk" sID="b1" type="book"/> <title type="main">Book of Tests</title> <div sID="p1" type="x-p"/>', ""),
+  ('<chapter n="1" osisID="Bk.1" sID="Bk.1"/> ', ""),
+  (
+    f"At {w('first', 1)} the {w('robot', 2)} {w('made', 3)} a "
+    f'<transChange type="added">small</transChange> {w("lamp", 4)}.',
+    "At first the robot made a small lamp.",
+  ),
+  (
+    f'{w("And", 5)} it {w("shone", 6)}.<note placement="foot"><reference '
+    f'type="annotateRef">1.2 </reference>shone: or, <seg>glowed</seg></note> '
+    '<div eID="p1" type="x-p"/>',
+    "And it shone.",
+  ),
+  (
+    f'<title canonical="true" type="psalm">A {w("song", 7)}.</title> '
+    f'<lg sID="g1"/><l level="1" sID="g2"/>{w("Sing", 8)} &amp; '
+    f'<divineName>{w("dance", 9)}</divineName>;<l eID="g2"/><l sID="g3"/>'
+    "loud\\nd ly\\+nd*!",
+    "A song. Sing & dance; loud ly!",
+  ),
+  (f'<title><foreign>ALEPH.</foreign></title> \u00b6 <q who="x">{w("Quote", 10)}</q>  here\n\ttoo.', "Quote here too."),
 ]
 ES_ENTRIES = [
-    ('', ''),
-    ('<milestone type="x-importer" n="x"/>', ''),
-    ('<div osisID="Bk" type="book"/> <title type="main">Libro</title>', ''),
-    ('<chapter n="1" osisID="Bk.1"/> ', ''),
-    (f'{w("Al principio", 1)} {w("el robot", 2)} {w("hizo", 3)} '
-     f'{w("una lámpara", 4)} <transChange type="added">pequeña</transChange>.',
-     'Al principio el robot hizo una lámpara pequeña.'),
-    (f'{w("Y", 5)} {w("brilló", 6)}.', 'Y brilló.'),
-    (f'{w("Canción", 7)}. {w("Canta", 8)} y {w("baila", 9)}; ¡fuerte!',
-     'Canción. Canta y baila; ¡fuerte!'),
-    (f'{w("Cita", 10)} aquí también.', 'Cita aquí también.'),
+  ("", ""),
+  ('<milestone type="x-importer" n="x"/>', ""),
+  ('<div osisID="Bk" type="book"/> <title type="main">Libro</title>', ""),
+  ('<chapter n="1" osisID="Bk.1"/> ', ""),
+  (
+    f"{w('Al principio', 1)} {w('el robot', 2)} {w('hizo', 3)} "
+    f'{w("una lámpara", 4)} <transChange type="added">pequeña</transChange>.',
+    "Al principio el robot hizo una lámpara pequeña.",
+  ),
+  (f"{w('Y', 5)} {w('brilló', 6)}.", "Y brilló."),
+  (f"{w('Canción', 7)}. {w('Canta', 8)} y {w('baila', 9)}; ¡fuerte!", "Canción. Canta y baila; ¡fuerte!"),
+  (f"{w('Cita', 10)} aquí también.", "Cita aquí también."),
 ]
-NT_EN = [('', ''), ('<milestone type="x"/>', ''),
-         (f'{w("Last", 11)} {w("words", 12)} &lt;end&gt;.', 'Last words <end>.')]
-NT_ES = [('', ''), ('', ''), (f'{w("Últimas", 11)} {w("palabras", 12)}.',
-                              'Últimas palabras.')]
+NT_EN = [
+  ("", ""),
+  ('<milestone type="x"/>', ""),
+  (f"{w('Last', 11)} {w('words', 12)} &lt;end&gt;.", "Last words <end>."),
+]
+NT_ES = [("", ""), ("", ""), (f"{w('Últimas', 11)} {w('palabras', 12)}.", "Últimas palabras.")]
 
 
 @pytest.fixture
 def fake_bible(tmp_path):
-  root = str(tmp_path / 'sword')
-  write_ztext_module(root, 'engKJV2006eb', {
-      'ot': [e for e, _ in EN_ENTRIES], 'nt': [e for e, _ in NT_EN]})
-  write_ztext_module(root, 'spaRV1909eb', {
-      'ot': [e for e, _ in ES_ENTRIES], 'nt': [e for e, _ in NT_ES]},
-                     lang='es', per_block=2)
+  root = str(tmp_path / "sword")
+  write_ztext_module(root, "engKJV2006eb", {"ot": [e for e, _ in EN_ENTRIES], "nt": [e for e, _ in NT_EN]})
+  write_ztext_module(
+    root, "spaRV1909eb", {"ot": [e for e, _ in ES_ENTRIES], "nt": [e for e, _ in NT_ES]}, lang="es", per_block=2
+  )
   return root
 
 
 def test_sword_reader_reads_back_raw_and_plain(fake_bible):
-  conf, raw = sword.read_module('engkjv2006EB', [fake_bible], plain=False)
-  assert conf.name == 'engKJV2006eb' and conf.mod_drv == 'zText'
-  assert conf.versification == 'KJV' and conf.source_type == 'OSIS'
-  assert conf.entries['About'].endswith('continued on a second line')
+  conf, raw = sword.read_module("engkjv2006EB", [fake_bible], plain=False)
+  assert conf.name == "engKJV2006eb" and conf.mod_drv == "zText"
+  assert conf.versification == "KJV" and conf.source_type == "OSIS"
+  assert conf.entries["About"].endswith("continued on a second line")
   assert os.path.isdir(conf.data_path)
   assert raw == [e for e, _ in EN_ENTRIES + NT_EN]
-  _, plain = sword.read_module('engKJV2006eb', [fake_bible])
+  _, plain = sword.read_module("engKJV2006eb", [fake_bible])
   assert plain == [p for _, p in EN_ENTRIES + NT_EN]
-  _, plain_es = sword.read_module('spaRV1909eb', [fake_bible])
+  _, plain_es = sword.read_module("spaRV1909eb", [fake_bible])
   assert plain_es == [p for _, p in ES_ENTRIES + NT_ES]
   with pytest.raises(sword.ModuleNotFoundInLibraryError):
-    sword.find_module('noSuchModule', [fake_bible])
+    sword.find_module("noSuchModule", [fake_bible])
 
 
 def test_strip_markup_other_dialects():
   # GBF: Strong's tags, footnotes and titles; ThML: sync tags, notes.
+  assert (
+    sword.strip_markup("<TS>Heading<Ts>In the beginning<WH07225> God<WH0430><FI> made<Fi><RF>a note<Rf> it.<CM>")
+    == "In the beginning God made it."
+  )
   assert sword.strip_markup(
-      '<TS>Heading<Ts>In the beginning<WH07225> God<WH0430><FI> made<Fi>'
-      '<RF>a note<Rf> it.<CM>') == 'In the beginning God made it.'
-  assert sword.strip_markup(
-      'In<sync type="Strongs" value="H07225"/> the beginning<note n="a">'
-      'lit. <i>head</i></note> was &quot;it&quot;<br/>next') == (
-          'In the beginning was "it" next')
-  assert sword.strip_markup('<milestone type="x-p"/>  a\u00b6  b ') == 'a b'
+    'In<sync type="Strongs" value="H07225"/> the beginning<note n="a">'
+    "lit. <i>head</i></note> was &quot;it&quot;<br/>next"
+  ) == ('In the beginning was "it" next')
+  assert sword.strip_markup('<milestone type="x-p"/>  a\u00b6  b ') == "a b"
 
 
 def test_bible_pairs_from_fake_modules(fake_bible):
   stats = {}
   pairs = text.bible_pairs(fake_bible, stats=stats)
-  expected = [(a, b) for (_, a), (_, b) in zip(EN_ENTRIES + NT_EN,
-                                               ES_ENTRIES + NT_ES) if a and b]
+  expected = [(a, b) for (_, a), (_, b) in zip(EN_ENTRIES + NT_EN, ES_ENTRIES + NT_ES) if a and b]
   assert pairs == expected and len(pairs) == 5
-  assert stats['entries'] == len(EN_ENTRIES + NT_EN)
-  assert stats['misaligned'] == 0
-  es_en = text.load_pairs('bible', src_lang='es', tgt_lang='en',
-                          data_dir=fake_bible)
+  assert stats["entries"] == len(EN_ENTRIES + NT_EN)
+  assert stats["misaligned"] == 0
+  es_en = text.load_pairs("bible", src_lang="es", tgt_lang="en", data_dir=fake_bible)
   assert es_en == [(b, a) for a, b in expected]
   with pytest.raises(ValueError):
-    text.load_pairs('bible', src_lang='en', tgt_lang='de', data_dir=fake_bible)
+    text.load_pairs("bible", src_lang="en", tgt_lang="de", data_dir=fake_bible)
 
 
 def test_bible_misaligned_and_missing(tmp_path):
-  root = str(tmp_path / 'sword')
-  en = [''] + [f'{w("a" * k, k)} {w("b" * k, 100 + k)} x' for k in range(1, 9)]
+  root = str(tmp_path / "sword")
+  en = [""] + [f"{w('a' * k, k)} {w('b' * k, 100 + k)} x" for k in range(1, 9)]
   es = list(en)
   es[3], es[4] = es[4], es[3]  # a shifted pair: Strong's numbers disagree
-  write_ztext_module(root, 'engKJV2006eb', {'ot': en})
-  with pytest.raises(text.SourceNotAvailableError,
-                     match='apt-get install sword-text-sparv'):
+  write_ztext_module(root, "engKJV2006eb", {"ot": en})
+  with pytest.raises(text.SourceNotAvailableError, match="apt-get install sword-text-sparv"):
     text.bible_pairs(root)
-  write_ztext_module(root, 'spaRV1909eb', {'ot': es})
+  write_ztext_module(root, "spaRV1909eb", {"ot": es})
   stats = {}
   pairs = text.bible_pairs(root, stats=stats)
-  assert stats['misaligned'] == 2 and len(pairs) == 6
+  assert stats["misaligned"] == 2 and len(pairs) == 6
   assert len(text.bible_pairs(root, check_alignment=False)) == 8
-  write_ztext_module(root, 'spaRV1909eb', {'ot': es[:-1]})
-  with pytest.raises(ValueError, match='versification'):
+  write_ztext_module(root, "spaRV1909eb", {"ot": es[:-1]})
+  with pytest.raises(ValueError, match="versification"):
     text.bible_pairs(root)
 
 
@@ -174,99 +179,93 @@ def test_bible_misaligned_and_missing(tmp_path):
 # Ding, TSV, two files, tfds.
 
 DING_LINES = [
-    '# Version :: test',
-    'Hund {m} [zool.] | Hunde {pl} :: dog | dogs',
-    'Haus {n}; Gebäude {n} (aus Stein) :: house; building (of stone)',
-    'etw. verstecken {vt} | versteckend :: to hide {hid; hidden} sth. | hiding',
-    'Das ist   gut. [ugs.] :: That is good. [coll.]',
-    'eins | zwei | drei :: one | two',  # mismatched alternatives: skipped
-    'kaputt {adj} | (ganz kaputt :: broken | (totally broken',  # unbalanced
-    'no separator here',
-    '',
+  "# Version :: test",
+  "Hund {m} [zool.] | Hunde {pl} :: dog | dogs",
+  "Haus {n}; Gebäude {n} (aus Stein) :: house; building (of stone)",
+  "etw. verstecken {vt} | versteckend :: to hide {hid; hidden} sth. | hiding",
+  "Das ist   gut. [ugs.] :: That is good. [coll.]",
+  "eins | zwei | drei :: one | two",  # mismatched alternatives: skipped
+  "kaputt {adj} | (ganz kaputt :: broken | (totally broken",  # unbalanced
+  "no separator here",
+  "",
 ]
 
 
 def test_parse_ding_lines():
   parsed = [text.parse_ding_line(line) for line in DING_LINES]
   assert parsed == [
-      [], [('Hund', 'dog'), ('Hunde', 'dogs')], [('Haus', 'house')],
-      [('etw. verstecken', 'to hide sth.'), ('versteckend', 'hiding')],
-      [('Das ist gut.', 'That is good.')], [], [('kaputt', 'broken')], [], []]
-  assert text.parse_ding_line(DING_LINES[2], synonyms='all') == [
-      ('Haus', 'house'), ('Haus', 'building'), ('Gebäude', 'house'),
-      ('Gebäude', 'building')]
+    [],
+    [("Hund", "dog"), ("Hunde", "dogs")],
+    [("Haus", "house")],
+    [("etw. verstecken", "to hide sth."), ("versteckend", "hiding")],
+    [("Das ist gut.", "That is good.")],
+    [],
+    [("kaputt", "broken")],
+    [],
+    [],
+  ]
+  assert text.parse_ding_line(DING_LINES[2], synonyms="all") == [
+    ("Haus", "house"),
+    ("Haus", "building"),
+    ("Gebäude", "house"),
+    ("Gebäude", "building"),
+  ]
 
 
 def test_ding_source(tmp_path):
-  with open(tmp_path / 'de-en', 'w', encoding='utf-8') as f:
-    f.write('\n'.join(DING_LINES) + '\n')
-  de_en = text.load_pairs('ding', src_lang='de', tgt_lang='en',
-                          data_dir=str(tmp_path))
-  assert de_en[:2] == [('Hund', 'dog'), ('Hunde', 'dogs')] and len(de_en) == 7
-  en_de = text.load_pairs('ding', src_lang='en', tgt_lang='de',
-                          data_dir=str(tmp_path))
+  with open(tmp_path / "de-en", "w", encoding="utf-8") as f:
+    f.write("\n".join(DING_LINES) + "\n")
+  de_en = text.load_pairs("ding", src_lang="de", tgt_lang="en", data_dir=str(tmp_path))
+  assert de_en[:2] == [("Hund", "dog"), ("Hunde", "dogs")] and len(de_en) == 7
+  en_de = text.load_pairs("ding", src_lang="en", tgt_lang="de", data_dir=str(tmp_path))
   assert en_de == [(b, a) for a, b in de_en]
-  with pytest.raises(text.SourceNotAvailableError,
-                     match='apt-get install trans-de-en'):
-    text.load_pairs('ding', src_lang='de', tgt_lang='en',
-                    data_dir=str(tmp_path / 'missing'))
+  with pytest.raises(text.SourceNotAvailableError, match="apt-get install trans-de-en"):
+    text.load_pairs("ding", src_lang="de", tgt_lang="en", data_dir=str(tmp_path / "missing"))
 
 
 def test_tsv_and_files_sources(tmp_path):
-  tsv = tmp_path / 'p.tsv'
-  tsv.write_text('ein  Satz\ta sentence\nohne tab\n\tleer\nzwei\ttwo\textra\n',
-                 encoding='utf-8')
-  assert text.load_pairs(f'tsv:{tsv}', src_lang='de', tgt_lang='en') == [
-      ('ein Satz', 'a sentence'), ('zwei', 'two')]
-  src, tgt = tmp_path / 's.txt', tmp_path / 't.txt'
-  src.write_text('eins\n\ndrei \n', encoding='utf-8')
-  tgt.write_text('one\ntwo\nthree\n', encoding='utf-8')
-  assert text.load_pairs(f'files:{src},{tgt}', src_lang='de',
-                         tgt_lang='en') == [('eins', 'one'), ('drei', 'three')]
-  tgt.write_text('one\n', encoding='utf-8')
-  with pytest.raises(ValueError, match='line-aligned'):
-    text.load_pairs(f'files:{src},{tgt}', src_lang='de', tgt_lang='en')
-  with pytest.raises(ValueError, match='Unknown text source'):
-    text.load_pairs('nope', src_lang='de', tgt_lang='en')
+  tsv = tmp_path / "p.tsv"
+  tsv.write_text("ein  Satz\ta sentence\nohne tab\n\tleer\nzwei\ttwo\textra\n", encoding="utf-8")
+  assert text.load_pairs(f"tsv:{tsv}", src_lang="de", tgt_lang="en") == [("ein Satz", "a sentence"), ("zwei", "two")]
+  src, tgt = tmp_path / "s.txt", tmp_path / "t.txt"
+  src.write_text("eins\n\ndrei \n", encoding="utf-8")
+  tgt.write_text("one\ntwo\nthree\n", encoding="utf-8")
+  assert text.load_pairs(f"files:{src},{tgt}", src_lang="de", tgt_lang="en") == [("eins", "one"), ("drei", "three")]
+  tgt.write_text("one\n", encoding="utf-8")
+  with pytest.raises(ValueError, match="line-aligned"):
+    text.load_pairs(f"files:{src},{tgt}", src_lang="de", tgt_lang="en")
+  with pytest.raises(ValueError, match="Unknown text source"):
+    text.load_pairs("nope", src_lang="de", tgt_lang="en")
 
 
 def test_tfds_source(tmp_path):
-  tfds = pytest.importorskip('tensorflow_datasets')
+  tfds = pytest.importorskip("tensorflow_datasets")
 
-  class ToyTextTranslate(tfds.core.GeneratorBasedBuilder,
-                         skip_registration=True):  # read back from files
-    VERSION = tfds.core.Version('1.0.0')
+  class ToyTextTranslate(tfds.core.GeneratorBasedBuilder, skip_registration=True):  # read back from files
+    VERSION = tfds.core.Version("1.0.0")
 
     def _info(self):
       return tfds.core.DatasetInfo(
-          builder=self, supervised_keys=('de', 'en'),
-          features=tfds.features.Translation(languages=('de', 'en')))
+        builder=self, supervised_keys=("de", "en"), features=tfds.features.Translation(languages=("de", "en"))
+      )
 
     def _split_generators(self, dl_manager):
-      return {'train': self._generate_examples(4),
-              'validation': self._generate_examples(2)}
+      return {"train": self._generate_examples(4), "validation": self._generate_examples(2)}
 
     def _generate_examples(self, n):
       for i in range(n):
-        yield i, {'de': f'Satz  {i}', 'en': f'sentence {i}'}
+        yield i, {"de": f"Satz  {i}", "en": f"sentence {i}"}
 
-  data_dir = str(tmp_path / 'tfds')
-  with pytest.raises(text.SourceNotAvailableError,
-                     match='tfds build toy_text_translate --file_format='
-                     'array_record'):
-    text.load_pairs('tfds:toy_text_translate', src_lang='de', tgt_lang='en',
-                    data_dir=data_dir)
-  ToyTextTranslate(data_dir=data_dir,
-                   file_format='array_record').download_and_prepare()
-  train = text.load_pairs('tfds:toy_text_translate', src_lang='en',
-                          tgt_lang='de', data_dir=data_dir)
-  assert sorted(train) == [(f'sentence {i}', f'Satz {i}') for i in range(4)]
-  valid = text.load_pairs('tfds:toy_text_translate:validation',
-                          src_lang='de', tgt_lang='en', data_dir=data_dir)
-  assert sorted(valid) == [(f'Satz {i}', f'sentence {i}') for i in range(2)]
-  with pytest.raises(ValueError, match='no keys'):
-    text.load_pairs('tfds:toy_text_translate', src_lang='fr', tgt_lang='en',
-                    data_dir=data_dir)
+  data_dir = str(tmp_path / "tfds")
+  with pytest.raises(text.SourceNotAvailableError, match="tfds build toy_text_translate --file_format=array_record"):
+    text.load_pairs("tfds:toy_text_translate", src_lang="de", tgt_lang="en", data_dir=data_dir)
+  ToyTextTranslate(data_dir=data_dir, file_format="array_record").download_and_prepare()
+  train = text.load_pairs("tfds:toy_text_translate", src_lang="en", tgt_lang="de", data_dir=data_dir)
+  assert sorted(train) == [(f"sentence {i}", f"Satz {i}") for i in range(4)]
+  valid = text.load_pairs("tfds:toy_text_translate:validation", src_lang="de", tgt_lang="en", data_dir=data_dir)
+  assert sorted(valid) == [(f"Satz {i}", f"sentence {i}") for i in range(2)]
+  with pytest.raises(ValueError, match="no keys"):
+    text.load_pairs("tfds:toy_text_translate", src_lang="fr", tgt_lang="en", data_dir=data_dir)
 
 
 # ----------------------------------------------------------------------------
@@ -274,16 +273,16 @@ def test_tfds_source(tmp_path):
 
 
 def test_split_pairs_deterministic_disjoint_deduplicated():
-  pairs = [(f's{i}', f't{i}') for i in range(200)]
-  pairs += pairs[:50] + [('s0', 'other')]  # exact duplicates and a near one
+  pairs = [(f"s{i}", f"t{i}") for i in range(200)]
+  pairs += pairs[:50] + [("s0", "other")]  # exact duplicates and a near one
   a = text.split_pairs(pairs, seed=3, num_valid=20, num_test=30)
   b = text.split_pairs(list(pairs), seed=3, num_valid=20, num_test=30)
   c = text.split_pairs(pairs, seed=4, num_valid=20, num_test=30)
-  assert a == b and a['test'] != c['test']
-  assert (len(a['train']), len(a['valid']), len(a['test'])) == (151, 20, 30)
+  assert a == b and a["test"] != c["test"]
+  assert (len(a["train"]), len(a["valid"]), len(a["test"])) == (151, 20, 30)
   sets = {k: set(v) for k, v in a.items()}
-  assert not sets['train'] & sets['test'] and not sets['train'] & sets['valid']
-  assert not sets['valid'] & sets['test']
+  assert not sets["train"] & sets["test"] and not sets["train"] & sets["valid"]
+  assert not sets["valid"] & sets["test"]
   assert set().union(*sets.values()) == set(pairs)
   order = {p: i for i, p in enumerate(dict.fromkeys(pairs))}
   for split in a.values():  # corpus order within each split
@@ -300,27 +299,25 @@ def synthetic_pairs(n=1500, seed=0):
   """Made-up 'languages': random pseudo-words; the target reverses the word
   order and spells each word backwards. Lengths from 1 to 40 words."""
   rng = np.random.default_rng(seed)
-  syllables = ['ka', 'lo', 'mi', 'tu', 're', 'sa', 'no', 'vi', 'pe', 'zu']
-  words = sorted({''.join(rng.choice(syllables, rng.integers(1, 4)))
-                  for _ in range(300)})
+  syllables = ["ka", "lo", "mi", "tu", "re", "sa", "no", "vi", "pe", "zu"]
+  words = sorted({"".join(rng.choice(syllables, rng.integers(1, 4))) for _ in range(300)})
   pairs = []
   for i in range(n):
     k = int(min(40, rng.geometric(0.12)))
-    src = rng.choice(words, k).tolist() + [f'n{i}']
-    pairs.append((' '.join(src), ' '.join(x[::-1] for x in reversed(src))))
+    src = rng.choice(words, k).tolist() + [f"n{i}"]
+    pairs.append((" ".join(src), " ".join(x[::-1] for x in reversed(src))))
   return pairs
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope="module")
 def corpus():
   return synthetic_pairs()
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope="module")
 def tok(corpus, tmp_path_factory):
-  prefix = str(tmp_path_factory.mktemp('spm') / 'joint')
-  return text.Tokenizer.train([t for p in corpus for t in p], prefix,
-                              vocab_size=300, character_coverage=1.0)
+  prefix = str(tmp_path_factory.mktemp("spm") / "joint")
+  return text.Tokenizer.train([t for p in corpus for t in p], prefix, vocab_size=300, character_coverage=1.0)
 
 
 def test_tokenizer_ids_roundtrip_unknown(tok, corpus, tmp_path):
@@ -334,9 +331,9 @@ def test_tokenizer_ids_roundtrip_unknown(tok, corpus, tmp_path):
       assert ids and min(ids) > 3  # no bos/eos/pad/unk added
       assert tok.decode(ids) == s
       assert tok.decode([2] + ids + [1, 7, 8] + [0] * 3) == s  # stops at eos
-  ids = tok.encode('ka \u2603 lo')  # a snowman never seen in training
+  ids = tok.encode("ka \u2603 lo")  # a snowman never seen in training
   assert 3 in ids
-  assert 3 in tok.encode('\u00e9')  # so is an accented letter
+  assert 3 in tok.encode("\u00e9")  # so is an accented letter
   reloaded = text.Tokenizer.load(tok.path)
   assert reloaded.encode(corpus[0][0]) == tok.encode(corpus[0][0])
 
@@ -345,11 +342,10 @@ def test_tokenizer_training_deterministic(corpus, tmp_path):
   texts = [t for p in corpus[:600] for t in p]
   vocabs = []
   for k in range(2):  # (the model file also records its own path)
-    t = text.Tokenizer.train(texts, str(tmp_path / f'm{k}'), vocab_size=200,
-                             input_sentence_size=800, seed=5,
-                             character_coverage=1.0)
-    vocabs.append([(t.sp.id_to_piece(i), t.sp.get_score(i))
-                   for i in range(t.vocab_size)])
+    t = text.Tokenizer.train(
+      texts, str(tmp_path / f"m{k}"), vocab_size=200, input_sentence_size=800, seed=5, character_coverage=1.0
+    )
+    vocabs.append([(t.sp.id_to_piece(i), t.sp.get_score(i)) for i in range(t.vocab_size)])
   assert vocabs[0] == vocabs[1]
 
 
@@ -358,8 +354,7 @@ def _key(row):
 
 
 def test_bucketed_batches(tok, corpus):
-  it = text.make_batches(corpus, tok, tokens_per_batch=512, max_len=64,
-                         batch_multiple=4, seed=1, num_epochs=1)
+  it = text.make_batches(corpus, tok, tokens_per_batch=512, max_len=64, batch_multiple=4, seed=1, num_epochs=1)
   buckets = text.default_buckets(64)
   assert buckets == (8, 16, 24, 32, 48, 64)
   expected = {}
@@ -371,75 +366,68 @@ def test_bucketed_batches(tok, corpus):
     else:
       expected[tuple(si)] = tuple(ti)
   stats = it.stats()
-  assert stats['dropped_too_long'] == dropped > 0
-  assert stats['kept'] == len(expected)
+  assert stats["dropped_too_long"] == dropped > 0
+  assert stats["kept"] == len(expected)
   seen = []
   for batch in it:
-    b, length = batch['src'].shape
-    assert batch['tgt'].shape == (b, length) and length in buckets
+    b, length = batch["src"].shape
+    assert batch["tgt"].shape == (b, length) and length in buckets
     assert b == it.batch_sizes[length] and b % 4 == 0
-    assert batch['src'].dtype == np.int32
-    np.testing.assert_array_equal(batch['src_mask'], batch['src'] != 0)
-    for src, tgt in zip(batch['src'], batch['tgt']):
+    assert batch["src"].dtype == np.int32
+    np.testing.assert_array_equal(batch["src_mask"], batch["src"] != 0)
+    for src, tgt in zip(batch["src"], batch["tgt"]):
       s, t = _key(src), _key(tgt)
       assert s[-1] == 1 and t[-1] == 1  # EOS last, then only padding
-      assert (src[len(s):] == 0).all() and (tgt[len(t):] == 0).all()
+      assert (src[len(s) :] == 0).all() and (tgt[len(t) :] == 0).all()
       assert expected[s] == t
       seen.append(s)
-  assert len(seen) == len(set(seen)) == len(expected) - stats[
-      'unused_per_epoch']
-  assert stats['unused_per_epoch'] < it.batch_sizes[64]
+  assert len(seen) == len(set(seen)) == len(expected) - stats["unused_per_epoch"]
+  assert stats["unused_per_epoch"] < it.batch_sizes[64]
   assert len(seen) > 0.9 * len(expected)
   # Bucketing wastes far less than padding everything to max_len would.
-  one_bucket = text.make_batches(corpus, tok, tokens_per_batch=512,
-                                 max_len=64, buckets=(64,))
+  one_bucket = text.make_batches(corpus, tok, tokens_per_batch=512, max_len=64, buckets=(64,))
   assert it.padding_efficiency() > max(0.6, 2 * one_bucket.padding_efficiency())
   # Truncation keeps every pair, EOS last.
-  trunc = text.make_batches(corpus, tok, batch_size=8, max_len=32,
-                            too_long='truncate', num_epochs=1)
-  assert trunc.stats()['truncated'] > 0 and trunc.stats()['kept'] == len(
-      corpus)
+  trunc = text.make_batches(corpus, tok, batch_size=8, max_len=32, too_long="truncate", num_epochs=1)
+  assert trunc.stats()["truncated"] > 0 and trunc.stats()["kept"] == len(corpus)
   for batch in trunc:
-    assert batch['src'].shape[1] <= 32
-    for row in batch['src']:
+    assert batch["src"].shape[1] <= 32
+    for row in batch["src"]:
       assert _key(row)[-1] == 1
 
 
 def test_sharding_two_processes(tok, corpus):
   data = text.EncodedPairs(corpus, tok, 64)
-  its = [text.make_batches(data, batch_size=16, max_len=64, seed=2,
-                           num_epochs=2, process_index=p, process_count=2)
-         for p in range(2)]
+  its = [
+    text.make_batches(data, batch_size=16, max_len=64, seed=2, num_epochs=2, process_index=p, process_count=2)
+    for p in range(2)
+  ]
   outs = [list(it) for it in its]
   assert len(outs[0]) == len(outs[1]) == 2 * its[0].steps_per_epoch > 0
   per_epoch = its[0].steps_per_epoch
   for a, b in zip(*outs):
-    assert a['src'].shape == b['src'].shape and a['tgt'].shape == (
-        b['tgt'].shape)
+    assert a["src"].shape == b["src"].shape and a["tgt"].shape == (b["tgt"].shape)
   for epoch in range(2):
     sl = slice(epoch * per_epoch, (epoch + 1) * per_epoch)
-    rows = [{_key(r) for batch in out[sl] for r in batch['src']}
-            for out in outs]
+    rows = [{_key(r) for batch in out[sl] for r in batch["src"]} for out in outs]
     assert not rows[0] & rows[1]
     assert len(rows[0]) == len(rows[1]) == per_epoch * 16
   # The second epoch is shuffled differently.
-  assert not all(np.array_equal(x['src'], y['src'])
-                 for x, y in zip(outs[0][:per_epoch], outs[0][per_epoch:]))
+  assert not all(np.array_equal(x["src"], y["src"]) for x, y in zip(outs[0][:per_epoch], outs[0][per_epoch:]))
 
 
 def test_state_save_restore(tok, corpus):
   data = text.EncodedPairs(corpus, tok, 64)
 
   def make(seed=7):
-    return text.make_batches(data, tokens_per_batch=256, max_len=64,
-                             seed=seed, process_index=1, process_count=2)
+    return text.make_batches(data, tokens_per_batch=256, max_len=64, seed=seed, process_index=1, process_count=2)
 
   it = make()
   per_epoch = it.steps_per_epoch
   for _ in range(per_epoch - 3):  # resume just before an epoch boundary
     next(it)
   state = it.get_state()
-  assert state['epoch'] == 0 and state['step'] == per_epoch - 3
+  assert state["epoch"] == 0 and state["step"] == per_epoch - 3
   expected = [next(it) for _ in range(8)]
   resumed = make()
   resumed.set_state(dict(state))
@@ -448,7 +436,7 @@ def test_state_save_restore(tok, corpus):
     for k in a:
       np.testing.assert_array_equal(a[k], b[k])
   assert resumed.get_state() == it.get_state()
-  assert resumed.get_state()['epoch'] == 1
+  assert resumed.get_state()["epoch"] == 1
   with pytest.raises(ValueError):
     make(seed=8).set_state(state)
 
@@ -459,27 +447,25 @@ def test_eval_batches(tok, corpus):
   assert len(batches) == 5
   seen = []
   for batch in batches:
-    b, length = batch['src'].shape
+    b, length = batch["src"].shape
     assert b == 16 and length in text.default_buckets(32)
-    for i, ok, s, t, row in zip(batch['index'], batch['mask'],
-                                batch['src_text'], batch['tgt_text'],
-                                batch['src']):
+    for i, ok, s, t, row in zip(batch["index"], batch["mask"], batch["src_text"], batch["tgt_text"], batch["src"]):
       if ok:
         seen.append(i)
         assert (s, t) == pairs[i]
         assert _key(row)[-1] == 1
       else:
-        assert i == -1 and s == t == '' and not row.any()
+        assert i == -1 and s == t == "" and not row.any()
   assert seen == list(range(75))  # in order, nothing dropped
-  assert batches[-1]['mask'].sum() == 75 - 64
-  shards = [text.make_eval_batches(pairs, tok, batch_size=8, max_len=32,
-                                   process_index=p, process_count=2)
-            for p in range(2)]
+  assert batches[-1]["mask"].sum() == 75 - 64
+  shards = [
+    text.make_eval_batches(pairs, tok, batch_size=8, max_len=32, process_index=p, process_count=2) for p in range(2)
+  ]
   assert len(shards[0]) == len(shards[1]) == 5
   idx = []
   for a, b in zip(*shards):
-    assert a['src'].shape == b['src'].shape
-    idx += [i for i in a['index'].tolist() + b['index'].tolist() if i >= 0]
+    assert a["src"].shape == b["src"].shape
+    idx += [i for i in a["index"].tolist() + b["index"].tolist() if i >= 0]
   assert sorted(idx) == list(range(75))
 
 
@@ -495,28 +481,28 @@ def _have_module(name):
     return False
 
 
-@pytest.mark.skipif(not (_have_module('engKJV2006eb')
-                         and _have_module('spaRV1909eb')),
-                    reason='apt-get install sword-text-kjv sword-text-sparv')
+@pytest.mark.skipif(
+  not (_have_module("engKJV2006eb") and _have_module("spaRV1909eb")),
+  reason="apt-get install sword-text-kjv sword-text-sparv",
+)
 def test_real_bible():
   stats = {}
   pairs = text.bible_pairs(stats=stats)
   assert len(pairs) >= 30000
-  assert stats['misaligned'] < 0.02 * len(pairs)
-  assert pairs[0] == ('In the beginning God created the heaven and the earth.',
-                      'EN el principio crió Dios los cielos y la tierra.')
-  john = [p for p in pairs if p[0].startswith('For God so loved the world,')]
-  assert len(john) == 1 and john[0][1].startswith(
-      'Porque de tal manera amó Dios al mundo')
-  bad = collections.Counter(c for p in pairs for s in p for c in s
-                            if c in '<>\\{}&\u00b6')
+  assert stats["misaligned"] < 0.02 * len(pairs)
+  assert pairs[0] == (
+    "In the beginning God created the heaven and the earth.",
+    "EN el principio crió Dios los cielos y la tierra.",
+  )
+  john = [p for p in pairs if p[0].startswith("For God so loved the world,")]
+  assert len(john) == 1 and john[0][1].startswith("Porque de tal manera amó Dios al mundo")
+  bad = collections.Counter(c for p in pairs for s in p for c in s if c in "<>\\{}&\u00b6")
   assert not bad
 
 
-@pytest.mark.skipif(not os.path.exists(text.DING_PATH),
-                    reason='apt-get install trans-de-en')
+@pytest.mark.skipif(not os.path.exists(text.DING_PATH), reason="apt-get install trans-de-en")
 def test_real_ding():
-  pairs = text.load_pairs('ding', src_lang='de', tgt_lang='en')
+  pairs = text.load_pairs("ding", src_lang="de", tgt_lang="en")
   assert len(pairs) > 10000
   assert sum(len(a.split()) >= 4 for a, _ in pairs) > 1000
-  assert not any(c in s for p in pairs[:20000] for s in p for c in '{}[]')
+  assert not any(c in s for p in pairs[:20000] for s in p for c in "{}[]")

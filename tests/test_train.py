@@ -3,6 +3,7 @@
 Command-line, resume and multi-device behaviour is tested on subprocesses running a deliberately tiny ViT
 (width 16, one block) for 30 steps on the digits dataset; trainer pieces are tested in-process.
 """
+
 import json
 import math
 import os
@@ -26,8 +27,8 @@ except ImportError:
 from vitjax import models, posenc, tasks, train
 from vitjax.config import default_config, load_module
 
-
 # ------------------------------------------------------------------------------------------- fixtures
+
 
 @pytest.fixture(scope="session")
 def compile_cache(tmp_path_factory):
@@ -41,8 +42,14 @@ def compile_cache(tmp_path_factory):
 def data_dir(tmp_path_factory, compile_cache):
   """digits, prepared once for the session with the documented command."""
   path = str(tmp_path_factory.mktemp("tfds"))
-  proc = subprocess.run([sys.executable, "-m", "vitjax.data.prepare", "--dataset=digits", f"--data_dir={path}"],
-                        cwd=th.ROOT, env=th.env(), capture_output=True, text=True, timeout=300)
+  proc = subprocess.run(
+    [sys.executable, "-m", "vitjax.data.prepare", "--dataset=digits", f"--data_dir={path}"],
+    cwd=th.ROOT,
+    env=th.env(),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   th.check_ok(proc)
   return path
 
@@ -77,6 +84,7 @@ def _eval_rows(workdir):
 
 # ------------------------------------------------------------------------------------ exact resume
 
+
 def test_resume_after_sigkill_is_bitwise_exact(finished_run, run_args, tmp_path):
   workdir = str(tmp_path / "killed")
   proc = th.start_main(workdir, *run_args)
@@ -107,8 +115,11 @@ def test_resume_after_sigkill_is_bitwise_exact(finished_run, run_args, tmp_path)
   ref_leaves = jax.tree_util.tree_leaves_with_path(ref)
   got_leaves = jax.tree_util.tree_leaves_with_path(got)
   assert [p for p, _ in ref_leaves] == [p for p, _ in got_leaves]
-  differ = [jax.tree_util.keystr(p) for (p, a), (_, b) in zip(ref_leaves, got_leaves)
-            if a.dtype != b.dtype or a.tobytes() != b.tobytes()]
+  differ = [
+    jax.tree_util.keystr(p)
+    for (p, a), (_, b) in zip(ref_leaves, got_leaves)
+    if a.dtype != b.dtype or a.tobytes() != b.tobytes()
+  ]
   assert not differ, f"killed at step {killed_at}, resumed at {m.group(1)}: these differ: {differ[:10]}"
   # The last logged training loss is the same float too.
   last = lambda w: [r for r in _train_rows(w) if r["step"] == 30][-1]["train/loss"]
@@ -116,6 +127,7 @@ def test_resume_after_sigkill_is_bitwise_exact(finished_run, run_args, tmp_path)
 
 
 # ------------------------------------------------------------------------------------ 1 vs 8 devices
+
 
 def test_one_and_eight_devices_give_the_same_losses(finished_run, run_args, tmp_path):
   """The finished 1-device run, repeated on 8 simulated devices (batch 32: 4 examples per device).
@@ -140,6 +152,7 @@ def test_one_and_eight_devices_give_the_same_losses(finished_run, run_args, tmp_
 
 
 # -------------------------------------------------------------------------------------- bad input
+
 
 def _assert_failed_cleanly(proc, *needles):
   err = th.error_lines(proc)
@@ -189,8 +202,9 @@ def test_init_from_with_other_shapes_lists_the_mismatches(finished_run, run_args
   workdir = _existing_workdir(tmp_path)
   before, source_before = th.snapshot(workdir), th.snapshot(finished_run)
   proc = th.run_main(workdir, *run_args, "--config.model.width=24", f"--config.init_from={finished_run}")
-  _assert_failed_cleanly(proc, "do not match the model",
-                         "encoder/block_0/mlp/fc1/kernel: model (24, 32), checkpoint (16, 32)")
+  _assert_failed_cleanly(
+    proc, "do not match the model", "encoder/block_0/mlp/fc1/kernel: model (24, 32), checkpoint (16, 32)"
+  )
   assert th.snapshot(workdir) == before  # nothing written: no config.json, no checkpoints/
   assert th.snapshot(finished_run) == source_before
 
@@ -204,6 +218,7 @@ def test_workdir_of_another_experiment_is_refused(finished_run, run_args, tmp_pa
 
 
 # ------------------------------------------------------------------------------ eval equals training
+
 
 def test_eval_mode_reproduces_training_eval(finished_run, tmp_path):
   workdir = _copy(finished_run, tmp_path)
@@ -232,6 +247,7 @@ def test_eval_mode_reproduces_training_eval(finished_run, tmp_path):
 
 # ---------------------------------------------------------------------------------------- metrics
 
+
 def test_metrics_config_and_tensorboard_are_written(finished_run):
   rows = th.read_metrics(finished_run)
   assert rows and all(isinstance(r.get("step"), int) for r in rows)
@@ -250,6 +266,7 @@ def test_metrics_config_and_tensorboard_are_written(finished_run):
 
 
 # ------------------------------------------------------------------------------ trainer pieces (unit)
+
 
 def _random_like(shapes, seed=0):
   """Random float32 arrays of the given shapes (params without compiling an init)."""
@@ -291,13 +308,22 @@ def _schedule_config(decay, warmup_steps=10, warmup_epochs=None, end=0.0, lr=1.0
   return c
 
 
-@pytest.mark.parametrize("decay, expected", [
-    ("cosine", {60: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)), 85: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.75)),
-                110: 0.1}),
+@pytest.mark.parametrize(
+  "decay, expected",
+  [
+    (
+      "cosine",
+      {
+        60: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)),
+        85: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.75)),
+        110: 0.1,
+      },
+    ),
     ("linear", {60: 0.55, 85: 1.0 - 0.9 * 0.75, 110: 0.1}),
     ("rsqrt", {40: 0.5, 90: 1 / 3, 110: math.sqrt(10 / 110)}),  # sqrt(warmup / step)
     ("constant", {60: 1.0, 110: 1.0}),
-])
+  ],
+)
 def test_schedule_warms_up_then_decays(decay, expected):
   for cfg in (_schedule_config(decay, end=0.1), _schedule_config(decay, None, warmup_epochs=2, end=0.1)):
     s = train.make_schedule(cfg, total_steps=110, steps_per_epoch=5)  # warm-up: 10 steps either way
@@ -323,17 +349,20 @@ def test_cross_entropy_with_label_smoothing_matches_hand_computation():
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
   # Unsmoothed: -log p(label); soft labels: the same formula with the given targets.
   plain = train.cross_entropy(jnp.asarray(logits), jnp.asarray(labels), k)
-  np.testing.assert_allclose(np.asarray(plain), -np.asarray(jax.nn.log_softmax(logits))[np.arange(4), labels],
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(plain), -np.asarray(jax.nn.log_softmax(logits))[np.arange(4), labels], rtol=1e-6
+  )
   soft = np.eye(k, dtype=np.float32)[labels] * (1 - eps) + eps / k
-  np.testing.assert_allclose(np.asarray(train.cross_entropy(jnp.asarray(logits), jnp.asarray(soft), k)), want,
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(train.cross_entropy(jnp.asarray(logits), jnp.asarray(soft), k)), want, rtol=1e-6
+  )
 
 
 def _step_config(accum):
   c = default_config()
-  c.model = mlc.ConfigDict(dict(name="Ti/2", width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=10,
-                                dropout_rate=0.0))
+  c.model = mlc.ConfigDict(
+    dict(name="Ti/2", width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=10, dropout_rate=0.0)
+  )
   c.optim.name, c.optim.lr, c.optim.momentum, c.optim.grad_clip_norm = "sgd", 0.5, 0.0, 0.0
   c.optim.accum_steps = accum
   c.schedule.warmup_steps, c.schedule.decay = 0, "constant"
@@ -342,8 +371,10 @@ def _step_config(accum):
 
 def test_gradient_accumulation_matches_one_big_batch():
   rng = np.random.RandomState(1)
-  batch = {"image": jnp.asarray(rng.uniform(-1, 1, (16, 8, 8, 1)).astype(np.float32)),
-           "label": jnp.asarray(rng.randint(0, 10, 16).astype(np.int32))}
+  batch = {
+    "image": jnp.asarray(rng.uniform(-1, 1, (16, 8, 8, 1)).astype(np.float32)),
+    "label": jnp.asarray(rng.randint(0, 10, 16).astype(np.int32)),
+  }
   results = []
   for accum in (1, 2):
     cfg = _step_config(accum)
@@ -376,9 +407,10 @@ def test_adapt_params_resamples_positions_and_replaces_head():
   np.testing.assert_allclose(pos_o, posenc.resample_posemb(pos_l, (8, 8), num_prefix_tokens=1), rtol=1e-6)
   for name in ("kernel", "bias"):
     np.testing.assert_array_equal(out["head"][name], np.asarray(target["head"][name]))  # new head: its init
-  np.testing.assert_array_equal(out["encoder"]["block_0"]["mlp"]["fc1"]["kernel"],
-                                np.asarray(loaded["encoder"]["block_0"]["mlp"]["fc1"]["kernel"]))
-  assert any("resampled posembed/pos_embedding" in l for l in logs) and any("new head" in l for l in logs)
+  np.testing.assert_array_equal(
+    out["encoder"]["block_0"]["mlp"]["fc1"]["kernel"], np.asarray(loaded["encoder"]["block_0"]["mlp"]["fc1"]["kernel"])
+  )
+  assert any("resampled posembed/pos_embedding" in s for s in logs) and any("new head" in s for s in logs)
 
 
 def test_adapt_params_lists_every_mismatch():
@@ -411,8 +443,11 @@ def test_max_train_minutes_stops_with_a_final_eval_and_checkpoint(tmp_path, run_
 
 def test_bfloat16_compute_keeps_float32_parameters(tmp_path, run_args):
   workdir = str(tmp_path / "w")
-  th.check_ok(th.run_main(workdir, *run_args, "--config.compute_dtype=bfloat16", "--config.total_steps=5",
-                          "--config.eval_every=5"))
+  th.check_ok(
+    th.run_main(
+      workdir, *run_args, "--config.compute_dtype=bfloat16", "--config.total_steps=5", "--config.eval_every=5"
+    )
+  )
   rows = th.read_metrics(workdir)
   assert all(np.isfinite(r["train/loss"]) for r in rows if "train/loss" in r)
   assert any("eval/accuracy" in r for r in rows)
@@ -433,6 +468,7 @@ def test_every_config_documents_its_command_and_builds_its_model(name):
   """Each configs/*.py loads, its docstring gives its run command and expected result, and its model's
   parameter shapes evaluate (abstractly: no data, no memory) at the config's input size."""
   from vitjax.train import build_model
+
   mod = load_module(os.path.join(th.ROOT, "configs", name))
   assert f"--config=configs/{name}" in mod.__doc__ and "Expected" in mod.__doc__
   c = mod.get_config()

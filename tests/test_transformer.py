@@ -7,7 +7,7 @@ import optax
 import pytest
 
 from vitjax import decode, models
-from vitjax.models.transformer import BOS, EOS, PAD, shift_right
+from vitjax.models.transformer import EOS, PAD
 
 
 def tiny(**kw):
@@ -26,8 +26,9 @@ def init(model, seed=0, scale=1.0):
 SRC = jnp.array([[3, 4, 5, 6, EOS, PAD], [6, 5, EOS, PAD, PAD, PAD]], jnp.int32)
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(prenorm=True, posemb="learned", share_embeddings=False, tie_output=False),
-                                dict(scan=True)])
+@pytest.mark.parametrize(
+  "kw", [dict(), dict(prenorm=True, posemb="learned", share_embeddings=False, tie_output=False), dict(scan=True)]
+)
 def test_cached_greedy_equals_uncached_greedy(kw):
   model = tiny(**kw)
   params = init(model, scale=3.0)
@@ -35,12 +36,12 @@ def test_cached_greedy_equals_uncached_greedy(kw):
   for b in range(2):  # without the cache: re-run the full decoder on the growing prefix
     seq = []
     for _ in range(8):
-      logits, _ = model.apply({"params": params}, SRC[b:b + 1], jnp.asarray([seq + [PAD]], jnp.int32))
+      logits, _ = model.apply({"params": params}, SRC[b : b + 1], jnp.asarray([seq + [PAD]], jnp.int32))
       seq.append(int(jnp.argmax(logits[0, len(seq)])))
       if seq[-1] == EOS:
         break
-    np.testing.assert_array_equal(got[b, :len(seq)], seq)
-    assert (got[b, len(seq):] == PAD).all()
+    np.testing.assert_array_equal(got[b, : len(seq)], seq)
+    assert (got[b, len(seq) :] == PAD).all()
 
 
 def test_beam_of_one_is_greedy():
@@ -58,13 +59,17 @@ def test_wide_beam_finds_the_exhaustive_best(alpha):
   max_len = 4
   src = jnp.array([[3, 4, 3, EOS]], jnp.int32)  # ids < vocab_size
   non_eos = [t for t in range(5) if t != EOS]
-  seqs = [list(prefix) + [EOS] for n in range(1, max_len + 1)  # every sequence ending in EOS within max_len
-          for prefix in itertools.product(non_eos, repeat=n - 1)]
+  seqs = [
+    list(prefix) + [EOS]
+    for n in range(1, max_len + 1)  # every sequence ending in EOS within max_len
+    for prefix in itertools.product(non_eos, repeat=n - 1)
+  ]
   tgt = jnp.asarray([s + [PAD] * (max_len - len(s)) for s in seqs], jnp.int32)
   logits, _ = model.apply({"params": params}, jnp.repeat(src, len(seqs), 0), tgt)  # one teacher-forced pass
   lp = np.asarray(jax.nn.log_softmax(logits))
-  scores = [sum(lp[j, i, t] for i, t in enumerate(s)) / decode.length_penalty(len(s), alpha)
-            for j, s in enumerate(seqs)]
+  scores = [
+    sum(lp[j, i, t] for i, t in enumerate(s)) / decode.length_penalty(len(s), alpha) for j, s in enumerate(seqs)
+  ]
   best_seq, best = seqs[int(np.argmax(scores))], max(scores)
   # a beam as wide as all candidates of a step (4^3 live x 5 tokens) keeps every hypothesis: exhaustive
   tokens, score = decode.beam_search(model, params, src, beam_size=320, max_len=max_len, alpha=alpha)
@@ -80,8 +85,9 @@ def test_sampling_is_seeded_and_top_k_1_is_greedy():
   a = decode.sample(model, params, SRC, jax.random.key(1), max_len=8, temperature=2.0)
   b = decode.sample(model, params, SRC, jax.random.key(1), max_len=8, temperature=2.0)
   np.testing.assert_array_equal(a, b)
-  many = [np.asarray(decode.sample(model, params, SRC, jax.random.key(s), max_len=8, temperature=5.0))
-          for s in range(5)]
+  many = [
+    np.asarray(decode.sample(model, params, SRC, jax.random.key(s), max_len=8, temperature=5.0)) for s in range(5)
+  ]
   assert len({m.tobytes() for m in many}) > 1
 
 
@@ -94,10 +100,13 @@ def test_padding_does_not_change_outputs():
   tgt_pad = jnp.pad(tgt, ((0, 0), (0, 4)))
   logits2, _ = model.apply({"params": params}, src_pad, tgt_pad)
   np.testing.assert_allclose(logits2[:, :3], logits, atol=1e-5)
-  np.testing.assert_array_equal(decode.greedy(model, params, src_pad, max_len=8),
-                                decode.greedy(model, params, SRC, max_len=8))
-  np.testing.assert_array_equal(decode.beam_search(model, params, src_pad, beam_size=3, max_len=8)[0],
-                                decode.beam_search(model, params, SRC, beam_size=3, max_len=8)[0])
+  np.testing.assert_array_equal(
+    decode.greedy(model, params, src_pad, max_len=8), decode.greedy(model, params, SRC, max_len=8)
+  )
+  np.testing.assert_array_equal(
+    decode.beam_search(model, params, src_pad, beam_size=3, max_len=8)[0],
+    decode.beam_search(model, params, SRC, beam_size=3, max_len=8)[0],
+  )
 
 
 def test_future_target_tokens_do_not_change_earlier_outputs():
@@ -143,6 +152,7 @@ def test_learns_to_reverse_random_sequences():
       ce = optax.softmax_cross_entropy_with_integer_labels(logits, tgt)
       w = (tgt != PAD).astype(jnp.float32)
       return (ce * w).sum() / w.sum()
+
     loss, g = jax.value_and_grad(loss_fn)(params)
     upd, opt = tx.update(g, opt, params)
     return optax.apply_updates(params, upd), opt, loss

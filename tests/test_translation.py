@@ -1,5 +1,6 @@
 """Translation through the one trainer: a tiny run on a synthetic TSV corpus, its metrics, evaluation of the
 checkpoint, and the translate command's handling of bad input."""
+
 import json
 import os
 import subprocess
@@ -25,8 +26,18 @@ def run(tmp_path_factory):
       f.write(" ".join(words) + "\t" + " ".join(w.upper() for w in reversed(words)) + "\n")
   c = translation_config(f"tsv:{root / 'pairs.tsv'}", "xx", "yy", size="tiny")
   c.model.max_len = 32  # the task overrides it with data.max_len
-  c.data.update(dict(vocab_size=40, tokenizer_sentences=2000, max_len=32, tokens_per_batch=512, num_valid=40,
-                     num_test=40, eval_examples=24, eval_batch_size=8))
+  c.data.update(
+    dict(
+      vocab_size=40,
+      tokenizer_sentences=2000,
+      max_len=32,
+      tokens_per_batch=512,
+      num_valid=40,
+      num_test=40,
+      eval_examples=24,
+      eval_batch_size=8,
+    )
+  )
   c.update(dict(total_steps=40, log_every=10, eval_every=20, checkpoint_every=20))
   c.schedule.warmup_steps = 10
   c.optim.lr = 3e-3
@@ -37,7 +48,7 @@ def run(tmp_path_factory):
 
 def test_training_writes_bleu_chrf_and_the_tokenizer(run):
   config, workdir = run
-  rows = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
+  rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
   evals = [r for r in rows if "eval/bleu" in r]
   assert [r["step"] for r in evals] == [20, 40]
   for r in evals:
@@ -50,7 +61,7 @@ def test_training_writes_bleu_chrf_and_the_tokenizer(run):
 
 def test_evaluating_the_checkpoint_reproduces_the_logged_metrics(run):
   config, workdir = run
-  logged = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl")) if "eval/bleu" in l][-1]
+  logged = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl")) if "eval/bleu" in line][-1]
   config = config.copy_and_resolve_references()
   config.data.eval_examples = 24
   exp = train.setup(config, workdir, tasks.get(config, workdir, log=lambda *a: None))
@@ -65,9 +76,13 @@ def test_evaluating_the_checkpoint_reproduces_the_logged_metrics(run):
 def test_translate_handles_empty_long_and_unknown_input(run):
   config, workdir = run
   lines = ["alpha beta", "", "gamma ☃ delta", " ".join(["alpha"] * 60), "omega"]
-  proc = subprocess.run([sys.executable, "-m", "vitjax.translate", f"--workdir={workdir}", "--checkpoint=latest",
-                         "--method=greedy"], input="\n".join(lines) + "\n", capture_output=True, text=True,
-                        timeout=300)
+  proc = subprocess.run(
+    [sys.executable, "-m", "vitjax.translate", f"--workdir={workdir}", "--checkpoint=latest", "--method=greedy"],
+    input="\n".join(lines) + "\n",
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
   out = proc.stdout.split("\n")
   assert out[-1] == "" and len(out) - 1 == len(lines)  # one output line per input line
@@ -80,24 +95,38 @@ def test_translate_handles_empty_long_and_unknown_input(run):
 
 def test_translate_refuses_a_classification_workdir(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps({"task": "classification"}))
-  proc = subprocess.run([sys.executable, "-m", "vitjax.translate", f"--workdir={tmp_path}"], input="",
-                        capture_output=True, text=True, timeout=120)
+  proc = subprocess.run(
+    [sys.executable, "-m", "vitjax.translate", f"--workdir={tmp_path}"],
+    input="",
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert proc.returncode == 2 and "not a translation run" in proc.stderr
 
 
 def test_command_line_evaluation_of_the_test_split(run, tmp_path):
   import shutil
+
   config, workdir = run
   copy = str(tmp_path / "wd")
   shutil.copytree(workdir, copy)
-  proc = subprocess.run([sys.executable, "-m", "vitjax.main", "--mode=eval", f"--workdir={copy}", "--split=test",
-                         "--checkpoint=latest"], capture_output=True, text=True, timeout=300)
+  proc = subprocess.run(
+    [sys.executable, "-m", "vitjax.main", "--mode=eval", f"--workdir={copy}", "--split=test", "--checkpoint=latest"],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
-  rows = [json.loads(l) for l in open(os.path.join(copy, "metrics.jsonl"))]
+  rows = [json.loads(line) for line in open(os.path.join(copy, "metrics.jsonl"))]
   row = rows[-1]
   assert row["split"] == "test" and row["step"] == 40 and "eval/bleu" in row and "eval/chrf" in row
   assert row["eval/examples"] == 40  # the whole held-out test split
   assert os.path.exists(os.path.join(copy, "eval_test_checkpoints_40.json"))
-  bad = subprocess.run([sys.executable, "-m", "vitjax.main", "--mode=eval", f"--workdir={copy}", "--split=tset"],
-                       capture_output=True, text=True, timeout=300)
+  bad = subprocess.run(
+    [sys.executable, "-m", "vitjax.main", "--mode=eval", f"--workdir={copy}", "--split=tset"],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert bad.returncode == 2 and "no split 'tset'" in bad.stderr

@@ -1,4 +1,5 @@
 """Helpers for tests/test_train.py: run `python -m vitjax.main` as a subprocess, read its outputs."""
+
 from __future__ import annotations
 
 import hashlib
@@ -12,10 +13,18 @@ CONFIG = os.path.join(ROOT, "configs", "vit_digits.py")
 
 # A deliberately tiny ViT and a short run: 30 steps, progress every step, an evaluation every 10, a checkpoint
 # every 5; the evaluation batch is a multiple of 8 so that the same run works on 8 devices.
-TINY = ["--config.model.width=16", "--config.model.depth=1", "--config.model.num_heads=2",
-        "--config.model.mlp_dim=32", "--config.batch_size=32", "--config.total_steps=30",
-        "--config.log_every=1", "--config.eval_every=10", "--config.checkpoint_every=5",
-        "--config.data.eval_batch_size=64"]
+TINY = [
+  "--config.model.width=16",
+  "--config.model.depth=1",
+  "--config.model.num_heads=2",
+  "--config.model.mlp_dim=32",
+  "--config.batch_size=32",
+  "--config.total_steps=30",
+  "--config.log_every=1",
+  "--config.eval_every=10",
+  "--config.checkpoint_every=5",
+  "--config.data.eval_batch_size=64",
+]
 
 
 # A persistent compilation cache shared by the subprocesses of a test session (set by a fixture): runs of the
@@ -25,11 +34,18 @@ CACHE_DIR = None
 
 def env(devices: int = 1) -> dict:
   e = dict(os.environ)
-  e.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-           PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="3")
+  e.update(
+    JAX_PLATFORMS="cpu",
+    XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    PYTHONUNBUFFERED="1",
+    TF_CPP_MIN_LOG_LEVEL="3",
+  )
   if CACHE_DIR:
-    e.update(JAX_COMPILATION_CACHE_DIR=CACHE_DIR, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    e.update(
+      JAX_COMPILATION_CACHE_DIR=CACHE_DIR,
+      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    )
   return e
 
 
@@ -44,14 +60,22 @@ def main_cmd(workdir: str | None, *args: str, config: str | None = CONFIG) -> li
 
 def run_main(workdir, *args, devices: int = 1, config=CONFIG, timeout: float = 300) -> subprocess.CompletedProcess:
   """Runs the command line to completion; returns the CompletedProcess (text stdout/stderr)."""
-  return subprocess.run(main_cmd(workdir, *args, config=config), cwd=ROOT, env=env(devices), capture_output=True,
-                        text=True, timeout=timeout)
+  return subprocess.run(
+    main_cmd(workdir, *args, config=config), cwd=ROOT, env=env(devices), capture_output=True, text=True, timeout=timeout
+  )
 
 
 def start_main(workdir, *args, devices: int = 1, config=CONFIG) -> subprocess.Popen:
   """Starts the command line; stdout is a pipe (line-buffered text), stderr is discarded."""
-  return subprocess.Popen(main_cmd(workdir, *args, config=config), cwd=ROOT, env=env(devices),
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+  return subprocess.Popen(
+    main_cmd(workdir, *args, config=config),
+    cwd=ROOT,
+    env=env(devices),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.DEVNULL,
+    text=True,
+    bufsize=1,
+  )
 
 
 def check_ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
@@ -61,12 +85,12 @@ def check_ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
 
 def error_lines(proc: subprocess.CompletedProcess) -> str:
   """stderr without absl's info/warning log lines."""
-  return "\n".join(l for l in proc.stderr.splitlines() if not l[:1] in ("I", "W") or not l[1:5].isdigit())
+  return "\n".join(s for s in proc.stderr.splitlines() if s[:1] not in ("I", "W") or not s[1:5].isdigit())
 
 
 def read_metrics(workdir: str) -> list[dict]:
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [json.loads(l) for l in f if l.strip()]
+    return [json.loads(line) for line in f if line.strip()]
 
 
 def snapshot(directory: str) -> dict:
@@ -93,9 +117,12 @@ def load_state(workdir: str, step: int | None = None) -> dict:
   """The full saved TrainState (step, params, opt_state, model_state) of a workdir's checkpoint, as numpy."""
   import numpy as np
   import orbax.checkpoint as ocp
-  with ocp.CheckpointManager(os.path.join(workdir, "checkpoints"),
-                             options=ocp.CheckpointManagerOptions(read_only=True)) as mngr:
+
+  with ocp.CheckpointManager(
+    os.path.join(workdir, "checkpoints"), options=ocp.CheckpointManagerOptions(read_only=True)
+  ) as mngr:
     step = mngr.latest_step() if step is None else step
     restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore()))
   import jax
+
   return jax.tree.map(np.asarray, restored["state"])

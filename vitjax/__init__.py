@@ -1,2 +1,3 @@
 """vitjax: transformers for vision and translation in JAX/Flax."""
+
 __version__ = "0.1.0"

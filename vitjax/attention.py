@@ -15,10 +15,12 @@ It has two implementations behind the `implementation` switch:
 Fully masked rows (a query that may attend to nothing) give finite outputs in both implementations: the
 masked logits are set to a large negative number rather than -inf, so such a row averages the values.
 """
+
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -57,10 +59,18 @@ def padding_mask(query_valid: Array | None, key_valid: Array) -> Array:
   return query_valid.astype(bool)[:, None, :, None] & key_valid[:, None, None, :]
 
 
-def reference_attention(q: Array, k: Array, v: Array, *, bias: Array | None = None,
-                        mask: Array | None = None, scale: float | None = None,
-                        dropout_rate: float = 0.0, dropout_rng: Array | None = None,
-                        deterministic: bool = True) -> Array:
+def reference_attention(
+  q: Array,
+  k: Array,
+  v: Array,
+  *,
+  bias: Array | None = None,
+  mask: Array | None = None,
+  scale: float | None = None,
+  dropout_rate: float = 0.0,
+  dropout_rng: Array | None = None,
+  deterministic: bool = True,
+) -> Array:
   """Explicit attention. q [B, T, H, K], k [B, S, H, K], v [B, S, H, V] -> [B, T, H, V].
 
   bias: additive, broadcastable to [B, H, T, S]. mask: boolean, broadcastable to [B, H, T, S].
@@ -90,8 +100,7 @@ def _fast_attention(q, k, v, bias, mask, scale, implementation):
   call = functools.partial(jax.nn.dot_product_attention, q, k, v, bias, mask, scale=scale)
   if implementation == "cudnn":
     return call(implementation="cudnn")
-  if implementation in ("fast", "auto") and jax.default_backend() == "gpu" and \
-      q.dtype in (jnp.bfloat16, jnp.float16):
+  if implementation in ("fast", "auto") and jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16):
     try:  # cuDNN refuses at trace time what it cannot run (e.g. head size, bias layouts).
       return call(implementation="cudnn")
     except Exception:  # pylint: disable=broad-except
@@ -99,10 +108,19 @@ def _fast_attention(q, k, v, bias, mask, scale, implementation):
   return call(implementation="xla")
 
 
-def dot_product_attention(q: Array, k: Array, v: Array, *, bias: Array | None = None,
-                          mask: Array | None = None, scale: float | None = None,
-                          dropout_rate: float = 0.0, dropout_rng: Array | None = None,
-                          deterministic: bool = True, implementation: str = "fast") -> Array:
+def dot_product_attention(
+  q: Array,
+  k: Array,
+  v: Array,
+  *,
+  bias: Array | None = None,
+  mask: Array | None = None,
+  scale: float | None = None,
+  dropout_rate: float = 0.0,
+  dropout_rng: Array | None = None,
+  deterministic: bool = True,
+  implementation: str = "fast",
+) -> Array:
   """softmax(Q K^T * scale + bias) V, masked. q [B, T, H, K], k [B, S, H, K], v [B, S, H, V].
 
   Args:
@@ -123,8 +141,17 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, bias: Array | None = 
     raise ValueError(f"incompatible q/k/v shapes {q.shape}, {k.shape}, {v.shape}")
   dropout = not deterministic and dropout_rate > 0.0
   if implementation == "reference" or dropout or k.shape[-1] != v.shape[-1]:
-    return reference_attention(q, k, v, bias=bias, mask=mask, scale=scale, dropout_rate=dropout_rate,
-                               dropout_rng=dropout_rng, deterministic=deterministic)
+    return reference_attention(
+      q,
+      k,
+      v,
+      bias=bias,
+      mask=mask,
+      scale=scale,
+      dropout_rate=dropout_rate,
+      dropout_rng=dropout_rng,
+      deterministic=deterministic,
+    )
   scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
   return _fast_attention(q, k, v, bias, mask, scale, implementation)
 
@@ -149,6 +176,7 @@ class MultiHeadAttention(nn.Module):
     implementation: see dot_product_attention.
     deterministic: no dropout when True.
   """
+
   num_heads: int
   qk_features: int | None = None
   v_features: int | None = None
@@ -165,20 +193,30 @@ class MultiHeadAttention(nn.Module):
   bias_init: Callable = nn.initializers.zeros
 
   @nn.compact
-  def __call__(self, inputs_q: Array, inputs_kv: Array | None = None, *, mask: Array | None = None,
-               bias: Array | None = None) -> Array:
+  def __call__(
+    self, inputs_q: Array, inputs_kv: Array | None = None, *, mask: Array | None = None, bias: Array | None = None
+  ) -> Array:
     """inputs_q [B, T, D], inputs_kv [B, S, D_kv] or None -> [B, T, D_out].
 
     mask: boolean, broadcastable to [B, H, T, S] (True = attend). bias: broadcastable to [B, H, T, S].
     """
     d = inputs_q.shape[-1]
     if d % self.num_heads and (self.qk_features is None or self.v_features is None):
-      raise ValueError(f"model width {d} is not divisible by num_heads={self.num_heads}; choose a width "
-                       "that is, or set qk_features and v_features")
+      raise ValueError(
+        f"model width {d} is not divisible by num_heads={self.num_heads}; choose a width "
+        "that is, or set qk_features and v_features"
+      )
     qk = self.qk_features or d // self.num_heads
     vf = self.v_features or d // self.num_heads
-    dense = functools.partial(nn.DenseGeneral, axis=-1, dtype=self.dtype, param_dtype=self.param_dtype,
-                              kernel_init=self.kernel_init, bias_init=self.bias_init, use_bias=self.qkv_bias)
+    dense = functools.partial(
+      nn.DenseGeneral,
+      axis=-1,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      kernel_init=self.kernel_init,
+      bias_init=self.bias_init,
+      use_bias=self.qkv_bias,
+    )
     kv_in = inputs_q if inputs_kv is None else inputs_kv
     q = dense(features=(self.num_heads, qk), name="query")(inputs_q)
     k = dense(features=(self.num_heads, qk), name="key")(kv_in)
@@ -194,12 +232,27 @@ class MultiHeadAttention(nn.Module):
     dropout_rng = None
     if not self.deterministic and self.dropout_rate > 0.0:
       dropout_rng = self.make_rng("dropout")
-    x = dot_product_attention(q, k, v, bias=bias, mask=mask, dropout_rate=self.dropout_rate,
-                              dropout_rng=dropout_rng, deterministic=self.deterministic,
-                              implementation=self.implementation)
-    return nn.DenseGeneral(features=self.out_features or d, axis=(-2, -1), dtype=self.dtype,
-                           param_dtype=self.param_dtype, kernel_init=self.kernel_init,
-                           bias_init=self.bias_init, use_bias=self.out_bias, name="out")(x)
+    x = dot_product_attention(
+      q,
+      k,
+      v,
+      bias=bias,
+      mask=mask,
+      dropout_rate=self.dropout_rate,
+      dropout_rng=dropout_rng,
+      deterministic=self.deterministic,
+      implementation=self.implementation,
+    )
+    return nn.DenseGeneral(
+      features=self.out_features or d,
+      axis=(-2, -1),
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      kernel_init=self.kernel_init,
+      bias_init=self.bias_init,
+      use_bias=self.out_bias,
+      name="out",
+    )(x)
 
   def _update_cache(self, k: Array, v: Array):
     """Writes k, v [B, T, H, *] at the cache index; returns the whole cache and its [B, 1, T, S] mask."""

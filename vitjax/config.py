@@ -3,6 +3,7 @@
 The command line (vitjax.main) locks the ConfigDict, so a misspelt override (--config.optim.lrr=1) fails with
 one line naming the nearest field (--config.optim.lr) instead of being silently added.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -33,8 +34,9 @@ def default_config() -> mlc.ConfigDict:
   c.data.train_split = "train"
   c.data.eval_split = "test"
   c.data.image_size = 8
-  c.data.augment = mlc.ConfigDict({"flip": False, "random_resized_crop": False, "randaugment": False,
-                                   "mixup_alpha": 0.0, "cutmix_alpha": 0.0})
+  c.data.augment = mlc.ConfigDict(
+    {"flip": False, "random_resized_crop": False, "randaugment": False, "mixup_alpha": 0.0, "cutmix_alpha": 0.0}
+  )
   c.data.eval_batch_size = 256
   c.data.worker_count = 0  # grain worker processes; keep fixed across a resume
   c.data.read_threads = 0
@@ -90,19 +92,40 @@ def translation_config(source: str, src_lang: str, tgt_lang: str, size: str = "s
   c = default_config()
   c.task = "translation"
   # None: the named size's value. All are overridable: --config.model.prenorm=True, --config.model.d_model=384 ...
-  c.model = mlc.ConfigDict(dict(
-      name=f"transformer_{size}", prenorm=False, posemb="sinusoidal", share_embeddings=True, tie_output=True,
-      d_model=mlc.FieldReference(None, field_type=int), num_heads=mlc.FieldReference(None, field_type=int),
-      d_ff=mlc.FieldReference(None, field_type=int), num_layers=mlc.FieldReference(None, field_type=int),
-      dropout_rate=mlc.FieldReference(None, field_type=float)))
-  c.data = mlc.ConfigDict(dict(
-      source=source, src_lang=src_lang, tgt_lang=tgt_lang,
+  c.model = mlc.ConfigDict(
+    dict(
+      name=f"transformer_{size}",
+      prenorm=False,
+      posemb="sinusoidal",
+      share_embeddings=True,
+      tie_output=True,
+      d_model=mlc.FieldReference(None, field_type=int),
+      num_heads=mlc.FieldReference(None, field_type=int),
+      d_ff=mlc.FieldReference(None, field_type=int),
+      num_layers=mlc.FieldReference(None, field_type=int),
+      dropout_rate=mlc.FieldReference(None, field_type=float),
+    )
+  )
+  c.data = mlc.ConfigDict(
+    dict(
+      source=source,
+      src_lang=src_lang,
+      tgt_lang=tgt_lang,
       data_dir=mlc.FieldReference(None, field_type=str),
       test_source=mlc.FieldReference(None, field_type=str),  # a separate test set (e.g. tfds:NAME:test)
-      vocab_size=8000, tokenizer_sentences=300_000, max_len=128, too_long="drop",
+      vocab_size=8000,
+      tokenizer_sentences=300_000,
+      max_len=128,
+      too_long="drop",
       tokens_per_batch=4096,  # global, per side: source and target are each about this many padded positions
-      split_seed=0, num_valid=500, num_test=1000,
-      eval_split="valid", eval_examples=500, eval_batch_size=64))
+      split_seed=0,
+      num_valid=500,
+      num_test=1000,
+      eval_split="valid",
+      eval_examples=500,
+      eval_batch_size=64,
+    )
+  )
   c.decode = mlc.ConfigDict(dict(method="beam", beam_size=4, alpha=0.6, temperature=1.0, top_k=0, extra_len=10))
   c.optim.name = "adamw"  # with weight_decay 0: Adam
   c.optim.b1, c.optim.b2, c.optim.eps = 0.9, 0.98, 1e-9

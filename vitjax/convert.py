@@ -6,10 +6,12 @@ Images are NHWC for vitjax (timm takes NCHW: transpose (0, 3, 1, 2) to compare).
     module, variables = from_timm("vit_base_patch16_224", safetensors.numpy.load_file("model.safetensors"))
     module, variables = from_vit_npz("ViT-B_16.npz", "B/16")
 """
+
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import flax
 import jax
@@ -61,8 +63,11 @@ def check_shapes(module, params: dict, image_shape: tuple[int, ...]) -> None:
   expected = jax.eval_shape(lambda: module.init(jax.random.key(0), jnp.zeros(image_shape)))["params"]
   exp = flax.traverse_util.flatten_dict(flax.core.unfreeze(expected), sep="/")
   got = flax.traverse_util.flatten_dict(params, sep="/")
-  problems = [f"  {k}: model {exp[k].shape}, checkpoint {got[k].shape}"
-              for k in sorted(exp) if k in got and exp[k].shape != got[k].shape]
+  problems = [
+    f"  {k}: model {exp[k].shape}, checkpoint {got[k].shape}"
+    for k in sorted(exp)
+    if k in got and exp[k].shape != got[k].shape
+  ]
   problems += [f"  {k}: missing from checkpoint (model {exp[k].shape})" for k in sorted(set(exp) - set(got))]
   problems += [f"  {k}: not in the model" for k in sorted(set(got) - set(exp))]
   if problems:
@@ -70,6 +75,7 @@ def check_shapes(module, params: dict, image_shape: tuple[int, ...]) -> None:
 
 
 # ----------------------------------------------------------------------------------------- timm
+
 
 def _linear(r: _Reader, src: str, dst: str, out: dict, bias: bool = True) -> None:
   out[f"{dst}/kernel"] = r(f"{src}.weight").T
@@ -91,9 +97,9 @@ def _timm_attention(r: _Reader, src: str, dst: str, heads: int, out: dict) -> No
   w, b = r(f"{src}.qkv.weight"), r(f"{src}.qkv.bias") if f"{src}.qkv.bias" in r else None
   d = w.shape[1]
   for i, name in enumerate(("query", "key", "value")):
-    out[f"{dst}/{name}/kernel"] = w[i * d:(i + 1) * d].T.reshape(d, heads, d // heads)
+    out[f"{dst}/{name}/kernel"] = w[i * d : (i + 1) * d].T.reshape(d, heads, d // heads)
     if b is not None:
-      out[f"{dst}/{name}/bias"] = b[i * d:(i + 1) * d].reshape(heads, d // heads)
+      out[f"{dst}/{name}/bias"] = b[i * d : (i + 1) * d].reshape(heads, d // heads)
   out[f"{dst}/out/kernel"] = r(f"{src}.proj.weight").T.reshape(heads, d // heads, d)
   out[f"{dst}/out/bias"] = r(f"{src}.proj.bias")
 
@@ -106,11 +112,16 @@ def _timm_mlp(r: _Reader, src: str, dst: str, out: dict) -> None:
 def _timm_vit(m: re.Match, r: _Reader):
   variant = vit_lib.parse_variant(f"{_SIZES[m[1]]}/{m[2]}")
   image = int(m[3])
-  heads, p = variant["num_heads"], variant["patch_size"]
+  heads = variant["num_heads"]
   depth = len({k.split(".")[1] for k in r.arrays if k.startswith("blocks.")})
-  cfg = dict(variant, depth=depth, pool_type="tok" if "cls_token" in r else "gap", fc_norm="fc_norm.weight" in r,
-             num_classes=r.arrays["head.weight"].shape[0] if "head.weight" in r else 0,
-             qkv_bias="blocks.0.attn.qkv.bias" in r)
+  cfg = dict(
+    variant,
+    depth=depth,
+    pool_type="tok" if "cls_token" in r else "gap",
+    fc_norm="fc_norm.weight" in r,
+    num_classes=r.arrays["head.weight"].shape[0] if "head.weight" in r else 0,
+    qkv_bias="blocks.0.attn.qkv.bias" in r,
+  )
   if "pre_logits.fc.weight" in r:
     cfg["representation_size"] = r.arrays["pre_logits.fc.weight"].shape[0]
   out: dict[str, np.ndarray] = {}
@@ -136,8 +147,9 @@ def _timm_swin(m: re.Match, r: _Reader):
   embed, depths, heads = swin_lib.VARIANTS[_SIZES[m[1]].upper().replace("TI", "T")]
   patch, window, image = int(m[2]), int(m[3]), int(m[4])
   num_classes = r.arrays["head.fc.weight"].shape[0] if "head.fc.weight" in r else 0
-  cfg = dict(embed_dim=embed, depths=depths, num_heads=heads, patch_size=patch, window_size=window,
-             num_classes=num_classes)
+  cfg = dict(
+    embed_dim=embed, depths=depths, num_heads=heads, patch_size=patch, window_size=window, num_classes=num_classes
+  )
   out: dict[str, np.ndarray] = {}
   _conv(r, "patch_embed.proj", "patch_embed", out)
   _norm(r, "patch_embed.norm", "patch_norm", out)
@@ -173,18 +185,23 @@ def from_timm(timm_name: str, state_dict: Mapping[str, Any]):
   elif m := _TIMM_SWIN.match(base):
     module, flat, shape = _timm_swin(m, r)
   else:
-    raise ValueError(f"no conversion for timm model {timm_name!r}; supported: vit_{{tiny,small,medium,base,"
-                     "large,huge}_patchP_SIZE and swin_{tiny,small,base,large}_patch4_windowW_SIZE")
+    raise ValueError(
+      f"no conversion for timm model {timm_name!r}; supported: vit_{{tiny,small,medium,base,"
+      "large,huge}_patchP_SIZE and swin_{tiny,small,base,large}_patch4_windowW_SIZE"
+    )
   unused = r.unused(_TIMM_BUFFERS)
   if unused:
-    raise ValueError(f"{timm_name}: the state dict has parameters this conversion does not know: "
-                     f"{unused[:8]}{' ...' if len(unused) > 8 else ''}")
+    raise ValueError(
+      f"{timm_name}: the state dict has parameters this conversion does not know: "
+      f"{unused[:8]}{' ...' if len(unused) > 8 else ''}"
+    )
   params = _nest(flat)
   check_shapes(module, params, shape)
   return module, {"params": jax.tree.map(jnp.asarray, params)}
 
 
 # ------------------------------------------------------------------------------- original JAX ViT
+
 
 def _load_npz(path_or_mapping) -> dict[str, np.ndarray]:
   if isinstance(path_or_mapping, Mapping):
@@ -218,13 +235,16 @@ def from_vit_npz(path_or_mapping, variant: str):
   side = int(round(np.sqrt(n)))
   image = side * cfg["patch_size"][0]
 
-  out: dict[str, np.ndarray] = {"embedding/kernel": r("embedding/kernel"), "embedding/bias": r("embedding/bias"),
-                                "posembed/pos_embedding": r("Transformer/posembed_input/pos_embedding")}
+  out: dict[str, np.ndarray] = {
+    "embedding/kernel": r("embedding/kernel"),
+    "embedding/bias": r("embedding/bias"),
+    "posembed/pos_embedding": r("Transformer/posembed_input/pos_embedding"),
+  }
   if "cls" in r:
     out["cls"] = r("cls")
   for i in blocks:
     src, dst = f"Transformer/encoderblock_{i}", f"encoder/block_{i}"
-    names = sorted({k[len(src) + 1:].split("/")[0] for k in r.arrays if k.startswith(src + "/")})
+    names = sorted({k[len(src) + 1 :].split("/")[0] for k in r.arrays if k.startswith(src + "/")})
     norms = [n for n in names if n.startswith("LayerNorm_")]
     attn = [n for n in names if n.startswith("MultiHeadDotProductAttention_")]
     mlp = [n for n in names if n.startswith("MlpBlock_")]

@@ -7,6 +7,7 @@ padded with 0 after it.
     tokens, scores = beam_search(model, params, src, beam_size=4, alpha=0.6, max_len=64)
     tokens = sample(model, params, src, jax.random.key(0), temperature=0.8, top_k=20, max_len=64)
 """
+
 from __future__ import annotations
 
 import functools
@@ -23,15 +24,25 @@ NEG_INF = -1.0e9
 def _init_cache(model, params, src, encoded, max_len):
   """Zero KV cache for a decode-mode clone of `model`, for batch src.shape[0] and max_len positions."""
   dec = model.clone(decode=True)
-  shapes = jax.eval_shape(lambda: dec.init(jax.random.key(0), jnp.zeros((src.shape[0], max_len), jnp.int32),
-                                           encoded, src, method=dec.decode_logits))["cache"]
+  shapes = jax.eval_shape(
+    lambda: dec.init(
+      jax.random.key(0), jnp.zeros((src.shape[0], max_len), jnp.int32), encoded, src, method=dec.decode_logits
+    )
+  )["cache"]
   return dec, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
 def _step(dec, params, cache, tokens, encoded, src, i):
   """Logits [B, V] for position i given tokens [B] at position i - 1 (BOS at i = 0)."""
-  logits, upd = dec.apply({"params": params, "cache": cache}, tokens[:, None], encoded, src,
-                          positions=jnp.full((1, 1), i), method=dec.decode_logits, mutable=["cache"])
+  logits, upd = dec.apply(
+    {"params": params, "cache": cache},
+    tokens[:, None],
+    encoded,
+    src,
+    positions=jnp.full((1, 1), i),
+    method=dec.decode_logits,
+    mutable=["cache"],
+  )
   return logits[:, 0], upd["cache"]
 
 
@@ -79,6 +90,7 @@ def sample(model, params, src, rng, max_len: int, temperature: float = 1.0, top_
       kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
       logits = jnp.where(logits < kth, NEG_INF, logits)
     return jax.random.categorical(jax.random.fold_in(rng, i), logits).astype(jnp.int32)
+
   return _sequential(model, params, src, max_len, choose)
 
 
@@ -155,5 +167,5 @@ def strip(tokens) -> list[list[int]]:
   """Token rows -> lists of ids without EOS and what follows it."""
   out = []
   for row in np.asarray(tokens).tolist():
-    out.append(row[:row.index(EOS)] if EOS in row else [t for t in row if t != PAD])
+    out.append(row[: row.index(EOS)] if EOS in row else [t for t in row if t != PAD])
   return out

@@ -4,10 +4,11 @@ Every block takes `deterministic` as an attribute (not a call argument), so bloc
 `nn.remat` and `nn.scan` without static-argument bookkeeping. Shapes: B batch, T target/query length,
 S source length, D width.
 """
+
 from __future__ import annotations
 
 import functools
-from typing import Any, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -17,8 +18,11 @@ import numpy as np
 from vitjax.attention import MultiHeadAttention, causal_mask
 
 Array = jax.Array
-ACTIVATIONS = {"relu": nn.relu, "gelu": functools.partial(nn.gelu, approximate=False),
-               "gelu_tanh": functools.partial(nn.gelu, approximate=True)}
+ACTIVATIONS = {
+  "relu": nn.relu,
+  "gelu": functools.partial(nn.gelu, approximate=False),
+  "gelu_tanh": functools.partial(nn.gelu, approximate=True),
+}
 
 
 def activation(name: str):
@@ -29,6 +33,7 @@ def activation(name: str):
 
 class FeedForward(nn.Module):
   """FFN(x) = W2 act(W1 x + b1) + b2, dropout after the activation. [..., D] -> [..., D_out or D]."""
+
   hidden: int
   out_features: int | None = None
   act: str = "gelu"
@@ -51,6 +56,7 @@ class DropPath(nn.Module):
 
   `rate` may be a traced scalar (as under nn.scan, where each layer gets its own). [B, ...] -> [B, ...].
   """
+
   deterministic: bool = True
 
   @nn.compact
@@ -64,6 +70,7 @@ class DropPath(nn.Module):
 
 class _BlockBase(nn.Module):
   """Options shared by encoder and decoder blocks."""
+
   num_heads: int
   mlp_dim: int
   prenorm: bool = True
@@ -77,9 +84,16 @@ class _BlockBase(nn.Module):
   dtype: Any = None
 
   def _attention(self, name: str, decode: bool = False) -> MultiHeadAttention:
-    return MultiHeadAttention(num_heads=self.num_heads, qkv_bias=self.qkv_bias, decode=decode,
-                              dropout_rate=self.attention_dropout_rate, implementation=self.implementation,
-                              deterministic=self.deterministic, dtype=self.dtype, name=name)
+    return MultiHeadAttention(
+      num_heads=self.num_heads,
+      qkv_bias=self.qkv_bias,
+      decode=decode,
+      dropout_rate=self.attention_dropout_rate,
+      implementation=self.implementation,
+      deterministic=self.deterministic,
+      dtype=self.dtype,
+      name=name,
+    )
 
   def _norm(self, name: str) -> nn.LayerNorm:
     return nn.LayerNorm(epsilon=self.layernorm_eps, dtype=self.dtype, name=name)
@@ -87,22 +101,30 @@ class _BlockBase(nn.Module):
   def _residual(self, x: Array, branch, norm_name: str, drop_path: float | Array) -> Array:
     """Pre-norm: x + drop(branch(norm(x))). Post-norm: norm(x + drop(branch(x)))."""
     drop = lambda y: DropPath(self.deterministic)(
-        nn.Dropout(self.dropout_rate)(y, deterministic=self.deterministic), drop_path)
+      nn.Dropout(self.dropout_rate)(y, deterministic=self.deterministic), drop_path
+    )
     if self.prenorm:
       return x + drop(branch(self._norm(norm_name)(x)))
     return self._norm(norm_name)(x + drop(branch(x)))
 
   def _ffn(self, x: Array) -> Array:
-    return FeedForward(self.mlp_dim, act=self.act, dropout_rate=self.dropout_rate,
-                       deterministic=self.deterministic, dtype=self.dtype, name="mlp")(x)
+    return FeedForward(
+      self.mlp_dim,
+      act=self.act,
+      dropout_rate=self.dropout_rate,
+      deterministic=self.deterministic,
+      dtype=self.dtype,
+      name="mlp",
+    )(x)
 
 
 class EncoderBlock(_BlockBase):
   """Self-attention + FFN, pre-norm (ViT) or post-norm (the 2017 Transformer). [B, T, D] -> [B, T, D]."""
 
   @nn.compact
-  def __call__(self, x: Array, mask: Array | None = None, bias: Array | None = None,
-               drop_path: float | Array = 0.0) -> Array:
+  def __call__(
+    self, x: Array, mask: Array | None = None, bias: Array | None = None, drop_path: float | Array = 0.0
+  ) -> Array:
     """mask: boolean broadcastable to [B, H, T, T]; bias: additive, same shape."""
     x = self._residual(x, lambda y: self._attention("attn")(y, mask=mask, bias=bias), "norm1", drop_path)
     return self._residual(x, self._ffn, "norm2", drop_path)
@@ -114,19 +136,24 @@ class DecoderBlock(_BlockBase):
   With decode=True the self-attention keeps a KV cache (see MultiHeadAttention) and the causal mask comes
   from the cache; otherwise a causal mask is applied (and-ed with self_mask).
   """
+
   decode: bool = False
 
   @nn.compact
-  def __call__(self, x: Array, encoded: Array, self_mask: Array | None = None,
-               cross_mask: Array | None = None, drop_path: float | Array = 0.0) -> Array:
+  def __call__(
+    self,
+    x: Array,
+    encoded: Array,
+    self_mask: Array | None = None,
+    cross_mask: Array | None = None,
+    drop_path: float | Array = 0.0,
+  ) -> Array:
     """encoded [B, S, D]; self_mask broadcastable to [B, H, T, T]; cross_mask to [B, H, T, S]."""
     if not self.decode:
       causal = causal_mask(x.shape[1])
       self_mask = causal if self_mask is None else jnp.logical_and(self_mask, causal)
-    x = self._residual(x, lambda y: self._attention("self_attn", self.decode)(y, mask=self_mask),
-                       "norm1", drop_path)
-    x = self._residual(x, lambda y: self._attention("cross_attn")(y, encoded, mask=cross_mask),
-                       "norm2", drop_path)
+    x = self._residual(x, lambda y: self._attention("self_attn", self.decode)(y, mask=self_mask), "norm1", drop_path)
+    x = self._residual(x, lambda y: self._attention("cross_attn")(y, encoded, mask=cross_mask), "norm2", drop_path)
     return self._residual(x, self._ffn, "norm3", drop_path)
 
 
@@ -137,6 +164,7 @@ def drop_path_rates(rate: float, num_layers: int) -> np.ndarray:
 
 class _Carry(nn.Module):
   """Adapts a block to nn.scan's (carry, x) -> (carry, y) form."""
+
   block_cls: Any
   block_kwargs: Any
 
@@ -152,6 +180,7 @@ class Stack(nn.Module):
   drop_path_rate: stochastic depth of the last layer (linear from 0). Parameters are "block_{i}" or, when
   scanned, one "blocks" subtree stacked along a leading layer axis. Pre-norm stacks end in "final_norm".
   """
+
   block_cls: Any
   num_layers: int
   block_kwargs: tuple = ()
@@ -168,9 +197,13 @@ class Stack(nn.Module):
     rates = drop_path_rates(self.drop_path_rate, self.num_layers)
     if self.scan:
       body = nn.remat(_Carry, prevent_cse=False) if self.remat else _Carry
-      scanned = nn.scan(body, variable_axes={"params": 0, "cache": 0, "intermediates": 0},
-                        split_rngs={"params": True, "dropout": True}, length=self.num_layers,
-                        in_axes=(0,) + (nn.broadcast,) * len(args))
+      scanned = nn.scan(
+        body,
+        variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+        split_rngs={"params": True, "dropout": True},
+        length=self.num_layers,
+        in_axes=(0,) + (nn.broadcast,) * len(args),
+      )
       x, _ = scanned(self.block_cls, self.block_kwargs, name="blocks")(x, jnp.asarray(rates), *args)
     else:
       block = nn.remat(self.block_cls) if self.remat else self.block_cls

@@ -8,6 +8,7 @@
 Training resumes from the workdir's latest checkpoint. In eval mode the config defaults to the one saved in the
 workdir. For several hosts, pass --multihost on each (jax.distributed reads the cluster from the environment).
 """
+
 import json
 import os
 import re
@@ -27,6 +28,7 @@ FLAGS = flags.FLAGS
 
 def _saved_config(workdir):
   import ml_collections as mlc
+
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} not found: pass --config, or point --workdir at a training run")
@@ -56,7 +58,7 @@ def _unknown_field_message(e: BaseException, argv) -> str | None:
     parent, flag = ".".join(parts[:i]), "--" + path.group(1)
     suggestion = re.search(r'Did you mean "([^"]+)"', text)
     if suggestion:
-      fixed = "--" + ".".join(parts[:i] + [suggestion.group(1)] + parts[i + 1:])
+      fixed = "--" + ".".join(parts[:i] + [suggestion.group(1)] + parts[i + 1 :])
       return f"{flag}: {parent} has no field {bad!r}; did you mean {fixed} ({suggestion.group(1)!r})?"
     return f"{flag}: {parent} has no field {bad!r} (the fields are those of vitjax/config.py and the config file)"
   return None
@@ -78,9 +80,11 @@ def main(argv):
   del argv
   if FLAGS.multihost:
     import jax
+
     jax.distributed.initialize()
   from vitjax import train
   from vitjax.data import DatasetNotPreparedError
+
   try:
     config = FLAGS.config if FLAGS.config is not None else _saved_config(FLAGS.workdir)
     if FLAGS.mode == "train":

@@ -1,11 +1,11 @@
 """Positional encodings: sinusoidal 1-D and 2-D, learned (with resampling), Swin's relative position bias."""
+
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 Array = jax.Array
@@ -42,6 +42,7 @@ def sincos_2d(height: int, width: int, dim: int, temperature: float = 10000.0) -
 
 class LearnedPositionEmbedding(nn.Module):
   """Adds a learned [1, N, D] table (param "pos_embedding", N(0, 0.02) init) to inputs [B, N, D]."""
+
   embedding_init: Callable = nn.initializers.normal(stddev=0.02)
 
   @nn.compact
@@ -50,8 +51,13 @@ class LearnedPositionEmbedding(nn.Module):
     return x + pe.astype(x.dtype)
 
 
-def resample_posemb(posemb: Array | np.ndarray, new_grid: Sequence[int], num_prefix_tokens: int = 0,
-                    old_grid: Sequence[int] | None = None, method: str = "bicubic") -> np.ndarray:
+def resample_posemb(
+  posemb: Array | np.ndarray,
+  new_grid: Sequence[int],
+  num_prefix_tokens: int = 0,
+  old_grid: Sequence[int] | None = None,
+  method: str = "bicubic",
+) -> np.ndarray:
   """Resamples a learned table [1, P + h*w, D] (P prefix tokens, e.g. a class token) to a new grid.
 
   Used to fine-tune at another resolution: prefix tokens are kept, the grid part is interpolated.
@@ -88,6 +94,7 @@ class RelativePositionBias(nn.Module):
 
   Returns the additive attention bias [heads, N, N], N = Wh*Ww.
   """
+
   window: tuple[int, int]
   num_heads: int
   table_init: Callable = nn.initializers.truncated_normal(stddev=0.02)
@@ -101,8 +108,9 @@ class RelativePositionBias(nn.Module):
     return table[idx].reshape(n, n, self.num_heads).transpose(2, 0, 1)
 
 
-def resize_relative_bias_table(table: Array | np.ndarray, old_window: Sequence[int], new_window: Sequence[int],
-                               method: str = "bicubic") -> np.ndarray:
+def resize_relative_bias_table(
+  table: Array | np.ndarray, old_window: Sequence[int], new_window: Sequence[int], method: str = "bicubic"
+) -> np.ndarray:
   """Resizes a ((2Wh-1)(2Ww-1), heads) table to a new window (fine-tuning Swin with another window)."""
   table = np.asarray(table, np.float32)
   old = (2 * old_window[0] - 1, 2 * old_window[1] - 1)

@@ -8,6 +8,7 @@ Parallelism: jax.jit over a Mesh; the global batch is split over all devices of 
 "data" axis; parameters follow `config.sharding_rules` (replicated by default), so FSDP or tensor-parallel
 rules are a config change, not a rewrite.
 """
+
 from __future__ import annotations
 
 import collections
@@ -17,7 +18,8 @@ import math
 import os
 import re
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable
+from typing import Any
 
 import flax
 import flax.linen as nn
@@ -27,13 +29,15 @@ import ml_collections as mlc
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from vitjax import convert, models, posenc, tasks as tasks_lib
+from vitjax import convert, models, posenc
+from vitjax import tasks as tasks_lib
 from vitjax.tasks import ConfigError, check_batch, cross_entropy  # noqa: F401  (part of this module's API)
 
-
 # --------------------------------------------------------------------------------- mesh & sharding
+
 
 def make_mesh(axes=("data",)) -> Mesh:
   """All devices of all processes on the first axis (data parallel); other axes get size 1."""
@@ -52,10 +56,12 @@ def param_specs(params, rules) -> Any:
       if r.search(name):
         return P(*axes)
     return P()
+
   return jax.tree_util.tree_map_with_path(spec, params)
 
 
 # ---------------------------------------------------------------------------------- model & state
+
 
 @flax.struct.dataclass
 class TrainState:
@@ -91,7 +97,8 @@ NO_DECAY = re.compile(r"(bias|scale|pos_embedding|relative_position_bias_table|c
 def decay_mask(params):
   """True where weight decay applies: kernels and embeddings, not biases, norms, positions or bias tables."""
   return jax.tree_util.tree_map_with_path(
-      lambda path, x: not NO_DECAY.search(str(getattr(path[-1], "key", path[-1]))) and x.ndim > 1, params)
+    lambda path, x: not NO_DECAY.search(str(getattr(path[-1], "key", path[-1]))) and x.ndim > 1, params
+  )
 
 
 def make_schedule(config, total_steps: int, steps_per_epoch: int) -> optax.Schedule:
@@ -122,8 +129,10 @@ def make_optimizer(config, schedule) -> optax.GradientTransformation:
   if o.name == "adamw":
     tx = optax.adamw(schedule, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=decay_mask)
   elif o.name == "sgd":
-    tx = optax.chain(optax.add_decayed_weights(o.weight_decay, mask=decay_mask),
-                     optax.sgd(schedule, momentum=o.momentum, nesterov=o.nesterov))
+    tx = optax.chain(
+      optax.add_decayed_weights(o.weight_decay, mask=decay_mask),
+      optax.sgd(schedule, momentum=o.momentum, nesterov=o.nesterov),
+    )
   else:
     raise ConfigError(f"unknown optim.name {o.name!r}; use 'adamw' or 'sgd'")
   if o.grad_clip_norm:
@@ -133,6 +142,7 @@ def make_optimizer(config, schedule) -> optax.GradientTransformation:
 
 # ------------------------------------------------------------------------------------------- steps
 
+
 def make_train_step(model, tx, schedule, config, task) -> Callable:
   """(state, batch) -> (state, metrics): forward, task loss, gradients (accumulated over micro-batches), update."""
   accum = config.optim.accum_steps
@@ -140,8 +150,9 @@ def make_train_step(model, tx, schedule, config, task) -> Callable:
 
   def loss_fn(params, model_state, batch, rng):
     variables = {"params": params, **model_state}
-    out, new_state = model.apply(variables, *task.model_inputs(batch), train=True, rngs={"dropout": rng},
-                                 mutable=list(model_state))
+    out, new_state = model.apply(
+      variables, *task.model_inputs(batch), train=True, rngs={"dropout": rng}, mutable=list(model_state)
+    )
     loss, metrics = task.loss(out[0], batch)
     return loss, (dict(new_state), metrics)
 
@@ -156,23 +167,38 @@ def make_train_step(model, tx, schedule, config, task) -> Callable:
 
       def body(carry, xs):
         grads, model_state, loss, metrics, i = carry
-        (l, (model_state, m)), g = grad_fn(state.params, model_state, xs, jax.random.fold_in(rng, i))
-        return (jax.tree.map(jnp.add, grads, g), model_state, loss + l, jax.tree.map(jnp.add, metrics, m), i + 1), None
+        (micro_loss, (model_state, m)), g = grad_fn(state.params, model_state, xs, jax.random.fold_in(rng, i))
+        return (
+          jax.tree.map(jnp.add, grads, g),
+          model_state,
+          loss + micro_loss,
+          jax.tree.map(jnp.add, metrics, m),
+          i + 1,
+        ), None
+
       zeros = jax.tree.map(jnp.zeros_like, state.params)
-      shapes = jax.eval_shape(lambda: grad_fn(state.params, state.model_state, jax.tree.map(lambda x: x[0], micro), rng))
+      shapes = jax.eval_shape(
+        lambda: grad_fn(state.params, state.model_state, jax.tree.map(lambda x: x[0], micro), rng)
+      )
       m0 = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes[0][1][1])
       (grads, model_state, loss, metrics, _), _ = jax.lax.scan(body, (zeros, state.model_state, 0.0, m0, 0), micro)
       grads, loss = jax.tree.map(lambda g: g / accum, grads), loss / accum
       metrics = {k: v if k == "tokens" else v / accum for k, v in metrics.items()}  # token counts add up
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = {"train/loss": loss, **{f"train/{k}": v for k, v in metrics.items()},
-               "train/grad_norm": optax.global_norm(grads), "train/lr": schedule(state.step)}
+    metrics = {
+      "train/loss": loss,
+      **{f"train/{k}": v for k, v in metrics.items()},
+      "train/grad_norm": optax.global_norm(grads),
+      "train/lr": schedule(state.step),
+    }
     return TrainState(state.step + 1, params, opt_state, model_state), metrics
+
   return train_step
 
 
 # -------------------------------------------------------------------------------- parameter import
+
 
 def load_params(init_from: str) -> tuple[dict, dict]:
   """(parameters, other collections such as BatchNorm statistics) from a workdir's latest checkpoint, or
@@ -182,6 +208,7 @@ def load_params(init_from: str) -> tuple[dict, dict]:
     name, _, path = rest.partition(":")
     if path.endswith(".safetensors"):
       from safetensors.numpy import load_file
+
       sd = load_file(path)
     else:
       try:
@@ -197,8 +224,10 @@ def load_params(init_from: str) -> tuple[dict, dict]:
   workdir = os.path.abspath(init_from)
   ckpt_dir = os.path.join(workdir, "checkpoints")
   if not os.path.isdir(ckpt_dir):
-    raise ConfigError(f"init_from={init_from!r}: no checkpoints/ there; give a workdir of a vitjax run, "
-                      "'timm:NAME:FILE' or 'npz:VARIANT:FILE'")
+    raise ConfigError(
+      f"init_from={init_from!r}: no checkpoints/ there; give a workdir of a vitjax run, "
+      "'timm:NAME:FILE' or 'npz:VARIANT:FILE'"
+    )
   with ocp.CheckpointManager(ckpt_dir, options=ocp.CheckpointManagerOptions(read_only=True)) as mngr:
     step = mngr.latest_step()
     if step is None:
@@ -232,7 +261,7 @@ def adapt_params(loaded, target, log=print):
       log(f"init_from: new head {k} {v.shape} -> {t.shape}")
       out[k] = t
     elif k.endswith("pos_embedding") and v.ndim == 2 and v.shape[-1] == t.shape[-1]:  # [max_len, D]
-      out[k] = np.concatenate([v[:t.shape[0]], np.asarray(t)[v.shape[0]:]], axis=0)
+      out[k] = np.concatenate([v[: t.shape[0]], np.asarray(t)[v.shape[0] :]], axis=0)
       log(f"init_from: {k} {v.shape} -> {out[k].shape} (truncated, or extended with its initialisation)")
     elif k.endswith("pos_embedding") and v.ndim == 3 and v.shape[-1] == t.shape[-1]:
       prefix = 1 if _has_square(v.shape[1] - 1) and not _has_square(v.shape[1]) else 0
@@ -246,8 +275,9 @@ def adapt_params(loaded, target, log=print):
     else:
       problems.append(f"  {k}: model {t.shape}, checkpoint {v.shape}")
   if problems:
-    raise ConfigError("the checkpoint's parameters do not match the model (check config.model):\n"
-                      + "\n".join(problems[:20]))
+    raise ConfigError(
+      "the checkpoint's parameters do not match the model (check config.model):\n" + "\n".join(problems[:20])
+    )
   return flax.traverse_util.unflatten_dict({tuple(k.split("/")): v for k, v in out.items()})
 
 
@@ -263,6 +293,7 @@ def _grid(n):
 
 
 # ------------------------------------------------------------------------------------- checkpoints
+
 
 def _fingerprint(config: dict) -> dict:
   """What makes two runs the same experiment (from a config as written to config.json), for refusing a
@@ -287,10 +318,15 @@ def check_workdir(workdir: str, config) -> None:
     if old_fp != new_fp:
       flat_old = flax.traverse_util.flatten_dict(old_fp, sep=".")
       flat_new = flax.traverse_util.flatten_dict(new_fp, sep=".")
-      diff = [f"{k}: {flat_old.get(k)!r} there, {flat_new.get(k)!r} now"
-              for k in sorted(set(flat_old) | set(flat_new)) if flat_old.get(k) != flat_new.get(k)]
-      raise ConfigError(f"workdir {workdir} holds checkpoints of another experiment ({'; '.join(diff)}). "
-                        "Use a new --workdir, or --config.init_from to start from those weights.")
+      diff = [
+        f"{k}: {flat_old.get(k)!r} there, {flat_new.get(k)!r} now"
+        for k in sorted(set(flat_old) | set(flat_new))
+        if flat_old.get(k) != flat_new.get(k)
+      ]
+      raise ConfigError(
+        f"workdir {workdir} holds checkpoints of another experiment ({'; '.join(diff)}). "
+        "Use a new --workdir, or --config.init_from to start from those weights."
+      )
 
 
 def write_config(workdir: str, config) -> None:
@@ -306,14 +342,20 @@ def write_config(workdir: str, config) -> None:
 
 def checkpoint_managers(workdir: str, config):
   last = ocp.CheckpointManager(
-      os.path.join(workdir, "checkpoints"),
-      options=ocp.CheckpointManagerOptions(max_to_keep=config.keep_checkpoints, enable_async_checkpointing=True),
-      item_names=("state", "data"))
+    os.path.join(workdir, "checkpoints"),
+    options=ocp.CheckpointManagerOptions(max_to_keep=config.keep_checkpoints, enable_async_checkpointing=True),
+    item_names=("state", "data"),
+  )
   best = ocp.CheckpointManager(
-      os.path.join(workdir, "best"),
-      options=ocp.CheckpointManagerOptions(max_to_keep=1, best_fn=lambda m: m[config.best_metric],
-                                           best_mode=config.best_mode, enable_async_checkpointing=False),
-      item_names=("state",))
+    os.path.join(workdir, "best"),
+    options=ocp.CheckpointManagerOptions(
+      max_to_keep=1,
+      best_fn=lambda m: m[config.best_metric],
+      best_mode=config.best_mode,
+      enable_async_checkpointing=False,
+    ),
+    item_names=("state",),
+  )
   return last, best
 
 
@@ -329,12 +371,15 @@ def restore_state(mngr, step, abstract_state, with_data: bool = True):
   try:
     restored = mngr.restore(step, args=ocp.args.Composite(**items))
   except (ValueError, KeyError) as e:
-    raise ConfigError(f"the checkpoint at step {step} in {mngr.directory} does not match the model of this "
-                      f"config ({str(e).splitlines()[0][:300]}). Use the config it was written with.") from None
+    raise ConfigError(
+      f"the checkpoint at step {step} in {mngr.directory} does not match the model of this "
+      f"config ({str(e).splitlines()[0][:300]}). Use the config it was written with."
+    ) from None
   return restored
 
 
 # --------------------------------------------------------------------------------------- reporting
+
 
 class Reporter:
   """Progress lines, WORKDIR/metrics.jsonl and TensorBoard summaries (process 0 only)."""
@@ -345,6 +390,7 @@ class Reporter:
     self.tb = None
     if self.main:
       from tensorboardX import SummaryWriter
+
       self.tb = SummaryWriter(os.path.join(workdir, "tb"))
     self.t0, self.s0 = time.time(), None
 
@@ -376,11 +422,17 @@ class Reporter:
     self.write(step, {**metrics, **extra})
     if self.main:
       eta = (self.total - step) / rate if rate == rate and rate > 0 else float("nan")
-      throughput = " | ".join(f"{extra[k]:.0f} {u}" for k, u in (("train/examples_per_s", "ex/s"),
-                                                                   ("train/tokens_per_s", "tok/s")) if k in extra)
+      throughput = " | ".join(
+        f"{extra[k]:.0f} {u}"
+        for k, u in (("train/examples_per_s", "ex/s"), ("train/tokens_per_s", "tok/s"))
+        if k in extra
+      )
       acc = f" | acc {metrics['train/accuracy']:.3f}" if "train/accuracy" in metrics else ""
-      print(f"step {step}/{self.total} | loss {metrics['train/loss']:.4f}{acc} | lr {metrics['train/lr']:.2e} | "
-            f"{rate:.2f} steps/s{' | ' + throughput if throughput else ''} | ETA {_fmt_time(eta)}", flush=True)
+      print(
+        f"step {step}/{self.total} | loss {metrics['train/loss']:.4f}{acc} | lr {metrics['train/lr']:.2e} | "
+        f"{rate:.2f} steps/s{' | ' + throughput if throughput else ''} | ETA {_fmt_time(eta)}",
+        flush=True,
+      )
 
   def close(self):
     if self.tb:
@@ -396,9 +448,11 @@ def _fmt_time(s: float) -> str:
 
 # -------------------------------------------------------------------------------------- train loop
 
+
 @dataclasses.dataclass
 class Experiment:
   """What train() and evaluate() share: task, model, mesh, shardings, optimizer."""
+
   config: Any
   task: Any
   model: nn.Module
@@ -429,12 +483,17 @@ def setup(config, workdir: str, task=None, total_steps: int | None = None, steps
     abstract = jax.eval_shape(init_state)
   except ValueError as e:  # impossible shapes (image size vs patch, widths vs heads): say which setting
     raise ConfigError(f"{e} (the model's input comes from config.data; e.g. set --config.data.image_size)") from None
-  specs = TrainState(P(), param_specs(abstract.params, config.sharding_rules),
-                     _opt_specs(abstract, config.sharding_rules), jax.tree.map(lambda _: P(), abstract.model_state))
+  specs = TrainState(
+    P(),
+    param_specs(abstract.params, config.sharding_rules),
+    _opt_specs(abstract, config.sharding_rules),
+    jax.tree.map(lambda _: P(), abstract.model_state),
+  )
   sharding = jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
   abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, sharding)
-  return Experiment(config, task, model, mesh, abstract, sharding, NamedSharding(mesh, P(config.mesh_axes[0])),
-                    init_state, schedule, tx)
+  return Experiment(
+    config, task, model, mesh, abstract, sharding, NamedSharding(mesh, P(config.mesh_axes[0])), init_state, schedule, tx
+  )
 
 
 def _opt_specs(abstract, rules):
@@ -465,6 +524,7 @@ def _all_agree(flag: bool) -> bool:
   if jax.process_count() == 1:
     return bool(flag)
   from jax.experimental import multihost_utils
+
   return bool(multihost_utils.broadcast_one_to_all(np.asarray(flag)))
 
 
@@ -475,7 +535,9 @@ def initial_state(exp: Experiment, config, log=print) -> TrainState:
     loaded, loaded_ms = load_params(config.init_from)
     params = adapt_params(loaded, jax.device_get(state.params), log=log)
     params = jax.device_put(params, exp.state_sharding.params)
-    state = state.replace(params=params, opt_state=jax.jit(exp.tx.init, out_shardings=exp.state_sharding.opt_state)(params))
+    state = state.replace(
+      params=params, opt_state=jax.jit(exp.tx.init, out_shardings=exp.state_sharding.opt_state)(params)
+    )
     if loaded_ms and jax.tree.map(np.shape, loaded_ms) == jax.tree.map(np.shape, jax.device_get(state.model_state)):
       state = state.replace(model_state=jax.device_put(loaded_ms, exp.state_sharding.model_state))
       log("init_from: BatchNorm statistics carried over")
@@ -496,9 +558,12 @@ def train(config: mlc.ConfigDict, workdir: str, log=print) -> dict:
   if config.total_steps is not None and config.num_epochs is not None:
     log(f"total_steps={config.total_steps} takes precedence over num_epochs={config.num_epochs}")
   exp = setup(config, workdir, task, total, steps_per_epoch)
-  train_step = jax.jit(make_train_step(exp.model, exp.tx, exp.schedule, config, task),
-                       in_shardings=(exp.state_sharding, exp.batch_sharding),
-                       out_shardings=(exp.state_sharding, None), donate_argnums=0)
+  train_step = jax.jit(
+    make_train_step(exp.model, exp.tx, exp.schedule, config, task),
+    in_shardings=(exp.state_sharding, exp.batch_sharding),
+    out_shardings=(exp.state_sharding, None),
+    donate_argnums=0,
+  )
 
   # A fresh run builds its initial state (and checks config.init_from) before it writes anything to the workdir.
   state = None if _has_checkpoints(workdir) else initial_state(exp, config, log)
@@ -515,8 +580,10 @@ def train(config: mlc.ConfigDict, workdir: str, log=print) -> dict:
     start = 0
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
   data_name = config.data.get("name") or config.data.get("source")
-  log(f"{config.model.name}: {n_params:,} parameters | {data_name}: {num_examples} training examples, "
-      f"{steps_per_epoch} steps/epoch | {total} steps | {jax.device_count()} devices, {jax.process_count()} processes")
+  log(
+    f"{config.model.name}: {n_params:,} parameters | {data_name}: {num_examples} training examples, "
+    f"{steps_per_epoch} steps/epoch | {total} steps | {jax.device_count()} devices, {jax.process_count()} processes"
+  )
 
   reporter = Reporter(workdir, total, config.batch_size if isinstance(task, tasks_lib.ImageClassification) else 0)
   eval_limit = config.data.get("eval_examples")
@@ -534,8 +601,9 @@ def train(config: mlc.ConfigDict, workdir: str, log=print) -> dict:
       if step % config.log_every == 0 or step == total or step == start + 1:
         reporter.progress(step, jax.device_get(metrics))
       if step % config.checkpoint_every == 0 or step == total:  # before evaluating: a failed eval loses nothing
-        last_mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                     data=ocp.args.JsonSave(data_state)))
+        last_mngr.save(
+          step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state))
+        )
       if step % config.eval_every == 0 or step == total:
         final = task.evaluate(exp, state.params, state.model_state, config.data.eval_split, eval_limit)
         reporter.write(step, final)
@@ -553,14 +621,18 @@ def train(config: mlc.ConfigDict, workdir: str, log=print) -> dict:
 
 # -------------------------------------------------------------------------------------- evaluation
 
+
 def restore_checkpoint(exp: Experiment, workdir: str, checkpoint: str = "latest"):
   """(state, step, kind) from WORKDIR/checkpoints (latest or a step) or WORKDIR/best."""
   sub = "best" if checkpoint == "best" else "checkpoints"
   path = os.path.join(workdir, sub)
   if not os.path.isdir(path):
     raise ConfigError(f"no {sub}/ in {workdir}: train first (python -m vitjax.main --config=... --workdir={workdir})")
-  with ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(read_only=True),
-                             item_names=("state", "data") if sub == "checkpoints" else ("state",)) as mngr:
+  with ocp.CheckpointManager(
+    path,
+    options=ocp.CheckpointManagerOptions(read_only=True),
+    item_names=("state", "data") if sub == "checkpoints" else ("state",),
+  ) as mngr:
     steps = mngr.all_steps()
     if not steps:
       raise ConfigError(f"{path} holds no finished checkpoint")

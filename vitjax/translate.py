@@ -7,6 +7,7 @@ One output line per input line, in order. An empty line translates to an empty l
 the unknown token; a line longer than the model's max_len tokens is truncated, with a warning on stderr naming
 the line. --method=greedy or --method=sample (with --temperature, --top_k) replace beam search.
 """
+
 import json
 import os
 import sys
@@ -30,8 +31,10 @@ def translate_lines(exp, params, lines, batch_size=32, warn=lambda msg: print(ms
   """Source strings -> translated strings (same order, empty stays empty)."""
   import jax
   import numpy as np
+
   from vitjax import tasks
   from vitjax.models.transformer import EOS
+
   task, max_len = exp.task, exp.config.data.max_len
   tok = task.tokenizer
   out = [""] * len(lines)
@@ -42,23 +45,22 @@ def translate_lines(exp, params, lines, batch_size=32, warn=lambda msg: print(ms
       continue
     ids = tok.encode(line)
     if len(ids) > max_len - 1:
-      warn(f"warning: line {i + 1} has {len(ids)} tokens; truncated to the model's max_len of {max_len} "
-           "(with EOS)")
-      ids = ids[:max_len - 1]
+      warn(f"warning: line {i + 1} has {len(ids)} tokens; truncated to the model's max_len of {max_len} (with EOS)")
+      ids = ids[: max_len - 1]
     todo.append((i, ids + [EOS]))
   n_dev = jax.device_count()
   batch_size = -(-batch_size // n_dev) * n_dev
   todo.sort(key=lambda x: len(x[1]))  # similar lengths together: less padding
   for start in range(0, len(todo), batch_size):
-    chunk = todo[start:start + batch_size]
+    chunk = todo[start : start + batch_size]
     width = max(len(ids) for _, ids in chunk)
     width = min(-(-width // 8) * 8, max_len)  # few distinct shapes, few compilations
     src = np.zeros((batch_size, width), np.int32)
     for r, (_, ids) in enumerate(chunk):
-      src[r, :len(ids)] = ids
+      src[r, : len(ids)] = ids
     src = tasks.to_global({"src": src}, exp.batch_sharding, ("src",))["src"]
     tokens = tasks._gather(task.translate_batch(exp, params, src, task.decode_len(width)))
-    for (i, _), text in zip(chunk, tok.decode_batch(tokens[:len(chunk)])):
+    for (i, _), text in zip(chunk, tok.decode_batch(tokens[: len(chunk)])):
       out[i] = text
   return out
 
@@ -67,7 +69,9 @@ def main(argv):
   del argv
   import jax
   import ml_collections as mlc
+
   from vitjax import tasks, train
+
   path = os.path.join(FLAGS.workdir, "config.json")
   if not os.path.exists(path):
     print(f"error: {path} not found: --workdir must be a translation run's workdir", file=sys.stderr)

@@ -6,19 +6,18 @@ Prepare a dataset with ``python -m vitjax.data.prepare --dataset=NAME
 with :func:`make_input`.
 """
 
-from vitjax.data.builders import BUILDERS
-from vitjax.data.builders import default_data_dir
-from vitjax.data.builders import get_builder
-from vitjax.data.builders import resolve_name
-from vitjax.data.images import Augment
-from vitjax.data.images import DatasetInfo
-from vitjax.data.images import DatasetNotPreparedError
-from vitjax.data.images import make_input
-from vitjax.data.images import open_split
-from vitjax.data.images import parse_augment
+from vitjax.data.builders import BUILDERS, default_data_dir, get_builder, resolve_name
+from vitjax.data.images import Augment, DatasetInfo, DatasetNotPreparedError, make_input, open_split, parse_augment
 
 __all__ = [
-    'Augment', 'BUILDERS', 'DatasetInfo', 'DatasetNotPreparedError',
-    'default_data_dir', 'get_builder', 'make_input', 'open_split',
-    'parse_augment', 'resolve_name',
+  "Augment",
+  "BUILDERS",
+  "DatasetInfo",
+  "DatasetNotPreparedError",
+  "default_data_dir",
+  "get_builder",
+  "make_input",
+  "open_split",
+  "parse_augment",
+  "resolve_name",
 ]

@@ -27,36 +27,45 @@ import PIL.Image
 import tensorflow_datasets as tfds
 from etils import epath
 
-FILE_FORMAT = 'array_record'
-DEBIAN_FASHION_MNIST_DIR = '/usr/share/datasets/fashion-mnist'
+FILE_FORMAT = "array_record"
+DEBIAN_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 
 _FASHION_MNIST_CLASSES = (
-    'T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat',
-    'Sandal', 'Shirt', 'Sneaker', 'Bag', 'Ankle boot',
+  "T-shirt/top",
+  "Trouser",
+  "Pullover",
+  "Dress",
+  "Coat",
+  "Sandal",
+  "Shirt",
+  "Sneaker",
+  "Bag",
+  "Ankle boot",
 )
 
 
 def default_data_dir() -> str:
   """``$TFDS_DATA_DIR`` if set, else ``~/tensorflow_datasets``."""
-  return os.path.expanduser(
-      os.environ.get('TFDS_DATA_DIR', '~/tensorflow_datasets'))
+  return os.path.expanduser(os.environ.get("TFDS_DATA_DIR", "~/tensorflow_datasets"))
 
 
 def encode_png(image: np.ndarray) -> bytes:
   """PNG-encodes a uint8 image of shape [H, W, C] (C in 1, 3, 4) with PIL."""
   if image.dtype != np.uint8 or image.ndim != 3:
-    raise ValueError(f'Expected uint8 [H, W, C], got {image.dtype} {image.shape}')
+    raise ValueError(f"Expected uint8 [H, W, C], got {image.dtype} {image.shape}")
   pil = PIL.Image.fromarray(image[..., 0] if image.shape[-1] == 1 else image)
   buf = io.BytesIO()
-  pil.save(buf, format='png')
+  pil.save(buf, format="png")
   return buf.getvalue()
 
 
 def _features(shape: tuple[int, int, int], names=None, num_classes=None):
-  return tfds.features.FeaturesDict({
-      'image': tfds.features.Image(shape=shape, dtype=np.uint8),
-      'label': tfds.features.ClassLabel(names=names, num_classes=num_classes),
-  })
+  return tfds.features.FeaturesDict(
+    {
+      "image": tfds.features.Image(shape=shape, dtype=np.uint8),
+      "label": tfds.features.ClassLabel(names=names, num_classes=num_classes),
+    }
+  )
 
 
 class _ThisFile:
@@ -77,15 +86,14 @@ class _LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   code_path = _ThisFile()
 
 
-def digits_split_indices(num_examples: int = 1797, num_test: int = 300,
-                         seed: int = 0) -> dict[str, np.ndarray]:
+def digits_split_indices(num_examples: int = 1797, num_test: int = 300, seed: int = 0) -> dict[str, np.ndarray]:
   """Held-out split of ``load_digits``: a seeded plain permutation.
 
   ``np.random.default_rng(seed).permutation(num_examples)``; the first
   ``num_test`` indices are ``test``, the rest ``train`` (both sorted).
   """
   perm = np.random.default_rng(seed).permutation(num_examples)
-  return {'test': np.sort(perm[:num_test]), 'train': np.sort(perm[num_test:])}
+  return {"test": np.sort(perm[:num_test]), "train": np.sort(perm[num_test:])}
 
 
 class Digits(_LocalBuilder):
@@ -99,48 +107,49 @@ class Digits(_LocalBuilder):
   scans). Example keys are the row indices into ``load_digits()``.
   """
 
-  name = 'digits'
-  VERSION = tfds.core.Version('1.0.0')
-  RELEASE_NOTES = {'1.0.0': 'Initial release: 1497 train / 300 test.'}
+  name = "digits"
+  VERSION = tfds.core.Version("1.0.0")
+  RELEASE_NOTES = {"1.0.0": "Initial release: 1497 train / 300 test."}
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
-        builder=self,
-        description=self.__doc__,
-        features=_features((8, 8, 1), num_classes=10),
-        supervised_keys=('image', 'label'),
-        homepage='https://scikit-learn.org/stable/datasets/toy_dataset.html',
+      builder=self,
+      description=self.__doc__,
+      features=_features((8, 8, 1), num_classes=10),
+      supervised_keys=("image", "label"),
+      homepage="https://scikit-learn.org/stable/datasets/toy_dataset.html",
     )
 
   def _split_generators(self, dl_manager):
     del dl_manager  # sklearn ships the data: nothing to download.
     from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
+
     digits = load_digits()
     images = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)[..., None]
     labels = digits.target.astype(np.int64)
-    return {split: self._generate_examples(images, labels, idx)
-            for split, idx in digits_split_indices(len(labels)).items()}
+    return {
+      split: self._generate_examples(images, labels, idx) for split, idx in digits_split_indices(len(labels)).items()
+    }
 
   def _generate_examples(self, images, labels, indices):
     for i in indices:
-      yield int(i), {'image': encode_png(images[i]), 'label': int(labels[i])}
+      yield int(i), {"image": encode_png(images[i]), "label": int(labels[i])}
 
 
 def read_idx(path: str) -> np.ndarray:
   """Reads an IDX file (optionally ``.gz``) into a numpy array (uint8 data)."""
-  opener = gzip.open if path.endswith('.gz') else open
-  with opener(path, 'rb') as f:
+  opener = gzip.open if path.endswith(".gz") else open
+  with opener(path, "rb") as f:
     data = f.read()
   zero, dtype_code, ndim = data[0] * 256 + data[1], data[2], data[3]
   if zero != 0 or dtype_code != 0x08:
-    raise ValueError(f'{path}: not an unsigned-byte IDX file')
-  shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], 'big')
-                for i in range(ndim))
+    raise ValueError(f"{path}: not an unsigned-byte IDX file")
+  shape = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
   return np.frombuffer(data, np.uint8, offset=4 + 4 * ndim).reshape(shape)
 
 
 def _find_idx(directory: str, stem: str) -> str | None:
-  for name in (stem, stem + '.gz'):
+  for name in (stem, stem + ".gz"):
     path = os.path.join(directory, name)
     if os.path.isfile(path):
       return path
@@ -148,22 +157,23 @@ def _find_idx(directory: str, stem: str) -> str | None:
 
 
 _FASHION_FILES = {
-    'train': ('train-images-idx3-ubyte', 'train-labels-idx1-ubyte'),
-    'test': ('t10k-images-idx3-ubyte', 't10k-labels-idx1-ubyte'),
+  "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+  "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
 
 
 def fashion_mnist_missing_message(directory: str) -> str:
-  return (f'Fashion-MNIST IDX files (train-images-idx3-ubyte[.gz], ...) not '
-          f'found in {directory}. Install them with `apt-get install '
-          f'dataset-fashion-mnist` (files land in {DEBIAN_FASHION_MNIST_DIR}), '
-          'or pass --manual_dir=DIR holding the four IDX files.')
+  return (
+    f"Fashion-MNIST IDX files (train-images-idx3-ubyte[.gz], ...) not "
+    f"found in {directory}. Install them with `apt-get install "
+    f"dataset-fashion-mnist` (files land in {DEBIAN_FASHION_MNIST_DIR}), "
+    "or pass --manual_dir=DIR holding the four IDX files."
+  )
 
 
 def fashion_mnist_available(directory: str = DEBIAN_FASHION_MNIST_DIR) -> bool:
   """Whether all four Fashion-MNIST IDX files are in ``directory``."""
-  return all(_find_idx(directory, s) for pair in _FASHION_FILES.values()
-             for s in pair)
+  return all(_find_idx(directory, s) for pair in _FASHION_FILES.values() for s in pair)
 
 
 class FashionMnistDeb(_LocalBuilder):
@@ -175,20 +185,21 @@ class FashionMnistDeb(_LocalBuilder):
   ClassLabel(10). Splits: the official ``train`` (60,000) / ``test`` (10,000).
   """
 
-  name = 'fashion_mnist_deb'
-  VERSION = tfds.core.Version('1.0.0')
-  RELEASE_NOTES = {'1.0.0': 'Initial release.'}
+  name = "fashion_mnist_deb"
+  VERSION = tfds.core.Version("1.0.0")
+  RELEASE_NOTES = {"1.0.0": "Initial release."}
   MANUAL_DOWNLOAD_INSTRUCTIONS = (
-      '`apt-get install dataset-fashion-mnist` (default manual_dir '
-      f'{DEBIAN_FASHION_MNIST_DIR}), or put the four IDX files in manual_dir.')
+    "`apt-get install dataset-fashion-mnist` (default manual_dir "
+    f"{DEBIAN_FASHION_MNIST_DIR}), or put the four IDX files in manual_dir."
+  )
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
-        builder=self,
-        description=self.__doc__,
-        features=_features((28, 28, 1), names=list(_FASHION_MNIST_CLASSES)),
-        supervised_keys=('image', 'label'),
-        homepage='https://github.com/zalandoresearch/fashion-mnist',
+      builder=self,
+      description=self.__doc__,
+      features=_features((28, 28, 1), names=list(_FASHION_MNIST_CLASSES)),
+      supervised_keys=("image", "label"),
+      homepage="https://github.com/zalandoresearch/fashion-mnist",
     )
 
   def _split_generators(self, dl_manager):
@@ -198,22 +209,23 @@ class FashionMnistDeb(_LocalBuilder):
       directory = DEBIAN_FASHION_MNIST_DIR
     if not fashion_mnist_available(directory):
       raise FileNotFoundError(fashion_mnist_missing_message(directory))
-    return {split: self._generate_examples(
-        _find_idx(directory, images), _find_idx(directory, labels))
-            for split, (images, labels) in _FASHION_FILES.items()}
+    return {
+      split: self._generate_examples(_find_idx(directory, images), _find_idx(directory, labels))
+      for split, (images, labels) in _FASHION_FILES.items()
+    }
 
   def _generate_examples(self, images_path, labels_path):
     images, labels = read_idx(images_path), read_idx(labels_path)
     if len(images) != len(labels):
-      raise ValueError(f'{images_path} and {labels_path} differ in length')
+      raise ValueError(f"{images_path} and {labels_path} differ in length")
     for i, (image, label) in enumerate(zip(images, labels)):
-      yield i, {'image': encode_png(image[..., None]), 'label': int(label)}
+      yield i, {"image": encode_png(image[..., None]), "label": int(label)}
 
 
 # Config name -> our builder class. Any other name is a stock tfds dataset.
 BUILDERS: dict[str, type[tfds.core.DatasetBuilder]] = {
-    'digits': Digits,
-    'fashion_mnist': FashionMnistDeb,
+  "digits": Digits,
+  "fashion_mnist": FashionMnistDeb,
 }
 
 
@@ -232,8 +244,10 @@ def is_local(name: str) -> bool:
   return name in BUILDERS or name in {c.name for c in BUILDERS.values()}
 
 
-def get_builder(name: str, data_dir: str | None = None,
-                ) -> tfds.core.DatasetBuilder:
+def get_builder(
+  name: str,
+  data_dir: str | None = None,
+) -> tfds.core.DatasetBuilder:
   """Returns the array_record builder for a config name (ours or stock tfds).
 
   Stock datasets are looked up with ``tfds.builder``; nothing is downloaded.

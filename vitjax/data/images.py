@@ -30,7 +30,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import grain
 import numpy as np
@@ -61,6 +62,7 @@ class DatasetInfo:
     steps_per_epoch: batches this process yields per epoch (eval: including
       the padded last one; train: full batches only).
   """
+
   name: str
   split: str
   num_classes: int
@@ -89,6 +91,7 @@ class Augment:
     mix_switch_prob: when both are on, probability that a batch uses CutMix.
     mix_prob: probability that a batch is mixed at all (labels stay soft).
   """
+
   random_resized_crop: tuple[tuple[float, float], tuple[float, float]] | None = None
   flip: bool = False
   randaugment: tuple[int, float] | None = None
@@ -102,23 +105,22 @@ class Augment:
     return self.mixup_alpha > 0 or self.cutmix_alpha > 0
 
 
-_RRC_DEFAULTS = {'scale': (0.08, 1.0), 'ratio': (3 / 4, 4 / 3)}
-_RANDAUGMENT_DEFAULTS = {'num_layers': 2, 'magnitude': 9}
+_RRC_DEFAULTS = {"scale": (0.08, 1.0), "ratio": (3 / 4, 4 / 3)}
+_RANDAUGMENT_DEFAULTS = {"num_layers": 2, "magnitude": 9}
 
 
 def _as_dict(value: Any, what: str) -> dict[str, Any]:
-  if hasattr(value, 'to_dict'):  # ml_collections.ConfigDict
+  if hasattr(value, "to_dict"):  # ml_collections.ConfigDict
     value = value.to_dict()
   if not isinstance(value, Mapping):
-    raise TypeError(f'{what} must be a dict or ConfigDict, got {value!r}')
+    raise TypeError(f"{what} must be a dict or ConfigDict, got {value!r}")
   return dict(value)
 
 
 def _check_keys(given: Mapping[str, Any], valid: Sequence[str], what: str):
   unknown = sorted(set(given) - set(valid))
   if unknown:
-    raise ValueError(f'Unknown {what} key(s) {unknown}; valid keys: '
-                     f'{sorted(valid)}')
+    raise ValueError(f"Unknown {what} key(s) {unknown}; valid keys: {sorted(valid)}")
 
 
 def _sub_options(value: Any, defaults: dict[str, Any], what: str):
@@ -140,21 +142,18 @@ def parse_augment(augment: Mapping[str, Any] | Any | None) -> Augment:
   """
   if augment is None:
     return Augment()
-  augment = _as_dict(augment, 'augment')
-  _check_keys(augment, [f.name for f in dataclasses.fields(Augment)], 'augment')
-  rrc = _sub_options(augment.pop('random_resized_crop', None), _RRC_DEFAULTS,
-                     'augment.random_resized_crop')
-  ra = _sub_options(augment.pop('randaugment', None), _RANDAUGMENT_DEFAULTS,
-                    'augment.randaugment')
+  augment = _as_dict(augment, "augment")
+  _check_keys(augment, [f.name for f in dataclasses.fields(Augment)], "augment")
+  rrc = _sub_options(augment.pop("random_resized_crop", None), _RRC_DEFAULTS, "augment.random_resized_crop")
+  ra = _sub_options(augment.pop("randaugment", None), _RANDAUGMENT_DEFAULTS, "augment.randaugment")
   aug = Augment(
-      random_resized_crop=None if rrc is None else (
-          tuple(map(float, rrc['scale'])), tuple(map(float, rrc['ratio']))),
-      randaugment=None if ra is None else (int(ra['num_layers']),
-                                           float(ra['magnitude'])),
-      **augment)
-  for key in ('mixup_alpha', 'cutmix_alpha'):
+    random_resized_crop=None if rrc is None else (tuple(map(float, rrc["scale"])), tuple(map(float, rrc["ratio"]))),
+    randaugment=None if ra is None else (int(ra["num_layers"]), float(ra["magnitude"])),
+    **augment,
+  )
+  for key in ("mixup_alpha", "cutmix_alpha"):
     if getattr(aug, key) < 0:
-      raise ValueError(f'augment.{key} must be >= 0, got {getattr(aug, key)}')
+      raise ValueError(f"augment.{key} must be >= 0, got {getattr(aug, key)}")
   return aug
 
 
@@ -173,8 +172,9 @@ def _from_pil(pil: PIL.Image.Image) -> np.ndarray:
   return array[..., None] if array.ndim == 2 else array
 
 
-def resize(image: np.ndarray, size: tuple[int, int],
-           box: tuple[float, float, float, float] | None = None) -> np.ndarray:
+def resize(
+  image: np.ndarray, size: tuple[int, int], box: tuple[float, float, float, float] | None = None
+) -> np.ndarray:
   """Bilinear resize of uint8 [H, W, C] (or of its ``box`` = x0, y0, x1, y1).
 
   Returns uint8 [size[0], size[1], C].
@@ -185,10 +185,14 @@ def resize(image: np.ndarray, size: tuple[int, int],
   return _from_pil(pil)
 
 
-def random_resized_crop_box(rng: np.random.Generator, height: int, width: int,
-                            scale: tuple[float, float],
-                            ratio: tuple[float, float],
-                            attempts: int = 10) -> tuple[int, int, int, int]:
+def random_resized_crop_box(
+  rng: np.random.Generator,
+  height: int,
+  width: int,
+  scale: tuple[float, float],
+  ratio: tuple[float, float],
+  attempts: int = 10,
+) -> tuple[int, int, int, int]:
   """Inception crop: (x0, y0, x1, y1) with area fraction in ``scale`` and
   aspect ratio (w/h) log-uniform in ``ratio``; central crop as fallback."""
   area = height * width
@@ -203,20 +207,18 @@ def random_resized_crop_box(rng: np.random.Generator, height: int, width: int,
       return x0, y0, x0 + w, y0 + h
   # Fallback: the largest central crop with aspect ratio clipped to ``ratio``.
   aspect = min(max(width / height, ratio[0]), ratio[1])
-  w, h = (width, int(round(width / aspect))) if aspect > width / height else (
-      int(round(height * aspect)), height)
+  w, h = (width, int(round(width / aspect))) if aspect > width / height else (int(round(height * aspect)), height)
   w, h = min(w, width), min(h, height)
   x0, y0 = (width - w) // 2, (height - h) // 2
   return x0, y0, x0 + w, y0 + h
 
 
 def _fill(pil: PIL.Image.Image):
-  return _FILL if pil.mode == 'L' else (_FILL,) * len(pil.getbands())
+  return _FILL if pil.mode == "L" else (_FILL,) * len(pil.getbands())
 
 
 def _affine(pil, matrix):
-  return pil.transform(pil.size, PIL.Image.AFFINE, matrix,
-                       resample=PIL.Image.BILINEAR, fillcolor=_fill(pil))
+  return pil.transform(pil.size, PIL.Image.AFFINE, matrix, resample=PIL.Image.BILINEAR, fillcolor=_fill(pil))
 
 
 def _enhance(enhancer):
@@ -226,29 +228,25 @@ def _enhance(enhancer):
 # RandAugment ops: (PIL image, signed level m in [-1, 1]) -> PIL image. The
 # level is magnitude / 10 with a random sign; unsigned ops use |m|.
 RANDAUGMENT_OPS = {
-    'Identity': lambda pil, m: pil,
-    'AutoContrast': lambda pil, m: PIL.ImageOps.autocontrast(pil),
-    'Equalize': lambda pil, m: PIL.ImageOps.equalize(pil),
-    'Rotate': lambda pil, m: pil.rotate(30.0 * m, PIL.Image.BILINEAR,
-                                        fillcolor=_fill(pil)),
-    'Solarize': lambda pil, m: PIL.ImageOps.solarize(pil, 256 - int(256 * abs(m))),
-    'Posterize': lambda pil, m: PIL.ImageOps.posterize(pil, 8 - int(4 * abs(m))),
-    'Color': _enhance(PIL.ImageEnhance.Color),
-    'Contrast': _enhance(PIL.ImageEnhance.Contrast),
-    'Brightness': _enhance(PIL.ImageEnhance.Brightness),
-    'Sharpness': _enhance(PIL.ImageEnhance.Sharpness),
-    'ShearX': lambda pil, m: _affine(pil, (1, 0.3 * m, 0, 0, 1, 0)),
-    'ShearY': lambda pil, m: _affine(pil, (1, 0, 0, 0.3 * m, 1, 0)),
-    'TranslateX': lambda pil, m: _affine(
-        pil, (1, 0, 0.45 * m * pil.size[0], 0, 1, 0)),
-    'TranslateY': lambda pil, m: _affine(
-        pil, (1, 0, 0, 0, 1, 0.45 * m * pil.size[1])),
+  "Identity": lambda pil, m: pil,
+  "AutoContrast": lambda pil, m: PIL.ImageOps.autocontrast(pil),
+  "Equalize": lambda pil, m: PIL.ImageOps.equalize(pil),
+  "Rotate": lambda pil, m: pil.rotate(30.0 * m, PIL.Image.BILINEAR, fillcolor=_fill(pil)),
+  "Solarize": lambda pil, m: PIL.ImageOps.solarize(pil, 256 - int(256 * abs(m))),
+  "Posterize": lambda pil, m: PIL.ImageOps.posterize(pil, 8 - int(4 * abs(m))),
+  "Color": _enhance(PIL.ImageEnhance.Color),
+  "Contrast": _enhance(PIL.ImageEnhance.Contrast),
+  "Brightness": _enhance(PIL.ImageEnhance.Brightness),
+  "Sharpness": _enhance(PIL.ImageEnhance.Sharpness),
+  "ShearX": lambda pil, m: _affine(pil, (1, 0.3 * m, 0, 0, 1, 0)),
+  "ShearY": lambda pil, m: _affine(pil, (1, 0, 0, 0.3 * m, 1, 0)),
+  "TranslateX": lambda pil, m: _affine(pil, (1, 0, 0.45 * m * pil.size[0], 0, 1, 0)),
+  "TranslateY": lambda pil, m: _affine(pil, (1, 0, 0, 0, 1, 0.45 * m * pil.size[1])),
 }
 _OP_NAMES = tuple(RANDAUGMENT_OPS)
 
 
-def randaugment(image: np.ndarray, rng: np.random.Generator, num_layers: int,
-                magnitude: float) -> np.ndarray:
+def randaugment(image: np.ndarray, rng: np.random.Generator, num_layers: int, magnitude: float) -> np.ndarray:
   """RandAugment (Cubuk et al. 2019) on uint8 [H, W, C], C in {1, 3}.
 
   Applies ``num_layers`` ops drawn uniformly from :data:`RANDAUGMENT_OPS` at
@@ -272,9 +270,9 @@ def normalize(image: np.ndarray) -> np.ndarray:
 # Per-batch Mixup / CutMix on float images.
 
 
-def mix_batch(images: np.ndarray, labels: np.ndarray, num_classes: int,
-              aug: Augment, rng: np.random.Generator
-              ) -> tuple[np.ndarray, np.ndarray]:
+def mix_batch(
+  images: np.ndarray, labels: np.ndarray, num_classes: int, aug: Augment, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
   """Mixup or CutMix of a batch with its reverse.
 
   Args:
@@ -292,8 +290,7 @@ def mix_batch(images: np.ndarray, labels: np.ndarray, num_classes: int,
   onehot = np.eye(num_classes, dtype=np.float32)[labels]
   if not aug.mixes or rng.random() >= aug.mix_prob:
     return images, onehot
-  use_cutmix = aug.cutmix_alpha > 0 and (
-      aug.mixup_alpha <= 0 or rng.random() < aug.mix_switch_prob)
+  use_cutmix = aug.cutmix_alpha > 0 and (aug.mixup_alpha <= 0 or rng.random() < aug.mix_switch_prob)
   alpha = aug.cutmix_alpha if use_cutmix else aug.mixup_alpha
   lam = float(rng.beta(alpha, alpha))
   other = images[::-1]
@@ -324,8 +321,7 @@ class _Examples:
   the shard's first example (or of example 0) with ``mask=False``.
   """
 
-  def __init__(self, source, image_key: str, label_key: str,
-               positions: np.ndarray | None = None):
+  def __init__(self, source, image_key: str, label_key: str, positions: np.ndarray | None = None):
     self._source, self._image_key, self._label_key = source, image_key, label_key
     self._positions = positions
 
@@ -341,59 +337,62 @@ class _Examples:
     image = np.asarray(example[self._image_key])
     if image.ndim == 2:
       image = image[..., None]
-    return {'image': image, 'label': int(example[self._label_key]),
-            'index': pos if real else -1, 'mask': real}
+    return {"image": image, "label": int(example[self._label_key]), "index": pos if real else -1, "mask": real}
 
   def __repr__(self) -> str:
-    return f'_Examples({self._source!r}, n={len(self)})'
+    return f"_Examples({self._source!r}, n={len(self)})"
 
 
 def _finish(example: dict[str, Any], image: np.ndarray) -> dict[str, Any]:
-  return {'image': normalize(image), 'label': np.int32(example['label']),
-          'mask': np.bool_(example['mask']), 'index': np.int32(example['index'])}
+  return {
+    "image": normalize(image),
+    "label": np.int32(example["label"]),
+    "mask": np.bool_(example["mask"]),
+    "index": np.int32(example["index"]),
+  }
 
 
 @dataclasses.dataclass(frozen=True)
 class _EvalPreprocess(grain.transforms.Map):
   """Resize to ``size`` and normalize."""
+
   size: tuple[int, int]
 
   def map(self, example):
-    return _finish(example, resize(example['image'], self.size))
+    return _finish(example, resize(example["image"], self.size))
 
 
 @dataclasses.dataclass(frozen=True)
 class _TrainPreprocess(grain.transforms.RandomMap):
   """Random-resized crop (or resize), flip, RandAugment, normalize."""
+
   size: tuple[int, int]
   aug: Augment
 
   def random_map(self, example, rng: np.random.Generator):
-    image = example['image']
+    image = example["image"]
     if self.aug.random_resized_crop is not None:
-      box = random_resized_crop_box(rng, *image.shape[:2],
-                                    *self.aug.random_resized_crop)
+      box = random_resized_crop_box(rng, *image.shape[:2], *self.aug.random_resized_crop)
       image = resize(image, self.size, box=box)
     else:
       image = resize(image, self.size)
     if self.aug.flip and rng.random() < 0.5:
       image = image[:, ::-1]
     if self.aug.randaugment is not None:
-      image = randaugment(np.ascontiguousarray(image), rng,
-                          *self.aug.randaugment)
+      image = randaugment(np.ascontiguousarray(image), rng, *self.aug.randaugment)
     return _finish(example, np.ascontiguousarray(image))
 
 
 @dataclasses.dataclass(frozen=True)
 class _MixBatch(grain.transforms.RandomMap):
   """Per-batch Mixup/CutMix; 'label' becomes float32 [B, num_classes]."""
+
   num_classes: int
   aug: Augment
 
   def random_map(self, batch, rng: np.random.Generator):
-    images, labels = mix_batch(batch['image'], batch['label'],
-                               self.num_classes, self.aug, rng)
-    return {**batch, 'image': images, 'label': labels}
+    images, labels = mix_batch(batch["image"], batch["label"], self.num_classes, self.aug, rng)
+    return {**batch, "image": images, "label": labels}
 
 
 # ----------------------------------------------------------------------------
@@ -403,18 +402,21 @@ class _MixBatch(grain.transforms.RandomMap):
 def not_prepared_message(name: str, data_dir: str, builder=None) -> str:
   """Explains how to prepare ``name`` into ``data_dir`` as array_record."""
   if builders.is_local(name):
-    return (f"Dataset '{name}' is not prepared in {data_dir}. Prepare it "
-            f'with:\n  python -m vitjax.data.prepare --dataset={name} '
-            f'--data_dir={data_dir}')
-  cmd = f'tfds build {name} --file_format=array_record --data_dir={data_dir}'
-  manual = getattr(builder, 'MANUAL_DOWNLOAD_INSTRUCTIONS', None)
+    return (
+      f"Dataset '{name}' is not prepared in {data_dir}. Prepare it "
+      f"with:\n  python -m vitjax.data.prepare --dataset={name} "
+      f"--data_dir={data_dir}"
+    )
+  cmd = f"tfds build {name} --file_format=array_record --data_dir={data_dir}"
+  manual = getattr(builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None)
   if manual:
-    cmd += (' --manual_dir=DIR\n(this dataset needs manually downloaded files '
-            f'in DIR: {manual.strip()})')
-  return (f"Dataset '{name}' has no array_record files in {data_dir}. It is a "
-          f'stock tfds dataset; prepare it with:\n  {cmd}\n(or: python -m '
-          f'vitjax.data.prepare --dataset={name} --data_dir={data_dir}; '
-          'building stock tfds datasets may need TensorFlow, reading does not)')
+    cmd += f" --manual_dir=DIR\n(this dataset needs manually downloaded files in DIR: {manual.strip()})"
+  return (
+    f"Dataset '{name}' has no array_record files in {data_dir}. It is a "
+    f"stock tfds dataset; prepare it with:\n  {cmd}\n(or: python -m "
+    f"vitjax.data.prepare --dataset={name} --data_dir={data_dir}; "
+    "building stock tfds datasets may need TensorFlow, reading does not)"
+  )
 
 
 def open_split(name: str, split: str, data_dir: str | None = None):
@@ -434,25 +436,25 @@ def open_split(name: str, split: str, data_dir: str | None = None):
       command that prepares it.
   """
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
   data_dir = os.path.expanduser(data_dir or builders.default_data_dir())
   try:
     builder = builders.get_builder(name, data_dir)
   except tfds.core.DatasetNotFoundError as e:
     raise DatasetNotPreparedError(
-        f"Dataset '{name}' is neither a vitjax dataset "
-        f'({sorted(builders.BUILDERS)}) nor a tfds dataset registered or '
-        f'prepared in {data_dir}: check the name, or prepare it with `tfds '
-        f'build {name} --file_format=array_record --data_dir={data_dir}`.'
+      f"Dataset '{name}' is neither a vitjax dataset "
+      f"({sorted(builders.BUILDERS)}) nor a tfds dataset registered or "
+      f"prepared in {data_dir}: check the name, or prepare it with `tfds "
+      f"build {name} --file_format=array_record --data_dir={data_dir}`."
     ) from e
   if not builder.is_prepared():
     raise DatasetNotPreparedError(not_prepared_message(name, data_dir, builder))
   file_format = builder.info.file_format
-  if file_format is not None and str(getattr(file_format, 'value', file_format)
-                                     ) != builders.FILE_FORMAT:
+  if file_format is not None and str(getattr(file_format, "value", file_format)) != builders.FILE_FORMAT:
     raise DatasetNotPreparedError(
-        f"Dataset '{name}' in {builder.data_dir} is stored as {file_format}, "
-        'not array_record (needed for random access). '
-        + not_prepared_message(name, data_dir, builder))
+      f"Dataset '{name}' in {builder.data_dir} is stored as {file_format}, "
+      "not array_record (needed for random access). " + not_prepared_message(name, data_dir, builder)
+    )
   return builder.as_data_source(split=split), builder
 
 
@@ -460,7 +462,7 @@ def _supervised_keys(builder) -> tuple[str, str]:
   keys = builder.info.supervised_keys
   if keys and isinstance(keys[0], str) and isinstance(keys[1], str):
     return keys[0], keys[1]
-  return 'image', 'label'
+  return "image", "label"
 
 
 def _pair(size: int | Sequence[int]) -> tuple[int, int]:
@@ -474,6 +476,7 @@ def _ensure_absl_flags_parsed():
   """grain's worker processes read absl flags (``--grain_*``); outside
   ``absl.app.run`` (pytest, notebooks) flags are unparsed, so use defaults."""
   from absl import flags  # pylint: disable=g-import-not-at-top
+
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
 
@@ -489,20 +492,20 @@ def _mix_seed(seed: int) -> int:
 
 
 def make_input(
-    name: str,
-    split: str,
-    *,
-    global_batch_size: int,
-    image_size: int | Sequence[int],
-    train: bool,
-    seed: int = 0,
-    data_dir: str | None = None,
-    augment: Mapping[str, Any] | Any | None = None,
-    num_epochs: int | None = None,
-    process_index: int | None = None,
-    process_count: int | None = None,
-    worker_count: int = 0,
-    read_threads: int | None = None,
+  name: str,
+  split: str,
+  *,
+  global_batch_size: int,
+  image_size: int | Sequence[int],
+  train: bool,
+  seed: int = 0,
+  data_dir: str | None = None,
+  augment: Mapping[str, Any] | Any | None = None,
+  num_epochs: int | None = None,
+  process_index: int | None = None,
+  process_count: int | None = None,
+  worker_count: int = 0,
+  read_threads: int | None = None,
 ) -> tuple[Iterator[dict[str, np.ndarray]], DatasetInfo]:
   """Builds the grain input pipeline of one split on this process.
 
@@ -540,16 +543,16 @@ def make_input(
   """
   aug = parse_augment(augment)
   if (process_index is None) != (process_count is None):
-    raise ValueError('Give both process_index and process_count, or neither.')
+    raise ValueError("Give both process_index and process_count, or neither.")
   if process_count is None:
     shard = grain.sharding.ShardByJaxProcess(drop_remainder=train)
     process_index, process_count = shard.shard_index, shard.shard_count
   if not 0 <= process_index < process_count:
-    raise ValueError(f'process_index={process_index} not in '
-                     f'[0, process_count={process_count})')
+    raise ValueError(f"process_index={process_index} not in [0, process_count={process_count})")
   if global_batch_size <= 0 or global_batch_size % process_count:
-    raise ValueError(f'global_batch_size={global_batch_size} must be a '
-                     f'positive multiple of process_count={process_count}.')
+    raise ValueError(
+      f"global_batch_size={global_batch_size} must be a positive multiple of process_count={process_count}."
+    )
   local_batch = global_batch_size // process_count
   size = _pair(image_size)
 
@@ -560,19 +563,18 @@ def make_input(
   channels = builder.info.features[image_key].shape[-1] or 3
 
   if train:
-    shard = grain.sharding.ShardOptions(process_index, process_count,
-                                        drop_remainder=True)
+    shard = grain.sharding.ShardOptions(process_index, process_count, drop_remainder=True)
     examples = _Examples(source, image_key, label_key)
     sampler = grain.samplers.IndexSampler(
-        num_examples, shard_options=shard, shuffle=True,
-        num_epochs=num_epochs, seed=_mix_seed(seed))
+      num_examples, shard_options=shard, shuffle=True, num_epochs=num_epochs, seed=_mix_seed(seed)
+    )
     per_process = num_examples // process_count
     steps = per_process // local_batch
     if steps == 0:
-      raise ValueError(f'{name}[{split}] has {per_process} examples per '
-                       f'process, fewer than one batch of {local_batch}.')
-    operations = [_TrainPreprocess(size, aug),
-                  grain.transforms.Batch(local_batch, drop_remainder=True)]
+      raise ValueError(
+        f"{name}[{split}] has {per_process} examples per process, fewer than one batch of {local_batch}."
+      )
+    operations = [_TrainPreprocess(size, aug), grain.transforms.Batch(local_batch, drop_remainder=True)]
     if aug.mixes:
       operations.append(_MixBatch(num_classes, aug))
   else:
@@ -580,23 +582,30 @@ def make_input(
     end = num_examples * (process_index + 1) // process_count
     steps = math.ceil(math.ceil(num_examples / process_count) / local_batch)
     positions = np.full(steps * local_batch, -1, np.int64)
-    positions[:end - start] = np.arange(start, end)
+    positions[: end - start] = np.arange(start, end)
     examples = _Examples(source, image_key, label_key, positions)
     shard = grain.sharding.NoSharding()  # Sharded by `positions` above.
-    sampler = grain.samplers.IndexSampler(
-        len(examples), shard_options=shard, shuffle=False,
-        num_epochs=num_epochs or 1)
-    operations = [_EvalPreprocess(size),
-                  grain.transforms.Batch(local_batch, drop_remainder=False)]
+    sampler = grain.samplers.IndexSampler(len(examples), shard_options=shard, shuffle=False, num_epochs=num_epochs or 1)
+    operations = [_EvalPreprocess(size), grain.transforms.Batch(local_batch, drop_remainder=False)]
 
   if worker_count > 0:
     _ensure_absl_flags_parsed()
-  read_options = (None if read_threads is None else
-                  grain.ReadOptions(num_threads=read_threads))
-  loader = grain.DataLoader(data_source=examples, sampler=sampler,
-                            operations=operations, worker_count=worker_count,
-                            shard_options=shard, read_options=read_options)
-  info = DatasetInfo(name=name, split=split, num_classes=num_classes,
-                     num_examples=num_examples, image_shape=(*size, channels),
-                     local_batch_size=local_batch, steps_per_epoch=steps)
+  read_options = None if read_threads is None else grain.ReadOptions(num_threads=read_threads)
+  loader = grain.DataLoader(
+    data_source=examples,
+    sampler=sampler,
+    operations=operations,
+    worker_count=worker_count,
+    shard_options=shard,
+    read_options=read_options,
+  )
+  info = DatasetInfo(
+    name=name,
+    split=split,
+    num_classes=num_classes,
+    num_examples=num_examples,
+    image_shape=(*size, channels),
+    local_batch_size=local_batch,
+    steps_per_epoch=steps,
+  )
   return iter(loader), info

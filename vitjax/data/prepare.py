@@ -24,18 +24,16 @@ import tensorflow_datasets as tfds
 from vitjax.data import builders
 
 
-def prepare_command(name: str, data_dir: str | None = None,
-                    manual_dir: str | None = None) -> str:
+def prepare_command(name: str, data_dir: str | None = None, manual_dir: str | None = None) -> str:
   """The shell command that prepares ``name`` into ``data_dir``."""
-  cmd = f'python -m vitjax.data.prepare --dataset={name}'
-  cmd += f' --data_dir={data_dir or builders.default_data_dir()}'
+  cmd = f"python -m vitjax.data.prepare --dataset={name}"
+  cmd += f" --data_dir={data_dir or builders.default_data_dir()}"
   if manual_dir:
-    cmd += f' --manual_dir={manual_dir}'
+    cmd += f" --manual_dir={manual_dir}"
   return cmd
 
 
-def prepare(name: str, data_dir: str | None = None,
-            manual_dir: str | None = None) -> tfds.core.DatasetBuilder:
+def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = None) -> tfds.core.DatasetBuilder:
   """Builds dataset ``name`` (config name, see ``builders.resolve_name``).
 
   Args:
@@ -54,29 +52,23 @@ def prepare(name: str, data_dir: str | None = None,
     if not builders.fashion_mnist_available(os.path.expanduser(manual_dir)):
       raise FileNotFoundError(builders.fashion_mnist_missing_message(manual_dir))
   builder = builders.get_builder(name, data_dir)
-  config = tfds.download.DownloadConfig(
-      manual_dir=os.path.expanduser(manual_dir) if manual_dir else None)
+  config = tfds.download.DownloadConfig(manual_dir=os.path.expanduser(manual_dir) if manual_dir else None)
   builder.download_and_prepare(download_config=config)
   return builder
 
 
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(
-      prog='python -m vitjax.data.prepare', description=__doc__.split('\n')[0])
-  parser.add_argument('--dataset', required=True,
-                      help="'digits', 'fashion_mnist' or a stock tfds name")
-  parser.add_argument('--data_dir', default=None,
-                      help='default: $TFDS_DATA_DIR or ~/tensorflow_datasets')
-  parser.add_argument('--manual_dir', default=None,
-                      help='source files (fashion_mnist: Debian dir)')
+  parser = argparse.ArgumentParser(prog="python -m vitjax.data.prepare", description=__doc__.split("\n")[0])
+  parser.add_argument("--dataset", required=True, help="'digits', 'fashion_mnist' or a stock tfds name")
+  parser.add_argument("--data_dir", default=None, help="default: $TFDS_DATA_DIR or ~/tensorflow_datasets")
+  parser.add_argument("--manual_dir", default=None, help="source files (fashion_mnist: Debian dir)")
   args = parser.parse_args(argv)
   start = time.time()
   builder = prepare(args.dataset, args.data_dir, args.manual_dir)
   splits = {k: v.num_examples for k, v in builder.info.splits.items()}
-  print(f'Prepared {args.dataset} ({builder.name}) in {builder.data_dir}: '
-        f'{splits} in {time.time() - start:.1f}s')
+  print(f"Prepared {args.dataset} ({builder.name}) in {builder.data_dir}: {splits} in {time.time() - start:.1f}s")
   return 0
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
   sys.exit(main())

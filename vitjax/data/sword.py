@@ -41,9 +41,9 @@ import struct
 import zlib
 
 #: Where SWORD libraries are looked for (plus ``$SWORD_PATH``, first).
-DEFAULT_SWORD_DIRS = ('/usr/share/sword', '/usr/local/share/sword', '~/.sword')
+DEFAULT_SWORD_DIRS = ("/usr/share/sword", "/usr/local/share/sword", "~/.sword")
 
-TESTAMENTS = ('ot', 'nt')
+TESTAMENTS = ("ot", "nt")
 
 
 class ModuleNotFoundInLibraryError(FileNotFoundError):
@@ -66,6 +66,7 @@ class ModuleConf:
     lang: ``Lang`` (``''`` when absent).
     entries: every ``Key=Value`` of the section (first value of repeated keys).
   """
+
   name: str
   conf_path: str
   data_path: str
@@ -81,8 +82,8 @@ class ModuleConf:
 def sword_dirs() -> list[str]:
   """SWORD library roots searched: ``$SWORD_PATH`` then the defaults."""
   dirs = []
-  if os.environ.get('SWORD_PATH'):
-    dirs.extend(os.environ['SWORD_PATH'].split(os.pathsep))
+  if os.environ.get("SWORD_PATH"):
+    dirs.extend(os.environ["SWORD_PATH"].split(os.pathsep))
   dirs.extend(DEFAULT_SWORD_DIRS)
   return [os.path.expanduser(d) for d in dirs]
 
@@ -95,21 +96,21 @@ def parse_conf(path: str) -> dict[str, dict[str, str]]:
   """
   sections: dict[str, dict[str, str]] = {}
   current = None
-  with open(path, encoding='utf-8', errors='replace') as f:
+  with open(path, encoding="utf-8", errors="replace") as f:
     lines = f.read().splitlines()
   i = 0
   while i < len(lines):
     line = lines[i].strip()
     i += 1
-    if not line or line.startswith('#'):
+    if not line or line.startswith("#"):
       continue
-    if line.startswith('[') and line.endswith(']'):
+    if line.startswith("[") and line.endswith("]"):
       current = sections.setdefault(line[1:-1].strip(), {})
       continue
-    if current is None or '=' not in line:
+    if current is None or "=" not in line:
       continue
-    key, value = line.split('=', 1)
-    while value.endswith('\\') and i < len(lines):  # continuation line
+    key, value = line.split("=", 1)
+    while value.endswith("\\") and i < len(lines):  # continuation line
       value = value[:-1] + lines[i].strip()
       i += 1
     current.setdefault(key.strip(), value.strip())
@@ -124,39 +125,39 @@ def find_module(name: str, dirs: list[str] | None = None) -> ModuleConf:
   """
   dirs = [os.path.expanduser(d) for d in (dirs or sword_dirs())]
   for root in dirs:
-    for conf_path in sorted(glob.glob(os.path.join(root, 'mods.d', '*.conf'))):
+    for conf_path in sorted(glob.glob(os.path.join(root, "mods.d", "*.conf"))):
       for section, entries in parse_conf(conf_path).items():
         if section.lower() != name.lower():
           continue
-        data_path = entries.get('DataPath', '')
+        data_path = entries.get("DataPath", "")
         data_path = os.path.normpath(os.path.join(root, data_path))
-        encoding = entries.get('Encoding', 'Latin-1')
+        encoding = entries.get("Encoding", "Latin-1")
         return ModuleConf(
-            name=section, conf_path=conf_path, data_path=data_path,
-            mod_drv=entries.get('ModDrv', ''),
-            source_type=entries.get('SourceType', 'Plaintext'),
-            encoding='UTF-8' if encoding.upper().replace('-', '') == 'UTF8'
-            else encoding,
-            compress_type=entries.get('CompressType', 'ZIP').upper(),
-            versification=entries.get('Versification', 'KJV'),
-            lang=entries.get('Lang', ''), entries=entries)
-  raise ModuleNotFoundInLibraryError(
-      f"SWORD module '{name}' not found (searched {dirs} for mods.d/*.conf).")
+          name=section,
+          conf_path=conf_path,
+          data_path=data_path,
+          mod_drv=entries.get("ModDrv", ""),
+          source_type=entries.get("SourceType", "Plaintext"),
+          encoding="UTF-8" if encoding.upper().replace("-", "") == "UTF8" else encoding,
+          compress_type=entries.get("CompressType", "ZIP").upper(),
+          versification=entries.get("Versification", "KJV"),
+          lang=entries.get("Lang", ""),
+          entries=entries,
+        )
+  raise ModuleNotFoundInLibraryError(f"SWORD module '{name}' not found (searched {dirs} for mods.d/*.conf).")
 
 
 def _decompress(data: bytes, compress_type: str) -> bytes:
-  if compress_type == 'ZIP':
+  if compress_type == "ZIP":
     return zlib.decompress(data)
-  if compress_type == 'BZIP2':
+  if compress_type == "BZIP2":
     return bz2.decompress(data)
-  if compress_type == 'XZ':
+  if compress_type == "XZ":
     return lzma.decompress(data)
-  raise NotImplementedError(f'SWORD CompressType={compress_type} is not '
-                            'supported (ZIP, BZIP2, XZ are).')
+  raise NotImplementedError(f"SWORD CompressType={compress_type} is not supported (ZIP, BZIP2, XZ are).")
 
 
-def read_testament(prefix: str, compress_type: str = 'ZIP',
-                   mod_drv: str = 'zText') -> list[bytes]:
+def read_testament(prefix: str, compress_type: str = "ZIP", mod_drv: str = "zText") -> list[bytes]:
   """Raw bytes of every verse-index entry of one testament.
 
   Args:
@@ -168,55 +169,51 @@ def read_testament(prefix: str, compress_type: str = 'ZIP',
     One ``bytes`` per ``.bzv`` entry, in index order (``b''`` when empty); an
     empty list when the testament's files are absent.
   """
-  if not os.path.exists(prefix + '.bzv'):
+  if not os.path.exists(prefix + ".bzv"):
     return []
-  with open(prefix + '.bzs', 'rb') as f:
+  with open(prefix + ".bzs", "rb") as f:
     bzs = f.read()
-  with open(prefix + '.bzv', 'rb') as f:
+  with open(prefix + ".bzv", "rb") as f:
     bzv = f.read()
-  with open(prefix + '.bzz', 'rb') as f:
+  with open(prefix + ".bzz", "rb") as f:
     bzz = f.read()
   if len(bzs) % 12:
-    raise ValueError(f'{prefix}.bzs: size {len(bzs)} is not a multiple of 12')
-  blocks = list(struct.iter_unpack('<III', bzs))
-  fmt = '<III' if mod_drv.lower() == 'ztext4' else '<IIH'
+    raise ValueError(f"{prefix}.bzs: size {len(bzs)} is not a multiple of 12")
+  blocks = list(struct.iter_unpack("<III", bzs))
+  fmt = "<III" if mod_drv.lower() == "ztext4" else "<IIH"
   width = struct.calcsize(fmt)
   if len(bzv) % width:
-    raise ValueError(f'{prefix}.bzv: size {len(bzv)} is not a multiple of '
-                     f'{width} ({mod_drv})')
+    raise ValueError(f"{prefix}.bzv: size {len(bzv)} is not a multiple of {width} ({mod_drv})")
   cache: dict[int, bytes] = {}
   out = []
   for block, offset, size in struct.iter_unpack(fmt, bzv):
     if size == 0:
-      out.append(b'')
+      out.append(b"")
       continue
     if block not in cache:
       start, csize, usize = blocks[block]
-      raw = _decompress(bzz[start:start + csize], compress_type)
+      raw = _decompress(bzz[start : start + csize], compress_type)
       if len(raw) != usize:
-        raise ValueError(f'{prefix}.bzz block {block}: {len(raw)} bytes after '
-                         f'decompression, index says {usize}')
+        raise ValueError(f"{prefix}.bzz block {block}: {len(raw)} bytes after decompression, index says {usize}")
       cache[block] = raw
     raw = cache[block]
     if offset + size > len(raw):
-      raise ValueError(f'{prefix}.bzv: entry past the end of block {block}')
-    out.append(raw[offset:offset + size])
+      raise ValueError(f"{prefix}.bzv: entry past the end of block {block}")
+    out.append(raw[offset : offset + size])
   return out
 
 
 def read_entries(conf: ModuleConf) -> list[str]:
   """Decoded (marked-up) text of every index entry, OT then NT."""
-  if conf.mod_drv.lower() not in ('ztext', 'ztext4'):
-    raise NotImplementedError(f"Module {conf.name}: ModDrv={conf.mod_drv}; "
-                              'only zText / zText4 are read.')
-  if conf.entries.get('CipherKey'):
-    raise ValueError(f'Module {conf.name} is enciphered (CipherKey).')
-  encoding = 'utf-8' if conf.encoding == 'UTF-8' else 'latin-1'
+  if conf.mod_drv.lower() not in ("ztext", "ztext4"):
+    raise NotImplementedError(f"Module {conf.name}: ModDrv={conf.mod_drv}; only zText / zText4 are read.")
+  if conf.entries.get("CipherKey"):
+    raise ValueError(f"Module {conf.name} is enciphered (CipherKey).")
+  encoding = "utf-8" if conf.encoding == "UTF-8" else "latin-1"
   out = []
   for testament in TESTAMENTS:
-    for raw in read_testament(os.path.join(conf.data_path, testament),
-                              conf.compress_type, conf.mod_drv):
-      out.append(raw.decode(encoding, errors='replace'))
+    for raw in read_testament(os.path.join(conf.data_path, testament), conf.compress_type, conf.mod_drv):
+      out.append(raw.decode(encoding, errors="replace"))
   return out
 
 
@@ -225,21 +222,23 @@ def read_entries(conf: ModuleConf) -> list[str]:
 
 # Elements removed together with their content.
 _DROP_WITH_CONTENT = [
-    re.compile(r'<note\b[^>]*(?<!/)>.*?</note\s*>', re.S | re.I),  # OSIS/ThML
-    re.compile(r'<RF[^>]*>.*?<Rf>', re.S),                         # GBF notes
-    re.compile(r'<TS[^>]*>.*?<Ts>', re.S),                         # GBF titles
-    re.compile(r'<(scripRef|reference)\b[^>]*(?<!/)>.*?</\1\s*>', re.S),
+  re.compile(r"<note\b[^>]*(?<!/)>.*?</note\s*>", re.S | re.I),  # OSIS/ThML
+  re.compile(r"<RF[^>]*>.*?<Rf>", re.S),  # GBF notes
+  re.compile(r"<TS[^>]*>.*?<Ts>", re.S),  # GBF titles
+  re.compile(r"<(scripRef|reference)\b[^>]*(?<!/)>.*?</\1\s*>", re.S),
 ]
 # OSIS titles: canonical ones (psalm superscriptions) are verse text, the
 # others (book names, section headings, acrostic letters) are dropped.
-_TITLE = re.compile(r'<title\b([^>]*)(?<!/)>(.*?)</title\s*>', re.S)
+_TITLE = re.compile(r"<title\b([^>]*)(?<!/)>(.*?)</title\s*>", re.S)
 # Tags that separate words (their removal leaves a space); others leave none.
 _BLOCK_TAGS = re.compile(
-    r'</?(l|lb|lg|p|br|div|chapter|verse|milestone|title|list|item|table|row|'
-    r'cell|CM|CL|PF\d?|PI\d?)\b[^>]*>', re.I)
-_ANY_TAG = re.compile(r'<[^<>]*>')
-_USFM = re.compile(r'\\\+?[a-z]+\d*\*?')  # stray USFM markers, e.g. \nd \+nd*
-_PILCROW = '\u00b6'
+  r"</?(l|lb|lg|p|br|div|chapter|verse|milestone|title|list|item|table|row|"
+  r"cell|CM|CL|PF\d?|PI\d?)\b[^>]*>",
+  re.I,
+)
+_ANY_TAG = re.compile(r"<[^<>]*>")
+_USFM = re.compile(r"\\\+?[a-z]+\d*\*?")  # stray USFM markers, e.g. \nd \+nd*
+_PILCROW = "\u00b6"
 
 
 def strip_markup(text: str) -> str:
@@ -255,19 +254,16 @@ def strip_markup(text: str) -> str:
   paragraph sign, decodes entities (``&amp;``) and normalises whitespace.
   """
   for pattern in _DROP_WITH_CONTENT:
-    text = pattern.sub(' ', text)
-  text = _TITLE.sub(
-      lambda m: f' {m.group(2)} ' if 'canonical="true"' in m.group(1) else ' ',
-      text)
-  text = _BLOCK_TAGS.sub(' ', text)
-  text = _ANY_TAG.sub('', text)
-  text = _USFM.sub('', text)
-  text = html.unescape(text).replace(_PILCROW, ' ')
-  return ' '.join(text.split())
+    text = pattern.sub(" ", text)
+  text = _TITLE.sub(lambda m: f" {m.group(2)} " if 'canonical="true"' in m.group(1) else " ", text)
+  text = _BLOCK_TAGS.sub(" ", text)
+  text = _ANY_TAG.sub("", text)
+  text = _USFM.sub("", text)
+  text = html.unescape(text).replace(_PILCROW, " ")
+  return " ".join(text.split())
 
 
-def read_module(name: str, dirs: list[str] | None = None, *,
-                plain: bool = True) -> tuple[ModuleConf, list[str]]:
+def read_module(name: str, dirs: list[str] | None = None, *, plain: bool = True) -> tuple[ModuleConf, list[str]]:
   """Reads every entry of a zText module, in verse-index order.
 
   Args:

@@ -5,6 +5,7 @@ a ViT variant string such as "S/16", "swin_t", "swin_s", "swin_b", "swin_l", and
 "transformer_base", "transformer_big" (the paper's sizes), "transformer_small", "transformer_tiny" (CPU sizes);
 every transformer_* name needs vocab_size=....
 """
+
 from __future__ import annotations
 
 import difflib
@@ -22,8 +23,21 @@ from vitjax.models.vit import ViT
 _VIT_NAME = re.compile(r"^vit_(ti|s|m|b|l|h)(\d+)$")
 _SWIN_NAME = re.compile(r"^swin_(t|s|b|l)$")
 _TRANSFORMER_NAME = re.compile(r"^transformer_(" + "|".join(transformer_lib.SIZES) + ")$")
-EXAMPLE_NAMES = ["vit_ti16", "vit_s16", "vit_b16", "vit_l16", "vit_h14", "swin_t", "swin_s", "swin_b", "swin_l",
-                 "transformer_base", "transformer_big", "transformer_small", "transformer_tiny"]
+EXAMPLE_NAMES = [
+  "vit_ti16",
+  "vit_s16",
+  "vit_b16",
+  "vit_l16",
+  "vit_h14",
+  "swin_t",
+  "swin_s",
+  "swin_b",
+  "swin_l",
+  "transformer_base",
+  "transformer_big",
+  "transformer_small",
+  "transformer_tiny",
+]
 
 
 def _config(name: str) -> tuple[type[nn.Module], dict]:
@@ -40,8 +54,10 @@ def _config(name: str) -> tuple[type[nn.Module], dict]:
     return Transformer, dict(d_model=d, num_heads=h, d_ff=ff, num_layers=layers, dropout_rate=drop)
   near = difflib.get_close_matches(name, EXAMPLE_NAMES, n=1)
   hint = f" Did you mean {near[0]!r}?" if near else ""
-  raise ValueError(f"unknown model {name!r}.{hint} Known: {', '.join(EXAMPLE_NAMES)}, vit_SIZEPATCH "
-                   "(e.g. vit_b32) or a ViT variant string like 'S/16'.")
+  raise ValueError(
+    f"unknown model {name!r}.{hint} Known: {', '.join(EXAMPLE_NAMES)}, vit_SIZEPATCH "
+    "(e.g. vit_b32) or a ViT variant string like 'S/16'."
+  )
 
 
 def create(name: str, **overrides) -> nn.Module:

@@ -6,10 +6,12 @@ window shrinks to the map and the shift is dropped (as the reference does); wher
 divide the map, the shifted map is zero-padded to whole windows and cropped back after attention (timm's
 convention; the padded tokens are not masked).
 """
+
 from __future__ import annotations
 
 import functools
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -25,10 +27,10 @@ Array = jax.Array
 
 # name: (embed_dim, depths, num_heads)
 VARIANTS = {
-    "T": (96, (2, 2, 6, 2), (3, 6, 12, 24)),
-    "S": (96, (2, 2, 18, 2), (3, 6, 12, 24)),
-    "B": (128, (2, 2, 18, 2), (4, 8, 16, 32)),
-    "L": (192, (2, 2, 18, 2), (6, 12, 24, 48)),
+  "T": (96, (2, 2, 6, 2), (3, 6, 12, 24)),
+  "S": (96, (2, 2, 18, 2), (3, 6, 12, 24)),
+  "B": (128, (2, 2, 18, 2), (4, 8, 16, 32)),
+  "L": (192, (2, 2, 18, 2), (6, 12, 24, 48)),
 }
 
 
@@ -55,7 +57,7 @@ def window_reverse(x: Array, window: Sequence[int], hw: Sequence[int]) -> Array:
   return x.reshape(b, h, w, c)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def shift_attention_mask(hw: tuple[int, int], window: tuple[int, int], shift: tuple[int, int]) -> np.ndarray:
   """[nW, N, N] boolean: after a cyclic shift, tokens attend only within their own pre-shift region.
 
@@ -75,6 +77,7 @@ def shift_attention_mask(hw: tuple[int, int], window: tuple[int, int], shift: tu
 
 class SwinBlock(nn.Module):
   """(Shifted-)window attention + MLP, pre-norm, with stochastic depth. [B, H, W, C] -> [B, H, W, C]."""
+
   num_heads: int
   window: tuple[int, int]
   shift: tuple[int, int]
@@ -105,25 +108,39 @@ class SwinBlock(nn.Module):
     if any(shift):
       mask = jnp.asarray(shift_attention_mask((hp, wp), win, shift))[None, :, None]  # [1, nW, 1, N, N]
       mask = jnp.broadcast_to(mask, (b, nw, 1, n, n)).reshape(b * nw, 1, n, n)
-    attn = MultiHeadAttention(self.num_heads, qkv_bias=self.qkv_bias, dropout_rate=self.attention_dropout_rate,
-                              implementation=self.implementation, deterministic=self.deterministic,
-                              dtype=self.dtype, name="attn")
+    attn = MultiHeadAttention(
+      self.num_heads,
+      qkv_bias=self.qkv_bias,
+      dropout_rate=self.attention_dropout_rate,
+      implementation=self.implementation,
+      deterministic=self.deterministic,
+      dtype=self.dtype,
+      name="attn",
+    )
     y = attn(windows.reshape(b * nw, n, c), mask=mask, bias=bias[0]).reshape(b, nw, n, c)
     x = window_reverse(y, win, (hp, wp))[:, :h, :w]
     if any(shift):
       x = jnp.roll(x, shift, axis=(1, 2))
     drop = lambda y: DropPath(self.deterministic)(
-        nn.Dropout(self.dropout_rate)(y, deterministic=self.deterministic), self.drop_path)
+      nn.Dropout(self.dropout_rate)(y, deterministic=self.deterministic), self.drop_path
+    )
     x = shortcut + drop(x)
     y = nn.LayerNorm(epsilon=1e-5, dtype=self.dtype, name="norm2")(x)
-    y = FeedForward(int(c * self.mlp_ratio), dropout_rate=self.dropout_rate, deterministic=self.deterministic,
-                    dtype=self.dtype, kernel_init=nn.initializers.truncated_normal(0.02),
-                    bias_init=nn.initializers.zeros, name="mlp")(y)
+    y = FeedForward(
+      int(c * self.mlp_ratio),
+      dropout_rate=self.dropout_rate,
+      deterministic=self.deterministic,
+      dtype=self.dtype,
+      kernel_init=nn.initializers.truncated_normal(0.02),
+      bias_init=nn.initializers.zeros,
+      name="mlp",
+    )(y)
     return x + drop(y)
 
 
 class PatchMerging(nn.Module):
   """2x2 neighbours concatenated (4C), LayerNorm, linear to 2C. [B, H, W, C] -> [B, ceil(H/2), ceil(W/2), 2C]."""
+
   dtype: Any = None
 
   @nn.compact
@@ -148,6 +165,7 @@ class Swin(nn.Module):
     drop_path_rate: stochastic depth of the last block, rising linearly over all blocks.
   intermediates: "stage_{i}" [B, H_i, W_i, C_i] feature maps, "pre_logits" [B, C].
   """
+
   num_classes: int | None = 1000
   patch_size: int = 4
   stem: str = "patch"
@@ -188,16 +206,27 @@ class Swin(nn.Module):
         x = PatchMerging(dtype=self.dtype, name=f"stage_{s}_downsample")(x)
       for j in range(depth):
         shift = (0, 0) if j % 2 == 0 else (window[0] // 2, window[1] // 2)
-        x = SwinBlock(heads, window, shift, mlp_ratio=self.mlp_ratio, qkv_bias=self.qkv_bias,
-                      dropout_rate=self.dropout_rate, attention_dropout_rate=self.attention_dropout_rate,
-                      drop_path=float(rates[k]), implementation=self.implementation, deterministic=not train,
-                      dtype=self.dtype, name=f"stage_{s}_block_{j}")(x)
+        x = SwinBlock(
+          heads,
+          window,
+          shift,
+          mlp_ratio=self.mlp_ratio,
+          qkv_bias=self.qkv_bias,
+          dropout_rate=self.dropout_rate,
+          attention_dropout_rate=self.attention_dropout_rate,
+          drop_path=float(rates[k]),
+          implementation=self.implementation,
+          deterministic=not train,
+          dtype=self.dtype,
+          name=f"stage_{s}_block_{j}",
+        )(x)
         k += 1
       out[f"stage_{s}"] = x
     x = nn.LayerNorm(epsilon=1e-5, dtype=self.dtype, name="norm")(x)
     x = x.mean(axis=(1, 2))
     out["pre_logits"] = x
     if self.num_classes:
-      x = nn.Dense(self.num_classes, dtype=self.dtype, kernel_init=nn.initializers.truncated_normal(0.02),
-                   name="head")(x)
+      x = nn.Dense(self.num_classes, dtype=self.dtype, kernel_init=nn.initializers.truncated_normal(0.02), name="head")(
+        x
+      )
     return x.astype(jnp.float32), out

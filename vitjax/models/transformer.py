@@ -7,6 +7,7 @@ output projection. Token ids: pad 0, eos 1, bos 2 (the decoder input is BOS + ta
 
 Shapes: src [B, S] int, tgt [B, T] int (ending with EOS, padded with 0); logits [B, T, V].
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -22,8 +23,12 @@ Array = jax.Array
 PAD, EOS, BOS = 0, 1, 2
 
 # name: (d_model, num_heads, d_ff, layers, dropout)
-SIZES = {"base": (512, 8, 2048, 6, 0.1), "big": (1024, 16, 4096, 6, 0.3), "small": (256, 4, 1024, 3, 0.1),
-         "tiny": (64, 2, 128, 2, 0.0)}
+SIZES = {
+  "base": (512, 8, 2048, 6, 0.1),
+  "big": (1024, 16, 4096, 6, 0.3),
+  "small": (256, 4, 1024, 3, 0.1),
+  "tiny": (64, 2, 128, 2, 0.0),
+}
 
 
 def shift_right(tgt: Array, bos: int = BOS) -> Array:
@@ -33,6 +38,7 @@ def shift_right(tgt: Array, bos: int = BOS) -> Array:
 
 class _Side(nn.Module):
   """Embedding (scaled by sqrt(d_model)) + positions + dropout + a stack of blocks: one side of the model."""
+
   embed: nn.Module
   kind: str  # "encoder" | "decoder"
   d_model: int
@@ -52,8 +58,10 @@ class _Side(nn.Module):
     x = self.embed(tokens) * jnp.sqrt(jnp.float32(self.d_model))
     if positions is None:
       if tokens.shape[1] > self.max_len:
-        raise ValueError(f"sequence of {tokens.shape[1]} tokens exceeds max_len={self.max_len}; truncate it "
-                         "or use a model with a larger max_len")
+        raise ValueError(
+          f"sequence of {tokens.shape[1]} tokens exceeds max_len={self.max_len}; truncate it "
+          "or use a model with a larger max_len"
+        )
       positions = jnp.arange(tokens.shape[1])[None]
     if self.posemb == "learned":
       table = self.param("pos_embedding", nn.initializers.normal(0.02), (self.max_len, self.d_model))
@@ -65,8 +73,17 @@ class _Side(nn.Module):
     cls = EncoderBlock
     if self.kind == "decoder":
       cls, kw["decode"] = DecoderBlock, self.decode
-    return Stack(cls, self.num_layers, tuple(kw.items()), scan=self.scan, remat=self.remat,
-                 final_norm=self.prenorm, layernorm_eps=1e-6, dtype=self.dtype, name="stack")(x, *args)
+    return Stack(
+      cls,
+      self.num_layers,
+      tuple(kw.items()),
+      scan=self.scan,
+      remat=self.remat,
+      final_norm=self.prenorm,
+      layernorm_eps=1e-6,
+      dtype=self.dtype,
+      name="stack",
+    )(x, *args)
 
 
 class Transformer(nn.Module):
@@ -82,6 +99,7 @@ class Transformer(nn.Module):
     tie_output: the output projection is the transposed target embedding.
     decode: decoder with a KV cache, fed one position at a time (see vitjax.decode).
   """
+
   vocab_size: int
   tgt_vocab_size: int | None = None
   d_model: int = 512
@@ -110,14 +128,32 @@ class Transformer(nn.Module):
       raise ValueError("share_embeddings needs one vocabulary; set share_embeddings=False for two")
     init = nn.initializers.normal(stddev=self.d_model**-0.5)
     src_embed = nn.Embed(self.vocab_size, self.d_model, embedding_init=init, name="src_embed")
-    self.tgt_embed = src_embed if self.share_embeddings else nn.Embed(tgt_vocab, self.d_model,
-                                                                      embedding_init=init, name="tgt_embed")
-    blocks = dict(num_heads=self.num_heads, mlp_dim=self.d_ff, prenorm=self.prenorm, act=self.act,
-                  dropout_rate=self.dropout_rate, attention_dropout_rate=self.attention_dropout_rate,
-                  layernorm_eps=1e-6, implementation=self.implementation, dtype=self.dtype)
-    side = dict(d_model=self.d_model, num_layers=self.num_layers, block_kwargs=tuple(blocks.items()),
-                dropout_rate=self.dropout_rate, prenorm=self.prenorm, posemb=self.posemb, max_len=self.max_len,
-                scan=self.scan, remat=self.remat, dtype=self.dtype)
+    self.tgt_embed = (
+      src_embed if self.share_embeddings else nn.Embed(tgt_vocab, self.d_model, embedding_init=init, name="tgt_embed")
+    )
+    blocks = dict(
+      num_heads=self.num_heads,
+      mlp_dim=self.d_ff,
+      prenorm=self.prenorm,
+      act=self.act,
+      dropout_rate=self.dropout_rate,
+      attention_dropout_rate=self.attention_dropout_rate,
+      layernorm_eps=1e-6,
+      implementation=self.implementation,
+      dtype=self.dtype,
+    )
+    side = dict(
+      d_model=self.d_model,
+      num_layers=self.num_layers,
+      block_kwargs=tuple(blocks.items()),
+      dropout_rate=self.dropout_rate,
+      prenorm=self.prenorm,
+      posemb=self.posemb,
+      max_len=self.max_len,
+      scan=self.scan,
+      remat=self.remat,
+      dtype=self.dtype,
+    )
     self.encoder = _Side(src_embed, "encoder", **side)
     self.decoder = _Side(self.tgt_embed, "decoder", decode=self.decode, **side)
     if not self.tie_output:
@@ -127,8 +163,9 @@ class Transformer(nn.Module):
     """src [B, S] -> encoded [B, S, D] (padding positions are masked out of every attention)."""
     return self.encoder(src, (src != PAD)[:, None, None, :], train=train)
 
-  def decode_logits(self, tgt_in: Array, encoded: Array, src: Array, train: bool = False,
-                    positions: Array | None = None) -> Array:
+  def decode_logits(
+    self, tgt_in: Array, encoded: Array, src: Array, train: bool = False, positions: Array | None = None
+  ) -> Array:
     """Decoder input tokens [B, T] (BOS-shifted), encoded [B, S, D], src [B, S] -> logits [B, T, V].
 
     positions: [1, T] absolute positions of tgt_in (needed in decode mode, where T is 1 per call).

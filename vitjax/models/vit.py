@@ -5,10 +5,12 @@ Patchify (or a convolutional stem, Xiao et al. 2021) -> optional class token -> 
 -> optional pre-logits layer -> classifier. Images are [B, H, W, C]; H and W must be multiples of the
 patch size but need not be equal.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -22,24 +24,26 @@ Array = jax.Array
 
 # name: (width, depth, mlp_dim, heads)
 VARIANTS = {
-    "Ti": (192, 12, 768, 3),
-    "S": (384, 12, 1536, 6),
-    "M": (512, 12, 2048, 8),
-    "B": (768, 12, 3072, 12),
-    "L": (1024, 24, 4096, 16),
-    "H": (1280, 32, 5120, 16),
+  "Ti": (192, 12, 768, 3),
+  "S": (384, 12, 1536, 6),
+  "M": (512, 12, 2048, 8),
+  "B": (768, 12, 3072, 12),
+  "L": (1024, 24, 4096, 16),
+  "H": (1280, 32, 5120, 16),
 }
 
 
 def parse_variant(variant: str) -> dict:
-  """"S/16" -> dict(width=384, depth=12, mlp_dim=1536, num_heads=6, patch_size=(16, 16))."""
+  """ "S/16" -> dict(width=384, depth=12, mlp_dim=1536, num_heads=6, patch_size=(16, 16))."""
   try:
     size, patch = variant.split("/")
     width, depth, mlp_dim, heads = VARIANTS[size]
     patch = int(patch)
   except (ValueError, KeyError):
-    raise ValueError(f"unknown ViT variant {variant!r}: use SIZE/PATCH with SIZE one of "
-                     f"{list(VARIANTS)} and PATCH an integer, e.g. 'B/16'") from None
+    raise ValueError(
+      f"unknown ViT variant {variant!r}: use SIZE/PATCH with SIZE one of "
+      f"{list(VARIANTS)} and PATCH an integer, e.g. 'B/16'"
+    ) from None
   return dict(width=width, depth=depth, mlp_dim=mlp_dim, num_heads=heads, patch_size=(patch, patch))
 
 
@@ -48,8 +52,10 @@ def check_divisible(image_hw: Sequence[int], patch: Sequence[int], what: str = "
   bad = [(s, p) for s, p in zip(image_hw, patch) if s % p]
   if bad:
     hints = ", ".join(f"{s} -> {(s // p) * p} or {(s // p + 1) * p}" for s, p in bad)
-    raise ValueError(f"image size {tuple(image_hw)} is not divisible by the {what} {tuple(patch)}; "
-                     f"resize or crop to a multiple ({hints})")
+    raise ValueError(
+      f"image size {tuple(image_hw)} is not divisible by the {what} {tuple(patch)}; "
+      f"resize or crop to a multiple ({hints})"
+    )
 
 
 class ConvStem(nn.Module):
@@ -57,6 +63,7 @@ class ConvStem(nn.Module):
 
   [B, H, W, C] -> [B, H/p, W/p, width]. Channels double up to the width: width/2^(n-1), ..., width.
   """
+
   width: int
   patch: int
   train: bool = False
@@ -68,8 +75,15 @@ class ConvStem(nn.Module):
     if 2**n != self.patch:
       raise ValueError(f"the convolutional stem needs a power-of-two patch size, got {self.patch}")
     for i in range(n):
-      x = nn.Conv(max(self.width // 2 ** (n - 1 - i), 8), (3, 3), strides=2, padding=1, use_bias=False,
-                  dtype=self.dtype, name=f"conv_{i}")(x)
+      x = nn.Conv(
+        max(self.width // 2 ** (n - 1 - i), 8),
+        (3, 3),
+        strides=2,
+        padding=1,
+        use_bias=False,
+        dtype=self.dtype,
+        name=f"conv_{i}",
+      )(x)
       x = nn.BatchNorm(use_running_average=not self.train, dtype=self.dtype, name=f"bn_{i}")(x)
       x = nn.relu(x)
     return nn.Conv(self.width, (1, 1), dtype=self.dtype, name="proj")(x)
@@ -77,6 +91,7 @@ class ConvStem(nn.Module):
 
 class MAPHead(nn.Module):
   """Multihead attention pooling: a learned probe attends over the tokens. [B, N, D] -> [B, D]."""
+
   num_heads: int
   mlp_dim: int
   layernorm_eps: float = 1e-6
@@ -87,8 +102,7 @@ class MAPHead(nn.Module):
   def __call__(self, x: Array) -> Array:
     probe = self.param("probe", nn.initializers.xavier_uniform(), (1, 1, x.shape[-1]))
     probe = jnp.broadcast_to(probe.astype(x.dtype), (x.shape[0], 1, x.shape[-1]))
-    x = MultiHeadAttention(self.num_heads, implementation=self.implementation, dtype=self.dtype,
-                           name="attn")(probe, x)
+    x = MultiHeadAttention(self.num_heads, implementation=self.implementation, dtype=self.dtype, name="attn")(probe, x)
     y = nn.LayerNorm(epsilon=self.layernorm_eps, dtype=self.dtype, name="norm")(x)
     x = x + FeedForward(self.mlp_dim, dtype=self.dtype, name="mlp")(y)
     return x[:, 0]
@@ -111,6 +125,7 @@ class ViT(nn.Module):
     dtype: compute dtype (parameters stay float32).
   intermediates: "pre_logits" [B, D] (pooled features), "encoded" [B, N, D].
   """
+
   num_classes: int | None = 1000
   patch_size: Sequence[int] = (16, 16)
   width: int = 768
@@ -160,27 +175,51 @@ class ViT(nn.Module):
       x = LearnedPositionEmbedding(name="posembed")(x)
     elif self.posemb == "sincos2d":
       pe = jnp.asarray(sincos_2d(h, w, d), x.dtype)
-      x = x.at[:, x.shape[1] - h * w:].add(pe[None])
+      x = x.at[:, x.shape[1] - h * w :].add(pe[None])
     else:
       raise ValueError(f"unknown posemb {self.posemb!r}; use 'learn' or 'sincos2d'")
     x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
 
-    block_kwargs = dict(num_heads=self.num_heads, mlp_dim=self.mlp_dim or 4 * d, prenorm=True, act="gelu",
-                        dropout_rate=self.dropout_rate, attention_dropout_rate=self.attention_dropout_rate,
-                        qkv_bias=self.qkv_bias, layernorm_eps=self.layernorm_eps,
-                        implementation=self.implementation, deterministic=not train, dtype=self.dtype)
-    x = Stack(EncoderBlock, self.depth, tuple(block_kwargs.items()), drop_path_rate=self.drop_path_rate,
-              scan=self.scan, remat=self.remat, final_norm=not self.fc_norm,
-              layernorm_eps=self.layernorm_eps, dtype=self.dtype, name="encoder")(x)
+    block_kwargs = dict(
+      num_heads=self.num_heads,
+      mlp_dim=self.mlp_dim or 4 * d,
+      prenorm=True,
+      act="gelu",
+      dropout_rate=self.dropout_rate,
+      attention_dropout_rate=self.attention_dropout_rate,
+      qkv_bias=self.qkv_bias,
+      layernorm_eps=self.layernorm_eps,
+      implementation=self.implementation,
+      deterministic=not train,
+      dtype=self.dtype,
+    )
+    x = Stack(
+      EncoderBlock,
+      self.depth,
+      tuple(block_kwargs.items()),
+      drop_path_rate=self.drop_path_rate,
+      scan=self.scan,
+      remat=self.remat,
+      final_norm=not self.fc_norm,
+      layernorm_eps=self.layernorm_eps,
+      dtype=self.dtype,
+      name="encoder",
+    )(x)
     out = {"encoded": x}
 
     if self.pool_type == "tok":
       x = x[:, 0]
     elif self.pool_type == "gap":
-      x = x[:, -h * w:].mean(axis=1)
+      x = x[:, -h * w :].mean(axis=1)
     elif self.pool_type == "map":
-      x = MAPHead(self.num_heads, self.mlp_dim or 4 * d, layernorm_eps=self.layernorm_eps,
-                  implementation=self.implementation, dtype=self.dtype, name="map_head")(x)
+      x = MAPHead(
+        self.num_heads,
+        self.mlp_dim or 4 * d,
+        layernorm_eps=self.layernorm_eps,
+        implementation=self.implementation,
+        dtype=self.dtype,
+        name="map_head",
+      )(x)
     if self.fc_norm:
       x = nn.LayerNorm(epsilon=self.layernorm_eps, dtype=self.dtype, name="fc_norm")(x)
     if self.representation_size:

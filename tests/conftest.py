@@ -1,6 +1,7 @@
 """Shared test helpers."""
 
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -9,6 +10,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
+
+import train_helpers as th  # noqa: E402  (tests/ is on sys.path: pytest's default import mode)
 
 
 @pytest.fixture
@@ -39,3 +42,44 @@ def naive_attention(q, k, v, bias=None, mask=None):
           w /= w.sum()
         out[bi, ti, hi] = w @ v[bi, :, hi]
   return out
+
+
+# ------------------------------------------------------------ session fixtures: digits and a tiny finished run
+
+
+@pytest.fixture(scope="session")
+def compile_cache(tmp_path_factory):
+  """A persistent jax compilation cache shared by this session's subprocesses."""
+  th.CACHE_DIR = str(tmp_path_factory.mktemp("jax_cache"))
+  yield th.CACHE_DIR
+  th.CACHE_DIR = None
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory, compile_cache):
+  """digits, prepared once for the session with the documented command."""
+  path = str(tmp_path_factory.mktemp("tfds"))
+  proc = subprocess.run(
+    [sys.executable, "-m", "vitjax.data.prepare", "--dataset=digits", f"--data_dir={path}"],
+    cwd=th.ROOT,
+    env=th.env(),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  th.check_ok(proc)
+  return path
+
+
+@pytest.fixture(scope="session")
+def run_args(data_dir):
+  """The tiny 30-step run's overrides (progress every step, so that a kill can land on any step)."""
+  return [*th.TINY, f"--config.data.data_dir={data_dir}"]
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory, run_args):
+  """Workdir of an uninterrupted tiny run to step 30. Tests must not modify it: copy it first."""
+  workdir = str(tmp_path_factory.mktemp("finished") / "w")
+  th.check_ok(th.run_main(workdir, *run_args))
+  return workdir

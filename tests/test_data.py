@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from vitjax.data import DatasetNotPreparedError, builders, images, make_input, parse_augment
+from vitjax.data import DatasetNotPreparedError, augment, builders, make_input, parse_augment
 from vitjax.data import prepare as prepare_lib
 
 AUG = dict(
@@ -208,18 +208,18 @@ def test_unknown_augment_keys_are_rejected():
 def test_randaugment_ops_keep_shape(channels):
   rng = np.random.default_rng(0)
   image = rng.integers(0, 256, (10, 12, channels), dtype=np.uint8)
-  for name, op in images.RANDAUGMENT_OPS.items():
+  for name, op in augment.RANDAUGMENT_OPS.items():
     for level in (-1.0, 0.5):
-      out = images._from_pil(op(images._to_pil(image), level))
+      out = augment._from_pil(op(augment._to_pil(image), level))
       assert out.shape == image.shape and out.dtype == np.uint8, name
-  out = images.randaugment(image, rng, num_layers=3, magnitude=10)
+  out = augment.randaugment(image, rng, num_layers=3, magnitude=10)
   assert out.shape == image.shape
 
 
 def test_random_resized_crop_box_is_inside():
   rng = np.random.default_rng(0)
   for _ in range(50):
-    x0, y0, x1, y1 = images.random_resized_crop_box(rng, 20, 30, scale=(0.08, 1.0), ratio=(0.75, 4 / 3))
+    x0, y0, x1, y1 = augment.random_resized_crop_box(rng, 20, 30, scale=(0.08, 1.0), ratio=(0.75, 4 / 3))
     assert 0 <= x0 < x1 <= 30 and 0 <= y0 < y1 <= 20
 
 

@@ -10,8 +10,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 
 import flax
 import jax
@@ -26,46 +24,7 @@ except ImportError:
   from tests import train_helpers as th
 from vitjax import models, posenc, tasks, train
 from vitjax.config import default_config, load_module
-
-# ------------------------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="session")
-def compile_cache(tmp_path_factory):
-  """A persistent jax compilation cache shared by this session's subprocesses."""
-  th.CACHE_DIR = str(tmp_path_factory.mktemp("jax_cache"))
-  yield th.CACHE_DIR
-  th.CACHE_DIR = None
-
-
-@pytest.fixture(scope="session")
-def data_dir(tmp_path_factory, compile_cache):
-  """digits, prepared once for the session with the documented command."""
-  path = str(tmp_path_factory.mktemp("tfds"))
-  proc = subprocess.run(
-    [sys.executable, "-m", "vitjax.data.prepare", "--dataset=digits", f"--data_dir={path}"],
-    cwd=th.ROOT,
-    env=th.env(),
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
-  th.check_ok(proc)
-  return path
-
-
-@pytest.fixture(scope="session")
-def run_args(data_dir):
-  """The tiny 30-step run's overrides (progress every step, so that a kill can land on any step)."""
-  return [*th.TINY, f"--config.data.data_dir={data_dir}"]
-
-
-@pytest.fixture(scope="session")
-def finished_run(tmp_path_factory, run_args):
-  """Workdir of an uninterrupted tiny run to step 30. Tests must not modify it: copy it first."""
-  workdir = str(tmp_path_factory.mktemp("finished") / "w")
-  th.check_ok(th.run_main(workdir, *run_args))
-  return workdir
+from vitjax.models.adapt import adapt_params
 
 
 def _copy(src, tmp_path, name="w"):
@@ -91,7 +50,7 @@ def test_resume_after_sigkill_is_bitwise_exact(finished_run, run_args, tmp_path)
   killed_at = None
   try:
     for line in proc.stdout:
-      m = re.match(r"step (\d+)/30 ", line)
+      m = re.search(r" step (\d+)/30 ", line)
       if m and int(m.group(1)) >= 13 and 10 in th.finished_steps(workdir):
         os.kill(proc.pid, signal.SIGKILL)
         killed_at = int(m.group(1))
@@ -107,8 +66,8 @@ def test_resume_after_sigkill_is_bitwise_exact(finished_run, run_args, tmp_path)
   assert 10 in survived and max(survived) < 30, survived
 
   resumed = th.check_ok(th.run_main(workdir, *run_args))  # the same command
-  m = re.search(r"resumed from .* at step (\d+)", resumed.stdout)
-  assert m and 10 <= int(m.group(1)) < 30, resumed.stdout[-2000:]
+  m = re.search(r"resumed from .* at step (\d+)", resumed.stderr)
+  assert m and 10 <= int(m.group(1)) < 30, resumed.stderr[-2000:]
 
   ref, got = th.load_state(finished_run), th.load_state(workdir)
   assert int(got["step"]) == int(ref["step"]) == 30
@@ -136,7 +95,7 @@ def test_one_and_eight_devices_give_the_same_losses(finished_run, run_args, tmp_
   losses agree with dropout too (a stronger check than the dropout-0 one).
   """
   w8 = str(tmp_path / "d8")
-  out8 = th.check_ok(th.run_main(w8, *run_args, devices=8)).stdout
+  out8 = th.check_ok(th.run_main(w8, *run_args, devices=8)).stderr
   assert "| 8 devices" in out8
   l1 = {r["step"]: r["train/loss"] for r in _train_rows(finished_run)}
   l8 = {r["step"]: r["train/loss"] for r in _train_rows(w8)}
@@ -147,7 +106,7 @@ def test_one_and_eight_devices_give_the_same_losses(finished_run, run_args, tmp_
   e1, e8 = _eval_rows(finished_run), _eval_rows(w8)
   assert [r["step"] for r in e1] == [r["step"] for r in e8] == [10, 20, 30]
   for a, b in zip(e1, e8):
-    assert a["eval/examples"] == b["eval/examples"] == 300
+    assert a["eval/examples"] == b["eval/examples"] == 150  # the validation split
     np.testing.assert_allclose(b["eval/loss"], a["eval/loss"], rtol=1e-4)
 
 
@@ -224,25 +183,28 @@ def test_eval_mode_reproduces_training_eval(finished_run, tmp_path):
   workdir = _copy(finished_run, tmp_path)
   train_evals = _eval_rows(workdir)
   assert [r["step"] for r in train_evals] == [10, 20, 30]
+  # Training evaluates on the validation split: 150 of digits' 1,497 training scans, held out by a seed.
+  assert all(r["eval/examples"] == 150 for r in train_evals)
 
-  th.check_ok(th.run_main(workdir, "--mode=eval", config=None))  # the config comes from WORKDIR/config.json
+  # The config comes from WORKDIR/config.json; the split defaults to the config's (valid).
+  th.check_ok(th.run_main(workdir, "--mode=eval", "--checkpoint=latest", config=None))
   result = th.read_metrics(workdir)[-1]
-  assert result["step"] == 30 and "source" in result
+  assert result["step"] == 30 and result["split"] == "valid" and result["source"] == "evaluate"
   assert result["eval/accuracy"] == pytest.approx(train_evals[-1]["eval/accuracy"], abs=1e-6)
   assert result["eval/loss"] == pytest.approx(train_evals[-1]["eval/loss"], rel=1e-5)
-  assert result["eval/examples"] == 300
-  assert os.path.exists(os.path.join(workdir, "eval_test_checkpoints_30.json"))
+  assert os.path.exists(os.path.join(workdir, "eval_valid_30.json"))
 
-  (best_step,) = th.finished_steps(workdir, "best")
-  best_train = max(train_evals, key=lambda r: r["eval/accuracy"])
-  assert best_train["eval/accuracy"] == [r for r in train_evals if r["step"] == best_step][0]["eval/accuracy"]
-  proc = th.check_ok(th.run_main(workdir, "--mode=eval", "--checkpoint=best", config=None))
-  path = os.path.join(workdir, f"eval_test_best_{best_step}.json")
-  assert os.path.exists(path), (os.listdir(workdir), proc.stdout[-2000:])
+  # best (the default): the kept step with the highest validation accuracy, reported on the test split.
+  best_acc = max(r["eval/accuracy"] for r in train_evals)
+  proc = th.check_ok(th.run_main(workdir, "--mode=eval", "--split=test", config=None))
+  row = th.read_metrics(workdir)[-1]
+  best_step = row["step"]
+  assert [r["eval/accuracy"] for r in train_evals if r["step"] == best_step] == [best_acc], (row, train_evals)
+  assert row["split"] == "test" and row["eval/examples"] == 300 and row["checkpoint"] == "best"
+  path = os.path.join(workdir, f"eval_test_{best_step}.json")
+  assert os.path.exists(path), (os.listdir(workdir), proc.stderr[-2000:])
   with open(path) as f:
-    best = json.load(f)
-  assert best["step"] == best_step and best["checkpoint"] == "best"
-  assert best["eval/accuracy"] == pytest.approx(best_train["eval/accuracy"], abs=1e-6)
+    assert json.load(f)["eval/accuracy"] == row["eval/accuracy"]
 
 
 # ---------------------------------------------------------------------------------------- metrics
@@ -345,16 +307,16 @@ def test_cross_entropy_with_label_smoothing_matches_hand_computation():
     target = np.full(k, eps / k)
     target[y] += 1 - eps
     want.append(-(target * logp).sum())
-  got = train.cross_entropy(jnp.asarray(logits), jnp.asarray(labels), k, smoothing=eps)
+  got = tasks.cross_entropy(jnp.asarray(logits), jnp.asarray(labels), k, smoothing=eps)
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
   # Unsmoothed: -log p(label); soft labels: the same formula with the given targets.
-  plain = train.cross_entropy(jnp.asarray(logits), jnp.asarray(labels), k)
+  plain = tasks.cross_entropy(jnp.asarray(logits), jnp.asarray(labels), k)
   np.testing.assert_allclose(
     np.asarray(plain), -np.asarray(jax.nn.log_softmax(logits))[np.arange(4), labels], rtol=1e-6
   )
   soft = np.eye(k, dtype=np.float32)[labels] * (1 - eps) + eps / k
   np.testing.assert_allclose(
-    np.asarray(train.cross_entropy(jnp.asarray(logits), jnp.asarray(soft), k)), want, rtol=1e-6
+    np.asarray(tasks.cross_entropy(jnp.asarray(logits), jnp.asarray(soft), k)), want, rtol=1e-6
   )
 
 
@@ -399,8 +361,7 @@ def test_gradient_accumulation_matches_one_big_batch():
 def test_adapt_params_resamples_positions_and_replaces_head():
   _, loaded = _tiny_vit()  # 8x8 images: 1 + 4x4 tokens, 10 classes
   _, target = _tiny_vit(image_size=16, seed=1, num_classes=5)  # 1 + 8x8 tokens, 5 classes
-  logs = []
-  out = train.adapt_params(loaded, target, log=logs.append)
+  out, logs = adapt_params(loaded, target)
   pos_l, pos_o = np.asarray(loaded["posembed"]["pos_embedding"]), out["posembed"]["pos_embedding"]
   assert pos_l.shape == (1, 17, 16) and pos_o.shape == (1, 65, 16)
   np.testing.assert_array_equal(pos_o[:, :1], pos_l[:, :1])  # the class token's embedding is kept
@@ -417,7 +378,7 @@ def test_adapt_params_lists_every_mismatch():
   _, loaded = _tiny_vit()
   _, target = _tiny_vit(mlp_dim=48)
   with pytest.raises(train.ConfigError) as e:
-    train.adapt_params(loaded, target, log=lambda _: None)
+    adapt_params(loaded, target)
   msg = str(e.value)
   assert "encoder/block_0/mlp/fc1/kernel: model (16, 48), checkpoint (16, 32)" in msg
   assert "encoder/block_0/mlp/fc1/bias: model (48,), checkpoint (32,)" in msg
@@ -426,7 +387,7 @@ def test_adapt_params_lists_every_mismatch():
   _, same = _tiny_vit()
   same["encoder"]["extra"] = {"kernel": np.zeros((2, 2), np.float32)}
   with pytest.raises(train.ConfigError) as e:
-    train.adapt_params(loaded, same, log=lambda _: None)
+    adapt_params(loaded, same)
   assert "encoder/extra/kernel: missing from the checkpoint (model (2, 2))" in str(e.value)
   assert "mlp" not in str(e.value)
 

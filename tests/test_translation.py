@@ -1,16 +1,20 @@
 """Translation through the one trainer: a tiny run on a synthetic TSV corpus, its metrics, evaluation of the
-checkpoint, and the translate command's handling of bad input."""
+checkpoint, vitjax.load(...).translate without the data, and the translate command's handling of bad input."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
 
+import vitjax
 from vitjax import tasks, train
 from vitjax.config import translation_config
+from vitjax.data import text
 
 WORDS = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta"]
 
@@ -42,7 +46,7 @@ def run(tmp_path_factory):
   c.schedule.warmup_steps = 10
   c.optim.lr = 3e-3
   workdir = str(root / "wd")
-  train.train(c, workdir, log=lambda *a: None)
+  train.train(c, workdir)
   return c, workdir
 
 
@@ -62,15 +66,50 @@ def test_training_writes_bleu_chrf_and_the_tokenizer(run):
 def test_evaluating_the_checkpoint_reproduces_the_logged_metrics(run):
   config, workdir = run
   logged = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl")) if "eval/bleu" in line][-1]
-  config = config.copy_and_resolve_references()
-  config.data.eval_examples = 24
-  exp = train.setup(config, workdir, tasks.get(config, workdir, log=lambda *a: None))
-  state, step, _ = train.restore_checkpoint(exp, workdir, "latest")
-  with exp.mesh:
-    got = exp.task.evaluate(exp, state.params, state.model_state, "valid", limit=24)
-  assert step == 40
+  trained = vitjax.load(workdir, "latest")
+  assert trained.step == 40 and set(trained.variables) == {"params"}
+  got = trained.task.evaluate(trained.model, trained.variables, "valid", trained.sharding, limit=24)
   assert got["eval/bleu"] == pytest.approx(logged["eval/bleu"], abs=1e-6)
   assert got["eval/loss"] == pytest.approx(logged["eval/loss"], rel=1e-5)
+
+
+def test_load_translates_without_the_data_from_a_relative_workdir(run, tmp_path):
+  """vitjax.load(...).translate in a fresh process, from another directory, with a relative workdir and the
+  training corpus gone: BLEU of its translations of the validation sources is the BLEU the run logged."""
+  config, workdir = run
+  logged = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl")) if "eval/bleu" in line][-1]
+  d = config.data
+  pairs = text.split_pairs(
+    text.load_pairs(d.source, src_lang=d.src_lang, tgt_lang=d.tgt_lang), d.split_seed, d.num_valid, d.num_test
+  )["valid"][: d.eval_examples]
+  shutil.copytree(workdir, tmp_path / "runs" / "tr")
+  (tmp_path / "lines.json").write_text(json.dumps(pairs))
+  corpus = d.source.removeprefix("tsv:")
+  os.rename(corpus, corpus + ".hidden")  # the data is gone: prediction must not need it
+  try:
+    script = textwrap.dedent("""
+      import json, sacrebleu, vitjax
+      pairs = json.load(open("lines.json"))
+      trained = vitjax.load("runs/tr", checkpoint=40)
+      hyps = trained.translate([s for s, _ in pairs], batch_size=8)
+      print(json.dumps({"bleu": sacrebleu.corpus_bleu(hyps, [[t for _, t in pairs]]).score, "n": len(hyps)}))
+    """)
+    proc = subprocess.run(
+      [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=_env(tmp_path)
+    )
+  finally:
+    os.rename(corpus + ".hidden", corpus)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  got = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert got["n"] == 24
+  assert got["bleu"] == pytest.approx(logged["eval/bleu"], abs=1e-6)
+
+
+def _env(tmp_path):
+  """No dataset anywhere: an empty TFDS_DATA_DIR."""
+  empty = tmp_path / "no_data"
+  empty.mkdir(exist_ok=True)
+  return {**os.environ, "TFDS_DATA_DIR": str(empty), "JAX_PLATFORMS": "cpu"}
 
 
 def test_translate_handles_empty_long_and_unknown_input(run):
@@ -122,7 +161,7 @@ def test_command_line_evaluation_of_the_test_split(run, tmp_path):
   row = rows[-1]
   assert row["split"] == "test" and row["step"] == 40 and "eval/bleu" in row and "eval/chrf" in row
   assert row["eval/examples"] == 40  # the whole held-out test split
-  assert os.path.exists(os.path.join(copy, "eval_test_checkpoints_40.json"))
+  assert os.path.exists(os.path.join(copy, "eval_test_40.json"))
   bad = subprocess.run(
     [sys.executable, "-m", "vitjax.main", "--mode=eval", f"--workdir={copy}", "--split=tset"],
     capture_output=True,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -66,13 +67,13 @@ def run_main(workdir, *args, devices: int = 1, config=CONFIG, timeout: float = 3
 
 
 def start_main(workdir, *args, devices: int = 1, config=CONFIG) -> subprocess.Popen:
-  """Starts the command line; stdout is a pipe (line-buffered text), stderr is discarded."""
+  """Starts the command line; its log (stderr, with stdout) is a line-buffered text pipe, `proc.stdout`."""
   return subprocess.Popen(
     main_cmd(workdir, *args, config=config),
     cwd=ROOT,
     env=env(devices),
     stdout=subprocess.PIPE,
-    stderr=subprocess.DEVNULL,
+    stderr=subprocess.STDOUT,
     text=True,
     bufsize=1,
   )
@@ -84,8 +85,8 @@ def check_ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
 
 
 def error_lines(proc: subprocess.CompletedProcess) -> str:
-  """stderr without absl's info/warning log lines."""
-  return "\n".join(s for s in proc.stderr.splitlines() if s[:1] not in ("I", "W") or not s[1:5].isdigit())
+  """stderr without the log lines (those start with a HH:MM:SS time)."""
+  return "\n".join(s for s in proc.stderr.splitlines() if not re.match(r"\d\d:\d\d:\d\d ", s))
 
 
 def read_metrics(workdir: str) -> list[dict]:
@@ -119,7 +120,8 @@ def load_state(workdir: str, step: int | None = None) -> dict:
   import orbax.checkpoint as ocp
 
   with ocp.CheckpointManager(
-    os.path.join(workdir, "checkpoints"), options=ocp.CheckpointManagerOptions(read_only=True)
+    os.path.join(workdir, "checkpoints"),
+    options=ocp.CheckpointManagerOptions(read_only=True, save_interval_steps=0, create=False),
   ) as mngr:
     step = mngr.latest_step() if step is None else step
     restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore()))

@@ -32,7 +32,12 @@ def default_config() -> mlc.ConfigDict:
   c.data.name = "digits"  # 'digits', 'fashion_mnist', or any tfds dataset prepared as array_record
   c.data.data_dir = mlc.FieldReference(None, field_type=str)  # None: $TFDS_DATA_DIR or ~/tensorflow_datasets
   c.data.train_split = "train"
-  c.data.eval_split = "test"
+  # Evaluation during training (and the choice of `best`) uses "valid": valid_fraction of train_split, drawn by
+  # valid_seed and held out of training (vitjax.data.images.holdout_split). The test split is for reporting only:
+  # python -m vitjax.main --mode=eval --workdir=W --split=test.
+  c.data.eval_split = "valid"
+  c.data.valid_fraction = 0.1
+  c.data.valid_seed = 0
   c.data.image_size = 8
   c.data.augment = mlc.ConfigDict(
     {"flip": False, "random_resized_crop": False, "randaugment": False, "mixup_alpha": 0.0, "cutmix_alpha": 0.0}
@@ -74,13 +79,15 @@ def default_config() -> mlc.ConfigDict:
   c.sharding_rules = ()
   c.mesh_axes = ("data",)
 
-  c.log_every = 50
+  c.log_every = 50  # steps; a progress line also comes at least every 30 s
   c.eval_every = 500  # steps; evaluation also runs at the end
   c.checkpoint_every = 500
-  c.keep_checkpoints = 3  # the last N; the best by best_metric is kept apart in WORKDIR/best
+  c.keep_checkpoints = 3  # the latest N steps, plus the best evaluated one by best_metric (one orbax manager)
   c.best_metric = "eval/accuracy"
   c.best_mode = "max"
   c.init_from = ""  # a workdir, 'timm:NAME:FILE' (.safetensors/.pth), or 'npz:VARIANT:FILE'
+  # (first, last): a jax.profiler trace of those steps into WORKDIR/tb/plugins/profile (TensorBoard's profile tab).
+  c.profile_steps = mlc.FieldReference(None, field_type=tuple)
   return c
 
 

@@ -5,6 +5,7 @@ Images are NHWC for vitjax (timm takes NCHW: transpose (0, 3, 1, 2) to compare).
 
     module, variables = from_timm("vit_base_patch16_224", safetensors.numpy.load_file("model.safetensors"))
     module, variables = from_vit_npz("ViT-B_16.npz", "B/16")
+    params = load_params("timm:vit_base_patch16_224:model.safetensors")   # what config.init_from takes
 """
 
 from __future__ import annotations
@@ -271,3 +272,34 @@ def from_vit_npz(path_or_mapping, variant: str):
   params = _nest(out)
   check_shapes(module, params, (1, image, image, 3))
   return module, {"params": jax.tree.map(jnp.asarray, params)}
+
+
+# ------------------------------------------------------------------------------------------ init_from
+
+
+def load_params(spec: str) -> dict:
+  """Parameters from 'timm:NAME:FILE' (.safetensors, or .pth/.bin with torch) or 'npz:VARIANT:FILE'.
+
+  (A vitjax workdir as init_from is read by vitjax.train.checkpoints.load_params.)
+  """
+  from vitjax.errors import ConfigError
+
+  kind, _, rest = spec.partition(":")
+  if kind == "timm":
+    name, _, path = rest.partition(":")
+    if path.endswith(".safetensors"):
+      from safetensors.numpy import load_file
+
+      sd = load_file(path)
+    else:
+      try:
+        import torch  # a .pth / .bin state dict
+      except ImportError:
+        raise ConfigError(f"reading {path} needs torch (pip install torch), or convert it to .safetensors") from None
+      sd = torch.load(path, map_location="cpu", weights_only=True)
+      sd = sd.get("state_dict", sd.get("model", sd))
+    return from_timm(name, sd)[1]["params"]
+  if kind == "npz":
+    variant, _, path = rest.partition(":")
+    return from_vit_npz(path, variant)[1]["params"]
+  raise ConfigError(f"init_from={spec!r}: use a vitjax workdir, 'timm:NAME:FILE' or 'npz:VARIANT:FILE'")

@@ -6,7 +6,12 @@
     python -m vitjax.main --mode=eval --workdir=workdirs/vit_digits [--checkpoint=best|latest|STEP] [--split=test]
 
 Training resumes from the workdir's latest checkpoint. In eval mode the config defaults to the one saved in the
-workdir. For several hosts, pass --multihost on each (jax.distributed reads the cluster from the environment).
+workdir, and --checkpoint=best is the kept step with the best validation metric. For several hosts, pass
+--multihost on each (jax.distributed reads the cluster from the environment).
+
+Output: progress, evaluations and one closing line at the default --verbosity=0; --verbosity=1 adds the
+libraries' INFO lines (orbax, grain, tfds), --verbosity=-1 keeps warnings and errors only (see vitjax.logs).
+A problem the user can fix ends the run with one "error: ..." line and exit status 2.
 """
 
 import json
@@ -20,7 +25,7 @@ from ml_collections import config_flags
 config_flags.DEFINE_config_file("config", None, "experiment config file (configs/*.py), with :args", lock_config=True)
 flags.DEFINE_string("workdir", None, "where checkpoints, metrics and summaries go", required=True)
 flags.DEFINE_enum("mode", "train", ["train", "eval"], "train (resumes if possible) or evaluate a checkpoint")
-flags.DEFINE_string("checkpoint", "latest", "eval mode: 'latest', 'best' or a step number")
+flags.DEFINE_string("checkpoint", "best", "eval mode: 'best' (best validation metric), 'latest' or a step number")
 flags.DEFINE_string("split", None, "eval mode: split to evaluate (default: config.data.eval_split)")
 flags.DEFINE_bool("multihost", False, "call jax.distributed.initialize() first (one process per host)")
 FLAGS = flags.FLAGS
@@ -29,9 +34,11 @@ FLAGS = flags.FLAGS
 def _saved_config(workdir):
   import ml_collections as mlc
 
+  workdir = os.path.abspath(workdir)
+
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
-    raise FileNotFoundError(f"{path} not found: pass --config, or point --workdir at a training run")
+    raise FileNotFoundError(f"{path} not found: pass --config, or point --workdir at a vitjax run's workdir")
   with open(path) as f:
     return mlc.ConfigDict(json.load(f))
 
@@ -78,22 +85,25 @@ def _parse_flags(argv):
 
 def main(argv):
   del argv
+  from vitjax import logs
+
+  logs.setup()
   if FLAGS.multihost:
     import jax
 
     jax.distributed.initialize()
   from vitjax import train
-  from vitjax.data import DatasetNotPreparedError
+  from vitjax.errors import USER_ERRORS, ConfigError
 
   try:
     config = FLAGS.config if FLAGS.config is not None else _saved_config(FLAGS.workdir)
     if FLAGS.mode == "train":
       if FLAGS.config is None:
-        raise train.ConfigError("training needs --config=configs/NAME.py")
+        raise ConfigError("training needs --config=configs/NAME.py")
       train.train(config, FLAGS.workdir)
     else:
       train.evaluate(config, FLAGS.workdir, FLAGS.checkpoint, FLAGS.split)
-  except (train.ConfigError, DatasetNotPreparedError, FileNotFoundError) as e:
+  except (*USER_ERRORS, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr, flush=True)
     sys.exit(2)
 

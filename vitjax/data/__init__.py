@@ -1,13 +1,14 @@
-"""vitjax data: image tfds builders (array_record, no TensorFlow) and grain
-input pipelines.
+"""vitjax data: image tfds builders (array_record, no TensorFlow), grain input pipelines and augmentations
+(`images`, `augment`), and parallel text for translation (`vitjax.data.text`).
 
-Prepare a dataset with ``python -m vitjax.data.prepare --dataset=NAME
---data_dir=DIR`` (or ``from vitjax.data.prepare import prepare``), then read it
-with :func:`make_input`.
+Prepare a dataset with ``python -m vitjax.data.prepare --dataset=NAME --data_dir=DIR`` (or ``from
+vitjax.data.prepare import prepare``), then read it with :func:`make_input`.
 """
 
+from vitjax.data.augment import Augment, parse_augment
 from vitjax.data.builders import BUILDERS, default_data_dir, get_builder, resolve_name
-from vitjax.data.images import Augment, DatasetInfo, DatasetNotPreparedError, make_input, open_split, parse_augment
+from vitjax.data.images import DatasetInfo, holdout_split, make_input, open_split, split_info
+from vitjax.errors import DatasetNotPreparedError
 
 __all__ = [
   "Augment",
@@ -16,8 +17,10 @@ __all__ = [
   "DatasetNotPreparedError",
   "default_data_dir",
   "get_builder",
+  "holdout_split",
   "make_input",
   "open_split",
   "parse_augment",
   "resolve_name",
+  "split_info",
 ]

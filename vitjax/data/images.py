@@ -15,6 +15,8 @@ Training: each process reads its contiguous shard of the split (grain
 ``ShardOptions``; the remainder over processes is dropped), shuffles it with a
 seeded per-epoch permutation, augments each example with a per-example rng
 derived from the seed (grain ``RandomMap``), and drops the last partial batch.
+A validation split is a seeded subset of the training split (:func:`holdout_split`,
+passed as ``subset``); training then reads the rest.
 Evaluation: no shuffling, no augmentation, one pass (unless ``num_epochs``);
 every process yields the same number of batches, ``ceil(ceil(N / P) / B)``, the
 tail padded with masked copies, so each example is counted exactly once.
@@ -35,17 +37,19 @@ from typing import Any
 
 import grain
 import numpy as np
-import PIL.Image
-import PIL.ImageEnhance
-import PIL.ImageOps
 
 from vitjax.data import builders
-
-_FILL = 128  # Gray fill for pixels that geometric ops move in.
-
-
-class DatasetNotPreparedError(FileNotFoundError):
-  """The dataset has no array_record files in data_dir; the message says how."""
+from vitjax.data.augment import (
+  Augment,
+  mix_batch,
+  normalize,
+  parse_augment,
+  preprocess_eval,
+  randaugment,
+  random_resized_crop_box,
+  resize,
+)
+from vitjax.errors import DatasetNotPreparedError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,243 +74,6 @@ class DatasetInfo:
   image_shape: tuple[int, int, int]
   local_batch_size: int
   steps_per_epoch: int
-
-
-# ----------------------------------------------------------------------------
-# Augmentation config.
-
-
-@dataclasses.dataclass(frozen=True)
-class Augment:
-  """Training augmentations; built from a dict by :func:`parse_augment`.
-
-  Attributes:
-    random_resized_crop: ``None`` (plain resize) or ``{'scale': (lo, hi),
-      'ratio': (lo, hi)}``; ``True`` means scale (0.08, 1), ratio (3/4, 4/3).
-    flip: random horizontal flip with probability 1/2.
-    randaugment: ``None`` or ``{'num_layers': 2, 'magnitude': 9}`` (magnitude
-      on the 0..10 scale; each layer applies one uniformly drawn op).
-    mixup_alpha: Beta(alpha, alpha) Mixup, 0 = off.
-    cutmix_alpha: Beta(alpha, alpha) CutMix, 0 = off.
-    mix_switch_prob: when both are on, probability that a batch uses CutMix.
-    mix_prob: probability that a batch is mixed at all (labels stay soft).
-  """
-
-  random_resized_crop: tuple[tuple[float, float], tuple[float, float]] | None = None
-  flip: bool = False
-  randaugment: tuple[int, float] | None = None
-  mixup_alpha: float = 0.0
-  cutmix_alpha: float = 0.0
-  mix_switch_prob: float = 0.5
-  mix_prob: float = 1.0
-
-  @property
-  def mixes(self) -> bool:
-    return self.mixup_alpha > 0 or self.cutmix_alpha > 0
-
-
-_RRC_DEFAULTS = {"scale": (0.08, 1.0), "ratio": (3 / 4, 4 / 3)}
-_RANDAUGMENT_DEFAULTS = {"num_layers": 2, "magnitude": 9}
-
-
-def _as_dict(value: Any, what: str) -> dict[str, Any]:
-  if hasattr(value, "to_dict"):  # ml_collections.ConfigDict
-    value = value.to_dict()
-  if not isinstance(value, Mapping):
-    raise TypeError(f"{what} must be a dict or ConfigDict, got {value!r}")
-  return dict(value)
-
-
-def _check_keys(given: Mapping[str, Any], valid: Sequence[str], what: str):
-  unknown = sorted(set(given) - set(valid))
-  if unknown:
-    raise ValueError(f"Unknown {what} key(s) {unknown}; valid keys: {sorted(valid)}")
-
-
-def _sub_options(value: Any, defaults: dict[str, Any], what: str):
-  """``None``/``False`` -> None, ``True`` -> defaults, dict -> merged."""
-  if value is None or value is False:
-    return None
-  if value is True:
-    return dict(defaults)
-  value = _as_dict(value, what)
-  _check_keys(value, list(defaults), what)
-  return {**defaults, **value}
-
-
-def parse_augment(augment: Mapping[str, Any] | Any | None) -> Augment:
-  """Validates an augmentation dict/ConfigDict into an :class:`Augment`.
-
-  Raises:
-    ValueError: on unknown keys (the message lists the valid ones).
-  """
-  if augment is None:
-    return Augment()
-  augment = _as_dict(augment, "augment")
-  _check_keys(augment, [f.name for f in dataclasses.fields(Augment)], "augment")
-  rrc = _sub_options(augment.pop("random_resized_crop", None), _RRC_DEFAULTS, "augment.random_resized_crop")
-  ra = _sub_options(augment.pop("randaugment", None), _RANDAUGMENT_DEFAULTS, "augment.randaugment")
-  aug = Augment(
-    random_resized_crop=None if rrc is None else (tuple(map(float, rrc["scale"])), tuple(map(float, rrc["ratio"]))),
-    randaugment=None if ra is None else (int(ra["num_layers"]), float(ra["magnitude"])),
-    **augment,
-  )
-  for key in ("mixup_alpha", "cutmix_alpha"):
-    if getattr(aug, key) < 0:
-      raise ValueError(f"augment.{key} must be >= 0, got {getattr(aug, key)}")
-  return aug
-
-
-# ----------------------------------------------------------------------------
-# Per-image ops on uint8 [H, W, C] arrays and PIL images.
-
-
-def _to_pil(image: np.ndarray) -> PIL.Image.Image:
-  """uint8 [H, W, C] (C in 1, 3) -> PIL image ('L' or 'RGB')."""
-  return PIL.Image.fromarray(image[..., 0] if image.shape[-1] == 1 else image)
-
-
-def _from_pil(pil: PIL.Image.Image) -> np.ndarray:
-  """PIL image -> uint8 [H, W, C]."""
-  array = np.asarray(pil, dtype=np.uint8)
-  return array[..., None] if array.ndim == 2 else array
-
-
-def resize(
-  image: np.ndarray, size: tuple[int, int], box: tuple[float, float, float, float] | None = None
-) -> np.ndarray:
-  """Bilinear resize of uint8 [H, W, C] (or of its ``box`` = x0, y0, x1, y1).
-
-  Returns uint8 [size[0], size[1], C].
-  """
-  if box is None and image.shape[:2] == tuple(size):
-    return image
-  pil = _to_pil(image).resize((size[1], size[0]), PIL.Image.BILINEAR, box=box)
-  return _from_pil(pil)
-
-
-def random_resized_crop_box(
-  rng: np.random.Generator,
-  height: int,
-  width: int,
-  scale: tuple[float, float],
-  ratio: tuple[float, float],
-  attempts: int = 10,
-) -> tuple[int, int, int, int]:
-  """Inception crop: (x0, y0, x1, y1) with area fraction in ``scale`` and
-  aspect ratio (w/h) log-uniform in ``ratio``; central crop as fallback."""
-  area = height * width
-  for _ in range(attempts):
-    target = area * rng.uniform(*scale)
-    aspect = math.exp(rng.uniform(math.log(ratio[0]), math.log(ratio[1])))
-    w = int(round(math.sqrt(target * aspect)))
-    h = int(round(math.sqrt(target / aspect)))
-    if 0 < w <= width and 0 < h <= height:
-      x0 = int(rng.integers(0, width - w + 1))
-      y0 = int(rng.integers(0, height - h + 1))
-      return x0, y0, x0 + w, y0 + h
-  # Fallback: the largest central crop with aspect ratio clipped to ``ratio``.
-  aspect = min(max(width / height, ratio[0]), ratio[1])
-  w, h = (width, int(round(width / aspect))) if aspect > width / height else (int(round(height * aspect)), height)
-  w, h = min(w, width), min(h, height)
-  x0, y0 = (width - w) // 2, (height - h) // 2
-  return x0, y0, x0 + w, y0 + h
-
-
-def _fill(pil: PIL.Image.Image):
-  return _FILL if pil.mode == "L" else (_FILL,) * len(pil.getbands())
-
-
-def _affine(pil, matrix):
-  return pil.transform(pil.size, PIL.Image.AFFINE, matrix, resample=PIL.Image.BILINEAR, fillcolor=_fill(pil))
-
-
-def _enhance(enhancer):
-  return lambda pil, m: enhancer(pil).enhance(1.0 + 0.9 * m)
-
-
-# RandAugment ops: (PIL image, signed level m in [-1, 1]) -> PIL image. The
-# level is magnitude / 10 with a random sign; unsigned ops use |m|.
-RANDAUGMENT_OPS = {
-  "Identity": lambda pil, m: pil,
-  "AutoContrast": lambda pil, m: PIL.ImageOps.autocontrast(pil),
-  "Equalize": lambda pil, m: PIL.ImageOps.equalize(pil),
-  "Rotate": lambda pil, m: pil.rotate(30.0 * m, PIL.Image.BILINEAR, fillcolor=_fill(pil)),
-  "Solarize": lambda pil, m: PIL.ImageOps.solarize(pil, 256 - int(256 * abs(m))),
-  "Posterize": lambda pil, m: PIL.ImageOps.posterize(pil, 8 - int(4 * abs(m))),
-  "Color": _enhance(PIL.ImageEnhance.Color),
-  "Contrast": _enhance(PIL.ImageEnhance.Contrast),
-  "Brightness": _enhance(PIL.ImageEnhance.Brightness),
-  "Sharpness": _enhance(PIL.ImageEnhance.Sharpness),
-  "ShearX": lambda pil, m: _affine(pil, (1, 0.3 * m, 0, 0, 1, 0)),
-  "ShearY": lambda pil, m: _affine(pil, (1, 0, 0, 0.3 * m, 1, 0)),
-  "TranslateX": lambda pil, m: _affine(pil, (1, 0, 0.45 * m * pil.size[0], 0, 1, 0)),
-  "TranslateY": lambda pil, m: _affine(pil, (1, 0, 0, 0, 1, 0.45 * m * pil.size[1])),
-}
-_OP_NAMES = tuple(RANDAUGMENT_OPS)
-
-
-def randaugment(image: np.ndarray, rng: np.random.Generator, num_layers: int, magnitude: float) -> np.ndarray:
-  """RandAugment (Cubuk et al. 2019) on uint8 [H, W, C], C in {1, 3}.
-
-  Applies ``num_layers`` ops drawn uniformly from :data:`RANDAUGMENT_OPS` at
-  ``magnitude`` in [0, 10] (random sign for signed ops).
-  """
-  pil = _to_pil(image)
-  level = min(max(magnitude, 0.0), 10.0) / 10.0
-  for _ in range(num_layers):
-    op = _OP_NAMES[int(rng.integers(len(_OP_NAMES)))]
-    sign = 1.0 if rng.random() < 0.5 else -1.0
-    pil = RANDAUGMENT_OPS[op](pil, sign * level)
-  return _from_pil(pil)
-
-
-def normalize(image: np.ndarray) -> np.ndarray:
-  """uint8 [..., C] -> float32 in [-1, 1]."""
-  return image.astype(np.float32) * (2.0 / 255.0) - 1.0
-
-
-# ----------------------------------------------------------------------------
-# Per-batch Mixup / CutMix on float images.
-
-
-def mix_batch(
-  images: np.ndarray, labels: np.ndarray, num_classes: int, aug: Augment, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-  """Mixup or CutMix of a batch with its reverse.
-
-  Args:
-    images: float32 [B, H, W, C].
-    labels: int [B].
-    num_classes: size of the one-hot targets.
-    aug: Mixup/CutMix settings (``mixup_alpha``, ``cutmix_alpha``,
-      ``mix_switch_prob``, ``mix_prob``).
-    rng: numpy generator.
-
-  Returns:
-    (images float32 [B, H, W, C], soft labels float32 [B, num_classes]); each
-    row of the labels sums to 1.
-  """
-  onehot = np.eye(num_classes, dtype=np.float32)[labels]
-  if not aug.mixes or rng.random() >= aug.mix_prob:
-    return images, onehot
-  use_cutmix = aug.cutmix_alpha > 0 and (aug.mixup_alpha <= 0 or rng.random() < aug.mix_switch_prob)
-  alpha = aug.cutmix_alpha if use_cutmix else aug.mixup_alpha
-  lam = float(rng.beta(alpha, alpha))
-  other = images[::-1]
-  if use_cutmix:
-    height, width = images.shape[1:3]
-    cut = math.sqrt(1.0 - lam)
-    ch, cw = int(height * cut), int(width * cut)
-    cy, cx = int(rng.integers(height)), int(rng.integers(width))
-    y0, y1 = max(cy - ch // 2, 0), min(cy + ch - ch // 2, height)
-    x0, x1 = max(cx - cw // 2, 0), min(cx + cw - cw // 2, width)
-    images = images.copy()
-    images[:, y0:y1, x0:x1] = other[:, y0:y1, x0:x1]
-    lam = 1.0 - (y1 - y0) * (x1 - x0) / (height * width)
-  else:
-    images = (lam * images + (1.0 - lam) * other).astype(np.float32)
-  return images, (lam * onehot + (1.0 - lam) * onehot[::-1]).astype(np.float32)
 
 
 # ----------------------------------------------------------------------------
@@ -344,8 +111,9 @@ class _Examples:
 
 
 def _finish(example: dict[str, Any], image: np.ndarray) -> dict[str, Any]:
+  """The output example around a preprocessed float32 image."""
   return {
-    "image": normalize(image),
+    "image": image,
     "label": np.int32(example["label"]),
     "mask": np.bool_(example["mask"]),
     "index": np.int32(example["index"]),
@@ -354,12 +122,12 @@ def _finish(example: dict[str, Any], image: np.ndarray) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class _EvalPreprocess(grain.transforms.Map):
-  """Resize to ``size`` and normalize."""
+  """Resize to ``size`` and normalize (augment.preprocess_eval, which prediction uses too)."""
 
   size: tuple[int, int]
 
   def map(self, example):
-    return _finish(example, resize(example["image"], self.size))
+    return _finish(example, preprocess_eval(example["image"], self.size))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -380,7 +148,7 @@ class _TrainPreprocess(grain.transforms.RandomMap):
       image = image[:, ::-1]
     if self.aug.randaugment is not None:
       image = randaugment(np.ascontiguousarray(image), rng, *self.aug.randaugment)
-    return _finish(example, np.ascontiguousarray(image))
+    return _finish(example, normalize(np.ascontiguousarray(image)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -465,6 +233,34 @@ def _supervised_keys(builder) -> tuple[str, str]:
   return "image", "label"
 
 
+def holdout_split(num_examples: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+  """(kept, held-out) positions of a split: ``round(fraction * num_examples)`` positions drawn with
+  ``np.random.default_rng(seed).permutation(num_examples)`` are held out (the first ones of the permutation);
+  both are returned sorted. How vitjax makes a validation split from a training split."""
+  n_out = int(round(fraction * num_examples))
+  if not 0 <= n_out < num_examples:
+    raise ValueError(f"cannot hold out {fraction:g} of {num_examples} examples")
+  perm = np.random.default_rng(seed).permutation(num_examples)
+  return np.sort(perm[n_out:]), np.sort(perm[:n_out])
+
+
+def split_info(name: str, split: str, data_dir: str | None = None) -> dict[str, Any]:
+  """What a model needs to know of a prepared split, without reading it: ``{'num_examples', 'num_classes',
+  'class_names', 'channels'}``."""
+  source, builder = open_split(name, split, data_dir)
+  image_key, label_key = _supervised_keys(builder)
+  label = builder.info.features[label_key]
+  names = list(label.names) if getattr(label, "names", None) else None
+  if names and names == [str(i) for i in range(label.num_classes)]:
+    names = None
+  return {
+    "num_examples": len(source),
+    "num_classes": int(label.num_classes),
+    "class_names": names,
+    "channels": int(builder.info.features[image_key].shape[-1] or 3),
+  }
+
+
 def _pair(size: int | Sequence[int]) -> tuple[int, int]:
   if isinstance(size, int):
     return size, size
@@ -506,6 +302,7 @@ def make_input(
   process_count: int | None = None,
   worker_count: int = 0,
   read_threads: int | None = None,
+  subset: np.ndarray | None = None,
 ) -> tuple[Iterator[dict[str, np.ndarray]], DatasetInfo]:
   """Builds the grain input pipeline of one split on this process.
 
@@ -532,6 +329,9 @@ def make_input(
       records): keep it fixed across a resume.
     read_threads: reader threads per process (grain default 16; 0 reads
       synchronously, fastest on machines with very few cores).
+    subset: positions in the split to read (e.g. one side of
+      :func:`holdout_split`); None reads all of it. Batches' ``index`` stays
+      the position in the whole split.
 
   Returns:
     (iterator, info): the iterator yields the batches described in the module
@@ -559,12 +359,16 @@ def make_input(
   source, builder = open_split(name, split, data_dir)
   image_key, label_key = _supervised_keys(builder)
   num_classes = builder.info.features[label_key].num_classes
-  num_examples = len(source)
   channels = builder.info.features[image_key].shape[-1] or 3
+  if subset is not None:
+    subset = np.asarray(subset, np.int64)
+    if len(subset) and (subset.min() < 0 or subset.max() >= len(source)):
+      raise ValueError(f"subset positions must lie in [0, {len(source)})")
+  num_examples = len(source) if subset is None else len(subset)
 
   if train:
     shard = grain.sharding.ShardOptions(process_index, process_count, drop_remainder=True)
-    examples = _Examples(source, image_key, label_key)
+    examples = _Examples(source, image_key, label_key, subset)
     sampler = grain.samplers.IndexSampler(
       num_examples, shard_options=shard, shuffle=True, num_epochs=num_epochs, seed=_mix_seed(seed)
     )
@@ -582,7 +386,7 @@ def make_input(
     end = num_examples * (process_index + 1) // process_count
     steps = math.ceil(math.ceil(num_examples / process_count) / local_batch)
     positions = np.full(steps * local_batch, -1, np.int64)
-    positions[: end - start] = np.arange(start, end)
+    positions[: end - start] = np.arange(start, end) if subset is None else subset[start:end]
     examples = _Examples(source, image_key, label_key, positions)
     shard = grain.sharding.NoSharding()  # Sharded by `positions` above.
     sampler = grain.samplers.IndexSampler(len(examples), shard_options=shard, shuffle=False, num_epochs=num_epochs or 1)

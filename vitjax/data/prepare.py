@@ -20,7 +20,9 @@ import sys
 import time
 
 import tensorflow_datasets as tfds
+from absl import logging
 
+from vitjax import logs
 from vitjax.data import builders
 
 
@@ -62,11 +64,19 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--dataset", required=True, help="'digits', 'fashion_mnist' or a stock tfds name")
   parser.add_argument("--data_dir", default=None, help="default: $TFDS_DATA_DIR or ~/tensorflow_datasets")
   parser.add_argument("--manual_dir", default=None, help="source files (fashion_mnist: Debian dir)")
+  parser.add_argument("--verbosity", type=int, default=0, help="-1 warnings only, 0 default, 1 the libraries' INFO too")
   args = parser.parse_args(argv)
+  logs.setup(args.verbosity)
   start = time.time()
-  builder = prepare(args.dataset, args.data_dir, args.manual_dir)
+  try:
+    builder = prepare(args.dataset, args.data_dir, args.manual_dir)
+  except (FileNotFoundError, tfds.core.DatasetNotFoundError) as e:
+    print(f"error: {str(e).strip().splitlines()[0]}", file=sys.stderr, flush=True)
+    return 2
   splits = {k: v.num_examples for k, v in builder.info.splits.items()}
-  print(f"Prepared {args.dataset} ({builder.name}) in {builder.data_dir}: {splits} in {time.time() - start:.1f}s")
+  logging.info(
+    "prepared %s (%s) in %s: %s in %.1fs", args.dataset, builder.name, builder.data_dir, splits, time.time() - start
+  )
   return 0
 
 

@@ -1,0 +1,335 @@
+"""Training batches of token ids, bucketed by length, sharded over processes, resumable (get_state/set_state)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from vitjax.data.text.sources import Pair
+from vitjax.data.text.tokenizer import EOS_ID, PAD_ID, Tokenizer
+
+
+def default_buckets(max_len: int, per_octave: int = 2, smallest: int = 8) -> tuple[int, ...]:
+  """Bucket lengths: ``per_octave`` lengths per doubling, multiples of 8,
+  capped by and ending with ``max_len``; jit compiles one shape per bucket.
+
+  ``per_octave=1``: 8, 16, 32, 64, 128; ``2`` (default): 8, 16, 24, 32, 48, 64,
+  96, 128; ``4``: 8, 16, 24, ..., 64, 80, 96, 112, 128.
+  """
+  lengths = set()
+  octave = smallest
+  while octave < max_len:
+    for k in range(per_octave):
+      length = int(round(octave * (1 + k / per_octave) / 8)) * 8
+      if smallest <= length < max_len:
+        lengths.add(max(length, smallest))
+    octave *= 2
+  return tuple(sorted(lengths)) + (max_len,)
+
+
+class EncodedPairs:
+  """Token ids of pairs, each sequence ending with EOS, stored flat.
+
+  Attributes:
+    src, tgt: flat int32 token arrays; ``src_offsets`` / ``tgt_offsets`` int64
+      ``[n + 1]`` delimit pair ``i``.
+    pair_index: index of each kept pair in the input list.
+    num_input, num_dropped, num_truncated: counts of the length filter.
+  """
+
+  def __init__(
+    self, pairs: Sequence[Pair], tokenizer: Tokenizer, max_len: int | None, too_long: str = "drop", chunk: int = 8192
+  ):
+    if too_long not in ("drop", "truncate"):
+      raise ValueError(f"too_long must be 'drop' or 'truncate', got {too_long!r}")
+    srcs, tgts, kept = [], [], []
+    self.num_input = len(pairs)
+    self.num_dropped = self.num_truncated = 0
+    for start in range(0, len(pairs), chunk):
+      part = pairs[start : start + chunk]
+      src_ids = tokenizer.encode_batch([p[0] for p in part])
+      tgt_ids = tokenizer.encode_batch([p[1] for p in part])
+      for k, (s, t) in enumerate(zip(src_ids, tgt_ids)):
+        s = s + [EOS_ID]
+        t = t + [EOS_ID]
+        if max_len is not None and max(len(s), len(t)) > max_len:
+          if too_long == "drop":
+            self.num_dropped += 1
+            continue
+          self.num_truncated += 1
+          s = s[: max_len - 1] + [EOS_ID] if len(s) > max_len else s
+          t = t[: max_len - 1] + [EOS_ID] if len(t) > max_len else t
+        srcs.append(np.asarray(s, np.int32))
+        tgts.append(np.asarray(t, np.int32))
+        kept.append(start + k)
+    self.pair_index = np.asarray(kept, np.int64)
+    self.src_lengths = np.asarray([len(s) for s in srcs], np.int64)
+    self.tgt_lengths = np.asarray([len(t) for t in tgts], np.int64)
+    self.src_offsets = np.concatenate([[0], np.cumsum(self.src_lengths)])
+    self.tgt_offsets = np.concatenate([[0], np.cumsum(self.tgt_lengths)])
+    self.src = np.concatenate(srcs) if srcs else np.zeros(0, np.int32)
+    self.tgt = np.concatenate(tgts) if tgts else np.zeros(0, np.int32)
+
+  def __len__(self) -> int:
+    return len(self.pair_index)
+
+  def fill(self, rows: np.ndarray, length: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``[size, length]`` src and tgt arrays of ``rows`` (-1: padding row)."""
+    src = np.zeros((size, length), np.int32)
+    tgt = np.zeros((size, length), np.int32)
+    for r, i in enumerate(rows):
+      if i < 0:
+        continue
+      s = self.src[self.src_offsets[i] : self.src_offsets[i + 1]][:length]
+      t = self.tgt[self.tgt_offsets[i] : self.tgt_offsets[i + 1]][:length]
+      src[r, : len(s)] = s
+      tgt[r, : len(t)] = t
+    return src, tgt
+
+
+class BatchIterator(Iterator[dict[str, np.ndarray]]):
+  """Training batches, bucketed by length, sharded over processes.
+
+  Built by :func:`make_batches` (see there). Iterating yields dicts
+  ``{'src': int32 [B, L], 'tgt': int32 [B, L], 'src_mask', 'tgt_mask': bool
+  [B, L]}`` where ``L`` is a bucket length and ``B = batch_sizes[L]``.
+  ``get_state()`` / ``set_state()`` save and restore the position.
+  """
+
+  def __init__(
+    self,
+    data: EncodedPairs,
+    *,
+    buckets: Sequence[int],
+    batch_sizes: dict[int, int],
+    seed: int,
+    shuffle: bool,
+    num_epochs: int | None,
+    process_index: int,
+    process_count: int,
+    with_mask: bool,
+  ):
+    self.data = data
+    self.buckets = tuple(buckets)
+    self.batch_sizes = dict(batch_sizes)
+    self.seed = int(seed)
+    self.shuffle = shuffle
+    self.num_epochs = num_epochs
+    self.process_index = process_index
+    self.process_count = process_count
+    self.with_mask = with_mask
+    longest = np.maximum(data.src_lengths, data.tgt_lengths)
+    bucket_of = np.searchsorted(np.asarray(self.buckets), longest)
+    if len(longest) and bucket_of.max() >= len(self.buckets):
+      raise ValueError(f"A pair has {longest.max()} tokens, more than the largest bucket {self.buckets[-1]}.")
+    self._members = [np.flatnonzero(bucket_of == b) for b in range(len(self.buckets))]
+    self.epoch = 0
+    self.step = 0
+    self._schedule_epoch = None
+    self._schedule: list[tuple[int, np.ndarray]] = []
+    self._fingerprint_cache = None
+    if self.steps_per_epoch == 0:
+      raise ValueError(
+        "No full batch: fewer pairs per bucket than the global batch size "
+        f"(bucket sizes {[len(m) for m in self._members]}, global batch "
+        f"sizes {[self.batch_sizes[b] * process_count for b in buckets]})."
+      )
+
+  # The schedule of one epoch is a pure function of (seed, epoch), computed
+  # identically on every process.
+  def schedule(self, epoch: int) -> list[tuple[int, np.ndarray]]:
+    """``[(bucket_length, global_rows)]`` of an epoch, in yield order."""
+    if self._schedule_epoch == epoch:
+      return self._schedule
+    rng = np.random.default_rng([self.seed, epoch])
+    batches = []
+    carry = np.zeros(0, np.int64)
+    for length, members in zip(self.buckets, self._members):
+      pool = np.concatenate([carry, members])
+      if self.shuffle:
+        pool = rng.permutation(pool)
+      size = self.batch_sizes[length] * self.process_count
+      full = len(pool) // size
+      for k in range(full):
+        batches.append((length, pool[k * size : (k + 1) * size]))
+      carry = pool[full * size :]  # too few for a batch: padded up a bucket
+    if self.shuffle:
+      order = rng.permutation(len(batches))
+      batches = [batches[i] for i in order]
+    self._schedule_epoch, self._schedule = epoch, batches
+    return batches
+
+  @property
+  def steps_per_epoch(self) -> int:
+    steps, carry = 0, 0
+    for length, members in zip(self.buckets, self._members):
+      size = self.batch_sizes[length] * self.process_count
+      steps += (carry + len(members)) // size
+      carry = (carry + len(members)) % size
+    return steps
+
+  def local_rows(self, length: int, rows: np.ndarray) -> np.ndarray:
+    size = self.batch_sizes[length]
+    return rows[self.process_index * size : (self.process_index + 1) * size]
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    if self.num_epochs is not None and self.epoch >= self.num_epochs:
+      raise StopIteration
+    schedule = self.schedule(self.epoch)
+    length, rows = schedule[self.step]
+    self.step += 1
+    if self.step >= len(schedule):
+      self.epoch, self.step = self.epoch + 1, 0
+    rows = self.local_rows(length, rows)
+    src, tgt = self.data.fill(rows, length, len(rows))
+    batch = {"src": src, "tgt": tgt}
+    if self.with_mask:
+      batch["src_mask"] = src != PAD_ID
+      batch["tgt_mask"] = tgt != PAD_ID
+    return batch
+
+  def _fingerprint(self) -> str:
+    if self._fingerprint_cache is None:
+      self._fingerprint_cache = self._compute_fingerprint()
+    return self._fingerprint_cache
+
+  def _compute_fingerprint(self) -> str:
+    h = hashlib.sha256()
+    for arr in (self.data.src_lengths, self.data.tgt_lengths):
+      h.update(np.ascontiguousarray(arr).tobytes())
+    h.update(repr((self.buckets, sorted(self.batch_sizes.items()), self.shuffle, self.process_count)).encode())
+    return h.hexdigest()[:16]
+
+  def get_state(self) -> dict[str, Any]:
+    """Position to checkpoint: ``{'epoch', 'step', 'seed', 'fingerprint'}``
+    (the same on every process; ``step`` counts batches within the epoch)."""
+    return {"epoch": self.epoch, "step": self.step, "seed": self.seed, "fingerprint": self._fingerprint()}
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    """Resumes at a position from :meth:`get_state`: the next batches are
+    exactly those that would have followed. The data, buckets, batch sizes and
+    process count must be those of the saved run (checked)."""
+    if int(state["seed"]) != self.seed or state["fingerprint"] != (self._fingerprint()):
+      raise ValueError("State was saved with another seed, data, bucket or batch configuration or process count.")
+    epoch, step = int(state["epoch"]), int(state["step"])
+    if not 0 <= step < max(1, self.steps_per_epoch):
+      raise ValueError(f"step {step} out of range for {self.steps_per_epoch} steps per epoch.")
+    self.epoch, self.step = epoch, step
+
+  def padding_efficiency(self, epoch: int = 0) -> float:
+    """Fraction of non-pad positions in this process's src+tgt arrays over
+    one epoch."""
+    real = total = 0
+    for length, rows in self.schedule(epoch):
+      rows = self.local_rows(length, rows)
+      real += int(self.data.src_lengths[rows].sum() + self.data.tgt_lengths[rows].sum())
+      total += 2 * length * len(rows)
+    return real / max(total, 1)
+
+  def stats(self) -> dict[str, Any]:
+    """Counts: pairs in/kept/dropped/truncated, pairs per bucket, batches
+    and unused pairs (the last bucket's remainder) per epoch."""
+    used = sum(len(r) for _, r in self.schedule(0))
+    return {
+      "pairs": self.data.num_input,
+      "kept": len(self.data),
+      "dropped_too_long": self.data.num_dropped,
+      "truncated": self.data.num_truncated,
+      "per_bucket": {b: len(m) for b, m in zip(self.buckets, self._members)},
+      "batch_sizes": dict(self.batch_sizes),
+      "steps_per_epoch": self.steps_per_epoch,
+      "unused_per_epoch": len(self.data) - used,
+    }
+
+
+def _batch_sizes(
+  buckets: Sequence[int], batch_size: int | None, tokens_per_batch: int | None, multiple: int
+) -> dict[int, int]:
+  if (batch_size is None) == (tokens_per_batch is None):
+    raise ValueError("Give exactly one of batch_size and tokens_per_batch.")
+  if batch_size is not None:
+    if batch_size % multiple:
+      raise ValueError(f"batch_size {batch_size} is not a multiple of batch_multiple {multiple}.")
+    return {b: batch_size for b in buckets}
+  return {b: max(multiple, tokens_per_batch // b // multiple * multiple) for b in buckets}
+
+
+def make_batches(
+  pairs: Sequence[Pair] | EncodedPairs,
+  tokenizer: Tokenizer | None = None,
+  *,
+  batch_size: int | None = None,
+  tokens_per_batch: int | None = None,
+  max_len: int = 128,
+  buckets: Sequence[int] | None = None,
+  too_long: str = "drop",
+  batch_multiple: int = 1,
+  seed: int = 0,
+  shuffle: bool = True,
+  num_epochs: int | None = None,
+  process_index: int = 0,
+  process_count: int = 1,
+  with_mask: bool = True,
+) -> BatchIterator:
+  """Training batches of ``(src, tgt)`` token ids, bucketed by length.
+
+  Each pair is tokenized, EOS appended to both sides, and goes to the smallest
+  bucket length ``L >= max(len(src), len(tgt))``; a batch holds pairs of one
+  bucket, padded with 0 to ``[B, L]`` (src and tgt both). Pairs longer than
+  ``max_len`` tokens (EOS included) are dropped or truncated (``too_long``);
+  :meth:`BatchIterator.stats` counts them.
+
+  Per epoch ``e``, with ``rng = np.random.default_rng([seed, e])`` and
+  ``P = process_count``: going up the buckets, each bucket's pairs (plus those
+  carried up from the bucket below) are permuted and cut into global batches
+  of ``P * B`` pairs; the remainder (< ``P * B``) is carried up to the next
+  bucket (padded longer), so only the last bucket's remainder is left out of
+  the epoch (a different one each epoch). The list of global batches is then
+  permuted. Process ``p`` yields rows ``[p * B, (p + 1) * B)`` of each global
+  batch: the processes get disjoint pairs and, step by step, batches of the
+  same shape, as multi-host jit needs. Every process must be given the same
+  pairs and arguments except ``process_index``.
+
+  Args:
+    pairs: (source, target) strings, or an :class:`EncodedPairs`.
+    tokenizer: the :class:`Tokenizer` (unused for EncodedPairs).
+    batch_size: fixed per-process batch size for every bucket, or
+    tokens_per_batch: per-process budget of ``B * L`` positions per side:
+      ``B = max(m, tokens_per_batch // L // m * m)`` with ``m =
+      batch_multiple``.
+    max_len: the longest sequence kept, EOS included.
+    buckets: bucket lengths (default :func:`default_buckets` of ``max_len``:
+      8, 16, 24, 32, 48, 64, 96, 128, ... up to ``max_len``).
+    too_long: ``'drop'`` or ``'truncate'`` (keeps the first ``max_len - 1``
+      tokens and EOS).
+    batch_multiple: per-process batch sizes are multiples of this (the local
+      device count).
+    seed: shuffling seed.
+    shuffle: False keeps corpus order within buckets and bucket order.
+    num_epochs: stop after this many epochs (None: forever).
+    process_index, process_count: this process and the number of processes.
+    with_mask: add ``src_mask`` / ``tgt_mask`` (bool, True on tokens).
+  """
+  buckets = tuple(sorted(buckets)) if buckets else default_buckets(max_len)
+  if buckets[-1] < max_len:
+    buckets = buckets + (max_len,)
+  if not 0 <= process_index < process_count:
+    raise ValueError(f"process_index {process_index} not in [0, {process_count}).")
+  data = pairs if isinstance(pairs, EncodedPairs) else EncodedPairs(pairs, tokenizer, max_len, too_long)
+  return BatchIterator(
+    data,
+    buckets=buckets,
+    batch_sizes=_batch_sizes(buckets, batch_size, tokens_per_batch, batch_multiple),
+    seed=seed,
+    shuffle=shuffle,
+    num_epochs=num_epochs,
+    process_index=process_index,
+    process_count=process_count,
+    with_mask=with_mask,
+  )

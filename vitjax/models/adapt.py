@@ -1,0 +1,72 @@
+"""Fitting loaded parameters to a model of other shapes, for fine-tuning (`config.init_from`).
+
+It knows the parameter names of vitjax's models: the classifier `head/...`, learned position embeddings
+`.../pos_embedding` ([1, N, D] for the ViT, [max_len, D] for the Transformer) and Swin's
+`.../relative_position_bias_table` ([(2W-1)^2, heads]).
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax
+import numpy as np
+
+from vitjax import posenc
+from vitjax.errors import ConfigError
+
+
+def adapt_params(loaded, target) -> tuple[dict, list[str]]:
+  """(parameters of the target's shapes, one line per change) from loaded parameters.
+
+  The classifier head is replaced (kept at the target's initialisation) when the number of classes differs or
+  the checkpoint has none; learned position embeddings are resampled (ViT) or truncated / extended (Transformer),
+  relative-position bias tables resized, to a new resolution or window. Anything else that differs raises a
+  ConfigError listing every mismatch.
+  """
+  flat_l = flax.traverse_util.flatten_dict(flax.core.unfreeze(loaded), sep="/")
+  flat_t = flax.traverse_util.flatten_dict(flax.core.unfreeze(target), sep="/")
+  out, problems, changes = {}, [], []
+  for k, t in flat_t.items():
+    if k not in flat_l:
+      if k.startswith("head/"):
+        changes.append(f"{k} not in the checkpoint; keeping its initialisation")
+        out[k] = t
+        continue
+      problems.append(f"  {k}: missing from the checkpoint (model {t.shape})")
+      continue
+    v = np.asarray(flat_l[k])
+    if v.shape == t.shape:
+      out[k] = v
+    elif k.startswith("head/"):
+      changes.append(f"new head {k} {v.shape} -> {t.shape}")
+      out[k] = t
+    elif k.endswith("pos_embedding") and v.ndim == 2 and v.shape[-1] == t.shape[-1]:  # [max_len, D]
+      out[k] = np.concatenate([v[: t.shape[0]], np.asarray(t)[v.shape[0] :]], axis=0)
+      changes.append(f"{k} {v.shape} -> {out[k].shape} (truncated, or extended with its initialisation)")
+    elif k.endswith("pos_embedding") and v.ndim == 3 and v.shape[-1] == t.shape[-1]:
+      prefix = 1 if _is_square(v.shape[1] - 1) and not _is_square(v.shape[1]) else 0
+      out[k] = posenc.resample_posemb(v, _grid(t.shape[1] - prefix), num_prefix_tokens=prefix)
+      changes.append(f"resampled {k} {v.shape} -> {out[k].shape}")
+    elif k.endswith("relative_position_bias_table") and v.shape[1] == t.shape[1]:
+      old, new = (int(math.isqrt(v.shape[0])) + 1) // 2, (int(math.isqrt(t.shape[0])) + 1) // 2
+      out[k] = posenc.resize_relative_bias_table(v, (old, old), (new, new))
+      changes.append(f"resized {k} {v.shape} -> {out[k].shape}")
+    else:
+      problems.append(f"  {k}: model {t.shape}, checkpoint {v.shape}")
+  if problems:
+    raise ConfigError(
+      "the checkpoint's parameters do not match the model (check config.model):\n" + "\n".join(problems[:20])
+    )
+  return flax.traverse_util.unflatten_dict({tuple(k.split("/")): v for k, v in out.items()}), changes
+
+
+def _is_square(n: int) -> bool:
+  return n > 0 and math.isqrt(n) ** 2 == n
+
+
+def _grid(n: int) -> tuple[int, int]:
+  side = math.isqrt(n)
+  if side * side != n:
+    raise ConfigError(f"cannot resample position embeddings to a non-square grid of {n} tokens")
+  return side, side

@@ -1,0 +1,26 @@
+"""Tasks: what differs between image classification and translation, behind one interface (`Task`, in
+vitjax.tasks.base), so that one trainer serves both. A task knows its data, the model's inputs, its loss, its
+evaluation and what prediction needs; the trainer knows the mesh, the optimizer, checkpoints and reporting.
+
+    task = vitjax.tasks.get(config, workdir)   # config.task: "classification" | "translation"
+"""
+
+from __future__ import annotations
+
+from vitjax.errors import ConfigError
+from vitjax.tasks.base import Task, TrainInput, check_batch, cross_entropy
+from vitjax.tasks.classification import ImageClassification
+from vitjax.tasks.translation import Translation
+
+TASKS = {"classification": ImageClassification, "translation": Translation}
+
+
+def get(config, workdir: str, described: dict | None = None) -> Task:
+  """The task named by config.task. described: a trained run's WORKDIR/task.json (prediction without data)."""
+  name = config.get("task", "classification")
+  if name not in TASKS:
+    raise ConfigError(f"unknown task {name!r}; use one of {sorted(TASKS)}")
+  return TASKS[name](config, workdir, described)
+
+
+__all__ = ["ImageClassification", "TASKS", "Task", "TrainInput", "Translation", "check_batch", "cross_entropy", "get"]

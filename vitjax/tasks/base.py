@@ -1,0 +1,116 @@
+"""The task interface, and the pieces every task shares (loss, batch checks).
+
+A task is what differs between image classification and translation: its data, the model's inputs and the
+attributes the data decides, the loss, the evaluation, and what prediction needs. The trainer (vitjax.train)
+holds the rest and never asks which task it runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from typing import Protocol, runtime_checkable
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+from jax.sharding import NamedSharding
+
+from vitjax.errors import ConfigError
+
+
+@dataclasses.dataclass
+class TrainInput:
+  """This process's training batches and what the trainer needs to know about them.
+
+  batches: an endless iterator of process-local numpy batches (dicts holding at least the task's `batch_keys`)
+    with get_state() / set_state() (grain's bytes, or a JSON-able dict).
+  num_examples: training examples in the split (all processes).
+  steps_per_epoch: global batches per pass over the data.
+  examples_per_step: the global batch size, or None when batches are sized by tokens.
+  """
+
+  batches: Iterator[dict]
+  num_examples: int
+  steps_per_epoch: int
+  examples_per_step: int | None = None
+
+  def state(self) -> str:
+    """The iterator's position as text (for the checkpoint): the batch after it is the next one read."""
+    s = self.batches.get_state()
+    return s.decode() if isinstance(s, bytes) else json.dumps(s)
+
+  def restore(self, state: str) -> None:
+    if isinstance(self.batches.get_state(), bytes):
+      self.batches.set_state(state.encode())
+    else:
+      self.batches.set_state(json.loads(state))
+
+
+@runtime_checkable
+class Task(Protocol):
+  """What the trainer asks of a task. Built as `Task(config, workdir)`; nothing may be written before check().
+
+  batch_keys: keys of a training batch that go to the devices.
+  """
+
+  batch_keys: tuple[str, ...]
+
+  def check(self) -> None:
+    """Validates the config against the data and the devices (ConfigError); runs once, before any write."""
+
+  def model_overrides(self) -> dict:
+    """Model attributes the data decides (vocabulary size, ...), applied over config.model."""
+
+  def example_inputs(self) -> tuple:
+    """Batch-1 model inputs for model.init (shapes and dtypes only matter)."""
+
+  def describe(self) -> dict:
+    """What prediction needs beyond config.json (classes, image size, normalisation, tokenizer file); the
+    trainer writes it to WORKDIR/task.json so that vitjax.load works without the dataset."""
+
+  def train_input(self) -> TrainInput:
+    """This process's training batches."""
+
+  def model_inputs(self, batch: dict) -> tuple:
+    """Positional model inputs from a (device) batch."""
+
+  def loss(self, logits: jax.Array, batch: dict) -> tuple[jax.Array, dict]:
+    """(scalar loss, {name: scalar}) of one batch; a "tokens" entry is summed, not averaged, over
+    micro-batches."""
+
+  def evaluate(
+    self, model: nn.Module, variables: dict, split: str, sharding: NamedSharding, limit: int | None = None
+  ) -> dict:
+    """{"eval/...": float} on a split (all processes take part); `limit` caps the examples."""
+
+
+def cross_entropy(logits, labels, num_classes: int, smoothing: float = 0.0):
+  """Label-smoothed cross-entropy. labels: int [...] or soft [..., K]; logits [..., K] -> [...]."""
+  targets = jax.nn.one_hot(labels, num_classes) if labels.ndim == logits.ndim - 1 else labels
+  if smoothing:
+    targets = targets * (1.0 - smoothing) + smoothing / num_classes
+  return -jnp.sum(targets * jax.nn.log_softmax(logits.astype(jnp.float32)), axis=-1)
+
+
+def check_batch(batch_size: int, what: str = "batch_size") -> None:
+  """A global batch must split evenly over all devices and processes."""
+  n, procs = jax.device_count(), jax.process_count()
+  if batch_size < 1:
+    raise ConfigError(f"{what}={batch_size} must be positive (e.g. --config.{what}={max(n, 8)})")
+  if batch_size % n:
+    lo, hi = (batch_size // n) * n, (batch_size // n + 1) * n
+    raise ConfigError(
+      f"{what}={batch_size} is not divisible by the {n} devices; use a multiple of {n} "
+      f"(e.g. --config.{what}={hi}{f' or {lo}' if lo else ''})"
+    )
+  if batch_size % procs:
+    raise ConfigError(f"{what}={batch_size} is not divisible by the {procs} processes")
+
+
+def check_best_metric(config, valid) -> None:
+  if config.best_metric not in valid:
+    raise ConfigError(f"best_metric={config.best_metric!r} is not reported by this task; use one of {list(valid)}")
+  if config.best_mode not in ("max", "min"):
+    raise ConfigError(f"best_mode must be 'max' or 'min', got {config.best_mode!r}")

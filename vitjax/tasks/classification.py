@@ -1,0 +1,189 @@
+"""Image classification: images -> class, from tfds datasets read with grain (vitjax.data).
+
+Splits: `config.data.train_split` minus a held-out validation part is what trains; `"valid"` is that part
+(`data.valid_fraction` of the training split, drawn by `data.valid_seed`; see vitjax.data.images.holdout_split);
+any other name is a tfds split read as it is ("test", "train[:10%]", ...). Evaluation during training uses
+`data.eval_split` ("valid" by default, so `best` is chosen without looking at the test split).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vitjax import data as data_lib
+from vitjax import mesh as mesh_lib
+from vitjax.data import augment
+from vitjax.errors import ConfigError
+from vitjax.logs import Progress
+from vitjax.tasks.base import TrainInput, check_batch, check_best_metric, cross_entropy
+
+VALID = "valid"
+
+
+class ImageClassification:
+  """See the module docstring; the interface is vitjax.tasks.base.Task."""
+
+  batch_keys = ("image", "label")
+
+  def __init__(self, config, workdir: str, described: dict | None = None):
+    # described: a trained run's WORKDIR/task.json (vitjax.load): the task then needs no dataset.
+    self.config, self.workdir, self._described = config, workdir, described
+
+  # -- splits
+  def _holdout(self):
+    d = self.config.data
+    n = data_lib.split_info(d.name, d.train_split, d.data_dir)["num_examples"]
+    return data_lib.holdout_split(n, d.valid_fraction, d.valid_seed)
+
+  def _input(self, split: str, train: bool, **kw):
+    """make_input for a split name of this task (see the module docstring)."""
+    d = self.config.data
+    subset = None
+    if split == VALID or (split == d.train_split and d.valid_fraction):
+      if not d.valid_fraction:
+        raise ConfigError(
+          f"no '{VALID}' split: data.valid_fraction is 0; set --config.data.valid_fraction=0.1 or evaluate another "
+          "split (--split=test)"
+        )
+      kept, held_out = self._holdout()
+      subset, split = (held_out if split == VALID else kept), d.train_split
+    try:
+      return data_lib.make_input(
+        d.name,
+        split,
+        global_batch_size=kw.pop("batch", d.eval_batch_size),
+        image_size=d.image_size,
+        train=train,
+        data_dir=d.data_dir,
+        read_threads=d.read_threads,
+        subset=subset,
+        **kw,
+      )
+    except ValueError as e:
+      if "split" not in str(e).lower():
+        raise
+      raise ConfigError(f"{d.name}: {str(e).splitlines()[0]} (vitjax adds the split '{VALID}')") from None
+
+  # -- interface
+  def check(self):
+    c = self.config
+    check_batch(c.batch_size)
+    check_batch(c.data.eval_batch_size, "data.eval_batch_size")
+    if c.optim.accum_steps < 1 or c.batch_size % (c.optim.accum_steps * jax.device_count()):
+      raise ConfigError(
+        f"optim.accum_steps={c.optim.accum_steps}: each micro-batch (batch_size / accum_steps) "
+        f"must split evenly over the {jax.device_count()} devices"
+      )
+    if not 0 <= c.data.valid_fraction < 1:
+      raise ConfigError(f"data.valid_fraction={c.data.valid_fraction} must be in [0, 1)")
+    check_best_metric(c, ("eval/accuracy", "eval/loss"))
+    info = self.describe()
+    if c.model.get("num_classes") != info["num_classes"]:
+      raise ConfigError(
+        f"config.model.num_classes={c.model.get('num_classes')} but {c.data.name} has "
+        f"{info['num_classes']} classes; set --config.model.num_classes={info['num_classes']}"
+      )
+
+  def describe(self) -> dict:
+    if self._described is None:
+      d = self.config.data
+      info = data_lib.split_info(d.name, d.train_split, d.data_dir)
+      h, w = (d.image_size,) * 2 if isinstance(d.image_size, int) else tuple(d.image_size)
+      self._described = {
+        "task": "classification",
+        "dataset": d.name,
+        "num_classes": info["num_classes"],
+        "class_names": info["class_names"],
+        "channels": info["channels"],
+        "image_size": [h, w],
+        "normalize": "[-1, 1]: x * 2 / 255 - 1 (vitjax.data.augment.normalize)",
+      }
+    return self._described
+
+  def model_overrides(self) -> dict:
+    return {}
+
+  def example_inputs(self):
+    h, w = self.describe()["image_size"]
+    return (jnp.zeros((1, h, w, self.describe()["channels"]), jnp.float32),)
+
+  def train_input(self) -> TrainInput:
+    c, d = self.config, self.config.data
+    it, info = self._input(
+      d.train_split, True, batch=c.batch_size, seed=c.seed, augment=d.augment, worker_count=d.worker_count
+    )
+    return TrainInput(it, info.num_examples, max(info.num_examples // c.batch_size, 1), c.batch_size)
+
+  def model_inputs(self, batch):
+    return (batch["image"],)
+
+  def loss(self, logits, batch):
+    labels = batch["label"]
+    loss = cross_entropy(logits, labels, logits.shape[-1], self.config.label_smoothing).mean()
+    hard = labels if labels.ndim == 1 else labels.argmax(-1)
+    return loss, {"accuracy": jnp.mean(logits.argmax(-1) == hard)}
+
+  def evaluate(self, model, variables, split, sharding, limit=None) -> dict:
+    it, info = self._input(split, False)
+    progress = Progress(f"eval {split}", info.steps_per_epoch, unit="images")
+    sums = None
+    for batch in it:
+      out = _eval_step(model, variables, mesh_lib.to_global(batch, sharding, ("image", "label", "mask")))
+      sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
+      progress.update(len(batch["label"]) * jax.process_count())
+    sums = jax.device_get(sums)
+    return {
+      "eval/loss": float(sums["loss_sum"] / sums["count"]),
+      "eval/accuracy": float(sums["correct"] / sums["count"]),
+      "eval/examples": float(sums["count"]),
+    }
+
+  # -- prediction (vitjax.load)
+  def predict(self, model, variables, images, sharding, batch_size: int = 256) -> np.ndarray:
+    """uint8 [N, H, W, C] images as the dataset stores them -> class probabilities float32 [N, classes].
+
+    The images go through the evaluation preprocessing (resize to the model's size, normalise); every process
+    passes the same images and gets all the probabilities.
+    """
+    images = np.asarray(images)
+    if images.ndim == 3:
+      images = images[..., None]
+    info = self.describe()
+    if images.ndim != 4 or images.shape[-1] != info["channels"]:
+      raise ValueError(f"predict takes uint8 images [N, H, W, {info['channels']}], got {images.shape}")
+    size = tuple(info["image_size"])
+    n_dev = jax.device_count()
+    batch_size = -(-batch_size // n_dev) * n_dev
+    out = []
+    for start in range(0, len(images), batch_size):
+      chunk = np.stack([augment.preprocess_eval(im, size) for im in images[start : start + batch_size]])
+      rows = len(chunk)
+      pad = -rows % n_dev
+      if pad:
+        chunk = np.concatenate([chunk, np.zeros((pad, *chunk.shape[1:]), chunk.dtype)])
+      local = chunk.reshape(jax.process_count(), -1, *chunk.shape[1:])[jax.process_index()]
+      probs = _predict_step(model, variables, mesh_lib.to_global({"image": local}, sharding, ("image",))["image"])
+      out.append(mesh_lib.gather(probs)[:rows])
+    return np.concatenate(out) if out else np.zeros((0, info["num_classes"]), np.float32)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _eval_step(model, variables, batch):
+  logits, _ = model.apply(variables, batch["image"], train=False)
+  mask = batch["mask"].astype(jnp.float32)
+  loss = cross_entropy(logits, batch["label"], logits.shape[-1])
+  return {
+    "loss_sum": jnp.sum(loss * mask),
+    "correct": jnp.sum((logits.argmax(-1) == batch["label"]) * mask),
+    "count": jnp.sum(mask),
+  }
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _predict_step(model, variables, images):
+  logits, _ = model.apply(variables, images, train=False)
+  return jax.nn.softmax(logits.astype(jnp.float32), axis=-1)

@@ -1,0 +1,37 @@
+"""The one trainer: a config in, a trained, checkpointed, evaluated model out; it never asks which task it runs.
+
+One concern per module:
+
+    loop.py         train() and evaluate(): the order of things
+    state.py        the model, its sharded TrainState, setup() -> Experiment, init_from
+    step.py         the jit-compiled training step (gradient accumulation included)
+    optim.py        optimizer and learning-rate schedule
+    checkpoints.py  the workdir: one orbax manager (latest N + best), config.json, task.json
+    reporting.py    progress lines, metrics.jsonl, TensorBoard, the profiler
+
+Around it: vitjax.tasks (what differs between tasks), vitjax.mesh (devices and shardings), vitjax.logs, and
+vitjax.errors. `python -m vitjax.main` is the command line; vitjax.load restores a trained model.
+"""
+
+from vitjax.errors import ConfigError
+from vitjax.train.checkpoints import Checkpoints
+from vitjax.train.loop import evaluate, train
+from vitjax.train.optim import decay_mask, make_optimizer, make_schedule
+from vitjax.train.state import Experiment, TrainState, build_model, initial_state, setup
+from vitjax.train.step import make_train_step
+
+__all__ = [
+  "Checkpoints",
+  "ConfigError",
+  "Experiment",
+  "TrainState",
+  "build_model",
+  "decay_mask",
+  "evaluate",
+  "initial_state",
+  "make_optimizer",
+  "make_schedule",
+  "make_train_step",
+  "setup",
+  "train",
+]

@@ -1,0 +1,61 @@
+"""Optimizer and learning-rate schedule from the config: AdamW or SGD, weight decay on kernels and embeddings
+only, global-norm clipping, warm-up then cosine / linear / inverse-sqrt / constant decay.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from vitjax.errors import ConfigError
+
+NO_DECAY = re.compile(r"(bias|scale|pos_embedding|relative_position_bias_table|cls|probe)$")
+
+
+def decay_mask(params):
+  """True where weight decay applies: kernels and embeddings, not biases, norms, positions or bias tables."""
+  return jax.tree_util.tree_map_with_path(
+    lambda path, x: not NO_DECAY.search(str(getattr(path[-1], "key", path[-1]))) and x.ndim > 1, params
+  )
+
+
+def make_schedule(config, total_steps: int, steps_per_epoch: int) -> optax.Schedule:
+  s, lr = config.schedule, config.optim.lr
+  warmup = s.warmup_steps if s.warmup_steps is not None else int(round((s.warmup_epochs or 0) * steps_per_epoch))
+  warmup = min(warmup, total_steps)
+  rest = max(total_steps - warmup, 1)
+  if s.decay == "cosine":
+    decay = optax.cosine_decay_schedule(lr, rest, alpha=s.end_lr_factor)
+  elif s.decay == "linear":
+    decay = optax.linear_schedule(lr, lr * s.end_lr_factor, rest)
+  elif s.decay == "constant":
+    decay = optax.constant_schedule(lr)
+  elif s.decay == "rsqrt":  # inverse square root, continuous with the warm-up ("Attention is all you need")
+    t0 = s.rsqrt_timescale or max(warmup, 1)
+    # join_schedules also evaluates this at step - warmup < 0: keep the denominator positive (a Python int step
+    # would otherwise raise ZeroDivisionError at step 0).
+    decay = lambda step: lr * jnp.sqrt(t0 / jnp.maximum(step + t0, 1))
+  else:
+    raise ConfigError(f"unknown schedule.decay {s.decay!r}; use 'cosine', 'linear', 'rsqrt' or 'constant'")
+  if warmup == 0:
+    return decay
+  return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), decay], [warmup])
+
+
+def make_optimizer(config, schedule) -> optax.GradientTransformation:
+  o = config.optim
+  if o.name == "adamw":
+    tx = optax.adamw(schedule, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=decay_mask)
+  elif o.name == "sgd":
+    tx = optax.chain(
+      optax.add_decayed_weights(o.weight_decay, mask=decay_mask),
+      optax.sgd(schedule, momentum=o.momentum, nesterov=o.nesterov),
+    )
+  else:
+    raise ConfigError(f"unknown optim.name {o.name!r}; use 'adamw' or 'sgd'")
+  if o.grad_clip_norm:
+    tx = optax.chain(optax.clip_by_global_norm(o.grad_clip_norm), tx)
+  return tx

@@ -1,0 +1,124 @@
+"""What a run tells its user: progress lines, WORKDIR/metrics.jsonl, TensorBoard summaries in WORKDIR/tb, and a
+jax.profiler trace of chosen steps (`config.profile_steps`), viewable in TensorBoard's profile tab.
+
+Process 0 writes; every process may log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import jax
+from absl import logging
+
+from vitjax.logs import fmt_time
+
+HEARTBEAT_SECONDS = 30.0  # a progress line at least this often, whatever log_every is
+
+
+class Reporter:
+  """Progress lines and metrics rows.
+
+  A progress line comes every `log_every` steps, at the first and last step, and whenever `HEARTBEAT_SECONDS`
+  passed without one. Its ETA follows the step rate, or the time budget (`deadline`, from max_train_minutes)
+  when that ends the run first.
+  """
+
+  def __init__(self, workdir: str, total_steps: int, log_every: int, examples_per_step: int | None, deadline=None):
+    self.workdir, self.total, self.log_every = workdir, total_steps, log_every
+    self.examples_per_step, self.deadline = examples_per_step, deadline
+    self.main = jax.process_index() == 0
+    self.tb = None
+    if self.main:
+      from tensorboardX import SummaryWriter
+
+      self.tb = SummaryWriter(os.path.join(workdir, "tb"))
+    self.t0 = self.s0 = None
+    self.created = self.last_line = time.time()
+
+  def due(self, step: int) -> bool:
+    """Whether `step` gets a progress line (so the caller fetches its metrics from the devices)."""
+    return (
+      step % self.log_every == 0
+      or step == self.total
+      or self.s0 is None
+      or time.time() - self.last_line >= HEARTBEAT_SECONDS
+    )
+
+  def write(self, step: int, metrics: dict) -> None:
+    """One row of metrics.jsonl and the same scalars in TensorBoard."""
+    if not self.main:
+      return
+    row = {"step": int(step), **{k: float(v) for k, v in metrics.items()}}
+    with open(os.path.join(self.workdir, "metrics.jsonl"), "a") as f:
+      f.write(json.dumps(row) + "\n")
+    for k, v in row.items():
+      if k != "step":
+        self.tb.add_scalar(k, v, step)
+    self.tb.flush()
+
+  def progress(self, step: int, metrics: dict) -> None:
+    now = self.last_line = time.time()
+    if self.s0 is None:  # the first line includes compilation: rates start after it
+      self.t0, self.s0 = now, step
+      rate = float("nan")
+    else:
+      rate = (step - self.s0) / max(now - self.t0, 1e-9)
+    extra = {}
+    if rate == rate:
+      extra["train/steps_per_s"] = rate
+      if self.examples_per_step:
+        extra["train/examples_per_s"] = rate * self.examples_per_step
+      if "train/tokens" in metrics:
+        extra["train/tokens_per_s"] = rate * float(metrics["train/tokens"])
+    self.write(step, {**metrics, **extra})
+    eta = (self.total - step) / rate if rate == rate and rate > 0 else float("nan")
+    budget = ""
+    if self.deadline is not None and self.deadline - now < (eta if eta == eta else float("inf")):
+      eta, budget = self.deadline - now, " (time budget)"
+    parts = [f"step {step}/{self.total}", f"loss {metrics['train/loss']:.4f}"]
+    if "train/accuracy" in metrics:
+      parts.append(f"acc {metrics['train/accuracy']:.3f}")
+    parts.append(f"lr {metrics['train/lr']:.2e}")
+    speed = f"{rate:.2f} steps/s" if rate == rate else f"first step in {now - self.created:.0f}s (compilation)"
+    for key, unit in (("train/examples_per_s", "ex/s"), ("train/tokens_per_s", "tok/s")):
+      if key in extra:
+        speed += f", {extra[key]:.0f} {unit}"
+    parts += [speed] + ([f"ETA {fmt_time(eta)}{budget}"] if rate == rate else [])
+    logging.info(" | ".join(parts))
+
+  def evaluation(self, step: int, split: str, metrics: dict, note: str = "") -> None:
+    """Writes an evaluation's metrics and logs them in one line."""
+    self.write(step, metrics)
+    shown = ", ".join(f"{k.removeprefix('eval/')} {v:.4f}" for k, v in metrics.items() if k != "eval/examples")
+    count = f" ({int(metrics['eval/examples'])} examples)" if "eval/examples" in metrics else ""
+    logging.info("step %d | %s: %s%s%s", step, split, shown, count, note)
+
+  def close(self) -> None:
+    if self.tb:
+      self.tb.close()
+
+
+class Profiler:
+  """A jax.profiler trace of steps [first, last] (1-based, inclusive) into WORKDIR/tb/plugins/profile/RUN/,
+  where `tensorboard --logdir WORKDIR` (or a parent) shows it in the profile tab (needs the
+  tensorboard-plugin-profile package, installed with vitjax)."""
+
+  def __init__(self, workdir: str, steps):
+    self.logdir = os.path.join(workdir, "tb")
+    self.first, self.last = (int(steps[0]), int(steps[1])) if steps else (None, None)
+    self.active = False
+
+  def before(self, step: int) -> None:
+    if step == self.first:
+      jax.profiler.start_trace(self.logdir)
+      self.active = True
+
+  def after(self, step: int, state) -> None:
+    if self.active and step >= self.last:
+      jax.block_until_ready(state)
+      jax.profiler.stop_trace()
+      self.active = False
+      logging.info("profile of steps %d-%d written to %s/plugins/profile", self.first, self.last, self.logdir)

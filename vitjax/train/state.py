@@ -1,0 +1,127 @@
+"""The model and its training state: build the model from the config, lay its state out on the mesh, initialise
+it (optionally from other weights, `config.init_from`).
+
+`setup()` makes the `Experiment` that training, evaluation and vitjax.load share: task, model, mesh, the
+abstract sharded state, optimizer and schedule. It compiles and allocates nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+from jax.sharding import Mesh, NamedSharding
+
+from vitjax import convert, models
+from vitjax import mesh as mesh_lib
+from vitjax.errors import ConfigError
+from vitjax.models.adapt import adapt_params
+from vitjax.tasks import Task
+from vitjax.train import optim
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  model_state: Any  # non-parameter collections, e.g. BatchNorm's batch_stats
+
+
+def build_model(config, overrides: dict | None = None) -> nn.Module:
+  """The model named by config.model (other fields are attributes), with the task's overrides."""
+  kwargs = {k: v for k, v in config.model.to_dict().items() if k != "name" and v is not None}
+  kwargs.update(overrides or {})
+  if config.compute_dtype not in ("float32", "bfloat16"):
+    raise ConfigError(f"compute_dtype must be 'float32' or 'bfloat16', got {config.compute_dtype!r}")
+  if config.compute_dtype == "bfloat16":
+    kwargs["dtype"] = jnp.bfloat16
+  try:
+    return models.create(config.model.name, **kwargs)
+  except ValueError as e:
+    raise ConfigError(f"config.model: {e}") from None
+
+
+@dataclasses.dataclass
+class Experiment:
+  """What training, evaluation and vitjax.load share."""
+
+  config: Any
+  task: Task
+  model: nn.Module
+  mesh: Mesh
+  abstract_state: TrainState  # ShapeDtypeStructs carrying their shardings
+  state_sharding: TrainState  # NamedSharding per leaf
+  batch_sharding: NamedSharding
+  init_state: Callable[[], TrainState]
+  schedule: optax.Schedule
+  tx: optax.GradientTransformation
+
+
+def setup(config, task: Task, total_steps: int | None = None, steps_per_epoch: int = 1) -> Experiment:
+  """The Experiment of a config. Raises ConfigError for a model the config cannot build."""
+  mesh = mesh_lib.make_mesh(config.mesh_axes)
+  model = build_model(config, task.model_overrides())
+  inputs = task.example_inputs()
+  schedule = optim.make_schedule(config, total_steps or 1, steps_per_epoch)
+  tx = optim.make_optimizer(config, schedule)
+
+  def init_state():
+    rngs = {"params": jax.random.key(config.seed), "dropout": jax.random.key(config.seed + 1)}
+    variables = model.init(rngs, *inputs)
+    params = variables.pop("params")
+    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), dict(variables))
+
+  try:
+    abstract = jax.eval_shape(init_state)
+  except ValueError as e:  # impossible shapes (image size vs patch, widths vs heads): say which setting
+    raise ConfigError(f"{e} (the model's input comes from config.data; e.g. set --config.data.image_size)") from None
+  params = mesh_lib.param_shardings(mesh, abstract.params, config.sharding_rules)
+  replicated = NamedSharding(mesh, jax.sharding.PartitionSpec())
+  sharding = TrainState(
+    replicated,
+    params,
+    mesh_lib.opt_state_shardings(tx, abstract.opt_state, params, mesh),
+    jax.tree.map(lambda _: replicated, abstract.model_state),
+  )
+  abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, sharding)
+  return Experiment(
+    config, task, model, mesh, abstract, sharding, mesh_lib.batch_sharding(mesh), init_state, schedule, tx
+  )
+
+
+def initial_state(exp: Experiment) -> TrainState:
+  """The initialised TrainState, with parameters from config.init_from if set (ConfigError if they do not fit)."""
+  from vitjax.train import checkpoints  # (checkpoints imports this module)
+
+  config = exp.config
+  state = jax.jit(exp.init_state, out_shardings=exp.state_sharding)()
+  if not config.init_from:
+    return state
+  if config.init_from.startswith(("timm:", "npz:")):
+    loaded, loaded_ms = convert.load_params(config.init_from), {}
+  else:
+    loaded, loaded_ms = checkpoints.load_params(config.init_from)
+  params, changes = adapt_params(loaded, jax.device_get(state.params))
+  for line in changes:
+    logging.info("init_from: %s", line)
+  params = jax.device_put(params, exp.state_sharding.params)
+  opt_state = jax.jit(exp.tx.init, out_shardings=exp.state_sharding.opt_state)(params)
+  state = state.replace(params=params, opt_state=opt_state)
+  if loaded_ms and jax.tree.map(np.shape, loaded_ms) == jax.tree.map(np.shape, jax.device_get(state.model_state)):
+    state = state.replace(model_state=jax.device_put(loaded_ms, exp.state_sharding.model_state))
+    logging.info("init_from: BatchNorm statistics carried over")
+  logging.info("initialised parameters from %s", config.init_from)
+  return state
+
+
+def num_params(state: TrainState) -> int:
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))

@@ -1,0 +1,68 @@
+"""The training step: forward, the task's loss, gradients (accumulated over micro-batches), optimizer update.
+
+Pure and jit-compiled by the loop with donated state; the task decides the model's inputs and the loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from vitjax.train.state import TrainState
+
+
+def make_train_step(model, tx, schedule, config, task) -> Callable:
+  """(state, batch) -> (state, metrics): forward, task loss, gradients (accumulated over micro-batches), update."""
+  accum = config.optim.accum_steps
+  dropout_key = jax.random.key(config.seed + 2)
+
+  def loss_fn(params, model_state, batch, rng):
+    variables = {"params": params, **model_state}
+    out, new_state = model.apply(
+      variables, *task.model_inputs(batch), train=True, rngs={"dropout": rng}, mutable=list(model_state)
+    )
+    loss, metrics = task.loss(out[0], batch)
+    return loss, (dict(new_state), metrics)
+
+  def train_step(state: TrainState, batch):
+    rng = jax.random.fold_in(dropout_key, state.step)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    if accum == 1:
+      (loss, (model_state, metrics)), grads = grad_fn(state.params, state.model_state, batch, rng)
+    else:  # micro-batches in sequence, gradients averaged: one optimizer step per global batch
+      # micro-batch i takes rows i, i + accum, ...: every micro-batch spans all devices of the data axis
+      micro = jax.tree.map(lambda x: jnp.swapaxes(x.reshape((x.shape[0] // accum, accum) + x.shape[1:]), 0, 1), batch)
+
+      def body(carry, xs):
+        grads, model_state, loss, metrics, i = carry
+        (micro_loss, (model_state, m)), g = grad_fn(state.params, model_state, xs, jax.random.fold_in(rng, i))
+        return (
+          jax.tree.map(jnp.add, grads, g),
+          model_state,
+          loss + micro_loss,
+          jax.tree.map(jnp.add, metrics, m),
+          i + 1,
+        ), None
+
+      zeros = jax.tree.map(jnp.zeros_like, state.params)
+      shapes = jax.eval_shape(
+        lambda: grad_fn(state.params, state.model_state, jax.tree.map(lambda x: x[0], micro), rng)
+      )
+      m0 = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes[0][1][1])
+      (grads, model_state, loss, metrics, _), _ = jax.lax.scan(body, (zeros, state.model_state, 0.0, m0, 0), micro)
+      grads, loss = jax.tree.map(lambda g: g / accum, grads), loss / accum
+      metrics = {k: v if k == "tokens" else v / accum for k, v in metrics.items()}  # token counts add up
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {
+      "train/loss": loss,
+      **{f"train/{k}": v for k, v in metrics.items()},
+      "train/grad_norm": optax.global_norm(grads),
+      "train/lr": schedule(state.step),
+    }
+    return TrainState(state.step + 1, params, opt_state, model_state), metrics
+
+  return train_step

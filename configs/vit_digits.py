@@ -4,10 +4,13 @@ Run (from the repository root, after `pip install -e .`):
 
     python -m vitjax.data.prepare --dataset=digits
     python -m vitjax.main --config=configs/vit_digits.py --workdir=workdirs/vit_digits
+    python -m vitjax.main --mode=eval --workdir=workdirs/vit_digits --split=test
 
-Expected: about 99% test accuracy (99.3% measured; at least 97%) in under two minutes on 2 CPU cores.
+Expected: about 99% test accuracy (99.0% measured; 98.3-99.0% over seeds; at least 97%) for the best checkpoint
+by validation accuracy, in under two minutes of training on 2 CPU cores. Training uses 1,347 scans; 150 (10%,
+data.valid_seed 0) are the validation split that evaluation during training and `best` use.
 A 4-layer, 64-wide ViT with 2x2 patches (16 tokens) and a class token; small random crops and zooms (without
-them it overfits and ends near 97%); AdamW, cosine, 60 epochs.
+them it overfits and ends near 97%); AdamW, cosine, 80 epochs.
 """
 
 import ml_collections as mlc
@@ -33,7 +36,7 @@ def get_config():
   )
   c.data.eval_batch_size = 320  # divisible by 8 devices; the last batch is padded and masked
   c.batch_size = 64
-  c.num_epochs = 60
+  c.num_epochs = 80
   c.optim.lr = 2e-3
   c.optim.weight_decay = 0.05
   c.schedule.warmup_epochs = 3

@@ -59,6 +59,10 @@ def setup(verbosity: int | None = None) -> None:
 
   verbosity: None keeps absl's (the --verbosity flag, 0 by default). Idempotent.
   """
+  from absl import flags
+
+  if not flags.FLAGS.is_parsed():  # outside absl.app (argparse, notebooks): absl's defaults, and no
+    flags.FLAGS.mark_as_parsed()  # "Logging before flag parsing" warning
   if verbosity is not None:
     logging.set_verbosity(verbosity)
   logging.use_absl_handler()
@@ -102,14 +106,15 @@ class Progress:
 
   def __init__(self, what: str, total: int, unit: str = "examples", after: float = 5.0, every: float = 10.0):
     self.what, self.total, self.unit, self.after, self.every = what, total, unit, after, every
-    self.start = self.last = time.time()
+    self.start, self.last = time.time(), None
     self.count = self.items = 0
 
   def update(self, items: int = 0) -> None:
     self.count += 1
     self.items += items
     now = time.time()
-    if now - self.start >= self.after and now - self.last >= self.every and self.count < self.total:
+    due = now - self.start >= self.after if self.last is None else now - self.last >= self.every
+    if due and self.count < self.total:
       self.last = now
       elapsed = now - self.start
       rate = f" | {self.items / elapsed:.1f} {self.unit}/s" if self.items else ""

@@ -7,7 +7,8 @@ vitjax.data.prepare import prepare``), then read it with :func:`make_input`.
 
 from vitjax.data.augment import Augment, parse_augment
 from vitjax.data.builders import BUILDERS, default_data_dir, get_builder, resolve_name
-from vitjax.data.images import DatasetInfo, holdout_split, make_input, open_split, split_info
+from vitjax.data.images import DatasetInfo, make_input
+from vitjax.data.splits import holdout_split, open_split, split_info
 from vitjax.errors import DatasetNotPreparedError
 
 __all__ = [

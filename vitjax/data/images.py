@@ -31,14 +31,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import grain
 import numpy as np
 
-from vitjax.data import builders
 from vitjax.data.augment import (
   Augment,
   mix_batch,
@@ -49,7 +47,7 @@ from vitjax.data.augment import (
   random_resized_crop_box,
   resize,
 )
-from vitjax.errors import DatasetNotPreparedError
+from vitjax.data.splits import _supervised_keys, open_split
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,104 +159,6 @@ class _MixBatch(grain.transforms.RandomMap):
   def random_map(self, batch, rng: np.random.Generator):
     images, labels = mix_batch(batch["image"], batch["label"], self.num_classes, self.aug, rng)
     return {**batch, "image": images, "label": labels}
-
-
-# ----------------------------------------------------------------------------
-# Opening a prepared split.
-
-
-def not_prepared_message(name: str, data_dir: str, builder=None) -> str:
-  """Explains how to prepare ``name`` into ``data_dir`` as array_record."""
-  if builders.is_local(name):
-    return (
-      f"Dataset '{name}' is not prepared in {data_dir}. Prepare it "
-      f"with:\n  python -m vitjax.data.prepare --dataset={name} "
-      f"--data_dir={data_dir}"
-    )
-  cmd = f"tfds build {name} --file_format=array_record --data_dir={data_dir}"
-  manual = getattr(builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None)
-  if manual:
-    cmd += f" --manual_dir=DIR\n(this dataset needs manually downloaded files in DIR: {manual.strip()})"
-  return (
-    f"Dataset '{name}' has no array_record files in {data_dir}. It is a "
-    f"stock tfds dataset; prepare it with:\n  {cmd}\n(or: python -m "
-    f"vitjax.data.prepare --dataset={name} --data_dir={data_dir}; "
-    "building stock tfds datasets may need TensorFlow, reading does not)"
-  )
-
-
-def open_split(name: str, split: str, data_dir: str | None = None):
-  """Opens a prepared split as a random-access tfds data source.
-
-  Args:
-    name: config name (``builders.resolve_name`` maps it to the tfds name).
-    split: tfds split string, e.g. ``'train'`` or ``'train[:90%]'``.
-    data_dir: tfds data dir (default ``$TFDS_DATA_DIR`` or
-      ``~/tensorflow_datasets``).
-
-  Returns:
-    (source, builder): ``source[i]`` is a dict of numpy features.
-
-  Raises:
-    DatasetNotPreparedError: nothing prepared there; the message gives the
-      command that prepares it.
-  """
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-
-  data_dir = os.path.expanduser(data_dir or builders.default_data_dir())
-  try:
-    builder = builders.get_builder(name, data_dir)
-  except tfds.core.DatasetNotFoundError as e:
-    raise DatasetNotPreparedError(
-      f"Dataset '{name}' is neither a vitjax dataset "
-      f"({sorted(builders.BUILDERS)}) nor a tfds dataset registered or "
-      f"prepared in {data_dir}: check the name, or prepare it with `tfds "
-      f"build {name} --file_format=array_record --data_dir={data_dir}`."
-    ) from e
-  if not builder.is_prepared():
-    raise DatasetNotPreparedError(not_prepared_message(name, data_dir, builder))
-  file_format = builder.info.file_format
-  if file_format is not None and str(getattr(file_format, "value", file_format)) != builders.FILE_FORMAT:
-    raise DatasetNotPreparedError(
-      f"Dataset '{name}' in {builder.data_dir} is stored as {file_format}, "
-      "not array_record (needed for random access). " + not_prepared_message(name, data_dir, builder)
-    )
-  return builder.as_data_source(split=split), builder
-
-
-def _supervised_keys(builder) -> tuple[str, str]:
-  keys = builder.info.supervised_keys
-  if keys and isinstance(keys[0], str) and isinstance(keys[1], str):
-    return keys[0], keys[1]
-  return "image", "label"
-
-
-def holdout_split(num_examples: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-  """(kept, held-out) positions of a split: ``round(fraction * num_examples)`` positions drawn with
-  ``np.random.default_rng(seed).permutation(num_examples)`` are held out (the first ones of the permutation);
-  both are returned sorted. How vitjax makes a validation split from a training split."""
-  n_out = int(round(fraction * num_examples))
-  if not 0 <= n_out < num_examples:
-    raise ValueError(f"cannot hold out {fraction:g} of {num_examples} examples")
-  perm = np.random.default_rng(seed).permutation(num_examples)
-  return np.sort(perm[n_out:]), np.sort(perm[:n_out])
-
-
-def split_info(name: str, split: str, data_dir: str | None = None) -> dict[str, Any]:
-  """What a model needs to know of a prepared split, without reading it: ``{'num_examples', 'num_classes',
-  'class_names', 'channels'}``."""
-  source, builder = open_split(name, split, data_dir)
-  image_key, label_key = _supervised_keys(builder)
-  label = builder.info.features[label_key]
-  names = list(label.names) if getattr(label, "names", None) else None
-  if names and names == [str(i) for i in range(label.num_classes)]:
-    names = None
-  return {
-    "num_examples": len(source),
-    "num_classes": int(label.num_classes),
-    "class_names": names,
-    "channels": int(builder.info.features[image_key].shape[-1] or 3),
-  }
 
 
 def _pair(size: int | Sequence[int]) -> tuple[int, int]:

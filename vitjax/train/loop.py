@@ -129,7 +129,7 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
     for step in range(start + 1, total + 1):
       batch, data_state = next(batches)
       profiler.before(step)
-      state, metrics = train_step(state, batch)
+      state, metrics = profiler.run(step, train_step, state, batch)
       profiler.after(step, state)
       out_of_time = deadline is not None and step < total and all_agree(time.time() > deadline)
       if out_of_time:

@@ -116,6 +116,13 @@ class Profiler:
       jax.profiler.start_trace(self.logdir)
       self.active = True
 
+  def run(self, step: int, fn, *args):
+    """fn(*args); while tracing, inside a step marker and waited for, so the profile tab shows real step times."""
+    if not self.active:
+      return fn(*args)
+    with jax.profiler.StepTraceAnnotation("train", step_num=step):
+      return jax.block_until_ready(fn(*args))
+
   def after(self, step: int, state) -> None:
     if self.active and step >= self.last:
       jax.block_until_ready(state)

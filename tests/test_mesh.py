@@ -1,0 +1,64 @@
+"""Shardings on a device mesh: optimizer state follows its parameter exactly, by tree position, even where two
+parameters of one shape follow different rules (8 simulated CPU devices, in a subprocess)."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import train_helpers as th
+
+SCRIPT = textwrap.dedent("""
+  import json
+  import jax
+  import ml_collections as mlc
+  from jax.sharding import PartitionSpec as P
+  from vitjax import tasks
+  from vitjax.config import default_config
+  from vitjax.train import state as state_lib
+
+  c = default_config()
+  c.model = mlc.ConfigDict(dict(name="Ti/2", width=16, depth=1, num_heads=8, mlp_dim=32, num_classes=10))
+  c.optim.name = OPTIMIZER
+  # query/key/value kernels are all [16, 8, 2]: only the query's heads are split over the 8 devices.
+  c.sharding_rules = ((r"attn/query/kernel$", (None, "data", None)),)
+  # A task described as a trained run's task.json would be: no dataset needed.
+  task = tasks.get(c, "/nonexistent", described={"image_size": [8, 8], "channels": 1, "num_classes": 10})
+  exp = state_lib.setup(c, task)
+  state = jax.jit(exp.init_state, out_shardings=exp.state_sharding)()  # real arrays laid out on the mesh
+
+  name = lambda path: "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+  params = {name(p): (a.shape, a.sharding.spec) for p, a in jax.tree_util.tree_leaves_with_path(state.params)}
+  moments = {}
+  for path, a in jax.tree_util.tree_leaves_with_path(state.opt_state):
+    keys = [str(getattr(k, "name", getattr(k, "key", ""))) for k in path]
+    for field in ("mu", "nu", "trace"):
+      if field in keys:
+        moments[field + ":" + name(path[keys.index(field) + 1 :])] = (a.shape, a.sharding.spec)
+  print(json.dumps({"devices": jax.device_count(),
+                    "params": {k: [list(s), str(p)] for k, (s, p) in params.items()},
+                    "moments": {k: [list(s), str(p)] for k, (s, p) in moments.items()}}))
+""")
+
+
+def _run(optimizer: str) -> dict:
+  script = SCRIPT.replace("OPTIMIZER", repr(optimizer))
+  proc = subprocess.run(
+    [sys.executable, "-c", script], cwd=th.ROOT, env=th.env(devices=8), capture_output=True, text=True, timeout=300
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_optimizer_moments_take_their_parameters_sharding_not_a_same_shape_ones():
+  for optimizer, fields in (("adamw", ("mu", "nu")), ("sgd", ("trace",))):
+    out = _run(optimizer)
+    assert out["devices"] == 8
+    params = out["params"]
+    query, key = params["encoder/block_0/attn/query/kernel"], params["encoder/block_0/attn/key/kernel"]
+    assert query[0] == key[0] == [16, 8, 2]  # same shape ...
+    assert query[1] == "P(None, 'data', None)" and key[1] == "P()"  # ... different rules
+    for field in fields:
+      for pname, (shape, spec) in params.items():
+        assert out["moments"][f"{field}:{pname}"] == [shape, spec], (optimizer, field, pname)
+    assert len(out["moments"]) == len(fields) * len(params)

@@ -1,0 +1,132 @@
+"""What a run tells its user: progress lines (heartbeat, ETA against the time budget), evaluation progress,
+quiet library logs, a profiler trace, and the README main job's output at the default verbosity."""
+
+import glob
+import logging as py_logging
+import os
+import re
+import subprocess
+
+import pytest
+import train_helpers as th
+
+from vitjax import logs
+from vitjax.train import reporting
+
+METRICS = {"train/loss": 1.5, "train/accuracy": 0.5, "train/lr": 1e-3}
+
+
+@pytest.fixture
+def clock(monkeypatch):
+  """A fake time.time() for vitjax.train.reporting and vitjax.logs: clock[0] is now."""
+  now = [1000.0]
+  monkeypatch.setattr(reporting.time, "time", lambda: now[0])
+  monkeypatch.setattr(logs.time, "time", lambda: now[0])
+  return now
+
+
+def _lines(caplog):
+  """vitjax's own log lines (jax logs its backend search too)."""
+  return [r.getMessage() for r in caplog.records if r.pathname.startswith(os.path.dirname(logs.__file__))]
+
+
+def test_a_progress_line_comes_at_least_every_30_seconds_whatever_log_every(tmp_path, clock, caplog):
+  caplog.set_level(py_logging.INFO)
+  r = reporting.Reporter(str(tmp_path), total_steps=100_000, log_every=10_000, examples_per_step=8)
+  assert r.due(1)  # the first step always
+  r.progress(1, METRICS)
+  clock[0] += 29.0
+  assert not r.due(2)
+  clock[0] += 2.0  # 31 s without a line
+  assert r.due(3)
+  r.progress(3, METRICS)
+  clock[0] += 1.0
+  assert not r.due(4) and r.due(10_000)  # log_every still applies
+  first, second = _lines(caplog)
+  assert first.startswith("step 1/100000 | loss 1.5000 | acc 0.500 | lr 1.00e-03 | first step in")
+  # 2 steps in 31 s: the rate, the examples/s (8 per step) and the ETA of the remaining 99,997 steps.
+  assert "0.06 steps/s, 1 ex/s | ETA 430h" in second, second
+  rows = th.read_metrics(str(tmp_path))
+  assert [row["step"] for row in rows] == [1, 3] and rows[1]["train/examples_per_s"] == pytest.approx(16 / 31)
+
+
+def test_eta_follows_the_time_budget_when_it_ends_the_run_first(tmp_path, clock, caplog):
+  caplog.set_level(py_logging.INFO)
+  r = reporting.Reporter(str(tmp_path), 10_000, 100, None, deadline=clock[0] + 120)
+  r.progress(1, METRICS)
+  clock[0] += 10.0
+  r.progress(101, METRICS)  # 10 steps/s: 990 s for the remaining steps, but 110 s of budget
+  assert _lines(caplog)[-1].endswith("10.00 steps/s | ETA 1m50s (time budget)")
+  clock[0] += 100.0
+  r.deadline = clock[0] + 3600  # a budget that does not bind: the step-rate ETA
+  r.progress(1101, METRICS)
+  assert _lines(caplog)[-1].endswith("10.00 steps/s | ETA 14m49s")
+
+
+def test_evaluation_progress_appears_only_when_it_is_slow(clock, caplog):
+  caplog.set_level(py_logging.INFO)
+  p = logs.Progress("eval valid", total=100, unit="sentences")
+  for _ in range(4):  # 4 s: quiet
+    clock[0] += 1.0
+    p.update(items=8)
+  assert not _lines(caplog)
+  for _ in range(20):  # then a line every 10 s
+    clock[0] += 1.0
+    p.update(items=8)
+  lines = _lines(caplog)
+  assert lines == [
+    "eval valid: 5/100 batches | 8.0 sentences/s | ETA 1m35s",
+    "eval valid: 15/100 batches | 8.0 sentences/s | ETA 1m25s",
+  ]
+
+
+def test_library_info_is_hidden_at_the_default_verbosity():
+  from absl import logging as absl_logging
+
+  f = logs._Filter()
+  record = lambda path, level, msg="x": py_logging.LogRecord("absl", level, path, 1, msg, None, None)
+  ours = os.path.join(os.path.dirname(logs.__file__), "train", "loop.py")
+  theirs = "/site-packages/orbax/checkpoint/checkpoint_manager.py"
+  old = absl_logging.get_verbosity()
+  try:
+    absl_logging.set_verbosity(0)
+    assert f.filter(record(ours, py_logging.INFO)) and not f.filter(record(theirs, py_logging.INFO))
+    assert f.filter(record(theirs, py_logging.WARNING))  # warnings always pass ...
+    assert not f.filter(record(theirs, py_logging.WARNING, "Given directory is read only=/x"))  # ... but noise
+    absl_logging.set_verbosity(1)
+    assert f.filter(record(theirs, py_logging.INFO))
+  finally:
+    absl_logging.set_verbosity(old)
+
+
+def test_profile_steps_write_a_trace_tensorboard_reads(tmp_path, run_args):
+  workdir = str(tmp_path / "w")
+  proc = th.check_ok(th.run_main(workdir, *run_args, "--config.total_steps=6", "--config.profile_steps=(3, 4)"))
+  assert "profile of steps 3-4 written to" in proc.stderr
+  traces = glob.glob(os.path.join(workdir, "tb", "plugins", "profile", "*", "*.xplane.pb"))
+  assert len(traces) == 1 and os.path.getsize(traces[0]) > 10_000, traces
+  bad = th.run_main(str(tmp_path / "bad"), *run_args, "--config.profile_steps=(4, 3)")
+  assert bad.returncode == 2 and "profile_steps=(4, 3)" in bad.stderr and not os.path.exists(tmp_path / "bad")
+
+
+def _readme_main_command() -> str:
+  with open(os.path.join(th.ROOT, "README.md")) as f:
+    text = f.read()
+  block = re.search(r"<!-- main-command -->\s*```bash\n(.*?)```", text, re.S).group(1)
+  return " ".join(block.split())
+
+
+def test_the_readme_main_job_prints_at_most_60_lines(tmp_path):
+  """The README's main command after its install steps (prepare, train, evaluate), as written, with its workdir
+  and the dataset under tmp_path; at the default verbosity everything it prints fits in 60 lines."""
+  steps = [s.strip() for s in _readme_main_command().split("&&")]
+  vitjax_steps = [s for s in steps if s.startswith("python -m vitjax.")]
+  assert len(vitjax_steps) == 3 and all("pip" in s or "venv" in s for s in steps if s not in vitjax_steps)
+  command = " && ".join(vitjax_steps).replace("workdirs/", f"{tmp_path}/workdirs/")
+  env = {**th.env(), "TFDS_DATA_DIR": str(tmp_path / "tfds")}
+  proc = subprocess.run(["bash", "-c", command], cwd=th.ROOT, env=env, capture_output=True, text=True, timeout=900)
+  out = proc.stdout + proc.stderr
+  assert proc.returncode == 0, out[-3000:]
+  lines = out.splitlines()
+  assert len(lines) <= 60, "\n".join(lines)
+  assert re.search(r"checkpoint best \(step \d+\) \| test: loss [\d.]+, accuracy 0\.9\d+ \(300 examples\)", out), out

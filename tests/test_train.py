@@ -441,3 +441,15 @@ def test_every_config_documents_its_command_and_builds_its_model(name):
     inputs = (jnp.zeros((1, c.data.image_size, c.data.image_size, 3), jnp.float32),)
   shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), *inputs))
   assert sum(np.prod(x.shape) for x in jax.tree.leaves(shapes["params"])) > 0
+
+
+@pytest.mark.parametrize("name", ["swin_fashion_mnist.py", "vit_fashion_mnist.py", "transformer_bible_en_es.py"])
+def test_a_model_built_from_config_json_is_hashable(name):
+  """config.json stores tuples as lists (Swin's depths); evaluation and vitjax.load build the model from it, and
+  jit takes the model as a static argument, so it must hash."""
+  from vitjax.train import build_model
+
+  c = load_module(os.path.join(th.ROOT, "configs", name)).get_config()
+  reloaded = mlc.ConfigDict(json.loads(c.to_json_best_effort()))
+  overrides = {"vocab_size": 100, "max_len": 32} if c.task == "translation" else {}
+  assert hash(build_model(reloaded, overrides)) == hash(build_model(c, overrides))

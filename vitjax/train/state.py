@@ -38,7 +38,8 @@ class TrainState:
 
 def build_model(config, overrides: dict | None = None) -> nn.Module:
   """The model named by config.model (other fields are attributes), with the task's overrides."""
-  kwargs = {k: v for k, v in config.model.to_dict().items() if k != "name" and v is not None}
+  # Lists become tuples: config.json stores tuples as lists, and a model must stay hashable (jit static argument).
+  kwargs = {k: _tuples(v) for k, v in config.model.to_dict().items() if k != "name" and v is not None}
   kwargs.update(overrides or {})
   if config.compute_dtype not in ("float32", "bfloat16"):
     raise ConfigError(f"compute_dtype must be 'float32' or 'bfloat16', got {config.compute_dtype!r}")
@@ -48,6 +49,10 @@ def build_model(config, overrides: dict | None = None) -> nn.Module:
     return models.create(config.model.name, **kwargs)
   except ValueError as e:
     raise ConfigError(f"config.model: {e}") from None
+
+
+def _tuples(v):
+  return tuple(_tuples(x) for x in v) if isinstance(v, (list, tuple)) else v
 
 
 @dataclasses.dataclass

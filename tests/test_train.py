@@ -172,7 +172,7 @@ def test_workdir_of_another_experiment_is_refused(finished_run, run_args, tmp_pa
   workdir = _copy(finished_run, tmp_path)
   before = th.snapshot(workdir)
   proc = th.run_main(workdir, *run_args, "--config.model.width=24")
-  _assert_failed_cleanly(proc, "another experiment", "model.width: 16 there, 24 now", "--workdir")
+  _assert_failed_cleanly(proc, "another config", "model.width: 16 there, 24 now", "--workdir")
   assert th.snapshot(workdir) == before  # checkpoints, config.json, metrics: untouched
 
 

@@ -169,3 +169,68 @@ def test_command_line_evaluation_of_the_test_split(run, tmp_path):
     timeout=300,
   )
   assert bad.returncode == 2 and "no split 'tset'" in bad.stderr
+
+
+def test_translate_reads_bytes_that_are_not_utf8_as_unknown_characters(run, tmp_path):
+  """README: unknown characters become the unknown token. Undecodable bytes on stdin or in --input translate
+  too (as U+FFFD), with a warning naming the lines; a missing --input file is one error line."""
+  config, workdir = run
+  data = b"alpha beta\n\xff\xfe gamma \xc3\n\nomega\n"  # line 2: invalid UTF-8
+  cmd = [sys.executable, "-m", "vitjax.translate", f"--workdir={workdir}", "--checkpoint=latest", "--method=greedy"]
+  piped = subprocess.run(cmd, input=data, capture_output=True, timeout=300)
+  assert piped.returncode == 0, piped.stderr[-2000:]
+  out = piped.stdout.decode("utf-8").split("\n")
+  assert len(out) - 1 == 4 and out[2] == ""  # one line out per line in; the empty one stays empty
+  assert b"line(s) 2 are not valid UTF-8" in piped.stderr and b"Traceback" not in piped.stderr
+  path = tmp_path / "in.txt"
+  path.write_bytes(data)
+  from_file = subprocess.run([*cmd, f"--input={path}"], capture_output=True, timeout=300)
+  assert from_file.returncode == 0 and from_file.stdout == piped.stdout
+  missing = subprocess.run([*cmd, f"--input={tmp_path / 'nope.txt'}"], capture_output=True, text=True, timeout=300)
+  assert missing.returncode == 2 and missing.stderr.strip().splitlines()[-1].startswith("error: --input=")
+  assert "No such file" in missing.stderr and "Traceback" not in missing.stderr
+
+
+CONFIG_FILE = '''"""A tiny translation run for tests: tsv pairs, 20 steps.
+
+    python -m vitjax.main --config=THIS --workdir=W
+Expected: nothing in particular (a test fixture).
+"""
+from vitjax.config import translation_config
+
+
+def get_config():
+  c = translation_config("tsv:PAIRS", "xx", "yy", size="tiny")
+  c.data.update(dict(vocab_size=40, tokenizer_sentences=2000, max_len=32, tokens_per_batch=512, num_valid=40,
+                     num_test=40, eval_examples=16, eval_batch_size=8))
+  c.update(dict(total_steps=20, log_every=1, eval_every=10, checkpoint_every=5))
+  c.schedule.warmup_steps = 5
+  c.optim.lr = 3e-3
+  return c
+'''
+
+
+def test_sigterm_and_resume_of_a_translation_run_is_bitwise_exact(run, tmp_path):
+  import re
+  import signal
+
+  import train_helpers as th
+
+  config, _ = run
+  path = tmp_path / "tiny_translation.py"
+  path.write_text(CONFIG_FILE.replace("PAIRS", config.data.source.removeprefix("tsv:")))
+  whole = str(tmp_path / "whole")
+  th.check_ok(th.run_main(whole, config=str(path)))
+  cut = str(tmp_path / "cut")
+  proc = th.start_main(cut, config=str(path))
+  for line in proc.stdout:
+    if re.search(r" step 7/20 ", line):
+      proc.send_signal(signal.SIGTERM)
+      break
+  out, _ = proc.communicate(timeout=120)
+  assert proc.returncode == 75, out[-2000:]
+  stopped = int(re.search(r"stopped at step (\d+)", out).group(1))
+  assert 7 <= stopped < 20
+  resumed = th.check_ok(th.run_main(cut, config=str(path)))
+  assert f"at step {stopped}" in resumed.stderr
+  th.assert_same_state(th.load_state(whole), th.load_state(cut), f"translation, SIGTERM at step {stopped}")

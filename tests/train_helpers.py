@@ -128,3 +128,24 @@ def load_state(workdir: str, step: int | None = None) -> dict:
   import jax
 
   return jax.tree.map(np.asarray, restored["state"])
+
+
+def jax_leaves(tree) -> list:
+  import jax
+
+  return jax.tree.leaves(tree)
+
+
+def assert_same_state(ref: dict, got: dict, context: str = "") -> None:
+  """Two saved TrainStates (load_state) are equal bit for bit: same paths, dtypes and bytes."""
+  import jax
+
+  ref_leaves = jax.tree_util.tree_leaves_with_path(ref)
+  got_leaves = jax.tree_util.tree_leaves_with_path(got)
+  assert [p for p, _ in ref_leaves] == [p for p, _ in got_leaves], context
+  differ = [
+    jax.tree_util.keystr(p)
+    for (p, a), (_, b) in zip(ref_leaves, got_leaves)
+    if a.dtype != b.dtype or a.tobytes() != b.tobytes()
+  ]
+  assert not differ, f"{context}: these differ: {differ[:10]}"

@@ -79,6 +79,12 @@ def default_config() -> mlc.ConfigDict:
   c.sharding_rules = ()
   c.mesh_axes = ("data",)
 
+  # A step whose loss, gradient norm or new parameters are not finite is never applied. "stop": end the run there
+  # (exit status 3) naming the newest good checkpoint; "skip": go on without that update, counted in
+  # train/skipped_steps, and stop after max_nonfinite_skips such steps in a row.
+  c.on_nonfinite = "stop"
+  c.max_nonfinite_skips = 10
+
   c.log_every = 50  # steps; a progress line also comes at least every 30 s
   c.eval_every = 500  # steps; evaluation also runs at the end
   c.checkpoint_every = 500

@@ -10,6 +10,7 @@ Images are NHWC for vitjax (timm takes NCHW: transpose (0, 3, 1, 2) to compare).
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -280,13 +281,20 @@ def from_vit_npz(path_or_mapping, variant: str):
 def load_params(spec: str) -> dict:
   """Parameters from 'timm:NAME:FILE' (.safetensors, or .pth/.bin with torch) or 'npz:VARIANT:FILE'.
 
-  (A vitjax workdir as init_from is read by vitjax.train.checkpoints.load_params.)
+  (A vitjax workdir as init_from is read by vitjax.train.checkpoints.load_params.) Raises ConfigError naming the
+  problem: a missing or unreadable file, or weights of another model family.
   """
   from vitjax.errors import ConfigError
 
   kind, _, rest = spec.partition(":")
-  if kind == "timm":
-    name, _, path = rest.partition(":")
+  if kind not in ("timm", "npz"):
+    raise ConfigError(f"init_from={spec!r}: use a vitjax workdir, 'timm:NAME:FILE' or 'npz:VARIANT:FILE'")
+  name, _, path = rest.partition(":")
+  if not os.path.isfile(path):
+    raise ConfigError(f"init_from={spec!r}: no such file {path!r} (the form is '{kind}:NAME:FILE')")
+  try:
+    if kind == "npz":
+      return from_vit_npz(path, name)[1]["params"]
     if path.endswith(".safetensors"):
       from safetensors.numpy import load_file
 
@@ -299,7 +307,12 @@ def load_params(spec: str) -> dict:
       sd = torch.load(path, map_location="cpu", weights_only=True)
       sd = sd.get("state_dict", sd.get("model", sd))
     return from_timm(name, sd)[1]["params"]
-  if kind == "npz":
-    variant, _, path = rest.partition(":")
-    return from_vit_npz(path, variant)[1]["params"]
-  raise ConfigError(f"init_from={spec!r}: use a vitjax workdir, 'timm:NAME:FILE' or 'npz:VARIANT:FILE'")
+  except ConfigError:
+    raise
+  except (KeyError, ValueError) as e:  # weights of another family or variant
+    raise ConfigError(f"init_from={spec!r}: {str(e).strip(chr(34) + chr(39)).splitlines()[0]}") from None
+  except Exception as e:  # a truncated or garbage file
+    raise ConfigError(
+      f"init_from={spec!r}: {path} is not a readable {os.path.splitext(path)[1] or 'weights'} file "
+      f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
+    ) from None

@@ -23,7 +23,12 @@ from absl import logging
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 # Library warnings that say nothing a vitjax user can act on (shown at --verbosity=1).
-_HARMLESS = ("OpenCV is not installed", "Given directory is read only")
+_HARMLESS = (
+  "OpenCV is not installed",
+  "Given directory is read only",
+  "Requested `tracked_metric`; did not provide metrics",  # a step saved between evaluations
+  "NaN or Inf found in input tensor",  # tensorboardX; vitjax reports non-finite steps itself
+)
 
 
 def _from_vitjax(record: py_logging.LogRecord) -> bool:
@@ -66,6 +71,7 @@ def setup(verbosity: int | None = None) -> None:
   if verbosity is not None:
     logging.set_verbosity(verbosity)
   logging.use_absl_handler()
+  py_logging.captureWarnings(True)  # Python warnings as log lines, through the same filter and format
   handler = logging.get_absl_handler()
   handler.setFormatter(_Formatter())
   if not any(isinstance(f, _Filter) for f in handler.filters):

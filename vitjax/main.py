@@ -9,12 +9,19 @@ Training resumes from the workdir's latest checkpoint. In eval mode the config d
 workdir, and --checkpoint=best is the kept step with the best validation metric. For several hosts, pass
 --multihost on each (jax.distributed reads the cluster from the environment).
 
+Resuming compares the config with the workdir's: a change to the experiment (model, data, optimizer, schedule,
+seed, batch size, steps) is refused unless --allow_config_change, which records it in config_history.jsonl;
+bookkeeping fields (log/eval/checkpoint cadence, max_train_minutes, ...) change freely. One run per workdir: a
+second one stops at once, naming the first.
+
 Output: progress, evaluations and one closing line at the default --verbosity=0; --verbosity=1 adds the
 libraries' INFO lines (orbax, grain, tfds), --verbosity=-1 keeps warnings and errors only (see vitjax.logs).
-A problem the user can fix ends the run with one "error: ..." line and exit status 2.
+
+Exit status: 0 done; 2 a problem you can fix (one "error: ..." line naming the fix; the workdir is left as it
+was); 3 the loss or parameters stopped being finite (nothing non-finite saved); 75 stopped by SIGTERM/SIGINT
+after checkpointing the step in flight (rerun to resume); 128 + N a second signal N (see vitjax.errors).
 """
 
-import json
 import os
 import re
 import sys
@@ -28,19 +35,19 @@ flags.DEFINE_enum("mode", "train", ["train", "eval"], "train (resumes if possibl
 flags.DEFINE_string("checkpoint", "best", "eval mode: 'best' (best validation metric), 'latest' or a step number")
 flags.DEFINE_string("split", None, "eval mode: split to evaluate (default: config.data.eval_split)")
 flags.DEFINE_bool("multihost", False, "call jax.distributed.initialize() first (one process per host)")
+flags.DEFINE_bool(
+  "allow_config_change",
+  False,
+  "resume even though the config changes the experiment; the change is recorded in WORKDIR/config_history.jsonl",
+)
 FLAGS = flags.FLAGS
 
 
 def _saved_config(workdir):
-  import ml_collections as mlc
+  """The workdir's config: config.json with the changes recorded in config_history.jsonl."""
+  from vitjax.train.workdir import read_config
 
-  workdir = os.path.abspath(workdir)
-
-  path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"{path} not found: pass --config, or point --workdir at a vitjax run's workdir")
-  with open(path) as f:
-    return mlc.ConfigDict(json.load(f))
+  return read_config(os.path.abspath(workdir))
 
 
 def _unknown_field_message(e: BaseException, argv) -> str | None:
@@ -71,16 +78,44 @@ def _unknown_field_message(e: BaseException, argv) -> str | None:
   return None
 
 
+def _config_file_problem(argv) -> str | None:
+  """One line for a --config file that does not exist or does not parse, or None."""
+  for arg in argv[1:]:
+    if arg.startswith("--config="):
+      value = arg.split("=", 1)[1]
+      path = value.split(":", 1)[0]
+      if not os.path.isfile(path):
+        return f"--config={value}: no such file {path} (give a config file such as configs/vit_digits.py)"
+      try:
+        with open(path, encoding="utf-8") as f:
+          compile(f.read(), path, "exec")
+      except (SyntaxError, UnicodeDecodeError) as e:
+        where = f" line {e.lineno}" if getattr(e, "lineno", None) else ""
+        return f"--config={value}: {path}{where}: {type(e).__name__}: {getattr(e, 'msg', e)}"
+  return None
+
+
+def _root_message(e: BaseException) -> str:
+  """The innermost cause's last line (ml_collections wraps a config file's own error twice)."""
+  while e.__cause__ is not None or (e.__context__ is not None and not e.__suppress_context__):
+    e = e.__cause__ or e.__context__
+  text = str(e).strip().splitlines()
+  return text[-1] if text else type(e).__name__
+
+
 def _parse_flags(argv):
-  """absl's flag parsing, with a clear error (exit status 2) for an unknown --config.FIELD."""
-  try:
-    return app.parse_flags_with_usage(argv)
-  except (AttributeError, KeyError) as e:
-    msg = _unknown_field_message(e, argv)
-    if msg is None:
-      raise
-    print(f"error: {msg}", file=sys.stderr, flush=True)
-    sys.exit(2)
+  """absl's flag parsing, with one clear line (exit status 2) for a bad flag, config file or --config.FIELD."""
+  problem = _config_file_problem(argv)
+  if problem is None:
+    try:
+      return FLAGS(argv)
+    except (flags.Error, AttributeError, KeyError, ValueError, TypeError) as e:
+      problem = _unknown_field_message(e, argv)
+      if problem is None:
+        flag = re.match(r"flag (--[^=: ]+)", str(e))
+        problem = f"{flag.group(1) + ': ' if flag else ''}{_root_message(e)}"
+  print(f"error: {problem}", file=sys.stderr, flush=True)
+  sys.exit(2)
 
 
 def main(argv):
@@ -93,19 +128,21 @@ def main(argv):
 
     jax.distributed.initialize()
   from vitjax import train
-  from vitjax.errors import USER_ERRORS, ConfigError
+  from vitjax.errors import USER_ERRORS, ConfigError, Diverged, Preempted, one_line
 
   try:
     config = FLAGS.config if FLAGS.config is not None else _saved_config(FLAGS.workdir)
     if FLAGS.mode == "train":
       if FLAGS.config is None:
         raise ConfigError("training needs --config=configs/NAME.py")
-      train.train(config, FLAGS.workdir)
+      train.train(config, FLAGS.workdir, allow_config_change=FLAGS.allow_config_change)
     else:
       train.evaluate(config, FLAGS.workdir, FLAGS.checkpoint, FLAGS.split)
   except (*USER_ERRORS, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr, flush=True)
+    print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
     sys.exit(2)
+  except (Preempted, Diverged) as e:  # already logged, with what to do
+    sys.exit(e.exit_code)
 
 
 if __name__ == "__main__":

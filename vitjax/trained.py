@@ -8,7 +8,8 @@
 
 It works from any current directory, with a relative or absolute workdir, and without the dataset: the workdir
 holds all that prediction needs (config.json, task.json, tokenizer.model, checkpoints/). Only parameters and
-model state are read, not the optimizer's.
+model state are read, not the optimizer's, and they are verified against their checksums: a corrupt "best" or
+"latest" falls back to the next intact step, with a warning.
 """
 
 from __future__ import annotations
@@ -66,13 +67,15 @@ def load(workdir: str, checkpoint: str | int = "best") -> Trained:
   from vitjax import tasks
   from vitjax.train import checkpoints as ckpt_lib
   from vitjax.train import state as state_lib
+  from vitjax.train import workdir as workdir_lib
 
   workdir = os.path.abspath(os.path.expanduser(workdir))
-  config = ckpt_lib.read_config(workdir)
-  task = tasks.get(config, workdir, described=ckpt_lib.read_json(workdir, "task.json"))
+  config = workdir_lib.read_config(workdir)
+  task = tasks.get(config, workdir, described=workdir_lib.read_json(workdir, "task.json"))
   exp = state_lib.setup(config, task)
   ckpts = ckpt_lib.Checkpoints(workdir, config.best_metric, config.best_mode, read_only=True)
-  step = ckpts.resolve(str(checkpoint))
-  params, model_state = ckpts.restore_variables(step, exp.abstract_state)
+  step, (params, model_state), _ = ckpts.restore(
+    str(checkpoint), exp.abstract_state, with_data=False, variables_only=True
+  )
   variables = {"params": params, **model_state}
   return Trained(exp.model, variables, config, step, workdir, exp.mesh, exp.batch_sharding, task)

@@ -25,25 +25,43 @@ flags.DEFINE_integer("batch_size", 32, "lines per batch (rounded up to a multipl
 FLAGS = flags.FLAGS
 
 
+def _read_lines(path: str | None) -> list[str]:
+  """The input's lines; bytes that are not UTF-8 become U+FFFD (an unknown character: the unknown token), with a
+  warning naming the lines."""
+  from absl import logging
+
+  from vitjax.errors import ConfigError
+
+  try:
+    raw = open(path, "rb").read() if path else sys.stdin.buffer.read()
+  except OSError as e:
+    raise ConfigError(f"--input={path}: {e.strerror}") from None
+  lines = raw.decode("utf-8", errors="replace").split("\n")
+  bad = [i + 1 for i, line in enumerate(lines) if "\ufffd" in line]
+  if bad:
+    shown = ", ".join(map(str, bad[:10])) + (" ..." if len(bad) > 10 else "")
+    logging.warning("line(s) %s are not valid UTF-8: the undecodable bytes are translated as unknown characters", shown)
+  return lines
+
+
 def main(argv):
   del argv
   from vitjax import logs
 
   logs.setup()
   import vitjax
-  from vitjax.errors import USER_ERRORS, ConfigError
-  from vitjax.train.checkpoints import read_config
+  from vitjax.errors import USER_ERRORS, ConfigError, one_line
+  from vitjax.train.workdir import read_config
 
   try:
     task = read_config(FLAGS.workdir).get("task")
     if task != "translation":
       raise ConfigError(f"{FLAGS.workdir} is a {task} run, not a translation run")
     trained = vitjax.load(FLAGS.workdir, FLAGS.checkpoint)
+    lines = _read_lines(FLAGS.input)
   except USER_ERRORS as e:
-    print(f"error: {e}", file=sys.stderr, flush=True)
+    print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
     sys.exit(2)
-  src = open(FLAGS.input, encoding="utf-8") if FLAGS.input else sys.stdin
-  lines = src.read().split("\n")
   if lines and lines[-1] == "":
     lines.pop()  # a final newline ends the last line; it is not an extra empty line
   decode_args = {k: getattr(FLAGS, k) for k in ("method", "beam_size", "alpha", "temperature", "top_k")}

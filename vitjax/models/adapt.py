@@ -55,8 +55,11 @@ def adapt_params(loaded, target) -> tuple[dict, list[str]]:
     else:
       problems.append(f"  {k}: model {t.shape}, checkpoint {v.shape}")
   if problems:
+    more = f"; and {len(problems) - 20} more" if len(problems) > 20 else ""
     raise ConfigError(
-      "the checkpoint's parameters do not match the model (check config.model):\n" + "\n".join(problems[:20])
+      "the checkpoint's parameters do not match the model (check config.model): "
+      + "; ".join(p.strip() for p in problems[:20])
+      + more
     )
   return flax.traverse_util.unflatten_dict({tuple(k.split("/")): v for k, v in out.items()}), changes
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol, runtime_checkable
 
 import jax
@@ -18,6 +18,16 @@ from flax import linen as nn
 from jax.sharding import NamedSharding
 
 from vitjax.errors import ConfigError
+
+
+class EvaluationInterrupted(Exception):
+  """An evaluation stopped between batches because training was asked to stop (vitjax.train.preemption)."""
+
+
+def check_stop(stop) -> None:
+  """Raises EvaluationInterrupted if `stop` (a callable or None) says so; tasks call it between batches."""
+  if stop is not None and stop():
+    raise EvaluationInterrupted()
 
 
 @dataclasses.dataclass
@@ -81,9 +91,16 @@ class Task(Protocol):
     micro-batches."""
 
   def evaluate(
-    self, model: nn.Module, variables: dict, split: str, sharding: NamedSharding, limit: int | None = None
+    self,
+    model: nn.Module,
+    variables: dict,
+    split: str,
+    sharding: NamedSharding,
+    limit: int | None = None,
+    stop: Callable[[], bool] | None = None,
   ) -> dict:
-    """{"eval/...": float} on a split (all processes take part); `limit` caps the examples."""
+    """{"eval/...": float} on a split (all processes take part); `limit` caps the examples. `stop()` is asked
+    between batches: True raises EvaluationInterrupted (training was asked to stop)."""
 
 
 def cross_entropy(logits, labels, num_classes: int, smoothing: float = 0.0):

@@ -19,7 +19,7 @@ from vitjax import mesh as mesh_lib
 from vitjax.data import augment
 from vitjax.errors import ConfigError
 from vitjax.logs import Progress
-from vitjax.tasks.base import TrainInput, check_batch, check_best_metric, cross_entropy
+from vitjax.tasks.base import TrainInput, check_batch, check_best_metric, check_stop, cross_entropy
 
 VALID = "valid"
 
@@ -63,10 +63,9 @@ class ImageClassification:
         subset=subset,
         **kw,
       )
-    except ValueError as e:
-      if "split" not in str(e).lower():
-        raise
-      raise ConfigError(f"{d.name}: {str(e).splitlines()[0]} (vitjax adds the split '{VALID}')") from None
+    except ValueError as e:  # unknown split, augment keys, fewer examples than a batch, ...
+      hint = f" (vitjax adds the split '{VALID}')" if "split" in str(e).lower() else ""
+      raise ConfigError(f"config.data ({d.name}, split {split!r}): {str(e).splitlines()[0]}{hint}") from None
 
   # -- interface
   def check(self):
@@ -91,7 +90,10 @@ class ImageClassification:
   def describe(self) -> dict:
     if self._described is None:
       d = self.config.data
-      info = data_lib.split_info(d.name, d.train_split, d.data_dir)
+      try:
+        info = data_lib.split_info(d.name, d.train_split, d.data_dir)
+      except ValueError as e:  # tfds: an unknown split name
+        raise ConfigError(f"config.data.train_split={d.train_split!r}: {str(e).splitlines()[0]}") from None
       h, w = (d.image_size,) * 2 if isinstance(d.image_size, int) else tuple(d.image_size)
       self._described = {
         "task": "classification",
@@ -127,11 +129,12 @@ class ImageClassification:
     hard = labels if labels.ndim == 1 else labels.argmax(-1)
     return loss, {"accuracy": jnp.mean(logits.argmax(-1) == hard)}
 
-  def evaluate(self, model, variables, split, sharding, limit=None) -> dict:
+  def evaluate(self, model, variables, split, sharding, limit=None, stop=None) -> dict:
     it, info = self._input(split, False)
     progress = Progress(f"eval {split}", info.steps_per_epoch, unit="images")
     sums = None
     for batch in it:
+      check_stop(stop)
       out = _eval_step(model, variables, mesh_lib.to_global(batch, sharding, ("image", "label", "mask")))
       sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
       progress.update(len(batch["label"]) * jax.process_count())

@@ -21,7 +21,7 @@ from vitjax import mesh as mesh_lib
 from vitjax.data import text
 from vitjax.errors import ConfigError
 from vitjax.logs import Progress
-from vitjax.tasks.base import TrainInput, check_batch, check_best_metric, cross_entropy
+from vitjax.tasks.base import TrainInput, check_batch, check_best_metric, check_stop, cross_entropy
 
 METHODS = ("beam", "greedy", "sample")
 
@@ -158,7 +158,7 @@ class Translation:
       return decode.sample(model, params, src, key, max_len=max_len, temperature=g["temperature"], top_k=g["top_k"])
     raise ConfigError(f"unknown decode method {g['method']!r}; use 'beam', 'greedy' or 'sample'")
 
-  def evaluate(self, model, variables, split, sharding, limit=None) -> dict:
+  def evaluate(self, model, variables, split, sharding, limit=None, stop=None) -> dict:
     import sacrebleu
 
     d = self.config.data
@@ -178,6 +178,7 @@ class Translation:
     hyps = [""] * len(pairs)
     loss_sum = count = 0.0
     for b in batches:
+      check_stop(stop)
       g = mesh_lib.to_global(b, sharding, ("src", "tgt", "mask"))
       batch_loss, n = _eval_loss(model, params, g)
       loss_sum, count = loss_sum + float(batch_loss), count + float(n)

@@ -6,14 +6,16 @@ One concern per module:
     state.py        the model, its sharded TrainState, setup() -> Experiment, init_from
     step.py         the jit-compiled training step (gradient accumulation included)
     optim.py        optimizer and learning-rate schedule
-    checkpoints.py  the workdir: one orbax manager (latest N + best), config.json, task.json
+    checkpoints.py  one orbax manager (latest N + best), checksums, fallback to the newest intact step
+    workdir.py      config.json and its history, the one-writer lock, metrics.jsonl rows, task.json
+    preemption.py   SIGTERM / SIGINT: checkpoint the step in flight, then stop
     reporting.py    progress lines, metrics.jsonl, TensorBoard, the profiler
 
 Around it: vitjax.tasks (what differs between tasks), vitjax.mesh (devices and shardings), vitjax.logs, and
 vitjax.errors. `python -m vitjax.main` is the command line; vitjax.load restores a trained model.
 """
 
-from vitjax.errors import ConfigError
+from vitjax.errors import ConfigError, Diverged, Preempted
 from vitjax.train.checkpoints import Checkpoints
 from vitjax.train.loop import evaluate, train
 from vitjax.train.optim import decay_mask, make_optimizer, make_schedule
@@ -23,6 +25,7 @@ from vitjax.train.step import make_train_step
 __all__ = [
   "Checkpoints",
   "ConfigError",
+  "Diverged",
   "Experiment",
   "TrainState",
   "build_model",
@@ -32,6 +35,7 @@ __all__ = [
   "make_optimizer",
   "make_schedule",
   "make_train_step",
+  "Preempted",
   "setup",
   "train",
 ]

@@ -1,102 +1,93 @@
-"""Checkpoints and the workdir.
+"""Checkpoints: WORKDIR/checkpoints/STEP through one orbax CheckpointManager, with integrity checks.
 
-WORKDIR/checkpoints/STEP is one orbax CheckpointManager's step: the TrainState and the data iterator's
-position, written asynchronously and atomically. A step is saved every `checkpoint_every` steps, at every
-evaluation (after it, with its metrics) and at the end. Orbax's preservation policies keep the latest
-`keep_checkpoints` steps plus the best evaluated one by `best_metric` (`best_mode`); nothing is written twice.
-`--checkpoint=best` is that step, `latest` the newest, or a step number.
+A step holds the TrainState, the data iterator's position and their checksums, written asynchronously and
+atomically. It is saved every `checkpoint_every` steps, at every evaluation (after it, with its metrics) and at the
+end. Orbax's preservation policies keep the latest `keep_checkpoints` steps plus the best evaluated one by
+`best_metric` (`best_mode`); nothing is written twice. `--checkpoint=best` is that step, `latest` the newest, or a
+step number.
 
-The workdir also holds config.json (the resolved config), task.json (what prediction needs: classes, image size,
-tokenizer; see Task.describe), metrics.jsonl and tb/ (vitjax.train.reporting).
+Integrity: at save time every array gets a checksum computed on the devices (two position-weighted sums of its
+bit patterns modulo 2^32: independent of sharding and reduction order, and any single changed word changes it),
+and the data position a SHA-256; they are saved in the same step. Every restore recomputes and compares them. A
+step that fails (truncated or missing files, unreadable metadata, flipped bytes) is named in one line with what
+is wrong and skipped: training resumes from the newest intact step and moves the broken one to WORKDIR/corrupt/
+(nothing is deleted); evaluation and vitjax.load fall back the same way for "latest" and "best". A step whose
+arrays have other shapes than the config's model is not corrupt but another config's, and says so.
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
 import os
+import shutil
+import time
 
-import flax
 import jax
-import ml_collections as mlc
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+from etils import epath
 
 from vitjax.errors import ConfigError
 
 CHECKPOINTS = "checkpoints"
 
 
-# ------------------------------------------------------------------------------------------- workdir
+def _key_name(k) -> str:
+  return str(getattr(k, "name", getattr(k, "key", getattr(k, "idx", k))))
 
 
-def fingerprint(config: dict) -> dict:
-  """What makes two runs the same experiment (from a config as written to config.json), for refusing a workdir
-  that holds another one."""
-  d = config.get("data", {})
-  model = {k: v for k, v in (config.get("model") or {}).items() if v is not None}  # None: the model's default
-  return {"model": model, "data": d.get("name") or d.get("source"), "image_size": d.get("image_size")}
+def path_name(path) -> str:
+  """'params/encoder/block_0/attn/query/kernel' for a tree path (attributes, dict keys and indices alike)."""
+  return "/".join(_key_name(k) for k in path)
 
 
-def has_checkpoints(workdir: str) -> bool:
-  path = os.path.join(workdir, CHECKPOINTS)
-  return os.path.isdir(path) and any(n.isdigit() for n in os.listdir(path))
+def _words(x) -> jax.Array:
+  """An array's bit patterns as a flat uint32 vector (8-byte types: two words each)."""
+  x = jnp.asarray(x)
+  if x.dtype == jnp.bool_:
+    x = x.astype(jnp.uint8)
+    unsigned = jnp.uint8
+  else:
+    unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[x.dtype.itemsize]
+  return jax.lax.bitcast_convert_type(x, unsigned).reshape(-1).astype(jnp.uint32)
 
 
-def check_workdir(workdir: str, config) -> None:
-  """Refuses a workdir whose checkpoints belong to another experiment. Writes nothing."""
-  path = os.path.join(workdir, "config.json")
-  if not (os.path.exists(path) and has_checkpoints(workdir)):
-    return
-  with open(path) as f:
-    old = flax.traverse_util.flatten_dict(fingerprint(json.load(f)), sep=".")
-  new = flax.traverse_util.flatten_dict(fingerprint(json.loads(config.to_json_best_effort())), sep=".")
-  if old != new:
-    diff = [
-      f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)
-    ]
-    raise ConfigError(
-      f"workdir {workdir} holds checkpoints of another experiment ({'; '.join(diff)}). "
-      "Use a new --workdir, or --config.init_from to start from those weights."
-    )
+@jax.jit
+def _fingerprints(tree):
+  def one(x):
+    u = _words(x)
+    i = jnp.arange(u.shape[0], dtype=jnp.uint32)
+    a = jnp.sum(u * (2 * i + 1), dtype=jnp.uint32)  # odd weights: invertible mod 2^32
+    b = jnp.sum(u * ((i * jnp.uint32(2654435761)) | 1), dtype=jnp.uint32)
+    return jnp.stack([a, b])
+
+  return jax.tree.map(one, tree)
 
 
-def write_json(workdir: str, name: str, obj) -> None:
-  """WORKDIR/name, written atomically by process 0."""
-  if jax.process_index() != 0:
-    return
-  os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, name)
-  with open(path + ".tmp", "w") as f:
-    f.write(obj if isinstance(obj, str) else json.dumps(obj, indent=2))
-  os.replace(path + ".tmp", path)
+def checksums(tree) -> dict:
+  """{path: [uint32, uint32]} of every array of a tree (see the module docstring)."""
+  values = jax.device_get(_fingerprints(tree))
+  return {path_name(p): [int(v[0]), int(v[1])] for p, v in jax.tree_util.tree_leaves_with_path(values)}
 
 
-def write_config(workdir: str, config) -> None:
-  write_json(workdir, "config.json", config.to_json_best_effort(indent=2))
+def text_checksum(text: str) -> str:
+  return hashlib.sha256(text.encode()).hexdigest()
 
 
-def read_json(workdir: str, name: str) -> dict | None:
-  path = os.path.join(workdir, name)
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
-
-
-def read_config(workdir: str) -> mlc.ConfigDict:
-  """The config a workdir was trained with (its config.json)."""
-  config = read_json(workdir, "config.json")
-  if config is None:
-    raise ConfigError(f"{os.path.join(workdir, 'config.json')} not found: is {workdir} the workdir of a vitjax run?")
-  return mlc.ConfigDict(config)
-
-
-# --------------------------------------------------------------------------------------- checkpoints
+class CorruptCheckpoint(Exception):
+  """A checkpoint that cannot be read back as it was written; the message says what is wrong."""
 
 
 def _read_only_options(**kw) -> ocp.CheckpointManagerOptions:
   # (the settings orbax would otherwise change with a warning)
   return ocp.CheckpointManagerOptions(read_only=True, save_interval_steps=0, create=False, **kw)
+
+
+def has_checkpoints(workdir: str) -> bool:
+  path = os.path.join(workdir, CHECKPOINTS)
+  return os.path.isdir(path) and any(n.isdigit() for n in os.listdir(path))
 
 
 class Checkpoints:
@@ -105,9 +96,12 @@ class Checkpoints:
   keep: how many latest steps to keep (training); None with read_only=True (evaluation, vitjax.load).
   """
 
+  ITEMS = ("state", "data", "checksums")
+
   def __init__(self, workdir: str, best_metric: str, best_mode: str, keep: int | None = None, read_only=False):
+    self.workdir = workdir
     self.directory = os.path.join(workdir, CHECKPOINTS)
-    self.best_metric = best_metric
+    self.best_metric, self.read_only = best_metric, read_only
     best_fn = lambda metrics: metrics[best_metric]
     if read_only:
       if not os.path.isdir(self.directory):
@@ -127,14 +121,22 @@ class Checkpoints:
       options = ocp.CheckpointManagerOptions(
         best_fn=best_fn, best_mode=best_mode, preservation_policy=policy, enable_async_checkpointing=True
       )
-    self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "data"))
+    try:
+      self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=self.ITEMS)
+    except Exception as e:  # a step whose metadata is unreadable stops orbax from listing the others
+      raise ConfigError(f"{self.directory}: orbax cannot list the checkpoints ({_first_line(e)})") from None
 
+  # -- saving
   def save(self, step: int, state, data_state: str, metrics: dict | None = None) -> None:
-    """Starts writing step `step` (asynchronously); metrics make it a candidate for `best`."""
-    args = ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state))
+    """Starts writing step `step` (asynchronously) with its checksums; metrics make it a candidate for `best`."""
+    sums = {"state": checksums(state), "data": text_checksum(data_state)}
+    args = ocp.args.Composite(
+      state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state), checksums=ocp.args.JsonSave(sums)
+    )
     metrics = {k: float(v) for k, v in metrics.items()} if metrics else None
-    self.manager.save(step, args=args, metrics=metrics)
+    self.manager.save(step, args=args, metrics=metrics, force=True)
 
+  # -- which steps
   def steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
 
@@ -145,56 +147,127 @@ class Checkpoints:
     """The kept step with the best metrics; None if no kept step was evaluated."""
     return self.manager.best_step()
 
-  def resolve(self, which: str) -> int:
-    """'latest', 'best' or a step number -> a saved step (ConfigError naming the saved ones otherwise)."""
+  def metrics(self, step: int) -> dict | None:
+    """The metrics a step was saved with (its evaluation), or None."""
+    return self.manager.metrics(step)
+
+  def candidates(self, which: str) -> list[int]:
+    """The steps `which` ('latest', 'best' or a step number) may use, in order of preference: the fallbacks
+    for a corrupt one follow ('latest': older steps; 'best': the next best, then the latest)."""
     steps = self.steps()
     if not steps:
       raise ConfigError(f"{self.directory} holds no finished checkpoint")
     if which == "latest":
-      return steps[-1]
+      return steps[::-1]
     if which == "best":
-      best = self.best_step()
-      if best is None:
+      scored = [(s, (self.metrics(s) or {}).get(self.best_metric)) for s in steps]
+      scored = [(s, v) for s, v in scored if v is not None and v == v]
+      if not scored:
         logging.warning("no evaluated checkpoint in %s: using the latest, step %d", self.directory, steps[-1])
-        return steps[-1]
-      return best
+        return steps[::-1]
+      # orbax's order: the best value; among equal values, the later step
+      sign = 1 if self.manager._options.best_mode == "max" else -1  # noqa: SLF001
+      ranked = [s for s, _ in sorted(scored, key=lambda sv: (sign * sv[1], sv[0]), reverse=True)]
+      return ranked + [s for s in steps[::-1] if s not in ranked]
     try:
       step = int(which)
     except ValueError:
       raise ConfigError(f"--checkpoint={which!r}: use 'best', 'latest' or a step number ({steps})") from None
     if step not in steps:
       raise ConfigError(f"no checkpoint for step {step} in {self.directory}; there are {steps}")
-    return step
+    return [step]
 
-  def metrics(self, step: int) -> dict | None:
-    """The metrics a step was saved with (its evaluation), or None."""
-    return self.manager.metrics(step)
+  # -- restoring
+  def restore(self, which: str, abstract_state, with_data: bool = True, variables_only: bool = False):
+    """(step, state, data position) of the first intact candidate of `which` (see candidates()).
 
-  def restore(self, step: int, abstract_state, with_data: bool = True) -> tuple:
-    """(TrainState laid out as abstract_state's shardings, the data iterator's position or None)."""
-    items = {"state": ocp.args.StandardRestore(abstract_state)}
+    variables_only: restore only params and model_state (as a dict), no optimizer state (evaluation, loading).
+    Corrupt steps are logged and skipped (and, when training, moved to WORKDIR/corrupt/); a step of other
+    shapes raises ConfigError; no intact step raises ConfigError listing what is wrong with each.
+    """
+    problems = []
+    for step in self.candidates(which):
+      try:
+        state, data = self._restore_verified(step, abstract_state, with_data, variables_only)
+      except CorruptCheckpoint as e:
+        problems.append(f"step {step}: {e}")
+        logging.warning("checkpoint %d in %s is corrupt (%s): skipped", step, self.directory, e)
+        self._set_aside(step)
+        continue
+      if problems:
+        logging.warning("using checkpoint %d instead", step)
+      return step, state, data
+    raise ConfigError(
+      f"no intact checkpoint in {self.directory}: {'; '.join(problems)}. Restore the workdir from a copy, or "
+      "start again in a new --workdir"
+    )
+
+  def _restore_verified(self, step, abstract_state, with_data, variables_only):
+    target = abstract_state
+    if variables_only:
+      target = {"params": abstract_state.params, "model_state": abstract_state.model_state}
+    self._check_shapes(step, target)
+    expected = None
+    if os.path.isdir(os.path.join(self.directory, str(step), "checksums")):
+      try:
+        expected = self.manager.restore(step, args=ocp.args.Composite(checksums=ocp.args.JsonRestore()))["checksums"]
+      except Exception as e:
+        raise CorruptCheckpoint(f"its checksums cannot be read: {_first_line(e)}") from None
+    else:
+      logging.warning("checkpoint %d has no checksums (written before vitjax recorded them): not verified", step)
+    items = {}
+    if variables_only:
+      restore_args = ocp.checkpoint_utils.construct_restore_args(target)
+      items["state"] = ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True)
+    else:
+      items["state"] = ocp.args.StandardRestore(target)
     if with_data:
       items["data"] = ocp.args.JsonRestore()
-    restored = self._restore(step, items)
-    return restored["state"], restored.get("data") if with_data else None
-
-  def restore_variables(self, step: int, abstract_state) -> tuple[dict, dict]:
-    """(params, model_state) only: no optimizer state is read (vitjax.load, evaluation)."""
-    target = {"params": abstract_state.params, "model_state": abstract_state.model_state}
-    args = ocp.args.PyTreeRestore(
-      item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True
-    )
-    restored = self._restore(step, {"state": args})["state"]
-    return restored["params"], dict(restored.get("model_state") or {})
-
-  def _restore(self, step, items):
     try:
-      return self.manager.restore(step, args=ocp.args.Composite(**items))
-    except (ValueError, KeyError) as e:
+      restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+    except Exception as e:
+      raise CorruptCheckpoint(f"orbax cannot read it: {_first_line(e)}") from None
+    state, data = restored["state"], restored.get("data") if with_data else None
+    if expected is not None:
+      got = checksums(state)
+      bad = [k for k, v in got.items() if expected["state"].get(k) != v]
+      if bad:
+        raise CorruptCheckpoint(f"{len(bad)} arrays differ from their checksums, e.g. {bad[0]}")
+      if with_data and (not isinstance(data, str) or text_checksum(data) != expected["data"]):
+        raise CorruptCheckpoint("the data position differs from its checksum")
+    if variables_only:
+      state = (state["params"], dict(state.get("model_state") or {}))
+    return state, data
+
+  def _check_shapes(self, step, target) -> None:
+    """ConfigError when the step's arrays have other shapes than `target` (another config's checkpoint);
+    CorruptCheckpoint when its metadata cannot be read."""
+    path = os.path.join(self.directory, str(step), "state")
+    try:
+      meta = ocp.StandardCheckpointHandler().metadata(epath.Path(path))
+      saved = {path_name(p): tuple(m.shape) for p, m in jax.tree_util.tree_leaves_with_path(meta)}
+    except Exception as e:
+      raise CorruptCheckpoint(f"its metadata cannot be read: {_first_line(e)}") from None
+    if not saved:
+      raise CorruptCheckpoint("its metadata lists no arrays")
+    wanted = {path_name(p): tuple(a.shape) for p, a in jax.tree_util.tree_leaves_with_path(target)}
+    differ = [f"{k}: {saved.get(k)} there, {v} now" for k, v in wanted.items() if saved.get(k) != v]
+    if differ:
       raise ConfigError(
-        f"the checkpoint at step {step} in {self.directory} does not match the model of this config "
-        f"({str(e).splitlines()[0][:300]}). Use the config it was written with."
-      ) from None
+        f"checkpoint {step} in {self.directory} was written by another config: its arrays have other shapes "
+        f"({'; '.join(differ[:5])}{' ...' if len(differ) > 5 else ''}). Use the config it was written with"
+      )
+
+  def _set_aside(self, step: int) -> None:
+    """Moves a corrupt step out of checkpoints/ into WORKDIR/corrupt/ (training only: a new step of that number
+    must not collide with it). Kept for inspection; nothing is deleted."""
+    if self.read_only or jax.process_index() != 0:
+      return
+    dst = os.path.join(self.workdir, "corrupt", f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    shutil.move(os.path.join(self.directory, str(step)), dst)
+    self.manager.reload()
+    logging.warning("moved the corrupt checkpoint %d to %s", step, dst)
 
   def wait(self) -> None:
     self.manager.wait_until_finished()
@@ -204,18 +277,43 @@ class Checkpoints:
     self.manager.close()
 
 
+def _first_line(e: BaseException) -> str:
+  text = str(e).strip().splitlines()
+  return f"{type(e).__name__}: {text[0][:200] if text else ''}"
+
+
 def load_params(workdir: str) -> tuple[dict, dict]:
-  """(parameters, other collections such as BatchNorm statistics) of a workdir's latest checkpoint, as saved
-  (for config.init_from=WORKDIR: the shapes may differ from the model's; vitjax.models.adapt fits them)."""
+  """(parameters, other collections such as BatchNorm statistics) of a workdir's latest intact checkpoint, as
+  saved (for config.init_from=WORKDIR: the shapes may differ from the model's; vitjax.models.adapt fits them)."""
   workdir = os.path.abspath(workdir)
   if not has_checkpoints(workdir):
     raise ConfigError(
       f"init_from={workdir!r}: no checkpoints/ there; give a workdir of a vitjax run, "
       "'timm:NAME:FILE' or 'npz:VARIANT:FILE'"
     )
-  with ocp.CheckpointManager(os.path.join(workdir, CHECKPOINTS), options=_read_only_options()) as manager:
-    step = manager.latest_step()
-    if step is None:
-      raise ConfigError(f"init_from={workdir!r}: the workdir has no finished checkpoint")
-    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore()))
-  return restored["state"]["params"], dict(restored["state"].get("model_state") or {})
+  manager = ocp.CheckpointManager(
+    os.path.join(workdir, CHECKPOINTS), options=_read_only_options(), item_names=Checkpoints.ITEMS
+  )
+  with manager:
+    problems = []
+    for step in sorted(manager.all_steps(), reverse=True):
+      try:
+        meta = ocp.StandardCheckpointHandler().metadata(epath.Path(workdir, CHECKPOINTS, str(step), "state"))
+        as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), meta)  # any shapes, host
+        restored = manager.restore(
+          step,
+          args=ocp.args.Composite(
+            state=ocp.args.PyTreeRestore(restore_args=as_numpy), checksums=ocp.args.JsonRestore()
+          ),
+        )
+        state, expected = restored["state"], restored["checksums"]["state"]
+        variables = {"params": state["params"], "model_state": state.get("model_state") or {}}
+        bad = [k for k, v in checksums(variables).items() if expected.get(k) != v]
+        if bad:
+          raise CorruptCheckpoint(f"{len(bad)} arrays differ from their checksums, e.g. {bad[0]}")
+      except Exception as e:
+        problems.append(f"step {step}: {_first_line(e)}")
+        logging.warning("init_from: checkpoint %d of %s is not usable (%s): skipped", step, workdir, problems[-1])
+        continue
+      return state["params"], dict(state.get("model_state") or {})
+  raise ConfigError(f"init_from={workdir!r}: no intact checkpoint there ({'; '.join(problems)})")

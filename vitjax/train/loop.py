@@ -1,7 +1,9 @@
 """The train loop and checkpoint evaluation: a config in, a trained, checkpointed, evaluated model out.
 
-train(): check everything -> build the experiment -> initialise or resume -> steps, progress, evaluations and
-checkpoints -> final evaluation. evaluate(): restore a checkpoint and evaluate it on a split.
+train(): check everything (nothing is written before) -> lock the workdir -> initialise, or resume from the newest
+intact checkpoint -> steps, progress, evaluations, checkpoints -> final evaluation. It goes on or stops with one
+line: Preempted (SIGTERM/SIGINT, after checkpointing), Diverged (a non-finite step), ConfigError (input to fix).
+evaluate(): restore a checkpoint and evaluate it on a split.
 """
 
 from __future__ import annotations
@@ -10,16 +12,21 @@ import json
 import math
 import os
 import time
+from collections import deque
 
 import jax
 import ml_collections as mlc
 from absl import logging
 
 from vitjax import tasks
-from vitjax.errors import ConfigError
-from vitjax.mesh import all_agree
+from vitjax.errors import ConfigError, Diverged, Preempted
+from vitjax.mesh import all_agree, to_global
+from vitjax.tasks.base import EvaluationInterrupted
 from vitjax.train import checkpoints as ckpt_lib
+from vitjax.train import optim
 from vitjax.train import state as state_lib
+from vitjax.train import workdir as workdir_lib
+from vitjax.train.preemption import StopRequest
 from vitjax.train.reporting import Profiler, Reporter
 from vitjax.train.step import make_train_step
 
@@ -38,14 +45,19 @@ def _total_steps(config, steps_per_epoch: int) -> int:
   return total
 
 
-def _check(config) -> None:
-  """The trainer's own settings (the task checks its data and batch sizes)."""
-  for key in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
+def check_config(config) -> None:
+  """The trainer's own settings (the task checks its data and batch sizes; setup() the model)."""
+  optim.check(config)
+  for key in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints", "max_nonfinite_skips"):
     if config[key] < 1:
       raise ConfigError(f"{key}={config[key]} must be at least 1 (e.g. --config.{key}=500)")
   p = config.get("profile_steps")
   if p is not None and (len(p) != 2 or not 1 <= p[0] <= p[1]):
     raise ConfigError(f"profile_steps={tuple(p)}: give (first, last) steps, 1 <= first <= last, e.g. (10, 12)")
+  if config.on_nonfinite not in ("stop", "skip"):
+    raise ConfigError(f"on_nonfinite={config.on_nonfinite!r}: use 'stop' or 'skip'")
+  if config.get("max_train_minutes") is not None and config.max_train_minutes <= 0:
+    raise ConfigError(f"max_train_minutes={config.max_train_minutes} must be positive (or None: no budget)")
 
 
 def _prefetch(data: tasks.TrainInput, task: tasks.Task, sharding, size: int = 2):
@@ -54,10 +66,6 @@ def _prefetch(data: tasks.TrainInput, task: tasks.Task, sharding, size: int = 2)
   Each batch carries the iterator's position taken right after it was read, so a checkpoint saves the position of
   the last batch consumed, not of the ones prefetched: a resumed run sees exactly the same batches.
   """
-  from collections import deque
-
-  from vitjax.mesh import to_global
-
   queue = deque()
   while True:
     while len(queue) < size:
@@ -70,41 +78,92 @@ def _variables(state) -> dict:
   return {"params": state.params, **state.model_state}
 
 
-def train(config: mlc.ConfigDict, workdir: str) -> dict:
-  """Trains (resuming from WORKDIR's latest checkpoint if any), evaluates, checkpoints. Returns the last
-  evaluation's metrics. Raises ConfigError / DatasetNotPreparedError before writing anything if the config,
-  data or workdir cannot work."""
-  workdir = os.path.abspath(workdir)
-  _check(config)
+def _finite(metrics: dict) -> bool:
+  return all(math.isfinite(v) for v in metrics.values())
+
+
+def train(config: mlc.ConfigDict, workdir: str, allow_config_change: bool = False) -> dict:
+  """Trains (resuming from WORKDIR's newest intact checkpoint if any), evaluates, checkpoints. Returns the last
+  evaluation's metrics. Raises ConfigError / DatasetNotPreparedError before writing anything if the config, data
+  or workdir cannot work; Preempted or Diverged when it stops early (see the module docstring)."""
+  with StopRequest() as stop:  # from the start: a signal during setup or compilation stops cleanly too
+    return _checked_train(config, os.path.abspath(workdir), allow_config_change, stop)
+
+
+def _checked_train(config, workdir, allow_config_change, stop) -> dict:
+  check_config(config)
+  workdir_lib.check_path(workdir)
   task = tasks.get(config, workdir)
   task.check()
-  ckpt_lib.check_workdir(workdir, config)
-  data = task.train_input()
-  total = _total_steps(config, data.steps_per_epoch)
-  exp = state_lib.setup(config, task, total, data.steps_per_epoch)
+  resuming = ckpt_lib.has_checkpoints(workdir)
+  lock = workdir_lib.Lock(workdir)
+  try:
+    if os.path.isdir(workdir):
+      lock.acquire()  # a second writer stops here, before it reads or writes anything
+    changes = workdir_lib.check_config_change(workdir, config, allow_config_change) if resuming else {}
+    data = task.train_input()
+    total = _total_steps(config, data.steps_per_epoch)
+    exp = state_lib.setup(config, task, total, data.steps_per_epoch)
+    # A fresh run builds its initial state (and checks config.init_from) before it writes anything.
+    state = None if resuming else state_lib.initial_state(exp)
+    start, data_state, ckpts = 0, None, None
+    if resuming:
+      ckpts = _checkpoints(config, workdir)
+      start, state, data_state = ckpts.restore("latest", exp.abstract_state)
+      if start >= total:
+        if changes:
+          raise ConfigError(
+            f"the run is at step {start}; total steps {total} is not beyond it: raise --config.total_steps "
+            "(or --config.num_epochs) to train longer"
+          )
+        logging.info("the run in %s is complete (step %d of %d): nothing to train", workdir, start, total)
+        ckpts.close()
+        lock.release()
+        return ckpts.metrics(start) or {}
+    if lock.fd is None:
+      os.makedirs(workdir, exist_ok=True)
+      lock.acquire()
+    ckpts = ckpts or _checkpoints(config, workdir)
+  except BaseException:
+    lock.release(restore=True)
+    raise
+  try:
+    if stop.requested():
+      raise Preempted(f"{stop.name} before the first step: nothing new to checkpoint; rerun the same command")
+    return _train(config, workdir, task, data, total, exp, state, start, data_state, ckpts, changes, lock, stop)
+  except Preempted as e:
+    ckpts.close()
+    logging.info("%s", e)
+    raise
+  finally:
+    lock.release()
+
+
+def _checkpoints(config, workdir: str) -> ckpt_lib.Checkpoints:
+  return ckpt_lib.Checkpoints(workdir, config.best_metric, config.best_mode, keep=config.keep_checkpoints)
+
+
+def _train(config, workdir, task, data, total, exp, state, start, data_state, ckpts, changes, lock, stop) -> dict:
+  """train() after every check: the workdir is locked and from here on written."""
   train_step = jax.jit(
     make_train_step(exp.model, exp.tx, exp.schedule, config, task),
     in_shardings=(exp.state_sharding, exp.batch_sharding),
     out_shardings=(exp.state_sharding, None),
     donate_argnums=0,
   )
-
-  # A fresh run builds its initial state (and checks config.init_from) before it writes anything to the workdir.
-  state = None if ckpt_lib.has_checkpoints(workdir) else state_lib.initial_state(exp)
-  ckpt_lib.write_config(workdir, config)
-  ckpt_lib.write_json(workdir, "task.json", task.describe())
-  ckpts = ckpt_lib.Checkpoints(workdir, config.best_metric, config.best_mode, keep=config.keep_checkpoints)
-  start = ckpts.latest_step()
-  best_value = None
-  if start is not None:
-    state, data_state = ckpts.restore(start, exp.abstract_state)
+  if start:
     data.restore(data_state)
-    best = ckpts.best_step()
-    best_value = (ckpts.metrics(best) or {}).get(config.best_metric) if best is not None else None
-    logging.info("resumed from %s at step %d", ckpts.directory, start)
+    dropped = workdir_lib.drop_metrics_after(workdir, start)
+    workdir_lib.record_config_change(workdir, start, changes)
+    logging.info(
+      "resumed from %s at step %d%s",
+      ckpts.directory,
+      start,
+      f" ({dropped} metrics rows past it dropped)" if dropped else "",
+    )
   else:
-    state = state if state is not None else state_lib.initial_state(exp)
-    start = 0
+    workdir_lib.write_json(workdir, "config.json", config.to_json_best_effort(indent=2))
+  workdir_lib.write_json(workdir, "task.json", task.describe())
   data_name = config.data.get("name") or config.data.get("source")
   logging.info(
     "%s: %s parameters | %s: %d training examples, %d steps/epoch | %d steps | %d devices, %d processes",
@@ -119,59 +178,157 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   )
 
   deadline = time.time() + 60 * config.max_train_minutes if config.get("max_train_minutes") else None
-  reporter = Reporter(workdir, total, config.log_every, data.examples_per_step, deadline)
+  reporter = Reporter(workdir, total, config.log_every, data.examples_per_step, deadline, purge_step=start + 1)
   profiler = Profiler(workdir, config.get("profile_steps"))
   split, limit = config.data.eval_split, config.data.get("eval_examples")
+  best = ckpts.best_step()
+  best_value = (ckpts.metrics(best) or {}).get(config.best_metric) if best is not None else None
   sign = 1 if config.best_mode == "max" else -1
   final = {}
-  batches = _prefetch(data, task, exp.batch_sharding)
-  with jax.set_mesh(exp.mesh):
-    for step in range(start + 1, total + 1):
-      batch, data_state = next(batches)
-      profiler.before(step)
-      state, metrics = profiler.run(step, train_step, state, batch)
-      profiler.after(step, state)
-      out_of_time = deadline is not None and step < total and all_agree(time.time() > deadline)
-      if out_of_time:
-        logging.info("max_train_minutes=%g reached at step %d: evaluating and stopping", config.max_train_minutes, step)
-        total = reporter.total = step  # this step is the last: evaluate and checkpoint below
-      if reporter.due(step):
-        reporter.progress(step, jax.device_get(metrics))
-      if step % config.eval_every == 0 or step == total:
-        final = task.evaluate(exp.model, _variables(state), split, exp.batch_sharding, limit)
-        ckpts.save(step, state, data_state, metrics=final)  # one write: the step and its metrics, for `best`
-        value = final.get(config.best_metric)
-        note = ""
-        if value is not None and (best_value is None or sign * value > sign * best_value):
-          best_value, note = value, f" | best {config.best_metric.removeprefix('eval/')} so far"
-        reporter.evaluation(step, split, final, note)
-      elif step % config.checkpoint_every == 0:
+
+  def evaluate_and_save(step, state, data_state, resave=False):
+    """Evaluates `step`, then saves it with its metrics (a candidate for best); an interrupted evaluation saves
+    the step without them (it runs again on resume)."""
+    nonlocal best_value, final
+    try:
+      metrics = task.evaluate(exp.model, _variables(state), split, exp.batch_sharding, limit, stop=stop.requested)
+    except EvaluationInterrupted:
+      if not resave:
         ckpts.save(step, state, data_state)
-      if out_of_time:
-        break
+      raise Preempted(_preempted(stop, step, ckpts)) from None
+    if not _finite(metrics):
+      logging.warning("step %d: the evaluation is not finite (%s): not a candidate for best", step, metrics)
+    if resave:  # the step is saved already, without metrics: save it again with them
+      ckpts.wait()
+      ckpts.manager.delete(step)
+    ckpts.save(step, state, data_state, metrics=metrics if _finite(metrics) else None)
+    if resave:
+      ckpts.wait()
+    value = metrics.get(config.best_metric)
+    note = ""
+    if value is not None and value == value and (best_value is None or sign * value > sign * best_value):
+      best_value, note = value, f" | best {config.best_metric.removeprefix('eval/')} so far"
+    reporter.evaluation(step, split, metrics, note)
+    final = metrics
+
+  guard = _NonfiniteGuard(config, ckpts, workdir)
+  try:
+    with jax.set_mesh(exp.mesh):
+      if start and (start % config.eval_every == 0 or start == total) and ckpts.metrics(start) is None:
+        logging.info("step %d was saved without its evaluation (interrupted): evaluating it now", start)
+        evaluate_and_save(start, state, data_state, resave=True)
+      batches = _prefetch(data, task, exp.batch_sharding)
+      for step in range(start + 1, total + 1):
+        batch, data_state = next(batches)
+        profiler.before(step)
+        state, metrics = profiler.run(step, train_step, state, batch)
+        profiler.after(step, state)
+        lock.touch()
+        guard.check_lagged(step, metrics)  # the previous step's flag: no wait for this one
+        out_of_time = deadline is not None and step < total and all_agree(time.time() > deadline)
+        if out_of_time:
+          logging.info(
+            "max_train_minutes=%g reached at step %d: evaluating and stopping", config.max_train_minutes, step
+          )
+          total = reporter.total = step  # this step is the last: evaluate and checkpoint below
+        evaluating = step % config.eval_every == 0 or step == total
+        saving = evaluating or step % config.checkpoint_every == 0
+        stopping = stop.requested()
+        if saving or stopping:
+          guard.check_now(step, metrics)  # never save past a non-finite step unnoticed
+        if reporter.due(step):
+          guard.check_now(step, metrics)
+          reporter.progress(step, {**jax.device_get(metrics), "train/skipped_steps": guard.skipped})
+        if stopping:
+          ckpts.save(step, state, data_state)
+          raise Preempted(_preempted(stop, step, ckpts))
+        if evaluating:
+          evaluate_and_save(step, state, data_state)
+        elif saving:
+          ckpts.save(step, state, data_state)
+        if out_of_time:
+          break
+  except Diverged:
+    ckpts.close()
+    raise
+  finally:
+    reporter.close()
   ckpts.close()
-  reporter.close()
   logging.info("done: checkpoints in %s (best: step %s)", ckpts.directory, ckpts.best_step())
   return final
 
 
-def evaluate(config, workdir: str, checkpoint: str = "latest", split: str | None = None) -> dict:
-  """Restores a checkpoint (latest, best, or a step) and evaluates it on a split; writes the result to
-  WORKDIR/eval_SPLIT_STEP.json and a row of metrics.jsonl."""
+def _preempted(stop: StopRequest, step: int, ckpts) -> str:
+  return (
+    f"{stop.name}: stopped at step {step}, checkpoint {step} written to {ckpts.directory}; "
+    "rerun the same command to resume"
+  )
+
+
+class _NonfiniteGuard:
+  """Reads each step's train/nonfinite flag, one step late unless asked now, and applies config.on_nonfinite."""
+
+  def __init__(self, config, ckpts, workdir):
+    self.config, self.ckpts, self.workdir = config, ckpts, workdir
+    self.pending = None  # (step, metrics) not yet checked
+    self.streak = self.skipped = 0
+
+  def check_lagged(self, step: int, metrics: dict) -> None:
+    previous, self.pending = self.pending, (step, metrics)
+    if previous is not None:
+      self._check(*previous)
+
+  def check_now(self, step: int, metrics: dict) -> None:
+    if self.pending is not None and self.pending[0] == step:
+      self.pending = None
+      self._check(step, metrics)
+
+  def _check(self, step: int, metrics: dict) -> None:
+    if float(metrics["train/nonfinite"]) == 0:
+      self.streak = 0
+      return
+    values = jax.device_get(metrics)
+    what = f"loss {values['train/loss']:.4g}, grad norm {values['train/grad_norm']:.4g}"
+    self.streak += 1
+    if self.config.on_nonfinite == "skip" and self.streak <= self.config.max_nonfinite_skips:
+      self.skipped += 1
+      logging.warning("step %d is not finite (%s): update skipped (%d in a row)", step, what, self.streak)
+      return
+    self.ckpts.wait()
+    good = self.ckpts.latest_step()
+    where = f"step {good} in {self.ckpts.directory}" if good is not None else "none yet"
+    if self.config.on_nonfinite == "skip":
+      why = f"more than max_nonfinite_skips={self.config.max_nonfinite_skips} non-finite steps in a row"
+      fix = "or allow more skips with --config.max_nonfinite_skips"
+    else:
+      why, fix = "on_nonfinite='stop'", "or skip such steps with --config.on_nonfinite=skip"
+    message = (
+      f"step {step}: the loss, gradient norm or parameters are not finite ({what}); stopped ({why}), nothing "
+      f"non-finite was saved. Newest good checkpoint: {where}. Lower --config.optim.lr (now "
+      f"{self.config.optim.lr:g}), {fix}"
+    )
+    logging.error("%s", message)
+    raise Diverged(message)
+
+
+def evaluate(config, workdir: str, checkpoint: str = "best", split: str | None = None) -> dict:
+  """Restores a checkpoint (best, latest, or a step; corrupt ones are skipped for best and latest) and
+  evaluates it on a split; writes WORKDIR/eval_SPLIT_STEP.json and a row of metrics.jsonl."""
   workdir = os.path.abspath(workdir)
   split = split or config.data.eval_split
-  task = tasks.get(config, workdir, described=ckpt_lib.read_json(workdir, "task.json"))
+  task = tasks.get(config, workdir, described=workdir_lib.read_json(workdir, "task.json"))
   exp = state_lib.setup(config, task)
   ckpts = ckpt_lib.Checkpoints(workdir, config.best_metric, config.best_mode, read_only=True)
-  step = ckpts.resolve(checkpoint)
-  params, model_state = ckpts.restore_variables(step, exp.abstract_state)
+  step, (params, model_state), _ = ckpts.restore(
+    str(checkpoint), exp.abstract_state, with_data=False, variables_only=True
+  )
   with jax.set_mesh(exp.mesh):
     result = task.evaluate(exp.model, {"params": params, **model_state}, split, exp.batch_sharding)
   shown = ", ".join(f"{k.removeprefix('eval/')} {v:.4f}" for k, v in result.items() if k != "eval/examples")
   count = f" ({int(result['eval/examples'])} examples)" if "eval/examples" in result else ""
   logging.info("checkpoint %s (step %d) | %s: %s%s", checkpoint, step, split, shown, count)
   row = {"step": step, "checkpoint": checkpoint, "split": split, **result}
-  ckpt_lib.write_json(workdir, f"eval_{split}_{step}.json", row)
+  workdir_lib.write_json(workdir, f"eval_{split}_{step}.json", row)
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
       f.write(json.dumps({**row, "source": "evaluate"}) + "\n")

@@ -45,7 +45,31 @@ def make_schedule(config, total_steps: int, steps_per_epoch: int) -> optax.Sched
   return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), decay], [warmup])
 
 
+def check(config) -> None:
+  """The optimizer's and schedule's numbers are in range (ConfigError naming the field otherwise)."""
+  o, s = config.optim, config.schedule
+  rules = [
+    ("optim.lr", o.lr, o.lr > 0, "positive, e.g. 1e-3"),
+    ("optim.weight_decay", o.weight_decay, o.weight_decay >= 0, "0 or more"),
+    ("optim.b1", o.b1, 0 <= o.b1 < 1, "in [0, 1)"),
+    ("optim.b2", o.b2, 0 <= o.b2 < 1, "in [0, 1)"),
+    ("optim.eps", o.eps, o.eps > 0, "positive"),
+    ("optim.momentum", o.momentum, 0 <= o.momentum < 1, "in [0, 1)"),
+    ("optim.grad_clip_norm", o.grad_clip_norm, o.grad_clip_norm >= 0, "0 (off) or positive"),
+    ("optim.accum_steps", o.accum_steps, o.accum_steps >= 1, "at least 1"),
+    ("schedule.end_lr_factor", s.end_lr_factor, 0 <= s.end_lr_factor <= 1, "in [0, 1]"),
+    ("label_smoothing", config.label_smoothing, 0 <= config.label_smoothing < 1, "in [0, 1)"),
+  ]
+  for name in ("warmup_steps", "warmup_epochs", "rsqrt_timescale"):
+    value = s[name]
+    rules.append((f"schedule.{name}", value, value is None or value >= 0, "0 or more"))
+  for name, value, ok, want in rules:
+    if not ok:
+      raise ConfigError(f"{name}={value} must be {want} (--config.{name}=...)")
+
+
 def make_optimizer(config, schedule) -> optax.GradientTransformation:
+  check(config)
   o = config.optim
   if o.name == "adamw":
     tx = optax.adamw(schedule, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=decay_mask)

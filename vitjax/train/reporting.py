@@ -26,7 +26,9 @@ class Reporter:
   when that ends the run first.
   """
 
-  def __init__(self, workdir: str, total_steps: int, log_every: int, examples_per_step: int | None, deadline=None):
+  def __init__(
+    self, workdir: str, total_steps: int, log_every: int, examples_per_step: int | None, deadline=None, purge_step=None
+  ):
     self.workdir, self.total, self.log_every = workdir, total_steps, log_every
     self.examples_per_step, self.deadline = examples_per_step, deadline
     self.main = jax.process_index() == 0
@@ -34,7 +36,8 @@ class Reporter:
     if self.main:
       from tensorboardX import SummaryWriter
 
-      self.tb = SummaryWriter(os.path.join(workdir, "tb"))
+      # purge_step: TensorBoard drops the events a killed run wrote past the step it resumes from
+      self.tb = SummaryWriter(os.path.join(workdir, "tb"), purge_step=purge_step)
     self.t0 = self.s0 = None
     self.created = self.last_line = time.time()
 
@@ -82,6 +85,8 @@ class Reporter:
     if "train/accuracy" in metrics:
       parts.append(f"acc {metrics['train/accuracy']:.3f}")
     parts.append(f"lr {metrics['train/lr']:.2e}")
+    if metrics.get("train/skipped_steps"):
+      parts.append(f"{int(metrics['train/skipped_steps'])} non-finite steps skipped")
     speed = f"{rate:.2f} steps/s" if rate == rate else f"first step in {now - self.created:.0f}s (compilation)"
     for key, unit in (("train/examples_per_s", "ex/s"), ("train/tokens_per_s", "tok/s")):
       if key in extra:

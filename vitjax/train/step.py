@@ -1,6 +1,9 @@
 """The training step: forward, the task's loss, gradients (accumulated over micro-batches), optimizer update.
 
 Pure and jit-compiled by the loop with donated state; the task decides the model's inputs and the loss.
+Divergence guard: the update is applied only if the loss, the gradient norm and every new parameter are finite;
+otherwise the state stays as it was (but for the step count) and `train/nonfinite` is 1, for the loop to stop
+or skip (config.on_nonfinite).
 """
 
 from __future__ import annotations
@@ -57,12 +60,24 @@ def make_train_step(model, tx, schedule, config, task) -> Callable:
       metrics = {k: v if k == "tokens" else v / accum for k, v in metrics.items()}  # token counts add up
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    for leaf in jax.tree.leaves(params):
+      finite &= jnp.all(jnp.isfinite(leaf))
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
     metrics = {
       "train/loss": loss,
       **{f"train/{k}": v for k, v in metrics.items()},
-      "train/grad_norm": optax.global_norm(grads),
+      "train/grad_norm": grad_norm,
       "train/lr": schedule(state.step),
+      "train/nonfinite": 1.0 - finite.astype(jnp.float32),
     }
-    return TrainState(state.step + 1, params, opt_state, model_state), metrics
+    new_state = TrainState(
+      state.step + 1,
+      keep(params, state.params),
+      keep(opt_state, state.opt_state),
+      keep(model_state, state.model_state),
+    )
+    return new_state, metrics
 
   return train_step

@@ -190,9 +190,15 @@ def ding_pairs(path: str = DING_PATH, synonyms: str = "first") -> list[Pair]:
   return pairs
 
 
+def _need_file(path: str, source: str) -> None:
+  if not os.path.isfile(path):
+    raise SourceNotAvailableError(f"{source}: no such file {path}; check config.data.source")
+
+
 def tsv_pairs(path: str) -> list[Pair]:
   """``source<TAB>target`` lines (extra columns ignored; lines with fewer than
   two columns or an empty side are skipped). No quoting: tabs separate."""
+  _need_file(path, f"tsv:{path}")
   pairs = []
   with open(path, encoding="utf-8") as f:
     for line in f:
@@ -211,6 +217,8 @@ def file_pairs(src_path: str, tgt_path: str) -> list[Pair]:
   Raises:
     ValueError: the files have different numbers of lines.
   """
+  for path in (src_path, tgt_path):
+    _need_file(path, f"files:{src_path},{tgt_path}")
   with open(src_path, encoding="utf-8") as f:
     src = f.read().splitlines()
   with open(tgt_path, encoding="utf-8") as f:

@@ -1,0 +1,160 @@
+"""Bad input through the command lines: each case exits with status 2 and one "error:" line naming the fix (its
+key words asserted), without a traceback, and leaves the workdir as it was (file contents and mtimes), or absent
+if it was absent."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import train_helpers as th
+
+TRANSLATE = [sys.executable, "-m", "vitjax.translate"]
+
+
+def _cases():
+  """(id, workdir kind, arguments, key words of the error); kinds: new (absent), notes (a folder with a file),
+  finished (a finished tiny run), file (a path that is a file), readonly (an immutable folder)."""
+  c = []
+  add = lambda cid, kind, args, *words: c.append(pytest.param(kind, args, words, id=cid))
+  # the trainer's settings
+  add("checkpoint_every=0", "new", ["--config.checkpoint_every=0"], "checkpoint_every=0 must be at least 1")
+  add("log_every=0", "notes", ["--config.log_every=0"], "log_every=0 must be at least 1")
+  add("eval_every<0", "new", ["--config.eval_every=-5"], "eval_every=-5 must be at least 1")
+  add("keep_checkpoints=0", "new", ["--config.keep_checkpoints=0"], "keep_checkpoints=0 must be at least 1")
+  add("total_steps=0", "new", ["--config.total_steps=0"], "the run has 0 steps", "--config.total_steps")
+  add("max_train_minutes<0", "new", ["--config.max_train_minutes=-1"], "max_train_minutes=-1", "positive")
+  add("profile_steps reversed", "new", ["--config.profile_steps=(4, 3)"], "profile_steps=(4, 3)", "first <= last")
+  add("on_nonfinite", "new", ["--config.on_nonfinite=ignore"], "on_nonfinite='ignore'", "'stop' or 'skip'")
+  # batches and the optimizer
+  add("batch_size=0", "notes", ["--config.batch_size=0"], "batch_size=0 must be positive")
+  add("batch_size=abc", "new", ["--config.batch_size=abc"], "--config.batch_size", "abc")
+  add("eval_batch_size=0", "new", ["--config.data.eval_batch_size=0"], "data.eval_batch_size=0 must be positive")
+  add("negative lr", "notes", ["--config.optim.lr=-0.001"], "optim.lr=-0.001 must be positive")
+  add("negative weight decay", "new", ["--config.optim.weight_decay=-1"], "optim.weight_decay=-1.0 must be 0 or more")
+  add("b2=1", "new", ["--config.optim.b2=1.0"], "optim.b2=1.0 must be in [0, 1)")
+  add("label_smoothing=1.5", "new", ["--config.label_smoothing=1.5"], "label_smoothing=1.5 must be in [0, 1)")
+  add("accum_steps=0", "new", ["--config.optim.accum_steps=0"], "optim.accum_steps=0 must be at least 1")
+  add("unknown optimizer", "new", ["--config.optim.name=adamm"], "unknown optim.name 'adamm'", "'adamw' or 'sgd'")
+  add("unknown decay", "new", ["--config.schedule.decay=exp"], "unknown schedule.decay 'exp'", "cosine")
+  add("compute_dtype", "new", ["--config.compute_dtype=float16"], "compute_dtype must be 'float32' or 'bfloat16'")
+  # the model and the data
+  add("unknown model", "new", ["--config.model.name=vit_x99"], "config.model", "unknown model 'vit_x99'")
+  add("num_classes", "new", ["--config.model.num_classes=7"], "has 10 classes", "--config.model.num_classes=10")
+  add("image size vs patch", "new", ["--config.data.image_size=9"], "not divisible by the patch size", "image_size")
+  add("best_metric", "new", ["--config.best_metric=eval/bleu"], "best_metric='eval/bleu' is not reported")
+  add("valid_fraction", "new", ["--config.data.valid_fraction=1.5"], "data.valid_fraction=1.5 must be in [0, 1)")
+  add("unknown dataset", "new", ["--config.data.name=nosuchset"], "nosuchset", "tfds build nosuchset")
+  add("unknown train split", "new", ["--config.data.train_split=trian"], "train_split='trian'", "trian")
+  add("not prepared", "notes", ["--config.data.data_dir=EMPTY"], "python -m vitjax.data.prepare --dataset=digits")
+  add("misspelt key", "notes", ["--config.optim.lrr=1"], "optim has no field 'lrr'", "--config.optim.lr ")
+  # files and flags
+  add("no config file", "new", ["--config=/nonexistent/c.py"], "no such file /nonexistent/c.py")
+  add("config syntax error", "new", ["--config=SYNTAX"], "line 1: SyntaxError")
+  add("config argument", "new", ["--config=configs/vit.py:varaint=S/16"], "unknown argument 'varaint'")
+  add("train without config", "finished", ["--config="], "training needs --config")
+  add("unknown mode", "new", ["--mode=evaluate"], "--mode", "one of <train|eval>")
+  add("workdir is a file", "file", [], "is a file, not a directory")
+  add("read-only workdir", "readonly", [], "is not writable", "another --workdir")
+  # weights to start from
+  add("init_from missing dir", "new", ["--config.init_from=/nonexistent/run"], "no checkpoints/ there")
+  add("init_from garbage", "new", ["--config.init_from=timm:vit_tiny_patch16_224:GARBAGE"], "not a readable")
+  add("init_from truncated", "new", ["--config.init_from=timm:vit_tiny_patch16_224:TRUNCATED"], "not a readable")
+  add("init_from other family", "new", ["--config.init_from=timm:swin_tiny_patch4_window7_224:VITFILE"], "model family")
+  add("init_from no file", "new", ["--config.init_from=npz:Ti/16:/nonexistent.npz"], "no such file")
+  add("init_from shapes", "notes", ["--config.model.width=24", "--config.init_from=FINISHED"], "do not match the model")
+  # a finished run: its config and checkpoints
+  add("other model", "finished", ["--config.model.width=24"], "model.width: 16 there, 24 now", "--workdir")
+  add("changed lr", "finished", ["--config.optim.lr=1e-3"], "optim.lr: 0.002 there, 0.001 now", "--allow_config_change")
+  add("num_epochs=0 on a run", "finished", ["--config.num_epochs=0"], "num_epochs: 80.0 there, 0.0 now")
+  add("total not beyond", "finished", ["--config.total_steps=20", "--allow_config_change"], "is not beyond it")
+  add("eval checkpoint=abc", "finished", ["--mode=eval", "--checkpoint=abc", "--config="], "'best', 'latest' or a step")
+  add("eval step missing", "finished", ["--mode=eval", "--checkpoint=7", "--config="], "no checkpoint for step 7")
+  add("eval split", "finished", ["--mode=eval", "--split=validation", "--config="], "validation", "split")
+  add("eval without a run", "notes", ["--mode=eval", "--config="], "config.json not found")
+  # vitjax.translate
+  add("translate: no run", "notes", ["TRANSLATE"], "config.json not found")
+  add("translate: a classifier", "finished", ["TRANSLATE"], "is a classification run, not a translation run")
+  return c
+
+
+@pytest.fixture(scope="module")
+def places(tmp_path_factory, finished_run):
+  """Files the cases refer to, and one copy of the finished run shared by the cases (each leaves it untouched)."""
+  root = tmp_path_factory.mktemp("bad")
+  from safetensors.numpy import save_file
+
+  vit = {"patch_embed.proj.weight": np.zeros((192, 3, 16, 16), np.float32), "cls_token": np.zeros((1, 1, 192))}
+  save_file({k: v.astype(np.float32) for k, v in vit.items()}, str(root / "vit.safetensors"))
+  (root / "garbage.safetensors").write_bytes(os.urandom(4096))
+  data = (root / "vit.safetensors").read_bytes()
+  (root / "truncated.safetensors").write_bytes(data[: len(data) // 2])
+  (root / "syntax.py").write_text("def get_config(:\n")
+  (root / "empty").mkdir()
+  finished = str(root / "finished")
+  shutil.copytree(finished_run, finished)
+  return {
+    "GARBAGE": str(root / "garbage.safetensors"),
+    "TRUNCATED": str(root / "truncated.safetensors"),
+    "VITFILE": str(root / "vit.safetensors"),
+    "SYNTAX": str(root / "syntax.py"),
+    "EMPTY": str(root / "empty"),
+    "FINISHED": finished_run,
+    "finished": finished,
+  }
+
+
+def _workdir(kind, tmp_path, places):
+  if kind == "new":
+    return str(tmp_path / "absent" / "w")
+  if kind == "finished":
+    return places["finished"]
+  path = tmp_path / "w"
+  if kind == "file":
+    path.write_text("not a folder\n")
+    return str(path)
+  path.mkdir()
+  (path / "notes.txt").write_text("keep me\n")
+  if kind == "readonly":
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+      pytest.skip("cannot make a folder read-only here (chattr +i failed)")
+  return str(path)
+
+
+def _state(path):
+  if not os.path.exists(path):
+    return None
+  return th.snapshot(path) if os.path.isdir(path) else open(path, "rb").read()
+
+
+@pytest.mark.parametrize("kind, args, words", _cases())
+def test_bad_input_is_one_line_exit_2_and_leaves_the_workdir_alone(kind, args, words, tmp_path, places, run_args):
+  workdir = _workdir(kind, tmp_path, places)
+  before = _state(workdir)
+  for key, value in places.items():
+    args = [a.replace(key, value) if key.isupper() else a for a in args]
+  try:
+    if args and args[0] == "TRANSLATE":
+      cmd = [*TRANSLATE, f"--workdir={workdir}", *args[1:]]
+      proc = subprocess.run(
+        cmd, cwd=th.ROOT, env=th.env(), input="hello\n", capture_output=True, text=True, timeout=300
+      )
+    else:
+      # "--config=" alone: no config file (and none of the tiny run's --config.* overrides)
+      config = None if "--config=" in args else next((a[9:] for a in args if a.startswith("--config=")), th.CONFIG)
+      rest = [a for a in args if not a.startswith("--config=")]
+      proc = th.run_main(workdir, *(run_args if config else []), *rest, config=config)
+    after = _state(workdir)
+  finally:
+    if kind == "readonly":
+      subprocess.run(["chattr", "-i", workdir])
+  err = th.error_lines(proc)
+  assert proc.returncode == 2, f"exit {proc.returncode}\n{proc.stderr[-3000:]}"
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  errors = [line for line in err.splitlines() if line.startswith("error: ")]
+  assert len(errors) == 1 and err.strip() == errors[0], err
+  for word in words:
+    assert word in errors[0], f"{word!r} not in {errors[0]!r}"
+  assert after == before, "the workdir changed"

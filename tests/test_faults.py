@@ -1,0 +1,284 @@
+"""Runs that survive what clusters do to them, tested with real signals, real corrupted files and subprocesses
+running the tiny 30-step digits run (tests/train_helpers.py): preemption, divergence, corruption, two writers, a
+changed config, and the bookkeeping of metrics.jsonl across kills."""
+
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+import train_helpers as th
+
+
+def _copy(src, tmp_path, name="w"):
+  dst = str(tmp_path / name)
+  shutil.copytree(src, dst)
+  return dst
+
+
+def _read_until(proc, pattern, timeout=240.0):
+  """Reads proc's output until a line matches `pattern`; returns (match, lines so far). Kills proc on timeout."""
+  timer = threading.Timer(timeout, proc.kill)
+  timer.start()
+  lines = []
+  try:
+    for line in proc.stdout:
+      lines.append(line)
+      m = re.search(pattern, line)
+      if m:
+        return m, lines
+  finally:
+    timer.cancel()
+  raise AssertionError(f"{pattern!r} never appeared:\n{''.join(lines[-30:])}")
+
+
+def _rest(proc, timeout=120.0):
+  """The rest of proc's output, after it exits; (rc, text, seconds it took)."""
+  t = time.time()
+  out, _ = proc.communicate(timeout=timeout)
+  return proc.returncode, out, time.time() - t
+
+
+def _train_steps(workdir):
+  return [r["step"] for r in th.read_metrics(workdir) if "train/loss" in r]
+
+
+def _eval_steps(workdir):
+  return [r["step"] for r in th.read_metrics(workdir) if "eval/accuracy" in r and "source" not in r]
+
+
+def _all_finite(workdir):
+  return {
+    s: all(np.isfinite(np.asarray(x)).all() for x in th.jax_leaves(th.load_state(workdir, s)))
+    for s in th.finished_steps(workdir)
+  }
+
+
+# ------------------------------------------------------------------------------------ 1. preemption
+
+
+def test_sigterm_checkpoints_the_step_in_flight_and_the_resume_is_bitwise_exact(finished_run, run_args, tmp_path):
+  workdir = str(tmp_path / "w")
+  kill_at = random.randint(3, 27)  # a random step; printed with any failure
+  proc = th.start_main(workdir, *run_args)
+  _read_until(proc, rf" step {kill_at}/30 ")
+  proc.send_signal(signal.SIGTERM)
+  rc, out, seconds = _rest(proc)
+  assert rc == 75, (kill_at, out[-2000:])
+  assert seconds < 60, seconds
+  m = re.search(r"SIGTERM: stopped at step (\d+), checkpoint \1 written to .*; rerun the same command to resume", out)
+  assert m, (kill_at, out[-2000:])
+  stopped = int(m.group(1))
+  assert kill_at <= stopped < 30 and stopped in th.finished_steps(workdir), (kill_at, stopped)
+
+  resumed = th.check_ok(th.run_main(workdir, *run_args))
+  assert re.search(rf"resumed from .* at step {stopped}\b", resumed.stderr), resumed.stderr[-2000:]
+  th.assert_same_state(th.load_state(finished_run), th.load_state(workdir), f"SIGTERM at step {kill_at}")
+  assert _train_steps(workdir) == list(range(1, 31)) and _eval_steps(workdir) == [10, 20, 30]
+
+
+def test_a_second_signal_stops_at_once(run_args, tmp_path):
+  workdir = str(tmp_path / "w")
+  proc = th.start_main(workdir, *run_args)
+  _read_until(proc, r"training examples")  # the first step is compiling: a long step
+  proc.send_signal(signal.SIGTERM)
+  time.sleep(0.05)
+  proc.send_signal(signal.SIGINT)
+  rc, out, seconds = _rest(proc)
+  assert rc == 128 + signal.SIGINT and seconds < 10, (rc, seconds, out[-1000:])
+  assert "SIGINT again: stopping now, without a checkpoint" in out
+
+
+# ------------------------------------------------------------------------------------ 2. divergence
+
+
+def test_a_diverging_run_stops_and_saves_nothing_non_finite(run_args, tmp_path):
+  workdir = str(tmp_path / "w")
+  proc = th.run_main(workdir, *run_args, "--config.optim.lr=1e4", "--config.on_nonfinite=stop")
+  assert proc.returncode == 3, proc.stderr[-2000:]
+  err = proc.stderr
+  assert re.search(r"step \d+: the loss, gradient norm or parameters are not finite", err), err[-2000:]
+  assert "nothing non-finite was saved" in err and "--config.on_nonfinite=skip" in err and "Traceback" not in err
+  assert all(_all_finite(workdir).values())
+
+
+def test_a_good_run_resumed_at_a_bad_learning_rate_keeps_its_good_checkpoints(finished_run, run_args, tmp_path):
+  workdir = _copy(finished_run, tmp_path)
+  before = th.finished_steps(workdir)
+  best = th.read_metrics(workdir)
+  args = ["--config.optim.lr=1e4", "--config.total_steps=60", "--allow_config_change"]
+  proc = th.run_main(workdir, *run_args, *args)
+  assert proc.returncode == 3, proc.stderr[-2000:]
+  assert "Newest good checkpoint: step" in proc.stderr
+  after = th.finished_steps(workdir)
+  assert set(before) <= set(after), (before, after)  # no good checkpoint rotated out
+  assert all(_all_finite(workdir).values())
+  assert [r for r in th.read_metrics(workdir) if r["step"] <= 30] == [r for r in best if r["step"] <= 30]
+  # skip mode: goes on without the update, then stops after max_nonfinite_skips in a row
+  skip = th.run_main(workdir, *run_args, *args, "--config.on_nonfinite=skip", "--config.max_nonfinite_skips=3")
+  assert skip.returncode == 3, skip.stderr[-2000:]
+  assert "more than max_nonfinite_skips=3 non-finite steps in a row" in skip.stderr
+  assert skip.stderr.count("update skipped") == 3
+  assert all(_all_finite(workdir).values())
+
+
+# ------------------------------------------------------------------------------------ 3. corruption
+
+
+def _largest_file(directory):
+  files = [os.path.join(r, n) for r, _, names in os.walk(directory) for n in names]
+  return max(files, key=os.path.getsize)
+
+
+def _corrupt(step_dir, how):
+  state = os.path.join(step_dir, "state")
+  if how == "truncate":
+    path = _largest_file(state)
+    with open(path, "r+b") as f:
+      f.truncate(os.path.getsize(path) // 2)
+  elif how == "delete":
+    os.remove(os.path.join(state, "manifest.ocdbt"))
+  elif how == "zero_metadata":
+    path = os.path.join(state, "_METADATA")
+    with open(path, "r+b") as f:
+      f.write(b"\0" * os.path.getsize(path))
+  elif how == "flip":
+    path = _largest_file(state)
+    with open(path, "r+b") as f:
+      data = bytearray(f.read())
+      middle = len(data) // 2
+      data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
+      f.seek(0)
+      f.write(data)
+
+
+@pytest.mark.parametrize("how", ["truncate", "delete", "zero_metadata", "flip"])
+def test_a_corrupt_checkpoint_is_named_skipped_and_the_run_resumes_from_the_one_before(
+  how, finished_run, run_args, tmp_path
+):
+  workdir = _copy(finished_run, tmp_path)
+  _corrupt(os.path.join(workdir, "checkpoints", "30"), how)
+  # evaluation and vitjax.load fall back for "latest" and name the corruption for an explicit step
+  latest = th.check_ok(th.run_main(workdir, "--mode=eval", "--checkpoint=latest", config=None))
+  assert "checkpoint 30 in" in latest.stderr and "is corrupt (" in latest.stderr, latest.stderr[-2000:]
+  assert th.read_metrics(workdir)[-1]["step"] == 25
+  explicit = th.run_main(workdir, "--mode=eval", "--checkpoint=30", config=None)
+  assert explicit.returncode == 2 and "no intact checkpoint" in explicit.stderr and "step 30:" in explicit.stderr
+
+  resumed = th.check_ok(th.run_main(workdir, *run_args))  # the same command as the run's
+  assert re.search(r"checkpoint 30 in .* is corrupt \(.+\): skipped", resumed.stderr), resumed.stderr[-2000:]
+  assert re.search(r"resumed from .* at step 25\b", resumed.stderr)
+  (moved,) = os.listdir(os.path.join(workdir, "corrupt"))  # set aside, not deleted
+  assert moved.startswith("30-")
+  th.assert_same_state(th.load_state(finished_run), th.load_state(workdir), how)
+
+
+# ------------------------------------------------------------------------------------ 4. one writer
+
+
+def test_a_second_run_is_refused_and_a_dead_runs_lock_is_taken_over(run_args, tmp_path):
+  workdir = str(tmp_path / "w")
+  long = [*run_args, "--config.total_steps=100000"]
+  first = th.start_main(workdir, *long)
+  try:
+    _read_until(first, r" step 2/100000 ")
+    second = th.run_main(workdir, *long)
+    assert second.returncode == 2, second.stderr[-2000:]
+    assert f"workdir {workdir} is in use: PID {first.pid} on " in second.stderr and "Traceback" not in second.stderr
+    assert first.poll() is None  # the first goes on
+  finally:
+    first.kill()
+    first.communicate(timeout=60)
+  third = th.check_ok(th.run_main(workdir, *long, "--config.max_train_minutes=0.1"))
+  assert f"took over the lock of PID {first.pid}" in third.stderr, third.stderr[-2000:]
+  assert not os.path.exists(os.path.join(workdir, "lock"))  # released at the end
+
+
+# ------------------------------------------------------------------------------------ 5. config on resume
+
+
+def test_a_changed_config_is_refused_or_recorded(finished_run, run_args, tmp_path):
+  workdir = _copy(finished_run, tmp_path)
+  before = th.snapshot(workdir)
+  refused = th.run_main(workdir, *run_args, "--config.optim.lr=1e-3")
+  assert refused.returncode == 2, refused.stderr[-2000:]
+  assert "optim.lr: 0.002 there, 0.001 now" in refused.stderr and "--allow_config_change" in refused.stderr
+  epochs = th.run_main(workdir, *run_args, "--config.num_epochs=0")
+  assert epochs.returncode == 2 and "num_epochs: 80.0 there, 0.0 now" in epochs.stderr, epochs.stderr[-2000:]
+  not_beyond = th.run_main(workdir, *run_args, "--config.optim.lr=1e-3", "--allow_config_change")
+  assert not_beyond.returncode == 2 and "total steps 30 is not beyond it" in not_beyond.stderr
+  assert th.snapshot(workdir) == before  # config.json, checkpoints, metrics: untouched by all three
+
+  again = th.check_ok(th.run_main(workdir, *run_args))  # unchanged and finished: nothing to do
+  assert "is complete (step 30 of 30)" in again.stderr and th.finished_steps(workdir) == th.finished_steps(finished_run)
+
+  allowed = th.check_ok(
+    th.run_main(workdir, *run_args, "--config.optim.lr=1e-3", "--config.total_steps=40", "--allow_config_change")
+  )
+  assert "resumed from" in allowed.stderr and max(th.finished_steps(workdir)) == 40
+  with (
+    open(os.path.join(workdir, "config.json"), "rb") as f,
+    open(os.path.join(finished_run, "config.json"), "rb") as g,
+  ):
+    assert f.read() == g.read()  # what trained steps 1-30 is still on record
+  with open(os.path.join(workdir, "config_history.jsonl")) as f:
+    (row,) = [json.loads(line) for line in f]
+  assert row["step"] == 30 and row["changes"] == {"optim.lr": [0.002, 0.001], "total_steps": [30, 40]}
+  # bookkeeping fields change freely (and are recorded); the effective config now has lr 1e-3 and 40 steps
+  th.check_ok(
+    th.run_main(
+      workdir,
+      *run_args,
+      "--config.optim.lr=1e-3",
+      "--config.total_steps=50",
+      "--allow_config_change",
+      "--config.log_every=2",
+    )
+  )
+  with open(os.path.join(workdir, "config_history.jsonl")) as f:
+    rows = [json.loads(line) for line in f]
+  assert rows[-1]["changes"] == {"log_every": [1, 2], "total_steps": [40, 50]}
+
+
+# ------------------------------------------------------------------------------------ 6. bookkeeping
+
+
+def test_metrics_have_one_row_per_step_after_two_kills(finished_run, run_args, tmp_path):
+  workdir = str(tmp_path / "w")
+  for kill_after in (8, 18):
+    proc = th.start_main(workdir, *run_args)
+    _read_until(proc, rf" step {kill_after + 3}/30 ")  # a few rows past the checkpoint at kill_after - 3 .. +0
+    proc.kill()
+    proc.communicate(timeout=60)
+  th.check_ok(th.run_main(workdir, *run_args))
+  assert _train_steps(workdir) == list(range(1, 31))
+  assert _eval_steps(workdir) == [10, 20, 30]
+  th.assert_same_state(th.load_state(finished_run), th.load_state(workdir), "two kills")
+
+
+def test_an_evaluation_missing_from_a_checkpoint_runs_on_resume(run_args, tmp_path):
+  """A step saved without its evaluation (cut short by a signal, or an evaluation step under the resumed run's
+  cadence) is evaluated first on resume and saved again with its metrics, so `best` can choose it."""
+  workdir = str(tmp_path / "w")
+  proc = th.start_main(workdir, *run_args, "--config.eval_every=1000")
+  _read_until(proc, r" step 13/30 ")
+  proc.send_signal(signal.SIGTERM)
+  rc, out, _ = _rest(proc)
+  assert rc == 75, out[-2000:]
+  stopped = int(re.search(r"stopped at step (\d+)", out).group(1))
+  # resumed with evaluations every `stopped` steps (a bookkeeping change): the step it stopped at is one
+  resumed = th.check_ok(
+    th.run_main(workdir, *run_args, f"--config.eval_every={stopped}", "--config.keep_checkpoints=20")
+  )
+  assert f"step {stopped} was saved without its evaluation (interrupted): evaluating it now" in resumed.stderr
+  assert _eval_steps(workdir)[0] == stopped and _eval_steps(workdir)[-1] == 30
+  from vitjax.train import Checkpoints
+
+  checkpoints = Checkpoints(workdir, "eval/accuracy", "max", read_only=True)
+  assert checkpoints.metrics(stopped) is not None  # saved again with its metrics: a candidate for best

@@ -1,0 +1,56 @@
+"""Preemption: SIGTERM (what preemptible VMs, SLURM and Kubernetes send) or SIGINT (Ctrl-C) asks training to stop
+at the next safe point: the step in flight finishes, a checkpoint of that step is written and waited for, one
+line says so, and the process exits with vitjax.errors.EXIT_PREEMPTED (75). An evaluation in progress is cut short
+(it runs again on resume). A second signal stops the process at once (exit 128 + the signal's number).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import jax
+import numpy as np
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopRequest:
+  """Installs the handlers while in a `with` block; `requested()` says whether a stop was asked for (on any
+  process: all processes stop at the same step)."""
+
+  def __init__(self):
+    self.signum = None
+    self._previous = {}
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      for s in SIGNALS:
+        self._previous[s] = signal.signal(s, self._handle)
+    return self
+
+  def __exit__(self, *exc):
+    for s, handler in self._previous.items():
+      signal.signal(s, handler)
+    self._previous = {}
+
+  def _handle(self, signum, frame):
+    del frame
+    if self.signum is not None:  # the second signal: no more waiting
+      os.write(2, f"\n{signal.Signals(signum).name} again: stopping now, without a checkpoint\n".encode())
+      os._exit(128 + signum)
+    self.signum = signum
+    os.write(2, f"\n{signal.Signals(signum).name}: stopping after the step in flight is checkpointed\n".encode())
+
+  @property
+  def name(self) -> str:
+    return signal.Signals(self.signum).name if self.signum else "a stop request"
+
+  def requested(self) -> bool:
+    asked = self.signum is not None
+    if jax.process_count() == 1:
+      return asked
+    from jax.experimental import multihost_utils
+
+    return bool(np.any(multihost_utils.process_allgather(np.asarray(asked))))

@@ -1,0 +1,328 @@
+"""The workdir's own files, and the rules that keep one run's record whole.
+
+    config.json           the config that trained the checkpoints, written once at the first start
+    config_history.jsonl  each later start whose config differed: step, time, fields with old and new values
+    task.json             what prediction needs (Task.describe)
+    metrics.jsonl         one row per logged step and per evaluation; a resume drops the rows past its step
+    lock                  the process training in it (host, PID, start): one writer per workdir
+    checkpoints/          vitjax.train.checkpoints
+
+A resumed run compares its config with the workdir's (config.json plus the history). A field that changes the
+experiment (model, data, optimizer, schedule, seed, batch size, steps, ...) is refused unless
+--allow_config_change; bookkeeping fields (BOOKKEEPING: cadences, budget, evaluation, layout, paths) change
+freely. Either way the change is appended to config_history.jsonl; config.json is never rewritten.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import tempfile
+import time
+
+import jax
+import ml_collections as mlc
+from absl import logging
+
+from vitjax.errors import ConfigError
+
+# Fields that do not change what is trained: how often things happen, evaluation, layout on devices, paths.
+BOOKKEEPING = (
+  "log_every",
+  "eval_every",
+  "checkpoint_every",
+  "keep_checkpoints",
+  "max_train_minutes",
+  "profile_steps",
+  "best_metric",
+  "best_mode",
+  "init_from",  # only read at the first start
+  "on_nonfinite",
+  "max_nonfinite_skips",
+  "mesh_axes",
+  "sharding_rules",
+  "data.data_dir",
+  "data.read_threads",
+  "data.eval_split",
+  "data.eval_batch_size",
+  "data.eval_examples",
+  "decode.",
+)
+
+
+def is_bookkeeping(key: str) -> bool:
+  return any(key == b or (b.endswith(".") and key.startswith(b)) for b in BOOKKEEPING)
+
+
+# ------------------------------------------------------------------------------------------- files
+
+
+def write_json(workdir: str, name: str, obj) -> None:
+  """WORKDIR/name, written atomically by process 0."""
+  if jax.process_index() != 0:
+    return
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, name)
+  with open(path + ".tmp", "w") as f:
+    f.write(obj if isinstance(obj, str) else json.dumps(obj, indent=2))
+  os.replace(path + ".tmp", path)
+
+
+def read_json(workdir: str, name: str):
+  path = os.path.join(workdir, name)
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (ValueError, UnicodeDecodeError) as e:
+    raise ConfigError(f"{path} is not valid JSON ({e}); restore it from a copy or use a new --workdir") from None
+
+
+def check_path(workdir: str) -> None:
+  """A workdir must be a writable directory, or not exist yet. Writes nothing."""
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise ConfigError(f"--workdir={workdir} is a file, not a directory; give a directory path")
+  parent = workdir
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise ConfigError(f"--workdir={workdir}: {parent} is a file, not a directory; give a directory path")
+  try:  # a real write: root passes os.access on read-only or immutable directories
+    fd, probe = tempfile.mkstemp(prefix=".vitjax-write-test-", dir=parent)
+    os.close(fd)
+    os.remove(probe)
+  except OSError as e:
+    raise ConfigError(
+      f"--workdir={workdir}: {parent} is not writable ({e.strerror}); fix its permissions or use another --workdir"
+    ) from None
+
+
+# ------------------------------------------------------------------------------------ the config
+
+
+def as_dict(config) -> dict:
+  return json.loads(config.to_json_best_effort()) if isinstance(config, mlc.ConfigDict) else dict(config)
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict) and v:
+      out.update(flatten(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = json.loads(json.dumps(v))  # tuples -> lists, as in config.json
+  return out
+
+
+def _unflatten(flat: dict) -> dict:
+  out: dict = {}
+  for key, v in flat.items():
+    node = out
+    *parents, last = key.split(".")
+    for p in parents:
+      node = node.setdefault(p, {})
+    node[last] = v
+  return out
+
+
+def history(workdir: str) -> list[dict]:
+  path = os.path.join(workdir, "config_history.jsonl")
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def effective_config(workdir: str) -> dict | None:
+  """config.json with the changes of config_history.jsonl applied (None for a workdir without config.json)."""
+  base = read_json(workdir, "config.json")
+  if base is None:
+    return None
+  flat = flatten(base)
+  for row in history(workdir):
+    for key, (_, new) in row["changes"].items():
+      flat[key] = new
+  return _unflatten(flat)
+
+
+def read_config(workdir: str) -> mlc.ConfigDict:
+  """The config a workdir trains with: config.json and its recorded changes."""
+  config = effective_config(workdir)
+  if config is None:
+    raise ConfigError(f"{os.path.join(workdir, 'config.json')} not found: is {workdir} the workdir of a vitjax run?")
+  return mlc.ConfigDict(config)
+
+
+def config_changes(workdir: str, config) -> dict:
+  """{field: (value in the workdir, value now)} for every field that differs."""
+  old = effective_config(workdir)
+  if old is None:
+    return {}
+  old, new = flatten(old), flatten(as_dict(config))
+  missing = object()
+  return {
+    k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k, missing) != new.get(k, missing)
+  }
+
+
+def check_config_change(workdir: str, config, allow: bool) -> dict:
+  """The changes of a resumed run's config; ConfigError for experiment changes unless allowed. Writes nothing."""
+  changes = config_changes(workdir, config)
+  experiment = {k: v for k, v in changes.items() if not is_bookkeeping(k)}
+  if experiment and not allow:
+    listed = "; ".join(f"{k}: {old!r} there, {new!r} now" for k, (old, new) in experiment.items())
+    raise ConfigError(
+      f"workdir {workdir} holds checkpoints trained with another config ({listed}). Rerun without these changes, "
+      f"use a new --workdir (--config.init_from={workdir} starts from its weights), or pass --allow_config_change "
+      "to continue this run with them (recorded in config_history.jsonl)"
+    )
+  return changes
+
+
+def record_config_change(workdir: str, step: int, changes: dict) -> None:
+  """Appends a start's changes to config_history.jsonl (process 0)."""
+  if not changes or jax.process_index() != 0:
+    return
+  row = {
+    "step": int(step),
+    "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+    "changes": {k: [old, new] for k, (old, new) in changes.items()},
+    "experiment_fields": sorted(k for k in changes if not is_bookkeeping(k)),
+  }
+  with open(os.path.join(workdir, "config_history.jsonl"), "a") as f:
+    f.write(json.dumps(row) + "\n")
+  logging.info("config changes recorded in config_history.jsonl: %s", ", ".join(changes))
+
+
+# ------------------------------------------------------------------------------------- metrics
+
+
+def drop_metrics_after(workdir: str, step: int) -> int:
+  """Drops training and evaluation rows past `step` from metrics.jsonl (a resume from `step` writes them again);
+  returns how many. Rows of `--mode=eval` (with a "source") are kept."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  if jax.process_index() != 0 or not os.path.exists(path):
+    return 0
+  with open(path) as f:
+    lines = [line for line in f if line.strip()]
+  keep = []
+  for line in lines:
+    try:
+      row = json.loads(line)
+    except ValueError:  # a row cut short by a kill
+      continue
+    if row.get("step", 0) <= step or "source" in row:
+      keep.append(line if line.endswith("\n") else line + "\n")
+  if len(keep) != len(lines):
+    with open(path + ".tmp", "w") as f:
+      f.writelines(keep)
+    os.replace(path + ".tmp", path)
+  return len(lines) - len(keep)
+
+
+# ---------------------------------------------------------------------------------------- the lock
+
+
+class Lock:
+  """One writer per workdir: WORKDIR/lock, held with flock by the training process (process 0) and naming it.
+
+  A second run stops at once with the holder's host and PID. The kernel releases a flock when its process dies
+  (SIGKILL included), so a lock left by a dead run is taken over, with a warning. Where flock does not reach
+  across hosts (some network filesystems), a lock naming another host is honoured while its holder keeps it
+  fresh (the holder touches it every HEARTBEAT seconds) and taken over once it is STALE seconds old.
+  """
+
+  HEARTBEAT, STALE = 30.0, 300.0
+
+  def __init__(self, workdir: str):
+    self.path = os.path.join(workdir, "lock")
+    self.fd = None
+    self.created = False
+    self.previous: bytes | None = None
+    self.previous_mtime = None
+    self.touched = 0.0
+
+  def acquire(self) -> None:
+    """Takes the lock (process 0; the others wait for its verdict) or raises ConfigError naming the holder."""
+    error = None
+    if jax.process_index() == 0:
+      try:
+        self._acquire()
+      except ConfigError as e:
+        error = e
+    from vitjax.mesh import all_agree
+
+    if not all_agree(error is None):
+      raise error or ConfigError(f"{self.path}: process 0 could not take the workdir's lock")
+
+  def _acquire(self) -> None:
+    self.created = not os.path.exists(self.path)
+    if not self.created:
+      with open(self.path, "rb") as f:
+        self.previous = f.read()
+      self.previous_mtime = os.stat(self.path).st_mtime_ns
+    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      os.close(fd)
+      raise ConfigError(f"workdir {os.path.dirname(self.path)} is in use: {self._holder()}") from None
+    holder = self._read_holder()
+    here = socket.gethostname()
+    if holder and holder.get("host") != here:
+      age = time.time() - os.stat(self.path).st_mtime
+      if age < self.STALE:
+        self._close(fd)
+        raise ConfigError(f"workdir {os.path.dirname(self.path)} is in use: {self._holder()}, {age:.0f} s ago")
+    if holder:
+      logging.warning(
+        "took over the lock of PID %s on %s (started %s): that run is gone",
+        holder.get("pid"),
+        holder.get("host"),
+        holder.get("started"),
+      )
+    os.ftruncate(fd, 0)
+    os.pwrite(
+      fd, json.dumps({"host": here, "pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}).encode(), 0
+    )
+    self.fd, self.touched = fd, time.time()
+
+  def _read_holder(self) -> dict | None:
+    try:
+      with open(self.path) as f:
+        return json.loads(f.read() or "null")
+    except (OSError, ValueError):
+      return None
+
+  def _holder(self) -> str:
+    h = self._read_holder() or {}
+    return (
+      f"PID {h.get('pid', '?')} on {h.get('host', '?')} has trained there since {h.get('started', '?')} "
+      f"(its lock: {self.path}); wait for it to end, stop it, or use another --workdir"
+    )
+
+  def _close(self, fd) -> None:
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+  def touch(self) -> None:
+    """The heartbeat: refreshes the lock's time every HEARTBEAT seconds (cheap to call every step)."""
+    if self.fd is not None and time.time() - self.touched >= self.HEARTBEAT:
+      os.utime(self.path)
+      self.touched = time.time()
+
+  def release(self, restore: bool = False) -> None:
+    """Removes the lock; restore=True (a run that failed before writing anything) puts back what was there."""
+    if self.fd is None:
+      return
+    if restore and not self.created:
+      os.ftruncate(self.fd, 0)
+      os.pwrite(self.fd, self.previous or b"", 0)
+      os.utime(self.path, ns=(self.previous_mtime, self.previous_mtime))
+    else:
+      os.remove(self.path)
+    self._close(self.fd)
+    self.fd = None

@@ -5,8 +5,11 @@ Run (from the repository root):
     apt-get install dataset-fashion-mnist
     python -m vitjax.data.prepare --dataset=fashion_mnist
     python -m vitjax.main --config=configs/swin_fashion_mnist.py --workdir=workdirs/swin_fashion_mnist
+    python -m vitjax.main --mode=eval --workdir=workdirs/swin_fashion_mnist --split=test
 
-Expected: at least 90% test accuracy (measured accuracy and wall time: experiments/README.md).
+Expected: at least 90% test accuracy: 90.85% measured for the best checkpoint by validation accuracy (step 3,752; 90.92%
+on validation) in 30 min on one core; 54,000 training images, 6,000 held out for
+validation (experiments/README.md).
 A small Swin at the ViT config's resolution: the same conv stem (two 3x3 stride-2 convolutions with
 BatchNorm, then 1x1) gives a 7x7 map of width 64; stage 1 has window 4, so the map is padded to 8x8 (four
 windows; odd blocks shift by 2, with the shift mask), stage 2 works on the merged 4x4 map at width 128 (one

@@ -5,8 +5,11 @@ Run (from the repository root):
     apt-get install dataset-fashion-mnist
     python -m vitjax.data.prepare --dataset=fashion_mnist
     python -m vitjax.main --config=configs/vit_fashion_mnist.py --workdir=workdirs/vit_fashion_mnist
+    python -m vitjax.main --mode=eval --workdir=workdirs/vit_fashion_mnist --split=test
 
-Expected: at least 90% test accuracy (measured accuracy and wall time: experiments/README.md).
+Expected: at least 90% test accuracy: 90.65% measured for the best checkpoint by validation accuracy (the last, step 4,210;
+90.42% on validation) in 45 min on one core; 54,000 training images, 6,000 held out for
+validation (experiments/README.md).
 A 4-layer, 96-wide ViT on a 7x7 grid (49 tokens) with global average pooling and the convolutional stem of
 Xiao et al. 2021 (two 3x3 stride-2 convolutions, then 1x1) instead of 4x4 patchify: with patchify the same
 model ended at 88.9% after 8 epochs. AdamW, cosine, 10 epochs.

@@ -69,6 +69,13 @@ def _cases():
   add("other model", "finished", ["--config.model.width=24"], "model.width: 16 there, 24 now", "--workdir")
   add("changed lr", "finished", ["--config.optim.lr=1e-3"], "optim.lr: 0.002 there, 0.001 now", "--allow_config_change")
   add("num_epochs=0 on a run", "finished", ["--config.num_epochs=0"], "num_epochs: 80.0 there, 0.0 now")
+  add(
+    "allowed model change",
+    "finished",
+    ["--config.model.width=24", "--allow_config_change"],
+    "was written by another config: its arrays have other shapes",
+    "Use the config it was written with",
+  )
   add("total not beyond", "finished", ["--config.total_steps=20", "--allow_config_change"], "is not beyond it")
   add("eval checkpoint=abc", "finished", ["--mode=eval", "--checkpoint=abc", "--config="], "'best', 'latest' or a step")
   add("eval step missing", "finished", ["--mode=eval", "--checkpoint=7", "--config="], "no checkpoint for step 7")

@@ -131,15 +131,17 @@ def test_a_good_run_resumed_at_a_bad_learning_rate_keeps_its_good_checkpoints(fi
 # ------------------------------------------------------------------------------------ 3. corruption
 
 
-def _largest_file(directory):
-  files = [os.path.join(r, n) for r, _, names in os.walk(directory) for n in names]
-  return max(files, key=os.path.getsize)
+def _data_file(step_dir):
+  """The largest data file the step's restore reads: orbax merges the per-process OCDBT files into the step's
+  top-level d/ (the ocdbt.process_N/ copies are not read again)."""
+  d = os.path.join(step_dir, "state", "d")
+  return max((os.path.join(d, n) for n in os.listdir(d)), key=os.path.getsize)
 
 
 def _corrupt(step_dir, how):
   state = os.path.join(step_dir, "state")
   if how == "truncate":
-    path = _largest_file(state)
+    path = _data_file(step_dir)
     with open(path, "r+b") as f:
       f.truncate(os.path.getsize(path) // 2)
   elif how == "delete":
@@ -149,16 +151,24 @@ def _corrupt(step_dir, how):
     with open(path, "r+b") as f:
       f.write(b"\0" * os.path.getsize(path))
   elif how == "flip":
-    path = _largest_file(state)
+    path = _data_file(step_dir)
     with open(path, "r+b") as f:
       data = bytearray(f.read())
       middle = len(data) // 2
       data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
       f.seek(0)
       f.write(data)
+  elif how == "checksum":  # arrays that read back fine but are not what was saved
+    path = os.path.join(step_dir, "checksums", "metadata")
+    with open(path) as f:
+      sums = json.load(f)
+    key = sorted(k for k in sums["state"] if k.startswith("params/"))[0]
+    sums["state"][key][0] ^= 1
+    with open(path, "w") as f:
+      json.dump(sums, f)
 
 
-@pytest.mark.parametrize("how", ["truncate", "delete", "zero_metadata", "flip"])
+@pytest.mark.parametrize("how", ["truncate", "delete", "zero_metadata", "flip", "checksum"])
 def test_a_corrupt_checkpoint_is_named_skipped_and_the_run_resumes_from_the_one_before(
   how, finished_run, run_args, tmp_path
 ):

@@ -15,6 +15,8 @@ whose image encoding may need TensorFlow); ``tfds build NAME
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import sys
 import time
@@ -55,7 +57,10 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
       raise FileNotFoundError(builders.fashion_mnist_missing_message(manual_dir))
   builder = builders.get_builder(name, data_dir)
   config = tfds.download.DownloadConfig(manual_dir=os.path.expanduser(manual_dir) if manual_dir else None)
-  builder.download_and_prepare(download_config=config)
+  # tfds prints "Downloading and preparing dataset ..." even when nothing downloads: shown at --verbosity=1
+  quiet = logging.get_verbosity() < 1
+  with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
+    builder.download_and_prepare(download_config=config)
   return builder
 
 

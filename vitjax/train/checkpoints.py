@@ -101,7 +101,7 @@ class Checkpoints:
   def __init__(self, workdir: str, best_metric: str, best_mode: str, keep: int | None = None, read_only=False):
     self.workdir = workdir
     self.directory = os.path.join(workdir, CHECKPOINTS)
-    self.best_metric, self.read_only = best_metric, read_only
+    self.best_metric, self.best_mode, self.read_only = best_metric, best_mode, read_only
     best_fn = lambda metrics: metrics[best_metric]
     if read_only:
       if not os.path.isdir(self.directory):
@@ -134,7 +134,7 @@ class Checkpoints:
       state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state), checksums=ocp.args.JsonSave(sums)
     )
     metrics = {k: float(v) for k, v in metrics.items()} if metrics else None
-    self.manager.save(step, args=args, metrics=metrics, force=True)
+    self.manager.save(step, args=args, metrics=metrics)
 
   # -- which steps
   def steps(self) -> list[int]:
@@ -144,8 +144,16 @@ class Checkpoints:
     return self.manager.latest_step()
 
   def best_step(self) -> int | None:
-    """The kept step with the best metrics; None if no kept step was evaluated."""
-    return self.manager.best_step()
+    """The kept step with the best metrics (ties: the later step, as orbax keeps it); None if none was evaluated."""
+    ranked = self._ranked()
+    return ranked[0] if ranked else None
+
+  def _ranked(self) -> list[int]:
+    """Evaluated steps (finite metric), best first."""
+    scored = [(s, (self.metrics(s) or {}).get(self.best_metric)) for s in self.steps()]
+    sign = 1 if self.best_mode == "max" else -1
+    ranked = sorted(((sign * v, s) for s, v in scored if v is not None and v == v), reverse=True)
+    return [s for _, s in ranked]
 
   def metrics(self, step: int) -> dict | None:
     """The metrics a step was saved with (its evaluation), or None."""
@@ -160,14 +168,9 @@ class Checkpoints:
     if which == "latest":
       return steps[::-1]
     if which == "best":
-      scored = [(s, (self.metrics(s) or {}).get(self.best_metric)) for s in steps]
-      scored = [(s, v) for s, v in scored if v is not None and v == v]
-      if not scored:
+      ranked = self._ranked()
+      if not ranked:
         logging.warning("no evaluated checkpoint in %s: using the latest, step %d", self.directory, steps[-1])
-        return steps[::-1]
-      # orbax's order: the best value; among equal values, the later step
-      sign = 1 if self.manager._options.best_mode == "max" else -1  # noqa: SLF001
-      ranked = [s for s, _ in sorted(scored, key=lambda sv: (sign * sv[1], sv[0]), reverse=True)]
       return ranked + [s for s in steps[::-1] if s not in ranked]
     try:
       step = int(which)

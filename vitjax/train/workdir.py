@@ -276,7 +276,7 @@ class Lock:
       age = time.time() - os.stat(self.path).st_mtime
       if age < self.STALE:
         self._close(fd)
-        raise ConfigError(f"workdir {os.path.dirname(self.path)} is in use: {self._holder()}, {age:.0f} s ago")
+        raise ConfigError(f"workdir {os.path.dirname(self.path)} is in use: {self._holder(f'{age:.0f} s ago')}")
     if holder:
       logging.warning(
         "took over the lock of PID %s on %s (started %s): that run is gone",
@@ -297,10 +297,11 @@ class Lock:
     except (OSError, ValueError):
       return None
 
-  def _holder(self) -> str:
+  def _holder(self, seen: str = "") -> str:
     h = self._read_holder() or {}
+    seen = f", last seen {seen}" if seen else ""
     return (
-      f"PID {h.get('pid', '?')} on {h.get('host', '?')} has trained there since {h.get('started', '?')} "
+      f"PID {h.get('pid', '?')} on {h.get('host', '?')} has trained there since {h.get('started', '?')}{seen} "
       f"(its lock: {self.path}); wait for it to end, stop it, or use another --workdir"
     )
 

@@ -47,6 +47,8 @@ def _cases():
   add("best_metric", "new", ["--config.best_metric=eval/bleu"], "best_metric='eval/bleu' is not reported")
   add("valid_fraction", "new", ["--config.data.valid_fraction=1.5"], "data.valid_fraction=1.5 must be in [0, 1)")
   add("unknown dataset", "new", ["--config.data.name=nosuchset"], "nosuchset", "tfds build nosuchset")
+  add("no valid split", "new", ["--config.data.valid_fraction=0"], "eval_split='valid' but data.valid_fraction is 0")
+  add("unknown eval split", "notes", ["--config.data.eval_split=tset"], "eval_split='tset'", "tset")
   add("unknown train split", "new", ["--config.data.train_split=trian"], "train_split='trian'", "trian")
   add("not prepared", "notes", ["--config.data.data_dir=EMPTY"], "python -m vitjax.data.prepare --dataset=digits")
   add("misspelt key", "notes", ["--config.optim.lrr=1"], "optim has no field 'lrr'", "--config.optim.lr ")

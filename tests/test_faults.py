@@ -292,3 +292,33 @@ def test_an_evaluation_missing_from_a_checkpoint_runs_on_resume(run_args, tmp_pa
 
   checkpoints = Checkpoints(workdir, "eval/accuracy", "max", read_only=True)
   assert checkpoints.metrics(stopped) is not None  # saved again with its metrics: a candidate for best
+
+
+def test_a_workdir_without_a_checkpoint_starts_over(finished_run, run_args, tmp_path):
+  """A run that stopped before its first checkpoint left a config.json, metrics rows and maybe a history, but
+  trained nothing it kept: the next start (another learning rate here) starts over and replaces them."""
+  workdir = _copy(finished_run, tmp_path)
+  shutil.rmtree(os.path.join(workdir, "checkpoints"))
+  with open(os.path.join(workdir, "config_history.jsonl"), "w") as f:
+    f.write(json.dumps({"step": 10, "changes": {"log_every": [1, 2]}}) + "\n")
+  proc = th.check_ok(th.run_main(workdir, *run_args, "--config.optim.lr=1e-3"))
+  assert "has no checkpoint (its run stopped before its first): starting over at step 0" in proc.stderr
+  with open(os.path.join(workdir, "config.json")) as f:
+    assert json.load(f)["optim"]["lr"] == 1e-3
+  assert not os.path.exists(os.path.join(workdir, "config_history.jsonl"))
+  assert _train_steps(workdir) == list(range(1, 31)) and _eval_steps(workdir) == [10, 20, 30]
+
+
+def test_a_non_finite_evaluation_is_recorded_but_never_best(tmp_path):
+  import jax.numpy as jnp
+
+  from vitjax.train import Checkpoints
+
+  state = {"w": jnp.arange(4.0)}
+  with Checkpoints(str(tmp_path), "eval/accuracy", "max", keep=10) as ckpts:
+    for step, acc in ((1, 0.5), (2, float("nan")), (3, 0.4), (4, float("inf"))):
+      ckpts.save(step, state, "{}", metrics={"eval/accuracy": acc})
+    ckpts.wait()
+    assert ckpts.best_step() == 1
+    assert ckpts.candidates("best") == [1, 3, 4, 2]
+    assert np.isnan(ckpts.metrics(2)["eval/accuracy"])  # evaluated (not re-run on resume), just not finite

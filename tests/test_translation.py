@@ -234,3 +234,27 @@ def test_sigterm_and_resume_of_a_translation_run_is_bitwise_exact(run, tmp_path)
   resumed = th.check_ok(th.run_main(cut, config=str(path)))
   assert f"at step {stopped}" in resumed.stderr
   th.assert_same_state(th.load_state(whole), th.load_state(cut), f"translation, SIGTERM at step {stopped}")
+
+
+@pytest.mark.parametrize(
+  "args, words",
+  [
+    (["--config.total_steps=0"], "the run has 0 steps"),  # found after the tokenizer is trained
+    (["--config.data.eval_split=nope"], "eval_split='nope'"),
+  ],
+)
+def test_bad_input_leaves_no_tokenizer_behind(run, tmp_path, args, words):
+  import train_helpers as th
+
+  config, _ = run
+  path = tmp_path / "tiny_translation.py"
+  path.write_text(CONFIG_FILE.replace("PAIRS", config.data.source.removeprefix("tsv:")))
+  new = tmp_path / "new"
+  notes = tmp_path / "notes"
+  notes.mkdir()
+  (notes / "notes.txt").write_text("keep me\n")
+  for workdir in (new, notes):
+    proc = th.run_main(str(workdir), *args, config=str(path))
+    assert proc.returncode == 2 and words in th.error_lines(proc), proc.stderr[-2000:]
+  assert not new.exists()
+  assert sorted(os.listdir(notes)) == ["notes.txt"]

@@ -81,6 +81,18 @@ def all_agree(flag: bool) -> bool:
   return bool(multihost_utils.broadcast_one_to_all(np.asarray(flag)))
 
 
+def agree(any_of: bool, *from_zero: bool) -> tuple[bool, ...]:
+  """One collective for a step's decisions: (any process's `any_of`, then process 0's value of each `from_zero`).
+  Every process gets the same answer, so all take the same branch at the same step."""
+  flags = (bool(any_of), *map(bool, from_zero))
+  if jax.process_count() == 1:
+    return flags
+  from jax.experimental import multihost_utils
+
+  table = np.asarray(multihost_utils.process_allgather(np.asarray(flags, np.int32))).reshape(-1, len(flags))
+  return (bool(table[:, 0].any()), *map(bool, table[0, 1:]))
+
+
 def sync(name: str) -> None:
   """A barrier across processes (no-op on one)."""
   if jax.process_count() > 1:

@@ -73,9 +73,9 @@ def load(workdir: str, checkpoint: str | int = "best") -> Trained:
   config = workdir_lib.read_config(workdir)
   task = tasks.get(config, workdir, described=workdir_lib.read_json(workdir, "task.json"))
   exp = state_lib.setup(config, task)
-  ckpts = ckpt_lib.Checkpoints(workdir, config.best_metric, config.best_mode, read_only=True)
-  step, (params, model_state), _ = ckpts.restore(
-    str(checkpoint), exp.abstract_state, with_data=False, variables_only=True
-  )
+  with ckpt_lib.Checkpoints(workdir, config.best_metric, config.best_mode, read_only=True) as ckpts:
+    step, (params, model_state), _ = ckpts.restore(
+      str(checkpoint), exp.abstract_state, with_data=False, variables_only=True
+    )
   variables = {"params": params, **model_state}
   return Trained(exp.model, variables, config, step, workdir, exp.mesh, exp.batch_sharding, task)

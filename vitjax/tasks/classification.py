@@ -72,7 +72,7 @@ class ImageClassification:
     c = self.config
     check_batch(c.batch_size)
     check_batch(c.data.eval_batch_size, "data.eval_batch_size")
-    if c.optim.accum_steps < 1 or c.batch_size % (c.optim.accum_steps * jax.device_count()):
+    if c.batch_size % (c.optim.accum_steps * jax.device_count()):
       raise ConfigError(
         f"optim.accum_steps={c.optim.accum_steps}: each micro-batch (batch_size / accum_steps) "
         f"must split evenly over the {jax.device_count()} devices"
@@ -80,12 +80,26 @@ class ImageClassification:
     if not 0 <= c.data.valid_fraction < 1:
       raise ConfigError(f"data.valid_fraction={c.data.valid_fraction} must be in [0, 1)")
     check_best_metric(c, ("eval/accuracy", "eval/loss"))
+    self._check_split(c.data.eval_split, "data.eval_split")
     info = self.describe()
     if c.model.get("num_classes") != info["num_classes"]:
       raise ConfigError(
         f"config.model.num_classes={c.model.get('num_classes')} but {c.data.name} has "
         f"{info['num_classes']} classes; set --config.model.num_classes={info['num_classes']}"
       )
+
+  def _check_split(self, split: str, what: str) -> None:
+    d = self.config.data
+    if split == VALID:
+      if not d.valid_fraction:
+        raise ConfigError(
+          f"{what}='{VALID}' but data.valid_fraction is 0: set --config.data.valid_fraction=0.1 or --config.{what}=test"
+        )
+      return
+    try:
+      data_lib.split_info(d.name, split, d.data_dir)
+    except ValueError as e:  # tfds: an unknown split name
+      raise ConfigError(f"config.{what}={split!r}: {str(e).splitlines()[0]} (vitjax adds '{VALID}')") from None
 
   def describe(self) -> dict:
     if self._described is None:

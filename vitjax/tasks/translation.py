@@ -89,14 +89,14 @@ class Translation:
   def check(self):
     c = self.config
     check_batch(c.data.eval_batch_size, "data.eval_batch_size")
-    if c.optim.accum_steps < 1:
-      raise ConfigError("optim.accum_steps must be at least 1")
     if c.decode.method not in METHODS:
       raise ConfigError(f"unknown decode.method {c.decode.method!r}; use 'beam', 'greedy' or 'sample'")
     check_best_metric(c, ("eval/bleu", "eval/chrf", "eval/loss"))
     if c.init_from and c.init_from.startswith(("timm:", "npz:")):
       raise ConfigError("translation can start only from another translation workdir (init_from=WORKDIR)")
-    self.splits  # noqa: B018  (reads the data now: a missing source stops the run before anything is written)
+    # reads the data now: a missing source stops the run before anything is written
+    if c.data.eval_split not in self.splits:
+      raise ConfigError(f"config.data.eval_split={c.data.eval_split!r}: this task has the splits {list(self.splits)}")
 
   def describe(self) -> dict:
     d = self.config.data

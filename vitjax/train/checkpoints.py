@@ -3,8 +3,9 @@
 A step holds the TrainState, the data iterator's position and their checksums, written asynchronously and
 atomically. It is saved every `checkpoint_every` steps, at every evaluation (after it, with its metrics) and at the
 end. Orbax's preservation policies keep the latest `keep_checkpoints` steps plus the best evaluated one by
-`best_metric` (`best_mode`); nothing is written twice. `--checkpoint=best` is that step, `latest` the newest, or a
-step number.
+`best_metric` (`best_mode`; a non-finite evaluation is never best). A step is written once, except one whose
+evaluation a stop interrupted: it is evaluated on resume and written again with its metrics. `--checkpoint=best`
+is that step, `latest` the newest, or a step number.
 
 Integrity: at save time every array gets a checksum computed on the devices (two position-weighted sums of its
 bit patterns modulo 2^32: independent of sharding and reduction order, and any single changed word changes it),
@@ -18,6 +19,7 @@ arrays have other shapes than the config's model is not corrupt but another conf
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import shutil
 import time
@@ -30,6 +32,7 @@ from absl import logging
 from etils import epath
 
 from vitjax.errors import ConfigError
+from vitjax.mesh import agree, sync
 
 CHECKPOINTS = "checkpoints"
 
@@ -102,7 +105,8 @@ class Checkpoints:
     self.workdir = workdir
     self.directory = os.path.join(workdir, CHECKPOINTS)
     self.best_metric, self.best_mode, self.read_only = best_metric, best_mode, read_only
-    best_fn = lambda metrics: metrics[best_metric]
+    worst = -math.inf if best_mode == "max" else math.inf
+    best_fn = lambda metrics: metrics[best_metric] if math.isfinite(metrics[best_metric]) else worst
     if read_only:
       if not os.path.isdir(self.directory):
         raise ConfigError(
@@ -128,7 +132,8 @@ class Checkpoints:
 
   # -- saving
   def save(self, step: int, state, data_state: str, metrics: dict | None = None) -> None:
-    """Starts writing step `step` (asynchronously) with its checksums; metrics make it a candidate for `best`."""
+    """Starts writing step `step` (asynchronously) with its checksums. metrics: its evaluation (finite ones make
+    it a candidate for `best`); None: not evaluated (a resume evaluates it if the step is an evaluation step)."""
     sums = {"state": checksums(state), "data": text_checksum(data_state)}
     args = ocp.args.Composite(
       state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state), checksums=ocp.args.JsonSave(sums)
@@ -152,7 +157,7 @@ class Checkpoints:
     """Evaluated steps (finite metric), best first."""
     scored = [(s, (self.metrics(s) or {}).get(self.best_metric)) for s in self.steps()]
     sign = 1 if self.best_mode == "max" else -1
-    ranked = sorted(((sign * v, s) for s, v in scored if v is not None and v == v), reverse=True)
+    ranked = sorted(((sign * v, s) for s, v in scored if v is not None and math.isfinite(v)), reverse=True)
     return [s for _, s in ranked]
 
   def metrics(self, step: int) -> dict | None:
@@ -192,9 +197,13 @@ class Checkpoints:
     for step in self.candidates(which):
       try:
         state, data = self._restore_verified(step, abstract_state, with_data, variables_only)
+        error = None
       except CorruptCheckpoint as e:
-        problems.append(f"step {step}: {e}")
-        logging.warning("checkpoint %d in %s is corrupt (%s): skipped", step, self.directory, e)
+        error = str(e)
+      if agree(error is not None)[0]:  # corrupt for one process is corrupt for all: all skip the same steps
+        error = error or "corrupt as read by another process"
+        problems.append(f"step {step}: {error}")
+        logging.warning("checkpoint %d in %s is corrupt (%s): skipped", step, self.directory, error)
         self._set_aside(step)
         continue
       if problems:
@@ -264,20 +273,31 @@ class Checkpoints:
   def _set_aside(self, step: int) -> None:
     """Moves a corrupt step out of checkpoints/ into WORKDIR/corrupt/ (training only: a new step of that number
     must not collide with it). Kept for inspection; nothing is deleted."""
-    if self.read_only or jax.process_index() != 0:
+    if self.read_only:
       return
-    dst = os.path.join(self.workdir, "corrupt", f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
-    os.makedirs(os.path.dirname(dst), exist_ok=True)
-    shutil.move(os.path.join(self.directory, str(step)), dst)
+    if jax.process_index() == 0:
+      dst = os.path.join(self.workdir, "corrupt", f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
+      os.makedirs(os.path.dirname(dst), exist_ok=True)
+      shutil.move(os.path.join(self.directory, str(step)), dst)
+      logging.warning("moved the corrupt checkpoint %d to %s", step, dst)
+    sync(f"set_aside_{step}")
     self.manager.reload()
-    logging.warning("moved the corrupt checkpoint %d to %s", step, dst)
 
   def wait(self) -> None:
     self.manager.wait_until_finished()
 
   def close(self) -> None:
-    self.manager.wait_until_finished()
-    self.manager.close()
+    """Waits for the writes in flight, then closes (idempotent)."""
+    if self.manager is not None:
+      self.manager.wait_until_finished()
+      self.manager.close()
+      self.manager = None
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
 
 
 def _first_line(e: BaseException) -> str:

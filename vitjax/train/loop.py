@@ -1,8 +1,9 @@
 """The train loop and checkpoint evaluation: a config in, a trained, checkpointed, evaluated model out.
 
-train(): check everything (nothing is written before) -> lock the workdir -> initialise, or resume from the newest
-intact checkpoint -> steps, progress, evaluations, checkpoints -> final evaluation. It goes on or stops with one
-line: Preempted (SIGTERM/SIGINT, after checkpointing), Diverged (a non-finite step), ConfigError (input to fix).
+train(): check the config and data -> lock the workdir -> build the data, model and initial state, or restore the
+newest intact checkpoint (a check that fails here puts the workdir back as it was) -> steps, progress,
+evaluations, checkpoints -> final evaluation. It goes on or stops with one line: Preempted (SIGTERM/SIGINT, after
+checkpointing), Diverged (a non-finite step), ConfigError (input to fix).
 evaluate(): restore a checkpoint and evaluate it on a split.
 """
 
@@ -20,14 +21,14 @@ from absl import logging
 
 from vitjax import tasks
 from vitjax.errors import ConfigError, Diverged, Preempted
-from vitjax.mesh import all_agree, to_global
+from vitjax.mesh import agree, to_global
 from vitjax.tasks.base import EvaluationInterrupted
 from vitjax.train import checkpoints as ckpt_lib
 from vitjax.train import optim
 from vitjax.train import state as state_lib
 from vitjax.train import workdir as workdir_lib
 from vitjax.train.preemption import StopRequest
-from vitjax.train.reporting import Profiler, Reporter
+from vitjax.train.reporting import Profiler, Reporter, format_evaluation
 from vitjax.train.step import make_train_step
 
 
@@ -95,47 +96,47 @@ def _checked_train(config, workdir, allow_config_change, stop) -> dict:
   workdir_lib.check_path(workdir)
   task = tasks.get(config, workdir)
   task.check()
-  resuming = ckpt_lib.has_checkpoints(workdir)
+  untouched = workdir_lib.Untouched(workdir)
   lock = workdir_lib.Lock(workdir)
+  ckpts = None
   try:
-    if os.path.isdir(workdir):
+    try:
+      untouched.create()
       lock.acquire()  # a second writer stops here, before it reads or writes anything
-    changes = workdir_lib.check_config_change(workdir, config, allow_config_change) if resuming else {}
-    data = task.train_input()
-    total = _total_steps(config, data.steps_per_epoch)
-    exp = state_lib.setup(config, task, total, data.steps_per_epoch)
-    # A fresh run builds its initial state (and checks config.init_from) before it writes anything.
-    state = None if resuming else state_lib.initial_state(exp)
-    start, data_state, ckpts = 0, None, None
-    if resuming:
-      ckpts = _checkpoints(config, workdir)
-      start, state, data_state = ckpts.restore("latest", exp.abstract_state)
-      if start >= total:
-        if changes:
-          raise ConfigError(
-            f"the run is at step {start}; total steps {total} is not beyond it: raise --config.total_steps "
-            "(or --config.num_epochs) to train longer"
-          )
-        logging.info("the run in %s is complete (step %d of %d): nothing to train", workdir, start, total)
+      resuming = ckpt_lib.has_checkpoints(workdir)
+      changes = workdir_lib.check_config_change(workdir, config, allow_config_change) if resuming else {}
+      data = task.train_input()
+      total = _total_steps(config, data.steps_per_epoch)
+      exp = state_lib.setup(config, task, total, data.steps_per_epoch)
+      if resuming:
+        ckpts = _checkpoints(config, workdir)
+        start, state, data_state = ckpts.restore("latest", exp.abstract_state)
+      else:  # builds the initial state (and checks config.init_from) before it writes anything
+        start, state, data_state = 0, state_lib.initial_state(exp), None
+        ckpts = _checkpoints(config, workdir)
+      if start >= total and any(not workdir_lib.is_bookkeeping(k) for k in changes):
+        raise ConfigError(
+          f"the run is at step {start}; total steps {total} is not beyond it: raise --config.total_steps "
+          "(or --config.num_epochs) to train longer"
+        )
+    except BaseException:  # the workdir goes back to what it was (corrupt steps set aside stay set aside)
+      if ckpts is not None:
         ckpts.close()
-        lock.release()
-        return ckpts.metrics(start) or {}
-    if lock.fd is None:
-      os.makedirs(workdir, exist_ok=True)
-      lock.acquire()
-    ckpts = ckpts or _checkpoints(config, workdir)
-  except BaseException:
-    lock.release(restore=True)
-    raise
-  try:
+      lock.release(restore=True)
+      untouched.restore()
+      raise
+    if start >= total:
+      logging.info("the run in %s is complete (step %d of %d): nothing to train", workdir, start, total)
+      return ckpts.metrics(start) or {}
     if stop.requested():
       raise Preempted(f"{stop.name} before the first step: nothing new to checkpoint; rerun the same command")
     return _train(config, workdir, task, data, total, exp, state, start, data_state, ckpts, changes, lock, stop)
   except Preempted as e:
-    ckpts.close()
     logging.info("%s", e)
     raise
   finally:
+    if ckpts is not None:
+      ckpts.close()  # waits for the writes in flight, whatever ended the run
     lock.release()
 
 
@@ -162,7 +163,7 @@ def _train(config, workdir, task, data, total, exp, state, start, data_state, ck
       f" ({dropped} metrics rows past it dropped)" if dropped else "",
     )
   else:
-    workdir_lib.write_json(workdir, "config.json", config.to_json_best_effort(indent=2))
+    workdir_lib.start_fresh(workdir, config)
   workdir_lib.write_json(workdir, "task.json", task.describe())
   data_name = config.data.get("name") or config.data.get("source")
   logging.info(
@@ -191,7 +192,7 @@ def _train(config, workdir, task, data, total, exp, state, start, data_state, ck
     the step without them (it runs again on resume)."""
     nonlocal best_value, final
     try:
-      metrics = task.evaluate(exp.model, _variables(state), split, exp.batch_sharding, limit, stop=stop.requested)
+      metrics = task.evaluate(exp.model, _variables(state), split, exp.batch_sharding, limit, stop=interrupted)
     except EvaluationInterrupted:
       if not resave:
         ckpts.save(step, state, data_state)
@@ -201,7 +202,7 @@ def _train(config, workdir, task, data, total, exp, state, start, data_state, ck
     if resave:  # the step is saved already, without metrics: save it again with them
       ckpts.wait()
       ckpts.manager.delete(step)
-    ckpts.save(step, state, data_state, metrics=metrics if _finite(metrics) else None)
+    ckpts.save(step, state, data_state, metrics=metrics)
     if resave:
       ckpts.wait()
     value = metrics.get(config.best_metric)
@@ -211,10 +212,14 @@ def _train(config, workdir, task, data, total, exp, state, start, data_state, ck
     reporter.evaluation(step, split, metrics, note)
     final = metrics
 
-  guard = _NonfiniteGuard(config, ckpts, workdir)
+  def interrupted() -> bool:  # asked between evaluation batches
+    lock.touch()
+    return stop.requested()
+
+  guard = _NonfiniteGuard(config, ckpts)
   try:
     with jax.set_mesh(exp.mesh):
-      if start and (start % config.eval_every == 0 or start == total) and ckpts.metrics(start) is None:
+      if start and start % config.eval_every == 0 and ckpts.metrics(start) is None:
         logging.info("step %d was saved without its evaluation (interrupted): evaluating it now", start)
         evaluate_and_save(start, state, data_state, resave=True)
       batches = _prefetch(data, task, exp.batch_sharding)
@@ -225,7 +230,10 @@ def _train(config, workdir, task, data, total, exp, state, start, data_state, ck
         profiler.after(step, state)
         lock.touch()
         guard.check_lagged(step, metrics)  # the previous step's flag: no wait for this one
-        out_of_time = deadline is not None and step < total and all_agree(time.time() > deadline)
+        # this step's decisions, the same on every process: a signal on any; process 0's clock
+        stopping, out_of_time, heartbeat = agree(
+          stop.asked, deadline is not None and step < total and time.time() > deadline, reporter.heartbeat_due()
+        )
         if out_of_time:
           logging.info(
             "max_train_minutes=%g reached at step %d: evaluating and stopping", config.max_train_minutes, step
@@ -233,10 +241,9 @@ def _train(config, workdir, task, data, total, exp, state, start, data_state, ck
           total = reporter.total = step  # this step is the last: evaluate and checkpoint below
         evaluating = step % config.eval_every == 0 or step == total
         saving = evaluating or step % config.checkpoint_every == 0
-        stopping = stop.requested()
         if saving or stopping:
           guard.check_now(step, metrics)  # never save past a non-finite step unnoticed
-        if reporter.due(step):
+        if reporter.due(step, heartbeat):
           guard.check_now(step, metrics)
           reporter.progress(step, {**jax.device_get(metrics), "train/skipped_steps": guard.skipped})
         if stopping:
@@ -248,12 +255,9 @@ def _train(config, workdir, task, data, total, exp, state, start, data_state, ck
           ckpts.save(step, state, data_state)
         if out_of_time:
           break
-  except Diverged:
-    ckpts.close()
-    raise
   finally:
     reporter.close()
-  ckpts.close()
+  ckpts.wait()
   logging.info("done: checkpoints in %s (best: step %s)", ckpts.directory, ckpts.best_step())
   return final
 
@@ -268,8 +272,8 @@ def _preempted(stop: StopRequest, step: int, ckpts) -> str:
 class _NonfiniteGuard:
   """Reads each step's train/nonfinite flag, one step late unless asked now, and applies config.on_nonfinite."""
 
-  def __init__(self, config, ckpts, workdir):
-    self.config, self.ckpts, self.workdir = config, ckpts, workdir
+  def __init__(self, config, ckpts):
+    self.config, self.ckpts = config, ckpts
     self.pending = None  # (step, metrics) not yet checked
     self.streak = self.skipped = 0
 
@@ -318,15 +322,13 @@ def evaluate(config, workdir: str, checkpoint: str = "best", split: str | None =
   split = split or config.data.eval_split
   task = tasks.get(config, workdir, described=workdir_lib.read_json(workdir, "task.json"))
   exp = state_lib.setup(config, task)
-  ckpts = ckpt_lib.Checkpoints(workdir, config.best_metric, config.best_mode, read_only=True)
-  step, (params, model_state), _ = ckpts.restore(
-    str(checkpoint), exp.abstract_state, with_data=False, variables_only=True
-  )
+  with ckpt_lib.Checkpoints(workdir, config.best_metric, config.best_mode, read_only=True) as ckpts:
+    step, (params, model_state), _ = ckpts.restore(
+      str(checkpoint), exp.abstract_state, with_data=False, variables_only=True
+    )
   with jax.set_mesh(exp.mesh):
     result = task.evaluate(exp.model, {"params": params, **model_state}, split, exp.batch_sharding)
-  shown = ", ".join(f"{k.removeprefix('eval/')} {v:.4f}" for k, v in result.items() if k != "eval/examples")
-  count = f" ({int(result['eval/examples'])} examples)" if "eval/examples" in result else ""
-  logging.info("checkpoint %s (step %d) | %s: %s%s", checkpoint, step, split, shown, count)
+  logging.info("checkpoint %s (step %d) | %s", checkpoint, step, format_evaluation(split, result))
   row = {"step": step, "checkpoint": checkpoint, "split": split, **result}
   workdir_lib.write_json(workdir, f"eval_{split}_{step}.json", row)
   if jax.process_index() == 0:

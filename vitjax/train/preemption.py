@@ -10,8 +10,7 @@ import os
 import signal
 import threading
 
-import jax
-import numpy as np
+from vitjax.mesh import agree
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -47,10 +46,11 @@ class StopRequest:
   def name(self) -> str:
     return signal.Signals(self.signum).name if self.signum else "a stop request"
 
-  def requested(self) -> bool:
-    asked = self.signum is not None
-    if jax.process_count() == 1:
-      return asked
-    from jax.experimental import multihost_utils
+  @property
+  def asked(self) -> bool:
+    """Whether this process got a signal (no collective: combine it with mesh.agree)."""
+    return self.signum is not None
 
-    return bool(np.any(multihost_utils.process_allgather(np.asarray(asked))))
+  def requested(self) -> bool:
+    """Whether any process got a signal (a collective on several processes)."""
+    return agree(self.asked)[0]

@@ -41,14 +41,14 @@ class Reporter:
     self.t0 = self.s0 = None
     self.created = self.last_line = time.time()
 
-  def due(self, step: int) -> bool:
+  def heartbeat_due(self) -> bool:
+    """Whether HEARTBEAT_SECONDS passed since the last line (this process's clock: agree on it across processes
+    before acting on it, see mesh.agree)."""
+    return time.time() - self.last_line >= HEARTBEAT_SECONDS
+
+  def due(self, step: int, heartbeat: bool = False) -> bool:
     """Whether `step` gets a progress line (so the caller fetches its metrics from the devices)."""
-    return (
-      step % self.log_every == 0
-      or step == self.total
-      or self.s0 is None
-      or time.time() - self.last_line >= HEARTBEAT_SECONDS
-    )
+    return heartbeat or step % self.log_every == 0 or step == self.total or self.s0 is None
 
   def write(self, step: int, metrics: dict) -> None:
     """One row of metrics.jsonl and the same scalars in TensorBoard."""
@@ -97,13 +97,18 @@ class Reporter:
   def evaluation(self, step: int, split: str, metrics: dict, note: str = "") -> None:
     """Writes an evaluation's metrics and logs them in one line."""
     self.write(step, metrics)
-    shown = ", ".join(f"{k.removeprefix('eval/')} {v:.4f}" for k, v in metrics.items() if k != "eval/examples")
-    count = f" ({int(metrics['eval/examples'])} examples)" if "eval/examples" in metrics else ""
-    logging.info("step %d | %s: %s%s%s", step, split, shown, count, note)
+    logging.info("step %d | %s%s", step, format_evaluation(split, metrics), note)
 
   def close(self) -> None:
     if self.tb:
       self.tb.close()
+
+
+def format_evaluation(split: str, metrics: dict) -> str:
+  """'valid: accuracy 0.9800, loss 0.0712 (300 examples)'."""
+  shown = ", ".join(f"{k.removeprefix('eval/')} {v:.4f}" for k, v in metrics.items() if k != "eval/examples")
+  count = f" ({int(metrics['eval/examples'])} examples)" if "eval/examples" in metrics else ""
+  return f"{split}: {shown}{count}"
 
 
 class Profiler:

@@ -10,7 +10,8 @@
 A resumed run compares its config with the workdir's (config.json plus the history). A field that changes the
 experiment (model, data, optimizer, schedule, seed, batch size, steps, ...) is refused unless
 --allow_config_change; bookkeeping fields (BOOKKEEPING: cadences, budget, evaluation, layout, paths) change
-freely. Either way the change is appended to config_history.jsonl; config.json is never rewritten.
+freely. Either way the change is appended to config_history.jsonl; config.json is not rewritten while the
+workdir holds a checkpoint (see start_fresh for one without).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -27,6 +29,7 @@ import ml_collections as mlc
 from absl import logging
 
 from vitjax.errors import ConfigError
+from vitjax.mesh import all_agree
 
 # Fields that do not change what is trained: how often things happen, evaluation, layout on devices, paths.
 BOOKKEEPING = (
@@ -59,6 +62,31 @@ def is_bookkeeping(key: str) -> bool:
 # ------------------------------------------------------------------------------------------- files
 
 
+class Untouched:
+  """Puts a workdir back as it was when a run fails its checks after it took the lock: entries it created at
+  the top level (a tokenizer, an empty checkpoints/) are removed, and the workdir itself if the run created it.
+  WORKDIR/corrupt/ (steps set aside) is never removed. Process 0 acts; the others only create the directory."""
+
+  KEEP = ("corrupt", "lock")
+
+  def __init__(self, workdir: str):
+    self.workdir = workdir
+    self.existed = os.path.isdir(workdir)
+    self.before = set(os.listdir(workdir)) if self.existed else set()
+
+  def create(self) -> None:
+    os.makedirs(self.workdir, exist_ok=True)
+
+  def restore(self) -> None:
+    if jax.process_index() != 0 or not os.path.isdir(self.workdir):
+      return
+    for name in set(os.listdir(self.workdir)) - self.before - set(self.KEEP):
+      path = os.path.join(self.workdir, name)
+      shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+    if not self.existed and not os.listdir(self.workdir):
+      os.rmdir(self.workdir)
+
+
 def write_json(workdir: str, name: str, obj) -> None:
   """WORKDIR/name, written atomically by process 0."""
   if jax.process_index() != 0:
@@ -82,7 +110,8 @@ def read_json(workdir: str, name: str):
 
 
 def check_path(workdir: str) -> None:
-  """A workdir must be a writable directory, or not exist yet. Writes nothing."""
+  """A workdir must be a writable directory, or not exist yet. Leaves nothing behind (it probes with a
+  temporary file)."""
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise ConfigError(f"--workdir={workdir} is a file, not a directory; give a directory path")
   parent = workdir
@@ -182,6 +211,23 @@ def check_config_change(workdir: str, config, allow: bool) -> dict:
   return changes
 
 
+def start_fresh(workdir: str, config) -> None:
+  """A run's first step: writes config.json. A workdir that has one but no checkpoint (its run stopped before
+  its first) starts over: its config.json, config_history.jsonl and training rows of metrics.jsonl are replaced."""
+  if jax.process_index() != 0:
+    return
+  if os.path.exists(os.path.join(workdir, "config.json")):
+    dropped = drop_metrics_after(workdir, 0)
+    if os.path.exists(os.path.join(workdir, "config_history.jsonl")):
+      os.remove(os.path.join(workdir, "config_history.jsonl"))
+    logging.warning(
+      "%s has no checkpoint (its run stopped before its first): starting over at step 0 with this config%s",
+      workdir,
+      f" ({dropped} metrics rows dropped)" if dropped else "",
+    )
+  write_json(workdir, "config.json", config.to_json_best_effort(indent=2))
+
+
 def record_config_change(workdir: str, step: int, changes: dict) -> None:
   """Appends a start's changes to config_history.jsonl (process 0)."""
   if not changes or jax.process_index() != 0:
@@ -239,7 +285,8 @@ class Lock:
 
   def __init__(self, workdir: str):
     self.path = os.path.join(workdir, "lock")
-    self.fd = None
+    self.fd = None  # process 0's open lock file
+    self.acquired = False  # on every process, once process 0 holds the lock
     self.created = False
     self.previous: bytes | None = None
     self.previous_mtime = None
@@ -253,10 +300,9 @@ class Lock:
         self._acquire()
       except ConfigError as e:
         error = e
-    from vitjax.mesh import all_agree
-
     if not all_agree(error is None):
       raise error or ConfigError(f"{self.path}: process 0 could not take the workdir's lock")
+    self.acquired = True
 
   def _acquire(self) -> None:
     self.created = not os.path.exists(self.path)
@@ -264,12 +310,19 @@ class Lock:
       with open(self.path, "rb") as f:
         self.previous = f.read()
       self.previous_mtime = os.stat(self.path).st_mtime_ns
-    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      os.close(fd)
-      raise ConfigError(f"workdir {os.path.dirname(self.path)} is in use: {self._holder()}") from None
+    while True:
+      fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+      try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except BlockingIOError:
+        os.close(fd)
+        raise ConfigError(f"workdir {os.path.dirname(self.path)} is in use: {self._holder()}") from None
+      try:
+        if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+          break  # the file at the path is the one locked (not one its holder unlinked as we opened it)
+      except FileNotFoundError:
+        pass
+      self._close(fd)
     holder = self._read_holder()
     here = socket.gethostname()
     if holder and holder.get("host") != here:
@@ -317,13 +370,15 @@ class Lock:
 
   def release(self, restore: bool = False) -> None:
     """Removes the lock; restore=True (a run that failed before writing anything) puts back what was there."""
+    self.acquired = False
     if self.fd is None:
       return
     if restore and not self.created:
       os.ftruncate(self.fd, 0)
       os.pwrite(self.fd, self.previous or b"", 0)
       os.utime(self.path, ns=(self.previous_mtime, self.previous_mtime))
-    else:
+      self._close(self.fd)
+    else:  # unlinked while held: a run that waited on this file sees it gone and opens the new one (_acquire)
       os.remove(self.path)
-    self._close(self.fd)
+      self._close(self.fd)
     self.fd = None

@@ -33,15 +33,16 @@ def _lines(caplog):
 def test_a_progress_line_comes_at_least_every_30_seconds_whatever_log_every(tmp_path, clock, caplog):
   caplog.set_level(py_logging.INFO)
   r = reporting.Reporter(str(tmp_path), total_steps=100_000, log_every=10_000, examples_per_step=8)
-  assert r.due(1)  # the first step always
+  # (the loop asks heartbeat_due() and agrees on the answer across processes before passing it to due())
+  assert r.due(1, r.heartbeat_due())  # the first step always
   r.progress(1, METRICS)
   clock[0] += 29.0
-  assert not r.due(2)
+  assert not r.heartbeat_due() and not r.due(2, r.heartbeat_due())
   clock[0] += 2.0  # 31 s without a line
-  assert r.due(3)
+  assert r.heartbeat_due() and r.due(3, r.heartbeat_due())
   r.progress(3, METRICS)
   clock[0] += 1.0
-  assert not r.due(4) and r.due(10_000)  # log_every still applies
+  assert not r.due(4, r.heartbeat_due()) and r.due(10_000, r.heartbeat_due())  # log_every still applies
   first, second = _lines(caplog)
   assert first.startswith("step 1/100000 | loss 1.5000 | acc 0.500 | lr 1.00e-03 | first step in")
   # 2 steps in 31 s: the rate, the examples/s (8 per step) and the ETA of the remaining 99,997 steps.

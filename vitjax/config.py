@@ -75,9 +75,13 @@ def default_config() -> mlc.ConfigDict:
   c.label_smoothing = 0.0
   c.compute_dtype = "float32"  # 'float32' | 'bfloat16'; parameters are always float32
 
-  # Parameter sharding rules: (regex on 'a/b/kernel' paths, mesh axes per dimension). Empty: replicate.
+  # Devices (vitjax.mesh): (axis, size) pairs over the axes data, fsdp, tensor; one size may be -1 (the rest).
+  # The batch is split over data x fsdp. E.g. (("data", -1), ("tensor", 2)): 2-way tensor parallel inside hosts.
+  c.mesh = (("data", -1),)
+  # Parameter sharding: a preset ('dp' replicated, 'fsdp', 'tp', 'fsdp_tp'; see vitjax.mesh), and (regex on
+  # 'a/b/kernel' paths, mesh axis per dimension) rules that take precedence over it.
+  c.sharding = "dp"
   c.sharding_rules = ()
-  c.mesh_axes = ("data",)
 
   # A step whose loss, gradient norm or new parameters are not finite is never applied. "stop": end the run there
   # (exit status 3) naming the newest good checkpoint; "skip": go on without that update, counted in

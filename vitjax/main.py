@@ -6,8 +6,11 @@
     python -m vitjax.main --mode=eval --workdir=workdirs/vit_digits [--checkpoint=best|latest|STEP] [--split=test]
 
 Training resumes from the workdir's latest checkpoint. In eval mode the config defaults to the one saved in the
-workdir, and --checkpoint=best is the kept step with the best validation metric. For several hosts, pass
---multihost on each (jax.distributed reads the cluster from the environment).
+workdir, and --checkpoint=best is the kept step with the best validation metric.
+
+Several processes (hosts): the same command on each, with --multihost --coordinator_address=HOST0:PORT
+--num_processes=N --process_id=I (or --multihost alone under SLURM, Open MPI, Kubernetes or on TPU pods, where
+jax.distributed finds them). config.mesh lays the devices out (vitjax.mesh).
 
 Resuming compares the config with the workdir's: a change to the experiment (model, data, optimizer, schedule,
 seed, batch size, steps) is refused unless --allow_config_change, which records it in config_history.jsonl;
@@ -34,7 +37,12 @@ flags.DEFINE_string("workdir", None, "where checkpoints, metrics and summaries g
 flags.DEFINE_enum("mode", "train", ["train", "eval"], "train (resumes if possible) or evaluate a checkpoint")
 flags.DEFINE_string("checkpoint", "best", "eval mode: 'best' (best validation metric), 'latest' or a step number")
 flags.DEFINE_string("split", None, "eval mode: split to evaluate (default: config.data.eval_split)")
-flags.DEFINE_bool("multihost", False, "call jax.distributed.initialize() first (one process per host)")
+flags.DEFINE_bool("multihost", False, "run as one of several processes (jax.distributed; see --coordinator_address)")
+flags.DEFINE_string(
+  "coordinator_address", None, "multihost: HOST:PORT of process 0 (absent: detected from SLURM, Open MPI, k8s, TPU)"
+)
+flags.DEFINE_integer("num_processes", None, "multihost: how many processes in all")
+flags.DEFINE_integer("process_id", None, "multihost: this process's index, 0 .. num_processes - 1")
 flags.DEFINE_bool(
   "allow_config_change",
   False,
@@ -123,14 +131,14 @@ def main(argv):
   from vitjax import logs
 
   logs.setup()
-  if FLAGS.multihost:
-    import jax
-
-    jax.distributed.initialize()
   from vitjax import train
   from vitjax.errors import USER_ERRORS, ConfigError, Diverged, Preempted, one_line
 
   try:
+    if FLAGS.multihost:
+      from vitjax.mesh import initialize_distributed
+
+      initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
     config = FLAGS.config if FLAGS.config is not None else _saved_config(FLAGS.workdir)
     if FLAGS.mode == "train":
       if FLAGS.config is None:

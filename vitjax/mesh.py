@@ -1,9 +1,25 @@
-"""Devices and shardings: the mesh, parameter and optimizer-state specs, global batches.
+"""Devices and shardings: the named mesh, parameter specs (presets or rules), optimizer-state specs, global batches.
 
-Parallelism is jax.jit over a named Mesh: the global batch is split over the mesh's first axis ("data") across
-all devices of all processes; parameters follow (regex, axes) rules and are replicated by default; optimizer
-state follows its parameter exactly, by tree structure (a moment of `query/kernel` gets `query/kernel`'s spec,
-whatever other parameter shares its shape). Nothing here knows which task or model runs.
+The mesh has three named axes, outermost to innermost: `data` (data parallel), `fsdp` (data parallel with
+parameters and optimizer state sharded, ZeRO-3 style) and `tensor` (Megatron-style model parallel). The devices
+are laid out with the innermost axis fastest, so `tensor` (and then `fsdp`) stays inside a host, on its fast
+links (NVLink, ICI), and `data` spans hosts. `config.mesh` gives (axis, size) pairs; one size may be -1 (the rest
+of the devices); an axis not named has size 1. The global batch is split over `data` x `fsdp`.
+
+Parameter shardings (`config.sharding`, a preset; `config.sharding_rules`, (regex, spec) rules on 'a/b/kernel'
+paths that take precedence over it):
+
+    dp       every parameter replicated
+    fsdp     every parameter of at least FSDP_MIN_SIZE elements sharded over `fsdp` on its largest dimension
+             that the axis divides (none: replicated); smaller ones replicated
+    tp       attention heads (query/key/value kernels and biases, the output projection's input, Swin's relative
+             position bias table) and the MLP hidden dimension (fc1 out, fc2 in) split over `tensor`:
+             column-parallel in, row-parallel out; a dimension the axis does not divide stays replicated
+    fsdp_tp  tp, then fsdp on each parameter's largest remaining dimension
+
+The names are the ones every model family here uses (ViT, Swin, the translation Transformer). Optimizer state
+follows its parameter exactly, by tree position (a moment of `query/kernel` gets `query/kernel`'s spec, whatever
+other parameter shares its shape). Nothing here knows which task runs.
 """
 
 from __future__ import annotations
@@ -14,39 +30,205 @@ from typing import Any
 import jax
 import numpy as np
 import optax
+from absl import logging
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from vitjax.errors import ConfigError
 
-def make_mesh(axes=("data",)) -> Mesh:
-  """All devices of all processes on the first axis (data parallel); other axes get size 1."""
-  shape = (jax.device_count(),) + (1,) * (len(axes) - 1)
+AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+PRESETS = ("dp", "fsdp", "tp", "fsdp_tp")
+FSDP_MIN_SIZE = 1024  # elements: smaller parameters (biases, norms) stay replicated under fsdp
+
+# Megatron-style tensor parallelism: (regex, spec) on parameter paths
+TP_RULES = (
+  (r"(query|key|value)/kernel$", (None, "tensor", None)),  # [d, heads, head_dim]: column-parallel
+  (r"(query|key|value)/bias$", ("tensor", None)),  # [heads, head_dim]
+  (r"attn/out/kernel$", ("tensor", None, None)),  # [heads, head_dim, d]: row-parallel
+  (r"mlp/fc1/kernel$", (None, "tensor")),  # [d, hidden]: column-parallel
+  (r"mlp/fc1/bias$", ("tensor",)),  # [hidden]
+  (r"mlp/fc2/kernel$", ("tensor", None)),  # [hidden, d]: row-parallel
+  (r"relative_position_bias_table$", (None, "tensor")),  # [positions, heads] (Swin)
+)
+
+
+def initialize_distributed(coordinator_address=None, num_processes=None, process_id=None) -> None:
+  """jax.distributed.initialize with the given address, count and index, or, all absent, what JAX detects from
+  the cluster (SLURM, Open MPI, Kubernetes, TPU pods). ConfigError when neither is there."""
+  given = [coordinator_address, num_processes, process_id]
+  if any(v is not None for v in given) and any(v is None for v in given):
+    raise ConfigError(
+      "--multihost: give all of --coordinator_address=HOST:PORT, --num_processes=N and --process_id=I, or none "
+      "(under SLURM, Open MPI, Kubernetes or on a TPU pod)"
+    )
+  if num_processes is not None and not 0 <= process_id < num_processes:
+    raise ConfigError(f"--process_id={process_id} must be in [0, --num_processes={num_processes})")
+  try:
+    jax.distributed.initialize(coordinator_address, num_processes, process_id)
+  except ValueError as e:  # no cluster detected and no address given
+    raise ConfigError(
+      f"--multihost: {str(e).splitlines()[0]}; pass --coordinator_address=HOST:PORT --num_processes=N --process_id=I"
+    ) from None
+  logging.info(
+    "process %d of %d: %d local devices, %d in all",
+    jax.process_index(),
+    jax.process_count(),
+    jax.local_device_count(),
+    jax.device_count(),
+  )
+
+
+def mesh_sizes(mesh=(("data", -1),), num_devices: int | None = None) -> dict[str, int]:
+  """{'data': D, 'fsdp': F, 'tensor': T} from config.mesh's (axis, size) pairs; ConfigError if they do not fit."""
+  n = num_devices or jax.device_count()
+  sizes, rest = {}, None
+  example = "e.g. --config.mesh=\"(('data', -1), ('tensor', 2))\""
+  for pair in mesh:
+    if not (isinstance(pair, list | tuple) and len(pair) == 2 and isinstance(pair[1], int)):
+      raise ConfigError(f"config.mesh: {pair!r} is not an (axis, size) pair; {example}")
+    axis, size = pair
+    if axis not in AXES:
+      raise ConfigError(f"config.mesh: unknown axis {axis!r}; the axes are {', '.join(AXES)}")
+    if axis in sizes or axis == rest:
+      raise ConfigError(f"config.mesh: axis {axis!r} is given twice")
+    if size == -1:
+      if rest is not None:
+        raise ConfigError(f"config.mesh: only one size may be -1 (the rest of the devices); {example}")
+      rest = axis
+    elif size < 1:
+      raise ConfigError(f"config.mesh: {axis} size {size} must be at least 1 (or -1: the rest of the devices)")
+    else:
+      sizes[axis] = size
+  fixed = int(np.prod(list(sizes.values()), dtype=np.int64))
+  if rest is not None:
+    if n % fixed:
+      raise ConfigError(f"config.mesh: the {n} devices do not divide into {sizes} times the rest; {example}")
+    sizes[rest] = n // fixed
+  elif fixed != n:
+    raise ConfigError(f"config.mesh {tuple(map(tuple, mesh))} uses {fixed} devices but there are {n}; {example}")
+  return {a: sizes.get(a, 1) for a in AXES}
+
+
+def check_mesh(mesh) -> dict[str, int]:
+  """mesh_sizes, and (on several processes) a tensor axis that stays inside each process."""
+  sizes = mesh_sizes(mesh)
+  local = jax.local_device_count()
+  if jax.process_count() > 1 and local % (sizes["tensor"] * (sizes["fsdp"] if local % sizes["fsdp"] == 0 else 1)):
+    raise ConfigError(
+      f"config.mesh: tensor={sizes['tensor']} does not divide the {local} devices of each process; tensor "
+      "parallelism stays inside a host (give tensor a size that divides the devices per host)"
+    )
+  return sizes
+
+
+def batch_shards(mesh=(("data", -1),)) -> int:
+  """How many ways the global batch is split: data x fsdp."""
+  sizes = mesh_sizes(mesh)
+  return sizes["data"] * sizes["fsdp"]
+
+
+def make_mesh(mesh=(("data", -1),)) -> Mesh:
+  """The named Mesh of config.mesh over all devices of all processes (see the module docstring)."""
+  sizes = check_mesh(mesh)
   # Auto axes: XLA propagates shardings from the inputs' and parameters' (jax's newer default is Explicit).
-  return jax.make_mesh(shape, tuple(axes), axis_types=(jax.sharding.AxisType.Auto,) * len(axes))
+  return jax.make_mesh(tuple(sizes[a] for a in AXES), AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(AXES))
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-  """Leading (batch) dimension split over the mesh's first axis, the rest replicated."""
-  return NamedSharding(mesh, P(mesh.axis_names[0]))
+  """Leading (batch) dimension split over data x fsdp, the rest replicated."""
+  return NamedSharding(mesh, P(BATCH_AXES))
 
 
-def param_specs(params, rules) -> Any:
-  """PartitionSpec per parameter from (regex, axes) rules on 'a/b/kernel' paths; unmatched: replicated."""
-  compiled = [(re.compile(r), tuple(axes)) for r, axes in rules]
+def _path_name(path) -> str:
+  return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
 
-  def spec(path, _):
-    name = "/".join(str(getattr(k, "key", k)) for k in path)
-    for r, axes in compiled:
-      if r.search(name):
+
+def _axis_size(mesh_shape, axes) -> int:
+  axes = axes if isinstance(axes, tuple | list) else (axes,)
+  return int(np.prod([mesh_shape[a] for a in axes if a is not None]))
+
+
+def _check_rules(rules) -> list:
+  compiled = []
+  for rule in rules:
+    try:
+      regex, spec = rule
+      compiled.append((re.compile(regex), tuple(spec)))
+    except (TypeError, ValueError, re.error) as e:
+      raise ConfigError(f"config.sharding_rules: {rule!r} is not a (regex, spec) rule ({e})") from None
+    for a in compiled[-1][1]:
+      for name in a if isinstance(a, tuple | list) else (a,):
+        if name is not None and name not in AXES:
+          raise ConfigError(f"config.sharding_rules: {rule!r} names the axis {name!r}; the axes are {AXES}")
+  return compiled
+
+
+def param_specs(params, mesh_shape: dict, sharding: str = "dp", rules=(), min_size: int = FSDP_MIN_SIZE) -> Any:
+  """PartitionSpec per parameter: the first matching rule, else the preset (see the module docstring)."""
+  if sharding not in PRESETS:
+    raise ConfigError(f"config.sharding={sharding!r}: use one of {', '.join(PRESETS)} (see vitjax.mesh)")
+  rules, tp = _check_rules(rules), _check_rules(TP_RULES)
+  left_whole = []
+
+  def spec(path, leaf):
+    name, shape = _path_name(path), tuple(leaf.shape)
+    for regex, axes in rules:  # the user's: exactly as written, or an error that says why not
+      if regex.search(name):
+        if len(axes) > len(shape):
+          raise ConfigError(f"config.sharding_rules: {regex.pattern!r} gives {len(axes)} axes to {name} {shape}")
+        for dim, a in zip(shape, axes):
+          if a is not None and dim % _axis_size(mesh_shape, a):
+            raise ConfigError(
+              f"config.sharding_rules: {name} {shape}: dimension {dim} does not split over {a} "
+              f"(size {_axis_size(mesh_shape, a)}); change the rule or config.mesh"
+            )
         return P(*axes)
-    return P()
+    axes = [None] * len(shape)
+    if sharding in ("tp", "fsdp_tp") and mesh_shape["tensor"] > 1:
+      for regex, tp_axes in tp:
+        if regex.search(name) and len(tp_axes) == len(shape):
+          i = tp_axes.index("tensor")
+          if shape[i] % mesh_shape["tensor"] == 0:
+            axes[i] = "tensor"
+          else:
+            left_whole.append(f"{name} {shape}")
+          break
+    if sharding in ("fsdp", "fsdp_tp") and mesh_shape["fsdp"] > 1 and int(np.prod(shape)) >= min_size:
+      free = [i for i, a in enumerate(axes) if a is None and shape[i] % mesh_shape["fsdp"] == 0]
+      if free:
+        axes[max(free, key=lambda i: (shape[i], -i))] = "fsdp"
+      elif not any(axes):
+        left_whole.append(f"{name} {shape}")
+    while axes and axes[-1] is None:
+      axes.pop()
+    return P(*axes)
 
-  return jax.tree_util.tree_map_with_path(spec, params)
+  specs = jax.tree_util.tree_map_with_path(spec, params)
+  if left_whole:
+    logging.info(
+      "sharding=%s: %d parameters have no dimension the mesh %s divides and stay replicated: %s",
+      sharding,
+      len(left_whole),
+      mesh_shape,
+      ", ".join(left_whole[:5]) + (" ..." if len(left_whole) > 5 else ""),
+    )
+  return specs
 
 
-def param_shardings(mesh: Mesh, params, rules) -> Any:
+def param_shardings(mesh: Mesh, params, sharding: str = "dp", rules=()) -> Any:
   """NamedSharding per parameter (see param_specs)."""
-  return jax.tree.map(lambda s: NamedSharding(mesh, s), param_specs(params, rules), is_leaf=lambda x: isinstance(x, P))
+  specs = param_specs(params, dict(mesh.shape), sharding, rules)
+  return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
+
+
+def device_bytes(tree) -> int:
+  """Bytes the first device holds of a tree of arrays (its shards, not the global arrays)."""
+  device = jax.devices()[0]
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    total += sum(s.data.nbytes for s in leaf.addressable_shards if s.device == device)
+  return total
 
 
 def opt_state_shardings(tx: optax.GradientTransformation, opt_state, params_sharding, mesh: Mesh) -> Any:
@@ -59,7 +241,7 @@ def opt_state_shardings(tx: optax.GradientTransformation, opt_state, params_shar
 
 
 def to_global(batch: dict, sharding: NamedSharding, keys) -> dict:
-  """Process-local numpy batch -> global jax arrays split over the mesh's data axis."""
+  """Process-local numpy batch -> global jax arrays split over the mesh's batch axes."""
   return {k: jax.make_array_from_process_local_data(sharding, np.asarray(batch[k])) for k in keys if k in batch}
 
 

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 from jax.sharding import NamedSharding
 
+from vitjax import mesh as mesh_lib
 from vitjax.errors import ConfigError
 
 
@@ -111,15 +112,21 @@ def cross_entropy(logits, labels, num_classes: int, smoothing: float = 0.0):
   return -jnp.sum(targets * jax.nn.log_softmax(logits.astype(jnp.float32)), axis=-1)
 
 
-def check_batch(batch_size: int, what: str = "batch_size") -> None:
-  """A global batch must split evenly over all devices and processes."""
-  n, procs = jax.device_count(), jax.process_count()
+def check_batch(batch_size: int, what: str = "batch_size", mesh=(("data", -1),), accum: int = 1) -> None:
+  """A global batch (each of `accum` micro-batches) must split evenly over the mesh's batch axes and processes."""
+  shards, procs = mesh_lib.batch_shards(mesh), jax.process_count()
+  n = shards * accum
   if batch_size < 1:
     raise ConfigError(f"{what}={batch_size} must be positive (e.g. --config.{what}={max(n, 8)})")
   if batch_size % n:
     lo, hi = (batch_size // n) * n, (batch_size // n + 1) * n
+    where = f"the {shards} batch shards (data x fsdp of config.mesh)"
+    if shards == jax.device_count():
+      where = f"the {shards} devices"
+    if accum > 1:
+      where += f" times optim.accum_steps={accum}"
     raise ConfigError(
-      f"{what}={batch_size} is not divisible by the {n} devices; use a multiple of {n} "
+      f"{what}={batch_size} is not divisible by {where}; use a multiple of {n} "
       f"(e.g. --config.{what}={hi}{f' or {lo}' if lo else ''})"
     )
   if batch_size % procs:

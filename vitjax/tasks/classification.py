@@ -70,13 +70,8 @@ class ImageClassification:
   # -- interface
   def check(self):
     c = self.config
-    check_batch(c.batch_size)
-    check_batch(c.data.eval_batch_size, "data.eval_batch_size")
-    if c.batch_size % (c.optim.accum_steps * jax.device_count()):
-      raise ConfigError(
-        f"optim.accum_steps={c.optim.accum_steps}: each micro-batch (batch_size / accum_steps) "
-        f"must split evenly over the {jax.device_count()} devices"
-      )
+    check_batch(c.batch_size, "batch_size", c.mesh, c.optim.accum_steps)
+    check_batch(c.data.eval_batch_size, "data.eval_batch_size", c.mesh)
     if not 0 <= c.data.valid_fraction < 1:
       raise ConfigError(f"data.valid_fraction={c.data.valid_fraction} must be in [0, 1)")
     check_best_metric(c, ("eval/accuracy", "eval/loss"))

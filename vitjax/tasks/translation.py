@@ -88,7 +88,7 @@ class Translation:
   # -- interface
   def check(self):
     c = self.config
-    check_batch(c.data.eval_batch_size, "data.eval_batch_size")
+    check_batch(c.data.eval_batch_size, "data.eval_batch_size", c.mesh)
     if c.decode.method not in METHODS:
       raise ConfigError(f"unknown decode.method {c.decode.method!r}; use 'beam', 'greedy' or 'sample'")
     check_best_metric(c, ("eval/bleu", "eval/chrf", "eval/loss"))

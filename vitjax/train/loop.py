@@ -19,6 +19,7 @@ import jax
 import ml_collections as mlc
 from absl import logging
 
+from vitjax import mesh as mesh_lib
 from vitjax import tasks
 from vitjax.errors import ConfigError, Diverged, Preempted
 from vitjax.mesh import agree, to_global
@@ -49,6 +50,9 @@ def _total_steps(config, steps_per_epoch: int) -> int:
 def check_config(config) -> None:
   """The trainer's own settings (the task checks its data and batch sizes; setup() the model)."""
   optim.check(config)
+  mesh_lib.check_mesh(config.mesh)
+  if config.sharding not in mesh_lib.PRESETS:
+    raise ConfigError(f"config.sharding={config.sharding!r}: use one of {', '.join(mesh_lib.PRESETS)}")
   for key in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints", "max_nonfinite_skips"):
     if config[key] < 1:
       raise ConfigError(f"{key}={config[key]} must be at least 1 (e.g. --config.{key}=500)")
@@ -147,7 +151,7 @@ def _checkpoints(config, workdir: str) -> ckpt_lib.Checkpoints:
 def _train(config, workdir, task, data, total, exp, state, start, data_state, ckpts, changes, lock, stop) -> dict:
   """train() after every check: the workdir is locked and from here on written."""
   train_step = jax.jit(
-    make_train_step(exp.model, exp.tx, exp.schedule, config, task),
+    make_train_step(exp.model, exp.tx, exp.schedule, config, task, exp.state_sharding.params),
     in_shardings=(exp.state_sharding, exp.batch_sharding),
     out_shardings=(exp.state_sharding, None),
     donate_argnums=0,

@@ -73,7 +73,7 @@ class Experiment:
 
 def setup(config, task: Task, total_steps: int | None = None, steps_per_epoch: int = 1) -> Experiment:
   """The Experiment of a config. Raises ConfigError for a model the config cannot build."""
-  mesh = mesh_lib.make_mesh(config.mesh_axes)
+  mesh = mesh_lib.make_mesh(config.get("mesh", (("data", -1),)))
   model = build_model(config, task.model_overrides())
   inputs = task.example_inputs()
   schedule = optim.make_schedule(config, total_steps or 1, steps_per_epoch)
@@ -89,7 +89,7 @@ def setup(config, task: Task, total_steps: int | None = None, steps_per_epoch: i
     abstract = jax.eval_shape(init_state)
   except ValueError as e:  # impossible shapes (image size vs patch, widths vs heads): say which setting
     raise ConfigError(f"{e} (the model's input comes from config.data; e.g. set --config.data.image_size)") from None
-  params = mesh_lib.param_shardings(mesh, abstract.params, config.sharding_rules)
+  params = mesh_lib.param_shardings(mesh, abstract.params, config.get("sharding", "dp"), config.sharding_rules)
   replicated = NamedSharding(mesh, jax.sharding.PartitionSpec())
   sharding = TrainState(
     replicated,

@@ -17,8 +17,10 @@ import optax
 from vitjax.train.state import TrainState
 
 
-def make_train_step(model, tx, schedule, config, task) -> Callable:
-  """(state, batch) -> (state, metrics): forward, task loss, gradients (accumulated over micro-batches), update."""
+def make_train_step(model, tx, schedule, config, task, grad_sharding=None) -> Callable:
+  """(state, batch) -> (state, metrics): forward, task loss, gradients (accumulated over micro-batches), update.
+
+  grad_sharding: the parameters' shardings; accumulated gradients are laid out like their parameters."""
   accum = config.optim.accum_steps
   dropout_key = jax.random.key(config.seed + 2)
 
@@ -51,6 +53,8 @@ def make_train_step(model, tx, schedule, config, task) -> Callable:
         ), None
 
       zeros = jax.tree.map(jnp.zeros_like, state.params)
+      if grad_sharding is not None:
+        zeros = jax.lax.with_sharding_constraint(zeros, grad_sharding)
       shapes = jax.eval_shape(
         lambda: grad_fn(state.params, state.model_state, jax.tree.map(lambda x: x[0], micro), rng)
       )

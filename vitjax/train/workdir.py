@@ -44,7 +44,9 @@ BOOKKEEPING = (
   "init_from",  # only read at the first start
   "on_nonfinite",
   "max_nonfinite_skips",
-  "mesh_axes",
+  "mesh",
+  "mesh_axes",  # (before config.mesh)
+  "sharding",
   "sharding_rules",
   "data.data_dir",
   "data.read_threads",

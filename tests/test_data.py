@@ -253,3 +253,28 @@ def test_fashion_mnist_prepares_and_reads(tmp_path):
   raw = builders.read_idx(f"{builders.DEBIAN_FASHION_MNIST_DIR}/t10k-images-idx3-ubyte.gz")
   stored = tfds.data_source("fashion_mnist_deb", split="test", data_dir=data_dir)[0]["image"][..., 0]
   assert (raw == stored).all(axis=(1, 2)).any()  # tfds reorders examples.
+
+
+def test_the_global_batches_do_not_depend_on_the_process_count_and_resume_on_any(data_dir):
+  """One sequence of global batches (augmentations included): P processes each read their rows of it; a
+  position saved by one process count resumes on another."""
+  aug = {"flip": True, "random_resized_crop": True, "randaugment": {"num_layers": 2, "magnitude": 9}}
+
+  def run(processes, steps, start=None):
+    its = [
+      _input(data_dir, global_batch_size=32, process_index=p, process_count=processes, augment=aug)[0]
+      for p in range(processes)
+    ]
+    if start is not None:
+      for it in its:
+        it.set_state(start)
+    out = [np.concatenate([next(it)["image"] for it in its]) for _ in range(steps)]
+    return out, [it.get_state() for it in its]
+
+  one, _ = run(1, 6)
+  for processes in (2, 4):
+    got, states = run(processes, 3)
+    assert all(np.array_equal(a, b) for a, b in zip(one, got)), processes
+    assert states == [{"batches": 3}] * processes  # the same position on every process
+    resumed, _ = run(4 // processes, 3, start=states[0])  # 2 -> 2 processes, 4 -> 1
+    assert all(np.array_equal(a, b) for a, b in zip(one[3:], resumed)), processes

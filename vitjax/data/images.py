@@ -8,13 +8,18 @@ Entry point: :func:`make_input` returns ``(iterator, DatasetInfo)``. Batches::
    'mask':  bool [B]   True for real examples (all True when training),
    'index': int32 [B]  position of the example in the split (-1 for padding)}
 
-with ``B = global_batch_size // process_count``. The iterator has
-``get_state()`` / ``set_state(state)`` (grain's ``DataLoaderIterator``).
+with ``B = global_batch_size // process_count``. The training iterator has
+``get_state()`` / ``set_state(state)``: ``{"batches": n}``, the global batches
+read so far, the same on every process.
 
-Training: each process reads its contiguous shard of the split (grain
-``ShardOptions``; the remainder over processes is dropped), shuffles it with a
-seeded per-epoch permutation, augments each example with a per-example rng
-derived from the seed (grain ``RandomMap``), and drops the last partial batch.
+Training: one sequence of global batches for the whole run, which depends only
+on the seed and the global batch size (:class:`GlobalOrder`): each epoch is a
+seeded permutation of the split cut into global batches (the last partial one
+dropped), and process ``p`` of ``P`` reads rows ``[p * B, (p + 1) * B)`` of each.
+Each example is augmented with an rng drawn from the seed and its position in
+that sequence (grain ``RandomMap``). So 1 process x 4 devices and 2 processes x 2
+devices train on the same batches, and a checkpoint resumes on any number of
+processes. (Mixup/CutMix pairs examples within each process's rows.)
 A validation split is a seeded subset of the training split (:func:`holdout_split`,
 passed as ``subset``); training then reads the rest.
 Evaluation: no shuffling, no augmentation, one pass (unless ``num_epochs``);
@@ -161,6 +166,75 @@ class _MixBatch(grain.transforms.RandomMap):
     return {**batch, "image": images, "label": labels}
 
 
+class GlobalOrder:
+  """A grain sampler: record key k of process p -> the example at position
+  ``g = (start + k // B) * G + p * B + k % B`` of the run's sequence of global
+  batches (G examples each, B = G / P per process); epoch e is the permutation
+  of the N examples drawn from (seed, e), cut into N // G batches. The example's
+  rng comes from (seed, g): independent of P and of where the run resumed."""
+
+  def __init__(self, num_examples, global_batch, process_index, process_count, seed, start=0, num_epochs=None):
+    self.n, self.global_batch, self.start = num_examples, global_batch, start
+    self.local_batch = global_batch // process_count
+    self.process_index, self.seed = process_index, seed
+    self.steps_per_epoch = num_examples // global_batch
+    self.num_epochs = num_epochs
+    self._perm = (None, None)
+
+  def __len__(self) -> int:
+    if self.num_epochs is None:
+      return 2**62
+    return max(self.num_epochs * self.steps_per_epoch - self.start, 0) * self.local_batch
+
+  def __getitem__(self, k: int) -> grain.RecordMetadata:
+    if k < 0 or k >= len(self):
+      raise IndexError(k)
+    batch, row = divmod(k, self.local_batch)
+    batch += self.start
+    epoch, b = divmod(batch, self.steps_per_epoch)
+    if self._perm[0] != epoch:
+      self._perm = (epoch, np.random.default_rng([self.seed, epoch]).permutation(self.n))
+    g = batch * self.global_batch + self.process_index * self.local_batch + row
+    index = int(self._perm[1][b * self.global_batch + self.process_index * self.local_batch + row])
+    return grain.RecordMetadata(index=k, record_key=index, rng=np.random.Generator(np.random.Philox([self.seed, g])))
+
+  def __repr__(self) -> str:
+    return (
+      f"GlobalOrder(n={self.n}, global_batch={self.global_batch}, process={self.process_index}, "
+      f"local_batch={self.local_batch}, seed={self.seed}, start={self.start}, num_epochs={self.num_epochs})"
+    )
+
+
+class _GlobalBatches:
+  """The training iterator: grain batches in GlobalOrder; its state is the global batches read."""
+
+  def __init__(self, make_loader, sampler: GlobalOrder):
+    self._make, self._sampler = make_loader, sampler
+    self._batches = sampler.start
+    self._it = iter(make_loader(sampler))
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    batch = next(self._it)
+    self._batches += 1
+    return batch
+
+  def get_state(self) -> dict:
+    return {"batches": self._batches}
+
+  def set_state(self, state: dict) -> None:
+    if "batches" not in state:
+      raise ValueError(
+        "the checkpoint's data position was written by an older vitjax (per-process grain state); "
+        "resume it with that version, or start again in a new workdir"
+      )
+    self._sampler.start, self._sampler._perm = int(state["batches"]), (None, None)
+    self._batches = self._sampler.start
+    self._it = iter(self._make(self._sampler))
+
+
 def _pair(size: int | Sequence[int]) -> tuple[int, int]:
   if isinstance(size, int):
     return size, size
@@ -267,17 +341,14 @@ def make_input(
   num_examples = len(source) if subset is None else len(subset)
 
   if train:
-    shard = grain.sharding.ShardOptions(process_index, process_count, drop_remainder=True)
+    shard = grain.sharding.NoSharding()  # GlobalOrder gives each process its rows
     examples = _Examples(source, image_key, label_key, subset)
-    sampler = grain.samplers.IndexSampler(
-      num_examples, shard_options=shard, shuffle=True, num_epochs=num_epochs, seed=_mix_seed(seed)
+    sampler = GlobalOrder(
+      num_examples, global_batch_size, process_index, process_count, _mix_seed(seed), num_epochs=num_epochs
     )
-    per_process = num_examples // process_count
-    steps = per_process // local_batch
+    steps = sampler.steps_per_epoch
     if steps == 0:
-      raise ValueError(
-        f"{name}[{split}] has {per_process} examples per process, fewer than one batch of {local_batch}."
-      )
+      raise ValueError(f"{name}[{split}] has {num_examples} examples, fewer than one batch of {global_batch_size}.")
     operations = [_TrainPreprocess(size, aug), grain.transforms.Batch(local_batch, drop_remainder=True)]
     if aug.mixes:
       operations.append(_MixBatch(num_classes, aug))
@@ -295,14 +366,17 @@ def make_input(
   if worker_count > 0:
     _ensure_absl_flags_parsed()
   read_options = None if read_threads is None else grain.ReadOptions(num_threads=read_threads)
-  loader = grain.DataLoader(
-    data_source=examples,
-    sampler=sampler,
-    operations=operations,
-    worker_count=worker_count,
-    shard_options=shard,
-    read_options=read_options,
-  )
+
+  def make_loader(sampler):
+    return grain.DataLoader(
+      data_source=examples,
+      sampler=sampler,
+      operations=operations,
+      worker_count=worker_count,
+      shard_options=shard,
+      read_options=read_options,
+    )
+
   info = DatasetInfo(
     name=name,
     split=split,
@@ -312,4 +386,6 @@ def make_input(
     local_batch_size=local_batch,
     steps_per_epoch=steps,
   )
-  return iter(loader), info
+  if train:
+    return _GlobalBatches(make_loader, sampler), info
+  return iter(make_loader(sampler)), info

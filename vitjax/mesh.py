@@ -114,7 +114,7 @@ def check_mesh(mesh) -> dict[str, int]:
   """mesh_sizes, and (on several processes) a tensor axis that stays inside each process."""
   sizes = mesh_sizes(mesh)
   local = jax.local_device_count()
-  if jax.process_count() > 1 and local % (sizes["tensor"] * (sizes["fsdp"] if local % sizes["fsdp"] == 0 else 1)):
+  if jax.process_count() > 1 and local % sizes["tensor"]:
     raise ConfigError(
       f"config.mesh: tensor={sizes['tensor']} does not divide the {local} devices of each process; tensor "
       "parallelism stays inside a host (give tensor a size that divides the devices per host)"
@@ -140,8 +140,9 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(BATCH_AXES))
 
 
-def _path_name(path) -> str:
-  return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+def path_name(path) -> str:
+  """'params/encoder/block_0/attn/query/kernel' for a tree path (attributes, dict keys and indices alike)."""
+  return "/".join(str(getattr(k, "name", getattr(k, "key", getattr(k, "idx", k)))) for k in path)
 
 
 def _axis_size(mesh_shape, axes) -> int:
@@ -172,7 +173,7 @@ def param_specs(params, mesh_shape: dict, sharding: str = "dp", rules=(), min_si
   left_whole = []
 
   def spec(path, leaf):
-    name, shape = _path_name(path), tuple(leaf.shape)
+    name, shape = path_name(path), tuple(leaf.shape)
     for regex, axes in rules:  # the user's: exactly as written, or an error that says why not
       if regex.search(name):
         if len(axes) > len(shape):
@@ -255,12 +256,8 @@ def gather(x) -> np.ndarray:
 
 
 def all_agree(flag: bool) -> bool:
-  """Process 0's value of `flag` on every process (so that all stop at the same step)."""
-  if jax.process_count() == 1:
-    return bool(flag)
-  from jax.experimental import multihost_utils
-
-  return bool(multihost_utils.broadcast_one_to_all(np.asarray(flag)))
+  """Process 0's value of `flag` on every process (see agree)."""
+  return agree(False, flag)[1]
 
 
 def agree(any_of: bool, *from_zero: bool) -> tuple[bool, ...]:

@@ -32,18 +32,9 @@ from absl import logging
 from etils import epath
 
 from vitjax.errors import ConfigError
-from vitjax.mesh import agree, sync
+from vitjax.mesh import agree, path_name, sync
 
 CHECKPOINTS = "checkpoints"
-
-
-def _key_name(k) -> str:
-  return str(getattr(k, "name", getattr(k, "key", getattr(k, "idx", k))))
-
-
-def path_name(path) -> str:
-  """'params/encoder/block_0/attn/query/kernel' for a tree path (attributes, dict keys and indices alike)."""
-  return "/".join(_key_name(k) for k in path)
 
 
 def _words(x) -> jax.Array:

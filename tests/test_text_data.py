@@ -411,9 +411,61 @@ def test_sharding_two_processes(tok, corpus):
     sl = slice(epoch * per_epoch, (epoch + 1) * per_epoch)
     rows = [{_key(r) for batch in out[sl] for r in batch["src"]} for out in outs]
     assert not rows[0] & rows[1]
-    assert len(rows[0]) == len(rows[1]) == per_epoch * 16
+    assert len(rows[0]) == len(rows[1]) == per_epoch * 8  # batch_size is global
   # The second epoch is shuffled differently.
   assert not all(np.array_equal(x["src"], y["src"]) for x, y in zip(outs[0][:per_epoch], outs[0][per_epoch:]))
+
+
+def test_global_batches_do_not_depend_on_the_process_count(tok, corpus):
+  """1, 2 and 4 processes: the processes' rows put together are the same global batches (empty rows up to
+  pad_multiple at the end), and a position saved with one process count resumes with another."""
+  data = text.EncodedPairs(corpus, tok, 64)
+
+  def its(processes, pad=4, **kw):
+    return [
+      text.make_batches(
+        data, tokens_per_batch=300, max_len=64, seed=3, process_index=p, process_count=processes, pad_multiple=pad
+      )
+      for p in range(processes)
+    ]
+
+  def global_batches(iterators, n):
+    out = []
+    for _ in range(n):
+      parts = [next(it) for it in iterators]
+      out.append({k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
+    return out
+
+  one = global_batches(its(1), 12)
+  assert any(not b["src"][-1].any() for b in one)  # 300 // L is often not a multiple of 4: empty rows
+  for b in one:
+    assert len(b["src"]) % 4 == 0
+    empty = ~b["src"].any(axis=1)
+    assert (np.diff(empty.astype(int)) >= 0).all()  # empty rows come last
+    assert not b["tgt"][empty].any() and not b["tgt_mask"][empty].any()
+  for processes in (2, 4):
+    got = global_batches(its(processes), 12)
+    for a, b in zip(one, got):
+      for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
+  # More padding (8 devices) adds empty rows only.
+  wide = global_batches(its(1, pad=8), 12)
+  for a, b in zip(one, wide):
+    n = int(a["src"].any(axis=1).sum())
+    np.testing.assert_array_equal(a["src"][:n], b["src"][:n])
+    assert not b["src"][n:].any()
+  # A position saved by 2 processes resumes on 4 (and the data position is the same on every process).
+  two = its(2)
+  for _ in range(5):
+    for it in two:
+      next(it)
+  assert two[0].get_state() == two[1].get_state()
+  four = its(4)
+  for it in four:
+    it.set_state(two[0].get_state())
+  np.testing.assert_array_equal(global_batches(four, 1)[0]["src"], one[5]["src"])
+  with pytest.raises(ValueError, match="pad_multiple 6 is not a positive multiple of process_count 4"):
+    its(4, pad=6)
 
 
 def test_state_save_restore(tok, corpus):

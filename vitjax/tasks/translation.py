@@ -120,15 +120,15 @@ class Translation:
     it = text.make_batches(
       self.splits["train"],
       self.tokenizer,
-      tokens_per_batch=d.tokens_per_batch // jax.process_count(),
+      tokens_per_batch=d.tokens_per_batch,  # global: the batches do not depend on the devices or processes
       max_len=d.max_len,
       too_long=d.too_long,
-      batch_multiple=jax.local_device_count() * c.optim.accum_steps,
       seed=c.seed,
       shuffle=True,
       num_epochs=None,
       process_index=jax.process_index(),
       process_count=jax.process_count(),
+      pad_multiple=mesh_lib.batch_shards(c.mesh) * c.optim.accum_steps,  # empty rows, no weight in the loss
     )
     return TrainInput(it, len(self.splits["train"]), it.steps_per_epoch, None)
 

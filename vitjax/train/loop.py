@@ -115,6 +115,7 @@ def _checked_train(config, workdir, allow_config_change, stop) -> dict:
       if resuming:
         ckpts = _checkpoints(config, workdir)
         start, state, data_state = ckpts.restore("latest", exp.abstract_state)
+        _restore_data(data, data_state, workdir)
       else:  # builds the initial state (and checks config.init_from) before it writes anything
         start, state, data_state = 0, state_lib.initial_state(exp), None
         ckpts = _checkpoints(config, workdir)
@@ -144,6 +145,18 @@ def _checked_train(config, workdir, allow_config_change, stop) -> dict:
     lock.release()
 
 
+def _restore_data(data, data_state: str, workdir: str) -> None:
+  """Puts the training batches where the checkpoint left them; a position this pipeline cannot take is a
+  ConfigError (a checkpoint of an older data pipeline, or data that changed under the run)."""
+  try:
+    data.restore(data_state)
+  except (ValueError, KeyError, TypeError) as e:
+    raise ConfigError(
+      f"the checkpoint in {workdir} cannot resume this run's training data ({e}); the data changed or the "
+      f"checkpoint is from another data pipeline: use a new --workdir with --config.init_from={workdir}"
+    ) from None
+
+
 def _checkpoints(config, workdir: str) -> ckpt_lib.Checkpoints:
   return ckpt_lib.Checkpoints(workdir, config.best_metric, config.best_mode, keep=config.keep_checkpoints)
 
@@ -157,7 +170,6 @@ def _train(config, workdir, task, data, total, exp, state, start, data_state, ck
     donate_argnums=0,
   )
   if start:
-    data.restore(data_state)
     dropped = workdir_lib.drop_metrics_after(workdir, start)
     workdir_lib.record_config_change(workdir, start, changes)
     logging.info(

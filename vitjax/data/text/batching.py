@@ -1,4 +1,5 @@
-"""Training batches of token ids, bucketed by length, sharded over processes, resumable (get_state/set_state)."""
+"""Training batches of token ids, bucketed by length, in one global order split over processes, resumable
+(get_state/set_state) on any number of processes."""
 
 from __future__ import annotations
 
@@ -91,12 +92,14 @@ class EncodedPairs:
 
 
 class BatchIterator(Iterator[dict[str, np.ndarray]]):
-  """Training batches, bucketed by length, sharded over processes.
+  """Training batches, bucketed by length, in one global order; each process yields its rows.
 
   Built by :func:`make_batches` (see there). Iterating yields dicts
-  ``{'src': int32 [B, L], 'tgt': int32 [B, L], 'src_mask', 'tgt_mask': bool
-  [B, L]}`` where ``L`` is a bucket length and ``B = batch_sizes[L]``.
-  ``get_state()`` / ``set_state()`` save and restore the position.
+  ``{'src': int32 [b, L], 'tgt': int32 [b, L], 'src_mask', 'tgt_mask': bool
+  [b, L]}`` where ``L`` is a bucket length and ``b = padded_size(L) //
+  process_count`` this process's rows of the global batch.
+  ``get_state()`` / ``set_state()`` save and restore the position, which is
+  the same on every process and for every process count.
   """
 
   def __init__(
@@ -110,8 +113,11 @@ class BatchIterator(Iterator[dict[str, np.ndarray]]):
     num_epochs: int | None,
     process_index: int,
     process_count: int,
+    pad_multiple: int,
     with_mask: bool,
   ):
+    if pad_multiple < 1 or pad_multiple % process_count:
+      raise ValueError(f"pad_multiple {pad_multiple} is not a positive multiple of process_count {process_count}.")
     self.data = data
     self.buckets = tuple(buckets)
     self.batch_sizes = dict(batch_sizes)
@@ -120,6 +126,7 @@ class BatchIterator(Iterator[dict[str, np.ndarray]]):
     self.num_epochs = num_epochs
     self.process_index = process_index
     self.process_count = process_count
+    self.pad_multiple = pad_multiple
     self.with_mask = with_mask
     longest = np.maximum(data.src_lengths, data.tgt_lengths)
     bucket_of = np.searchsorted(np.asarray(self.buckets), longest)
@@ -134,14 +141,13 @@ class BatchIterator(Iterator[dict[str, np.ndarray]]):
     if self.steps_per_epoch == 0:
       raise ValueError(
         "No full batch: fewer pairs per bucket than the global batch size "
-        f"(bucket sizes {[len(m) for m in self._members]}, global batch "
-        f"sizes {[self.batch_sizes[b] * process_count for b in buckets]})."
+        f"(bucket sizes {[len(m) for m in self._members]}, global batch sizes {[batch_sizes[b] for b in buckets]})."
       )
 
-  # The schedule of one epoch is a pure function of (seed, epoch), computed
-  # identically on every process.
+  # The schedule of one epoch is a pure function of (seed, epoch, pairs, batch sizes), computed identically on
+  # every process, whatever the number of processes.
   def schedule(self, epoch: int) -> list[tuple[int, np.ndarray]]:
-    """``[(bucket_length, global_rows)]`` of an epoch, in yield order."""
+    """``[(bucket_length, global_rows)]`` of an epoch, in yield order (unpadded)."""
     if self._schedule_epoch == epoch:
       return self._schedule
     rng = np.random.default_rng([self.seed, epoch])
@@ -151,7 +157,7 @@ class BatchIterator(Iterator[dict[str, np.ndarray]]):
       pool = np.concatenate([carry, members])
       if self.shuffle:
         pool = rng.permutation(pool)
-      size = self.batch_sizes[length] * self.process_count
+      size = self.batch_sizes[length]
       full = len(pool) // size
       for k in range(full):
         batches.append((length, pool[k * size : (k + 1) * size]))
@@ -166,14 +172,21 @@ class BatchIterator(Iterator[dict[str, np.ndarray]]):
   def steps_per_epoch(self) -> int:
     steps, carry = 0, 0
     for length, members in zip(self.buckets, self._members):
-      size = self.batch_sizes[length] * self.process_count
+      size = self.batch_sizes[length]
       steps += (carry + len(members)) // size
       carry = (carry + len(members)) % size
     return steps
 
+  def padded_size(self, length: int) -> int:
+    """Rows of a global batch of bucket ``length``: its pairs, then empty rows up to a multiple of pad_multiple."""
+    return -(-self.batch_sizes[length] // self.pad_multiple) * self.pad_multiple
+
   def local_rows(self, length: int, rows: np.ndarray) -> np.ndarray:
-    size = self.batch_sizes[length]
-    return rows[self.process_index * size : (self.process_index + 1) * size]
+    """This process's slice of a global batch's rows, -1 for the padding rows."""
+    padded = np.full(self.padded_size(length), -1, np.int64)
+    padded[: len(rows)] = rows
+    size = len(padded) // self.process_count
+    return padded[self.process_index * size : (self.process_index + 1) * size]
 
   def __iter__(self):
     return self
@@ -203,38 +216,38 @@ class BatchIterator(Iterator[dict[str, np.ndarray]]):
     h = hashlib.sha256()
     for arr in (self.data.src_lengths, self.data.tgt_lengths):
       h.update(np.ascontiguousarray(arr).tobytes())
-    h.update(repr((self.buckets, sorted(self.batch_sizes.items()), self.shuffle, self.process_count)).encode())
+    # The trailing 1 stood for the process count when batch sizes were per process; it stays so that positions
+    # saved by single-process runs of that time, whose batches are the same, still restore.
+    h.update(repr((self.buckets, sorted(self.batch_sizes.items()), self.shuffle, 1)).encode())
     return h.hexdigest()[:16]
 
   def get_state(self) -> dict[str, Any]:
-    """Position to checkpoint: ``{'epoch', 'step', 'seed', 'fingerprint'}``
-    (the same on every process; ``step`` counts batches within the epoch)."""
+    """Position to checkpoint: ``{'epoch', 'step', 'seed', 'fingerprint'}`` (``step`` counts global batches
+    within the epoch; the same on every process and for any process count)."""
     return {"epoch": self.epoch, "step": self.step, "seed": self.seed, "fingerprint": self._fingerprint()}
 
   def set_state(self, state: dict[str, Any]) -> None:
-    """Resumes at a position from :meth:`get_state`: the next batches are
-    exactly those that would have followed. The data, buckets, batch sizes and
-    process count must be those of the saved run (checked)."""
+    """Resumes at a position from :meth:`get_state`: the next global batches are exactly those that would have
+    followed, on any number of processes. The data, buckets and global batch sizes must be those of the saved
+    run (checked)."""
     if int(state["seed"]) != self.seed or state["fingerprint"] != (self._fingerprint()):
-      raise ValueError("State was saved with another seed, data, bucket or batch configuration or process count.")
+      raise ValueError("the data position was saved with another seed, data, bucket or batch configuration")
     epoch, step = int(state["epoch"]), int(state["step"])
     if not 0 <= step < max(1, self.steps_per_epoch):
       raise ValueError(f"step {step} out of range for {self.steps_per_epoch} steps per epoch.")
     self.epoch, self.step = epoch, step
 
   def padding_efficiency(self, epoch: int = 0) -> float:
-    """Fraction of non-pad positions in this process's src+tgt arrays over
-    one epoch."""
+    """Fraction of non-pad positions in the global src+tgt arrays over one epoch (empty rows included)."""
     real = total = 0
     for length, rows in self.schedule(epoch):
-      rows = self.local_rows(length, rows)
       real += int(self.data.src_lengths[rows].sum() + self.data.tgt_lengths[rows].sum())
-      total += 2 * length * len(rows)
+      total += 2 * length * self.padded_size(length)
     return real / max(total, 1)
 
   def stats(self) -> dict[str, Any]:
-    """Counts: pairs in/kept/dropped/truncated, pairs per bucket, batches
-    and unused pairs (the last bucket's remainder) per epoch."""
+    """Counts: pairs in/kept/dropped/truncated, pairs per bucket, global batch sizes, batches and unused pairs
+    (the last bucket's remainder) per epoch."""
     used = sum(len(r) for _, r in self.schedule(0))
     return {
       "pairs": self.data.num_input,
@@ -275,9 +288,10 @@ def make_batches(
   num_epochs: int | None = None,
   process_index: int = 0,
   process_count: int = 1,
+  pad_multiple: int | None = None,
   with_mask: bool = True,
 ) -> BatchIterator:
-  """Training batches of ``(src, tgt)`` token ids, bucketed by length.
+  """Training batches of ``(src, tgt)`` token ids, bucketed by length, in one global order.
 
   Each pair is tokenized, EOS appended to both sides, and goes to the smallest
   bucket length ``L >= max(len(src), len(tgt))``; a batch holds pairs of one
@@ -285,35 +299,42 @@ def make_batches(
   ``max_len`` tokens (EOS included) are dropped or truncated (``too_long``);
   :meth:`BatchIterator.stats` counts them.
 
-  Per epoch ``e``, with ``rng = np.random.default_rng([seed, e])`` and
-  ``P = process_count``: going up the buckets, each bucket's pairs (plus those
-  carried up from the bucket below) are permuted and cut into global batches
-  of ``P * B`` pairs; the remainder (< ``P * B``) is carried up to the next
-  bucket (padded longer), so only the last bucket's remainder is left out of
-  the epoch (a different one each epoch). The list of global batches is then
-  permuted. Process ``p`` yields rows ``[p * B, (p + 1) * B)`` of each global
-  batch: the processes get disjoint pairs and, step by step, batches of the
-  same shape, as multi-host jit needs. Every process must be given the same
-  pairs and arguments except ``process_index``.
+  Per epoch ``e``, with ``rng = np.random.default_rng([seed, e])``: going up
+  the buckets, each bucket's pairs (plus those carried up from the bucket
+  below) are permuted and cut into global batches of ``B(L)`` pairs; the
+  remainder is carried up to the next bucket (padded longer), so only the last
+  bucket's remainder is left out of the epoch (a different one each epoch).
+  The list of global batches is then permuted. None of this depends on the
+  number of processes or devices: the sequence of global batches is a function
+  of the pairs, the seed and the batch sizes only.
+
+  A global batch is then completed with empty rows (all padding, no tokens, so
+  no weight in a token-averaged loss) up to a multiple of ``pad_multiple`` (the
+  devices the batch is split over, times accumulation steps), and process
+  ``p`` of ``P`` yields its ``1/P`` slice of the rows: the processes get
+  disjoint pairs and, step by step, batches of the same shape, as multi-host
+  jit needs. Every process must be given the same pairs and arguments except
+  ``process_index``.
 
   Args:
     pairs: (source, target) strings, or an :class:`EncodedPairs`.
     tokenizer: the :class:`Tokenizer` (unused for EncodedPairs).
-    batch_size: fixed per-process batch size for every bucket, or
-    tokens_per_batch: per-process budget of ``B * L`` positions per side:
-      ``B = max(m, tokens_per_batch // L // m * m)`` with ``m =
-      batch_multiple``.
+    batch_size: global batch size (pairs) for every bucket, or
+    tokens_per_batch: global budget of ``B * L`` positions per side:
+      ``B(L) = max(m, tokens_per_batch // L // m * m)`` with ``m = batch_multiple``.
     max_len: the longest sequence kept, EOS included.
     buckets: bucket lengths (default :func:`default_buckets` of ``max_len``:
       8, 16, 24, 32, 48, 64, 96, 128, ... up to ``max_len``).
     too_long: ``'drop'`` or ``'truncate'`` (keeps the first ``max_len - 1``
       tokens and EOS).
-    batch_multiple: per-process batch sizes are multiples of this (the local
-      device count).
+    batch_multiple: global batch sizes are multiples of this (a property of the
+      run, not of the machines: a multiple of the device count avoids empty rows).
     seed: shuffling seed.
     shuffle: False keeps corpus order within buckets and bucket order.
     num_epochs: stop after this many epochs (None: forever).
     process_index, process_count: this process and the number of processes.
+    pad_multiple: global batches are padded with empty rows to a multiple of
+      this; a multiple of ``process_count`` (the default).
     with_mask: add ``src_mask`` / ``tgt_mask`` (bool, True on tokens).
   """
   buckets = tuple(sorted(buckets)) if buckets else default_buckets(max_len)
@@ -331,5 +352,6 @@ def make_batches(
     num_epochs=num_epochs,
     process_index=process_index,
     process_count=process_count,
+    pad_multiple=process_count if pad_multiple is None else pad_multiple,
     with_mask=with_mask,
   )

@@ -1,13 +1,20 @@
-"""Several local processes (jax.distributed on 127.0.0.1, CPU devices): the tiny digits run gives the same curve
-on 1 process x 4 devices and 2 processes x 2 devices; SIGTERM to one process of two stops both at one checkpoint,
-which resumes on one process and continues the same curve."""
+"""Several local processes (jax.distributed on 127.0.0.1, CPU devices).
 
+The same curve on any topology: the tiny digits run gives the same losses on 1 process x 4 devices, 2 processes
+x 2 devices and 4 processes x 1 device, and so does a tiny translation run. Faults: SIGTERM to one process of
+two stops both at one checkpoint, which resumes on one process and continues the curve; SIGKILL to both and a
+restart ends bit for bit where an uninterrupted run ends; SIGKILL to one makes the other stop with one line.
+"""
+
+import os
 import re
 import signal
 import socket
 import subprocess
+import textwrap
 
 import numpy as np
+import pytest
 import train_helpers as th
 
 
@@ -17,12 +24,12 @@ def _port() -> int:
     return s.getsockname()[1]
 
 
-def _start(workdir, processes, devices, args):
+def _start(workdir, processes, devices, args, config=th.CONFIG):
   port = _port()
   procs = []
   for i in range(processes):
     flags = ["--multihost", f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={processes}"]
-    cmd = th.main_cmd(workdir, *args, *flags, f"--process_id={i}")
+    cmd = th.main_cmd(workdir, *args, *flags, f"--process_id={i}", config=config)
     procs.append(
       subprocess.Popen(
         cmd, cwd=th.ROOT, env=th.env(devices), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -31,23 +38,52 @@ def _start(workdir, processes, devices, args):
   return procs
 
 
-def _losses(workdir):
-  return {r["step"]: r["train/loss"] for r in th.read_metrics(workdir) if "train/loss" in r}
+def _finish(procs, timeout=400) -> list[str]:
+  try:
+    outs = [p.communicate(timeout=timeout)[0] for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  return outs
 
 
-def test_two_processes_follow_the_one_process_curve_and_a_sigterm_to_one_stops_both(run_args, tmp_path):
-  one = str(tmp_path / "one")
-  th.check_ok(th.run_main(one, *run_args, devices=4))
-  ref = _losses(one)
-  assert sorted(ref) == list(range(1, 31))
+def _run(workdir, processes, devices, args, config=th.CONFIG) -> list[str]:
+  """Runs to completion; every process must exit 0."""
+  procs = _start(workdir, processes, devices, args, config)
+  outs = _finish(procs)
+  assert [p.returncode for p in procs] == [0] * processes, "\n".join(o[-2000:] for o in outs)
+  assert f"{processes * devices} devices, {processes} processes" in outs[0]
+  return outs
 
-  two = str(tmp_path / "two")
-  procs = _start(two, 2, 2, run_args)
-  outs = [p.communicate(timeout=300)[0] for p in procs]
-  assert [p.returncode for p in procs] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
-  assert "4 devices, 2 processes" in outs[0]
-  got = _losses(two)
-  np.testing.assert_allclose([got[s] for s in range(1, 31)], [ref[s] for s in range(1, 31)], rtol=1e-5)
+
+def _losses(workdir, steps=30):
+  got = {r["step"]: r["train/loss"] for r in th.read_metrics(workdir) if "train/loss" in r}
+  assert sorted(got) == list(range(1, steps + 1))
+  return [got[s] for s in range(1, steps + 1)]
+
+
+@pytest.fixture(scope="module")
+def one_by_four(run_args, tmp_path_factory):
+  """The tiny digits run on 1 process x 4 devices: its workdir."""
+  workdir = str(tmp_path_factory.mktemp("mp") / "one")
+  th.check_ok(th.run_main(workdir, *run_args, devices=4))
+  return workdir
+
+
+@pytest.fixture(scope="module")
+def two_by_two(run_args, tmp_path_factory):
+  """The same run on 2 processes x 2 devices: its workdir."""
+  workdir = str(tmp_path_factory.mktemp("mp") / "two")
+  _run(workdir, 2, 2, run_args)
+  return workdir
+
+
+def test_two_processes_follow_the_one_process_curve_and_a_sigterm_to_one_stops_both(
+  one_by_four, two_by_two, run_args, tmp_path
+):
+  ref = _losses(one_by_four)
+  np.testing.assert_allclose(_losses(two_by_two), ref, rtol=1e-5)
 
   cut = str(tmp_path / "cut")
   procs = _start(cut, 2, 2, run_args)
@@ -55,7 +91,7 @@ def test_two_processes_follow_the_one_process_curve_and_a_sigterm_to_one_stops_b
     if re.search(r" step 12/30 ", line):
       procs[1].send_signal(signal.SIGTERM)
       break
-  outs = [p.communicate(timeout=120)[0] for p in procs]
+  outs = _finish(procs, timeout=120)
   assert [p.returncode for p in procs] == [75, 75], outs[0][-2000:] + outs[1][-2000:]
   stopped = {int(m) for out in outs for m in re.findall(r"stopped at step (\d+), checkpoint", out)}
   assert len(stopped) == 1, outs  # both at the same step
@@ -64,5 +100,88 @@ def test_two_processes_follow_the_one_process_curve_and_a_sigterm_to_one_stops_b
 
   resumed = th.check_ok(th.run_main(cut, *run_args, devices=4))  # one process now
   assert f"at step {step}" in resumed.stderr and "4 devices, 1 processes" in resumed.stderr
-  got = _losses(cut)
-  np.testing.assert_allclose([got[s] for s in range(1, 31)], [ref[s] for s in range(1, 31)], rtol=1e-5)
+  np.testing.assert_allclose(_losses(cut), ref, rtol=1e-5)
+
+
+def test_a_process_that_loses_its_peer_stops_with_one_line(run_args, tmp_path):
+  """SIGKILL to process 1 of 2: process 0 says which process is gone and what to do, and exits 75, within
+  --peer_timeout rather than after JAX's heartbeat abort (a C++ fatal error and a thread dump, ~60-100 s)."""
+  workdir = str(tmp_path / "lost")
+  args = [*run_args, "--config.total_steps=400", "--peer_timeout=5"]
+  procs = _start(workdir, 2, 2, args)
+  for line in procs[0].stdout:
+    if re.search(r" step 8/400 ", line):
+      procs[1].kill()
+      break
+  (out,) = _finish(procs[:1], timeout=60)
+  procs[1].wait()
+  assert procs[0].returncode == 75, out[-3000:]
+  lines = [s for s in out.splitlines() if "given no sign of life" in s]
+  assert len(lines) == 1, out[-3000:]
+  assert "process 1 of 2 has given no sign of life" in lines[0] and "rerun all 2 processes" in lines[0]
+  assert "Traceback" not in out and "Fatal Python error" not in out, out[-3000:]
+
+
+@pytest.mark.slow
+def test_four_processes_of_one_device_follow_the_same_curve(one_by_four, run_args, tmp_path):
+  workdir = str(tmp_path / "four")
+  _run(workdir, 4, 1, run_args)
+  np.testing.assert_allclose(_losses(workdir), _losses(one_by_four), rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_sigkill_to_both_processes_and_a_restart_end_bitwise_equal(two_by_two, run_args, tmp_path):
+  workdir = str(tmp_path / "killed")
+  procs = _start(workdir, 2, 2, run_args)
+  killed = False
+  for line in procs[0].stdout:
+    m = re.search(r" step (\d+)/30 ", line)
+    if m and int(m.group(1)) >= 13 and 10 in th.finished_steps(workdir):
+      for p in procs:
+        p.kill()
+      killed = True
+      break
+  _finish(procs, timeout=60)
+  assert killed and [p.returncode for p in procs] == [-signal.SIGKILL] * 2
+  assert max(th.finished_steps(workdir)) < 30
+
+  outs = _run(workdir, 2, 2, run_args)  # the same commands
+  m = re.search(r"resumed from .* at step (\d+)", outs[0])
+  assert m and 10 <= int(m.group(1)) < 30, outs[0][-2000:]
+  th.assert_same_state(th.load_state(two_by_two), th.load_state(workdir), "2 processes, SIGKILL to both")
+  assert _losses(workdir) == _losses(two_by_two)
+
+
+WORDS = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta"]
+
+
+@pytest.mark.slow
+def test_translation_follows_the_same_curve_on_1x4_2x2_and_4x1(compile_cache, tmp_path):
+  rng = np.random.RandomState(0)
+  with open(tmp_path / "pairs.tsv", "w") as f:
+    for _ in range(600):
+      words = list(rng.choice(WORDS, rng.randint(2, 6)))
+      f.write(" ".join(words) + "\t" + " ".join(w.upper() for w in reversed(words)) + "\n")
+  config = tmp_path / "tiny_translation.py"
+  config.write_text(
+    textwrap.dedent(f"""
+      from vitjax.config import translation_config
+
+      def get_config():
+        c = translation_config("tsv:{tmp_path / "pairs.tsv"}", "xx", "yy", size="tiny")
+        c.data.update(dict(vocab_size=40, tokenizer_sentences=2000, max_len=32, tokens_per_batch=300,
+                           num_valid=40, num_test=40, eval_examples=16, eval_batch_size=8))
+        c.update(dict(total_steps=30, log_every=1, eval_every=30, checkpoint_every=30))
+        c.schedule.warmup_steps = 10
+        c.optim.lr = 3e-3
+        return c
+    """)
+  )
+  one = str(tmp_path / "one")
+  th.check_ok(th.run_main(one, devices=4, config=str(config)))
+  ref = _losses(one)
+  for processes, devices in ((2, 2), (4, 1)):
+    workdir = str(tmp_path / f"{processes}x{devices}")
+    _run(workdir, processes, devices, [], config=str(config))
+    np.testing.assert_allclose(_losses(workdir), ref, rtol=1e-5, err_msg=f"{processes} x {devices}")
+    assert os.path.exists(os.path.join(workdir, "tokenizer.model"))

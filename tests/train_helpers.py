@@ -115,19 +115,18 @@ def finished_steps(workdir: str, sub: str = "checkpoints") -> list[int]:
 
 
 def load_state(workdir: str, step: int | None = None) -> dict:
-  """The full saved TrainState (step, params, opt_state, model_state) of a workdir's checkpoint, as numpy."""
+  """The full saved TrainState (step, params, opt_state, model_state) of a workdir's checkpoint, as numpy arrays
+  (whatever devices and processes wrote it)."""
+  import jax
   import numpy as np
   import orbax.checkpoint as ocp
 
-  with ocp.CheckpointManager(
-    os.path.join(workdir, "checkpoints"),
-    options=ocp.CheckpointManagerOptions(read_only=True, save_interval_steps=0, create=False),
-  ) as mngr:
-    step = mngr.latest_step() if step is None else step
-    restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore()))
-  import jax
-
-  return jax.tree.map(np.asarray, restored["state"])
+  step = max(finished_steps(workdir)) if step is None else step
+  path = os.path.join(workdir, "checkpoints", str(step), "state")
+  checkpointer = ocp.PyTreeCheckpointer()
+  tree = checkpointer.metadata(path).item_metadata.tree
+  as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+  return jax.tree.map(np.asarray, checkpointer.restore(path, restore_args=as_numpy))
 
 
 def jax_leaves(tree) -> list:

@@ -43,6 +43,9 @@ flags.DEFINE_string(
 )
 flags.DEFINE_integer("num_processes", None, "multihost: how many processes in all")
 flags.DEFINE_integer("process_id", None, "multihost: this process's index, 0 .. num_processes - 1")
+flags.DEFINE_integer(
+  "peer_timeout", 30, "multihost: seconds without a sign of life after which another process counts as lost"
+)
 flags.DEFINE_bool(
   "allow_config_change",
   False,
@@ -131,21 +134,26 @@ def main(argv):
   from vitjax import logs
 
   logs.setup()
-  from vitjax import train
+  from vitjax import distributed, train
   from vitjax.errors import USER_ERRORS, ConfigError, Diverged, Preempted, one_line
 
   try:
     if FLAGS.multihost:
-      from vitjax.mesh import initialize_distributed
-
-      initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
-    config = FLAGS.config if FLAGS.config is not None else _saved_config(FLAGS.workdir)
-    if FLAGS.mode == "train":
-      if FLAGS.config is None:
-        raise ConfigError("training needs --config=configs/NAME.py")
-      train.train(config, FLAGS.workdir, allow_config_change=FLAGS.allow_config_change)
-    else:
-      train.evaluate(config, FLAGS.workdir, FLAGS.checkpoint, FLAGS.split)
+      distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.peer_timeout)
+    with distributed.PeerWatch(FLAGS.peer_timeout) as watch:
+      try:
+        config = FLAGS.config if FLAGS.config is not None else _saved_config(FLAGS.workdir)
+        if FLAGS.mode == "train":
+          if FLAGS.config is None:
+            raise ConfigError("training needs --config=configs/NAME.py")
+          train.train(config, FLAGS.workdir, allow_config_change=FLAGS.allow_config_change)
+        else:
+          train.evaluate(config, FLAGS.workdir, FLAGS.checkpoint, FLAGS.split)
+      except (*USER_ERRORS, FileNotFoundError, Preempted, Diverged):
+        raise  # every process stops alike: it leaves on purpose
+      except Exception:  # a collective that failed because another process died: the watch says so and exits
+        watch.wait(FLAGS.peer_timeout + 5)
+        raise
   except (*USER_ERRORS, FileNotFoundError) as e:
     print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
     sys.exit(2)

@@ -53,32 +53,6 @@ TP_RULES = (
 )
 
 
-def initialize_distributed(coordinator_address=None, num_processes=None, process_id=None) -> None:
-  """jax.distributed.initialize with the given address, count and index, or, all absent, what JAX detects from
-  the cluster (SLURM, Open MPI, Kubernetes, TPU pods). ConfigError when neither is there."""
-  given = [coordinator_address, num_processes, process_id]
-  if any(v is not None for v in given) and any(v is None for v in given):
-    raise ConfigError(
-      "--multihost: give all of --coordinator_address=HOST:PORT, --num_processes=N and --process_id=I, or none "
-      "(under SLURM, Open MPI, Kubernetes or on a TPU pod)"
-    )
-  if num_processes is not None and not 0 <= process_id < num_processes:
-    raise ConfigError(f"--process_id={process_id} must be in [0, --num_processes={num_processes})")
-  try:
-    jax.distributed.initialize(coordinator_address, num_processes, process_id)
-  except ValueError as e:  # no cluster detected and no address given
-    raise ConfigError(
-      f"--multihost: {str(e).splitlines()[0]}; pass --coordinator_address=HOST:PORT --num_processes=N --process_id=I"
-    ) from None
-  logging.info(
-    "process %d of %d: %d local devices, %d in all",
-    jax.process_index(),
-    jax.process_count(),
-    jax.local_device_count(),
-    jax.device_count(),
-  )
-
-
 def mesh_sizes(mesh=(("data", -1),), num_devices: int | None = None) -> dict[str, int]:
   """{'data': D, 'fsdp': F, 'tensor': T} from config.mesh's (axis, size) pairs; ConfigError if they do not fit."""
   n = num_devices or jax.device_count()

@@ -44,7 +44,7 @@ class StopRequest:
 
   @property
   def name(self) -> str:
-    return signal.Signals(self.signum).name if self.signum else "a stop request"
+    return signal.Signals(self.signum).name if self.signum else "a signal to another process"
 
   @property
   def asked(self) -> bool:

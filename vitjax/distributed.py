@@ -1,0 +1,146 @@
+"""Several processes: starting jax.distributed, and noticing a process that is gone.
+
+`initialize` starts jax.distributed from the command line's address, process count and index, or from what JAX
+detects (SLURM, Open MPI, Kubernetes, TPU pods).
+
+`PeerWatch` turns the loss of a process into one clear line. When a process dies (SIGKILL, a lost machine), the
+others are left in a collective that either fails with a transport error or waits; JAX's own heartbeat then
+aborts them with a C++ fatal error and a thread dump. Here each process bumps a counter in the coordination
+service's key-value store every second and reads the others' counters; a process whose counter has not moved for
+`timeout` seconds, and which did not say it was leaving, is lost: the watch logs one line (which process, since
+when, what to do) and ends this process with exit status 75 (rerun every process to resume from the last
+checkpoint). It also fires when the coordination service itself is gone (process 0 died). JAX's heartbeat timeout
+is set well above `timeout`, so this line comes first.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import jax
+from absl import logging
+
+from vitjax.errors import EXIT_PREEMPTED, USER_ERRORS, ConfigError, Diverged, Preempted
+
+PEER_TIMEOUT_S = 30  # default: a process silent this long is lost
+_PREFIX = "vitjax/peers"
+_LEAVING = (*USER_ERRORS, FileNotFoundError, Preempted, Diverged)  # ways every process stops alike
+
+
+def initialize(coordinator_address=None, num_processes=None, process_id=None, peer_timeout=PEER_TIMEOUT_S) -> None:
+  """jax.distributed.initialize with the given address, count and index, or, all absent, what JAX detects from
+  the cluster (SLURM, Open MPI, Kubernetes, TPU pods). ConfigError when neither is there. JAX's heartbeat timeout
+  is three times `peer_timeout`, so that PeerWatch reports a lost process before JAX aborts."""
+  given = [coordinator_address, num_processes, process_id]
+  if any(v is not None for v in given) and any(v is None for v in given):
+    raise ConfigError(
+      "--multihost: give all of --coordinator_address=HOST:PORT, --num_processes=N and --process_id=I, or none "
+      "(under SLURM, Open MPI, Kubernetes or on a TPU pod)"
+    )
+  if num_processes is not None and not 0 <= process_id < num_processes:
+    raise ConfigError(f"--process_id={process_id} must be in [0, --num_processes={num_processes})")
+  if peer_timeout < 1:
+    raise ConfigError(f"--peer_timeout={peer_timeout} must be at least 1 (seconds)")
+  try:
+    jax.distributed.initialize(
+      coordinator_address, num_processes, process_id, heartbeat_timeout_seconds=max(100, 3 * int(peer_timeout))
+    )
+  except ValueError as e:  # no cluster detected and no address given
+    raise ConfigError(
+      f"--multihost: {str(e).splitlines()[0]}; pass --coordinator_address=HOST:PORT --num_processes=N --process_id=I"
+    ) from None
+  logging.info(
+    "process %d of %d: %d local devices, %d in all",
+    jax.process_index(),
+    jax.process_count(),
+    jax.local_device_count(),
+    jax.device_count(),
+  )
+
+
+def _client():
+  from jax._src import distributed  # the coordination service's client: jax has no public handle on it
+
+  return distributed.global_state.client
+
+
+class PeerWatch:
+  """Ends this process with one line when another process of the run is gone (see the module docstring).
+
+  Use as a context manager around the work: entering starts the watch (a daemon thread); leaving stops it and,
+  when the work finished or ended the way every process ends it (a user error, preemption, divergence), tells the
+  other processes that this one leaves on purpose (they do not count it as lost). A no-op on one process."""
+
+  def __init__(self, timeout: float = PEER_TIMEOUT_S, interval: float = 1.0, exit=os._exit):
+    self.timeout, self.interval, self._exit = float(timeout), float(interval), exit
+    self._stop = threading.Event()
+    self._thread = None
+
+  def __enter__(self) -> PeerWatch:
+    if jax.process_count() > 1 and _client() is not None:
+      self._thread = threading.Thread(target=self._run, name="vitjax-peer-watch", daemon=True)
+      self._thread.start()
+    return self
+
+  def __exit__(self, exc_type, exc, tb) -> None:
+    if self._thread is None:
+      return
+    self._stop.set()
+    self._thread.join()
+    if exc_type is not None and not issubclass(exc_type, _LEAVING):
+      return  # a bug in this process: the others are told nothing, and report it lost unless they stop too
+    try:
+      _client().key_value_set(f"{_PREFIX}/left/{jax.process_index()}", "1", allow_overwrite=True)
+    except Exception:  # the coordination service is already gone: nobody is left to tell
+      pass
+
+  def wait(self, seconds: float) -> None:
+    """Blocks up to `seconds` (or until the watch stops); a lost peer ends the process meanwhile. The command line
+    calls it when a collective failed, so that a dead peer is reported as such rather than as a traceback."""
+    if self._thread is not None:
+      self._stop.wait(seconds)
+
+  def _run(self) -> None:
+    me, n = jax.process_index(), jax.process_count()
+    client = _client()
+    beats = 0
+    seen: dict[int, tuple[str, float]] = {}  # process -> (its last counter, when it changed, on our clock)
+    start = time.monotonic()
+    while not self._stop.wait(self.interval if beats else 0.0):
+      beats += 1
+      now = time.monotonic()
+      try:
+        client.key_value_set(f"{_PREFIX}/alive/{me}", str(beats), allow_overwrite=True)
+        alive = dict(client.key_value_dir_get(f"{_PREFIX}/alive/"))
+        left = {k.rsplit("/", 1)[-1] for k, _ in client.key_value_dir_get(f"{_PREFIX}/left/")}
+      except Exception as e:  # the coordination service (process 0) is unreachable
+        if self._stop.is_set():
+          return
+        self._lost(f"the coordination service at process 0 is unreachable ({' '.join(str(e).split())[:160]})")
+        return
+      for p in range(n):
+        if p == me or str(p) in left:
+          continue
+        value = alive.get(f"{_PREFIX}/alive/{p}")
+        if p not in seen or seen[p][0] != value:
+          seen[p] = (value, now)
+        silent = now - (seen[p][1] if value is not None else start)
+        if silent > self.timeout:
+          self._lost(f"process {p} of {n} has given no sign of life for {silent:.0f} s")
+          return
+
+  def _lost(self, what: str) -> None:
+    n = jax.process_count()
+    logging.error(
+      "%s: process %d stops without a checkpoint; rerun all %d processes with the same command to resume from "
+      "the last checkpoint",
+      what,
+      jax.process_index(),
+      n,
+    )
+    logging.flush()
+    sys.stderr.flush()
+    self._exit(EXIT_PREEMPTED)

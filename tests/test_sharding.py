@@ -1,7 +1,7 @@
 """Sharding presets on a named mesh (8 simulated CPU devices): for a tiny ViT, Swin and translation Transformer, 20
 training steps under dp, fsdp, tp and fsdp_tp give the losses of a 1-device run, and fsdp / tp hold the
-fraction of the parameter and optimizer bytes per device that they promise. Also: config.mesh and
-config.sharding_rules errors are one line."""
+fraction of the parameter and optimizer bytes per device that they promise; the tp step's only collectives are
+all-reduces (Megatron's). Also: config.mesh and config.sharding_rules errors are one line."""
 
 import json
 import subprocess
@@ -13,8 +13,8 @@ import pytest
 import train_helpers as th
 
 # Runs in a subprocess with N devices; prints one JSON line: {preset: {"losses": [...], "bytes": ..., ...}}.
-SCRIPT = textwrap.dedent("""
-  import json, sys
+SCRIPT = textwrap.dedent(r"""
+  import json, re, sys
   import jax, jax.numpy as jnp, numpy as np
   import ml_collections as mlc
   from vitjax import mesh as mesh_lib, tasks
@@ -65,6 +65,8 @@ SCRIPT = textwrap.dedent("""
                    in_shardings=(exp.state_sharding, exp.batch_sharding), out_shardings=(exp.state_sharding, None))
     losses = []
     with jax.set_mesh(exp.mesh):
+      step = step.lower(state, mesh_lib.to_global(batch(0), exp.batch_sharding, task.batch_keys)).compile()
+      hlo = step.as_text()
       for i in range(20):
         state, metrics = step(state, mesh_lib.to_global(batch(i), exp.batch_sharding, task.batch_keys))
         losses.append(float(metrics["train/loss"]))
@@ -74,7 +76,9 @@ SCRIPT = textwrap.dedent("""
              for p, a in jax.tree_util.tree_leaves_with_path(state.params)}
     out[name] = {"losses": losses, "devices": jax.device_count(), "mesh": dict(exp.mesh.shape),
                  "bytes": mesh_lib.device_bytes((state.params, state.opt_state)),
-                 "block_bytes": mesh_lib.device_bytes(blocks), "specs": specs}
+                 "block_bytes": mesh_lib.device_bytes(blocks), "specs": specs,
+                 "collectives": sorted(set(re.findall(r" (all-gather|all-to-all|reduce-scatter|all-reduce|"
+                                                      r"collective-permute)(?:-start)?\(", hlo)))}
   print(json.dumps(out))
 """)
 
@@ -118,6 +122,10 @@ def test_every_preset_gives_the_one_device_losses_and_saves_the_memory_it_promis
   query = [k for k in specs if k.endswith("attn/query/kernel")][-1]
   fc2 = [k for k in specs if k.endswith("mlp/fc2/kernel")][-1]
   assert specs[query] == "P(None, 'tensor')" and specs[fc2] == "P('tensor',)", specs
+  # Megatron's pattern in the compiled step: activations stay split by heads / hidden units between the column-
+  # and row-parallel matmuls and are all-reduced after them; no weight or activation is ever gathered.
+  assert got["tp"]["collectives"] == ["all-reduce"], got["tp"]["collectives"]
+  assert "all-gather" in got["fsdp"]["collectives"]  # ZeRO-3: each parameter gathered where it is used
   if family == "swin":
     assert specs["stage_0_block_0/attn/query/kernel"] == "P()"
 

@@ -256,9 +256,15 @@ def test_fashion_mnist_prepares_and_reads(tmp_path):
 
 
 def test_the_global_batches_do_not_depend_on_the_process_count_and_resume_on_any(data_dir):
-  """One sequence of global batches (augmentations included): P processes each read their rows of it; a
-  position saved by one process count resumes on another."""
-  aug = {"flip": True, "random_resized_crop": True, "randaugment": {"num_layers": 2, "magnitude": 9}}
+  """One sequence of global batches (augmentations and Mixup/CutMix included): P processes each read their rows
+  of it; a position saved by one process count resumes on another."""
+  aug = {
+    "flip": True,
+    "random_resized_crop": True,
+    "randaugment": {"num_layers": 2, "magnitude": 9},
+    "mixup_alpha": 0.8,
+    "cutmix_alpha": 1.0,
+  }
 
   def run(processes, steps, start=None):
     its = [
@@ -268,13 +274,17 @@ def test_the_global_batches_do_not_depend_on_the_process_count_and_resume_on_any
     if start is not None:
       for it in its:
         it.set_state(start)
-    out = [np.concatenate([next(it)["image"] for it in its]) for _ in range(steps)]
+    out = []
+    for _ in range(steps):
+      parts = [next(it) for it in its]
+      out.append([np.concatenate([b[k] for b in parts]) for k in ("image", "label")])
     return out, [it.get_state() for it in its]
 
   one, _ = run(1, 6)
+  assert _input(data_dir, global_batch_size=32, augment=aug)[0].__next__()["label"].max(-1).min() < 1  # mixed
   for processes in (2, 4):
     got, states = run(processes, 3)
-    assert all(np.array_equal(a, b) for a, b in zip(one, got)), processes
+    assert all(np.array_equal(a, b) for x, y in zip(one, got) for a, b in zip(x, y)), processes
     assert states == [{"batches": 3}] * processes  # the same position on every process
     resumed, _ = run(4 // processes, 3, start=states[0])  # 2 -> 2 processes, 4 -> 1
-    assert all(np.array_equal(a, b) for a, b in zip(one[3:], resumed)), processes
+    assert all(np.array_equal(a, b) for x, y in zip(one[3:], resumed) for a, b in zip(x, y)), processes

@@ -222,27 +222,34 @@ def normalize(image: np.ndarray) -> np.ndarray:
 def mix_batch(
   images: np.ndarray, labels: np.ndarray, num_classes: int, aug: Augment, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
-  """Mixup or CutMix of a batch with its reverse.
+  """Mixup or CutMix of a batch, each row with its neighbour: rows 2k and 2k + 1 mix with each other.
+
+  Pairs never cross an even boundary, so a process holding an even-sized, evenly placed slice of a global batch
+  mixes exactly as the whole batch would; with ``rng`` the same on every process (drawn from the global batch's
+  index), the result does not depend on how many processes carry the batch.
 
   Args:
-    images: float32 [B, H, W, C].
+    images: float32 [B, H, W, C], B even.
     labels: int [B].
     num_classes: size of the one-hot targets.
     aug: Mixup/CutMix settings (``mixup_alpha``, ``cutmix_alpha``,
       ``mix_switch_prob``, ``mix_prob``).
-    rng: numpy generator.
+    rng: numpy generator; draws whether to mix, which of the two, lambda and the CutMix box (one per batch).
 
   Returns:
     (images float32 [B, H, W, C], soft labels float32 [B, num_classes]); each
     row of the labels sums to 1.
   """
+  if len(images) % 2:
+    raise ValueError(f"Mixup/CutMix pairs neighbouring rows: the batch needs an even size, not {len(images)}")
   onehot = np.eye(num_classes, dtype=np.float32)[labels]
   if not aug.mixes or rng.random() >= aug.mix_prob:
     return images, onehot
   use_cutmix = aug.cutmix_alpha > 0 and (aug.mixup_alpha <= 0 or rng.random() < aug.mix_switch_prob)
   alpha = aug.cutmix_alpha if use_cutmix else aug.mixup_alpha
   lam = float(rng.beta(alpha, alpha))
-  other = images[::-1]
+  partner = np.arange(len(images)) ^ 1
+  other = images[partner]
   if use_cutmix:
     height, width = images.shape[1:3]
     cut = math.sqrt(1.0 - lam)
@@ -255,7 +262,7 @@ def mix_batch(
     lam = 1.0 - (y1 - y0) * (x1 - x0) / (height * width)
   else:
     images = (lam * images + (1.0 - lam) * other).astype(np.float32)
-  return images, (lam * onehot + (1.0 - lam) * onehot[::-1]).astype(np.float32)
+  return images, (lam * onehot + (1.0 - lam) * onehot[partner]).astype(np.float32)
 
 
 def preprocess_eval(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:

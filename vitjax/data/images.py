@@ -19,7 +19,9 @@ dropped), and process ``p`` of ``P`` reads rows ``[p * B, (p + 1) * B)`` of each
 Each example is augmented with an rng drawn from the seed and its position in
 that sequence (grain ``RandomMap``). So 1 process x 4 devices and 2 processes x 2
 devices train on the same batches, and a checkpoint resumes on any number of
-processes. (Mixup/CutMix pairs examples within each process's rows.)
+processes. Mixup/CutMix mixes neighbouring rows (2k, 2k + 1) of the global
+batch with one draw per global batch from (seed, batch index), so it too is the
+same on any number of processes (the batch per process must be even).
 A validation split is a seeded subset of the training split (:func:`holdout_split`,
 passed as ``subset``); training then reads the rest.
 Evaluation: no shuffling, no augmentation, one pass (unless ``num_epochs``);
@@ -154,18 +156,6 @@ class _TrainPreprocess(grain.transforms.RandomMap):
     return _finish(example, normalize(np.ascontiguousarray(image)))
 
 
-@dataclasses.dataclass(frozen=True)
-class _MixBatch(grain.transforms.RandomMap):
-  """Per-batch Mixup/CutMix; 'label' becomes float32 [B, num_classes]."""
-
-  num_classes: int
-  aug: Augment
-
-  def random_map(self, batch, rng: np.random.Generator):
-    images, labels = mix_batch(batch["image"], batch["label"], self.num_classes, self.aug, rng)
-    return {**batch, "image": images, "label": labels}
-
-
 class GlobalOrder:
   """A grain sampler: record key k of process p -> the example at position
   ``g = (start + k // B) * G + p * B + k % B`` of the run's sequence of global
@@ -206,10 +196,12 @@ class GlobalOrder:
 
 
 class _GlobalBatches:
-  """The training iterator: grain batches in GlobalOrder; its state is the global batches read."""
+  """The training iterator: grain batches in GlobalOrder; its state is the global batches read. With `mix`
+  (num_classes, Augment), Mixup/CutMix is applied here, with one rng per global batch drawn from (seed, its
+  index): every process mixes its rows as the whole batch would be mixed."""
 
-  def __init__(self, make_loader, sampler: GlobalOrder):
-    self._make, self._sampler = make_loader, sampler
+  def __init__(self, make_loader, sampler: GlobalOrder, mix: tuple[int, Augment] | None = None):
+    self._make, self._sampler, self._mix = make_loader, sampler, mix
     self._batches = sampler.start
     self._it = iter(make_loader(sampler))
 
@@ -218,6 +210,10 @@ class _GlobalBatches:
 
   def __next__(self):
     batch = next(self._it)
+    if self._mix is not None:
+      rng = np.random.default_rng([self._sampler.seed, _MIX_STREAM, self._batches])
+      images, labels = mix_batch(batch["image"], batch["label"], *self._mix, rng)
+      batch = {**batch, "image": images, "label": labels}
     self._batches += 1
     return batch
 
@@ -249,6 +245,9 @@ def _ensure_absl_flags_parsed():
 
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
+
+
+_MIX_STREAM = 0x6D6978  # the Mixup/CutMix rng of global batch i is Generator(PCG64([seed, _MIX_STREAM, i]))
 
 
 def _mix_seed(seed: int) -> int:
@@ -350,8 +349,11 @@ def make_input(
     if steps == 0:
       raise ValueError(f"{name}[{split}] has {num_examples} examples, fewer than one batch of {global_batch_size}.")
     operations = [_TrainPreprocess(size, aug), grain.transforms.Batch(local_batch, drop_remainder=True)]
-    if aug.mixes:
-      operations.append(_MixBatch(num_classes, aug))
+    if aug.mixes and local_batch % 2:
+      raise ValueError(
+        f"Mixup/CutMix pairs neighbouring examples: the batch per process ({local_batch}) must be even; use a "
+        f"global batch size that is a multiple of {2 * process_count}"
+      )
   else:
     start = num_examples * process_index // process_count
     end = num_examples * (process_index + 1) // process_count
@@ -387,5 +389,5 @@ def make_input(
     steps_per_epoch=steps,
   )
   if train:
-    return _GlobalBatches(make_loader, sampler), info
+    return _GlobalBatches(make_loader, sampler, (num_classes, aug) if aug.mixes else None), info
   return iter(make_loader(sampler)), info

@@ -62,3 +62,28 @@ def test_optimizer_moments_take_their_parameters_sharding_not_a_same_shape_ones(
       for pname, (shape, spec) in params.items():
         assert out["moments"][f"{field}:{pname}"] == [shape, spec], (optimizer, field, pname)
     assert len(out["moments"]) == len(fields) * len(params)
+
+
+def test_tp_splits_scanned_blocks_like_unscanned_ones():
+  """With model.scan the blocks' weights are stacked on a leading layer axis: tp's rules, aligned to the right,
+  split the same dimension as without scan (it used to leave every scanned weight replicated, silently)."""
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import PartitionSpec
+
+  from vitjax import mesh as mesh_lib
+  from vitjax import models
+
+  def split(scan, block):
+    model = models.create("Ti/2", width=32, depth=2, num_heads=4, mlp_dim=64, num_classes=10, scan=scan)
+    params = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1))))["params"]
+    specs = mesh_lib.param_specs(params, {"data": 2, "fsdp": 1, "tensor": 4}, "tp")
+    leaves = jax.tree_util.tree_leaves_with_path(specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+    return {mesh_lib.path_name(p).split(block)[-1]: tuple(s) for p, s in leaves if block in mesh_lib.path_name(p)}
+
+  plain, scanned = split(False, "block_0/"), split(True, "blocks/block/")
+  assert sorted(plain) == sorted(scanned) and len(plain) >= 10
+  for name, spec in plain.items():
+    if "tensor" in spec:
+      assert scanned[name] == (None, *spec), name
+  assert sum("tensor" in s for s in scanned.values()) == 10  # q/k/v kernels and biases, out, fc1 kernel and bias, fc2

@@ -162,8 +162,8 @@ def param_specs(params, mesh_shape: dict, sharding: str = "dp", rules=(), min_si
     axes = [None] * len(shape)
     if sharding in ("tp", "fsdp_tp") and mesh_shape["tensor"] > 1:
       for regex, tp_axes in tp:
-        if regex.search(name) and len(tp_axes) == len(shape):
-          i = tp_axes.index("tensor")
+        if regex.search(name) and len(shape) >= len(tp_axes):  # aligned right: scan adds a leading layer axis
+          i = len(shape) - len(tp_axes) + tp_axes.index("tensor")
           if shape[i] % mesh_shape["tensor"] == 0:
             axes[i] = "tensor"
           else:

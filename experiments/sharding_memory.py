@@ -1,8 +1,9 @@
 """Bytes per device of a ViT training step under each sharding preset, from XLA's own accounting.
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu \
-      python experiments/sharding_memory.py --models=vit_b16,vit_l16 --batch=64 \
+      python experiments/sharding_memory.py --models=vit_b16,vit_l16,vit_h14 --batch=64 \
       --out=experiments/results/sharding_memory.jsonl
+    ... --models=vit_l16 --presets=dp,tp --remat [--scan]   # blocks rematerialised [and scanned]
 
 For each model and preset it lowers and compiles the real training step (vitjax.train.step, AdamW, float32) on 8
 devices and reads `compiled.memory_analysis()`: argument bytes (the state and the batch), output bytes (the new
@@ -32,9 +33,9 @@ MESHES = {
 }
 
 
-def analyse(model: str, preset: str, batch: int, image: int) -> dict:
+def analyse(model: str, preset: str, batch: int, image: int, remat: bool = False, scan: bool = False) -> dict:
   c = default_config()
-  c.model = mlc.ConfigDict({"name": model, "num_classes": 1000})
+  c.model = mlc.ConfigDict({"name": model, "num_classes": 1000, "remat": remat, "scan": scan})
   c.batch_size, c.sharding, c.mesh = batch, preset, MESHES[preset]
   task = tasks.get(c, "/nonexistent", described={"image_size": [image, image], "channels": 3, "num_classes": 1000})
   exp = state_lib.setup(c, task, total_steps=1000)
@@ -57,6 +58,8 @@ def analyse(model: str, preset: str, batch: int, image: int) -> dict:
     "mesh": dict(exp.mesh.shape),
     "batch": batch,
     "image": image,
+    "remat": remat,
+    "scan": scan,
     "params": int(params),
     "argument_bytes": int(m.argument_size_in_bytes),
     "output_bytes": int(m.output_size_in_bytes),
@@ -74,13 +77,15 @@ def main():
   p.add_argument("--presets", default=",".join(MESHES))
   p.add_argument("--batch", type=int, default=64)
   p.add_argument("--image", type=int, default=224)
+  p.add_argument("--remat", action="store_true", help="rematerialise each block (config.model.remat)")
+  p.add_argument("--scan", action="store_true", help="scan over the blocks (config.model.scan)")
   p.add_argument("--out", default=None)
   a = p.parse_args()
   rows = []
   print(f"{'model':8} {'preset':8} {'args GiB':>9} {'out GiB':>8} {'alias':>8} {'temp GiB':>9}  (per device)")
   for model in a.models.split(","):
     for preset in a.presets.split(","):
-      r = analyse(model, preset, a.batch, a.image)
+      r = analyse(model, preset, a.batch, a.image, a.remat, a.scan)
       rows.append(r)
       g = lambda k, r=r: r[k] / 2**30
       print(

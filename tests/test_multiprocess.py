@@ -2,8 +2,9 @@
 
 The same curve on any topology: the tiny digits run gives the same losses on 1 process x 4 devices, 2 processes
 x 2 devices and 4 processes x 1 device, and so does a tiny translation run. Faults: SIGTERM to one process of
-two stops both at one checkpoint, which resumes on one process and continues the curve; SIGKILL to both and a
-restart ends bit for bit where an uninterrupted run ends; SIGKILL to one makes the other stop with one line.
+two stops both at one checkpoint, which resumes on one process and continues the curve (and a one-process
+checkpoint on two); SIGKILL to both and a restart ends bit for bit where an uninterrupted run ends; SIGKILL to one
+makes the other stop with one line.
 """
 
 import os
@@ -126,6 +127,22 @@ def test_a_process_that_loses_its_peer_stops_with_one_line(run_args, tmp_path):
 def test_four_processes_of_one_device_follow_the_same_curve(one_by_four, run_args, tmp_path):
   workdir = str(tmp_path / "four")
   _run(workdir, 4, 1, run_args)
+  np.testing.assert_allclose(_losses(workdir), _losses(one_by_four), rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_one_process_checkpoint_resumes_on_two_processes(one_by_four, run_args, tmp_path):
+  workdir = str(tmp_path / "grow")
+  proc = th.start_main(workdir, *run_args, devices=4)
+  for line in proc.stdout:
+    if re.search(r" step 12/30 ", line):
+      proc.send_signal(signal.SIGTERM)
+      break
+  proc.communicate(timeout=120)
+  assert proc.returncode == 75
+  step = max(th.finished_steps(workdir))
+  outs = _run(workdir, 2, 2, run_args)
+  assert f"at step {step}" in outs[0]
   np.testing.assert_allclose(_losses(workdir), _losses(one_by_four), rtol=1e-5)
 
 

@@ -4,7 +4,9 @@
     2   ConfigError, DatasetNotPreparedError: input the user can fix; one "error: ..." line names the fix, and
         the workdir is left as it was
     3   Diverged: the loss, gradient norm or parameters stopped being finite; nothing non-finite was saved
-    75  Preempted: SIGTERM or SIGINT; the step in flight was checkpointed; rerun the same command to resume
+    75  Preempted: SIGTERM or SIGINT; the step in flight was checkpointed; rerun the same command to resume.
+        Also a multi-process run that lost a process (vitjax.distributed.PeerWatch): no new checkpoint; rerun
+        every process to resume from the last one
     130, 143  a second SIGINT / SIGTERM: stopped at once, without a checkpoint
 
 Anything else that escapes is a bug in vitjax and keeps its traceback.

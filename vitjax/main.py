@@ -10,7 +10,8 @@ workdir, and --checkpoint=best is the kept step with the best validation metric.
 
 Several processes (hosts): the same command on each, with --multihost --coordinator_address=HOST0:PORT
 --num_processes=N --process_id=I (or --multihost alone under SLURM, Open MPI, Kubernetes or on TPU pods, where
-jax.distributed finds them). config.mesh lays the devices out (vitjax.mesh).
+jax.distributed finds them). config.mesh lays the devices out (vitjax.mesh). A process that dies makes the others
+stop within --peer_timeout seconds with one line and exit 75 (vitjax.distributed); rerun them all to resume.
 
 Resuming compares the config with the workdir's: a change to the experiment (model, data, optimizer, schedule,
 seed, batch size, steps) is refused unless --allow_config_change, which records it in config_history.jsonl;
@@ -22,7 +23,8 @@ libraries' INFO lines (orbax, grain, tfds), --verbosity=-1 keeps warnings and er
 
 Exit status: 0 done; 2 a problem you can fix (one "error: ..." line naming the fix; the workdir is left as it
 was); 3 the loss or parameters stopped being finite (nothing non-finite saved); 75 stopped by SIGTERM/SIGINT
-after checkpointing the step in flight (rerun to resume); 128 + N a second signal N (see vitjax.errors).
+after checkpointing the step in flight, or another process was lost (rerun to resume); 128 + N a second signal N
+(see vitjax.errors).
 """
 
 import os

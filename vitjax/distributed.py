@@ -72,7 +72,9 @@ class PeerWatch:
 
   Use as a context manager around the work: entering starts the watch (a daemon thread); leaving stops it and,
   when the work finished or ended the way every process ends it (a user error, preemption, divergence), tells the
-  other processes that this one leaves on purpose (they do not count it as lost). A no-op on one process."""
+  other processes that this one leaves on purpose (they do not count it as lost). Any other exception first waits
+  `timeout` + 5 s for the watch's verdict, so that a collective broken by a dead peer ends with the watch's line
+  rather than a traceback. A no-op on one process."""
 
   def __init__(self, timeout: float = PEER_TIMEOUT_S, interval: float = 1.0, exit=os._exit):
     self.timeout, self.interval, self._exit = float(timeout), float(interval), exit
@@ -88,20 +90,19 @@ class PeerWatch:
   def __exit__(self, exc_type, exc, tb) -> None:
     if self._thread is None:
       return
+    leaving = exc_type is None or issubclass(exc_type, _LEAVING)
+    if not leaving and issubclass(exc_type, Exception):
+      # an unexpected error, often a collective that failed because another process died: give the watch the
+      # time to say so (it ends the process); if no process is lost, the error is this process's own
+      self._stop.wait(self.timeout + 5)
     self._stop.set()
     self._thread.join()
-    if exc_type is not None and not issubclass(exc_type, _LEAVING):
-      return  # a bug in this process: the others are told nothing, and report it lost unless they stop too
+    if not leaving:
+      return  # the others are told nothing, and report this process lost unless they stop too
     try:
       _client().key_value_set(f"{_PREFIX}/left/{jax.process_index()}", "1", allow_overwrite=True)
     except Exception:  # the coordination service is already gone: nobody is left to tell
       pass
-
-  def wait(self, seconds: float) -> None:
-    """Blocks up to `seconds` (or until the watch stops); a lost peer ends the process meanwhile. The command line
-    calls it when a collective failed, so that a dead peer is reported as such rather than as a traceback."""
-    if self._thread is not None:
-      self._stop.wait(seconds)
 
   def _run(self) -> None:
     me, n = jax.process_index(), jax.process_count()

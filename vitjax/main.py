@@ -142,20 +142,14 @@ def main(argv):
   try:
     if FLAGS.multihost:
       distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.peer_timeout)
-    with distributed.PeerWatch(FLAGS.peer_timeout) as watch:
-      try:
-        config = FLAGS.config if FLAGS.config is not None else _saved_config(FLAGS.workdir)
-        if FLAGS.mode == "train":
-          if FLAGS.config is None:
-            raise ConfigError("training needs --config=configs/NAME.py")
-          train.train(config, FLAGS.workdir, allow_config_change=FLAGS.allow_config_change)
-        else:
-          train.evaluate(config, FLAGS.workdir, FLAGS.checkpoint, FLAGS.split)
-      except (*USER_ERRORS, FileNotFoundError, Preempted, Diverged):
-        raise  # every process stops alike: it leaves on purpose
-      except Exception:  # a collective that failed because another process died: the watch says so and exits
-        watch.wait(FLAGS.peer_timeout + 5)
-        raise
+    with distributed.PeerWatch(FLAGS.peer_timeout):  # a lost process: one line, exit 75
+      config = FLAGS.config if FLAGS.config is not None else _saved_config(FLAGS.workdir)
+      if FLAGS.mode == "train":
+        if FLAGS.config is None:
+          raise ConfigError("training needs --config=configs/NAME.py")
+        train.train(config, FLAGS.workdir, allow_config_change=FLAGS.allow_config_change)
+      else:
+        train.evaluate(config, FLAGS.workdir, FLAGS.checkpoint, FLAGS.split)
   except (*USER_ERRORS, FileNotFoundError) as e:
     print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
     sys.exit(2)

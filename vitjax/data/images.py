@@ -184,8 +184,9 @@ class GlobalOrder:
     epoch, b = divmod(batch, self.steps_per_epoch)
     if self._perm[0] != epoch:
       self._perm = (epoch, np.random.default_rng([self.seed, epoch]).permutation(self.n))
-    g = batch * self.global_batch + self.process_index * self.local_batch + row
-    index = int(self._perm[1][b * self.global_batch + self.process_index * self.local_batch + row])
+    offset = self.process_index * self.local_batch + row  # in the global batch
+    index = int(self._perm[1][b * self.global_batch + offset])
+    g = batch * self.global_batch + offset
     return grain.RecordMetadata(index=k, record_key=index, rng=np.random.Generator(np.random.Philox([self.seed, g])))
 
   def __repr__(self) -> str:
@@ -226,8 +227,7 @@ class _GlobalBatches:
         "the checkpoint's data position was written by an older vitjax (per-process grain state); "
         "resume it with that version, or start again in a new workdir"
       )
-    self._sampler.start, self._sampler._perm = int(state["batches"]), (None, None)
-    self._batches = self._sampler.start
+    self._sampler.start = self._batches = int(state["batches"])
     self._it = iter(self._make(self._sampler))
 
 

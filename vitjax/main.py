@@ -28,11 +28,12 @@ after checkpointing the step in flight, or another process was lost (rerun to re
 """
 
 import os
-import re
 import sys
 
 from absl import app, flags
 from ml_collections import config_flags
+
+from vitjax.cli import parse_flags
 
 config_flags.DEFINE_config_file("config", None, "experiment config file (configs/*.py), with :args", lock_config=True)
 flags.DEFINE_string("workdir", None, "where checkpoints, metrics and summaries go", required=True)
@@ -63,74 +64,6 @@ def _saved_config(workdir):
   return read_config(os.path.abspath(workdir))
 
 
-def _unknown_field_message(e: BaseException, argv) -> str | None:
-  """A one-line message for a misspelt --config.FIELD override, or None if `e` is something else.
-
-  While absl parses the flags, ml_collections raises AttributeError(KeyError(...)) whose text is the bad name and
-  its 'Did you mean "lr" instead of "lrr"?'; uncaught, that ends the program with a long traceback.
-  """
-  while e.args and isinstance(e.args[0], BaseException):
-    e = e.args[0]
-  text = str(e.args[0]) if e.args else str(e)
-  m = re.match(r"""['"]?([\w-]+)['"]?\s*(?:\n|$)""", text)
-  if not m:
-    return None
-  bad = m.group(1)
-  for arg in argv[1:]:
-    path = re.match(r"--(config(?:\.[\w-]+)+)(?:=|$)", arg)
-    parts = path.group(1).split(".") if path else []
-    if bad not in parts[1:]:
-      continue
-    i = parts.index(bad, 1)
-    parent, flag = ".".join(parts[:i]), "--" + path.group(1)
-    suggestion = re.search(r'Did you mean "([^"]+)"', text)
-    if suggestion:
-      fixed = "--" + ".".join(parts[:i] + [suggestion.group(1)] + parts[i + 1 :])
-      return f"{flag}: {parent} has no field {bad!r}; did you mean {fixed} ({suggestion.group(1)!r})?"
-    return f"{flag}: {parent} has no field {bad!r} (the fields are those of vitjax/config.py and the config file)"
-  return None
-
-
-def _config_file_problem(argv) -> str | None:
-  """One line for a --config file that does not exist or does not parse, or None."""
-  for arg in argv[1:]:
-    if arg.startswith("--config="):
-      value = arg.split("=", 1)[1]
-      path = value.split(":", 1)[0]
-      if not os.path.isfile(path):
-        return f"--config={value}: no such file {path} (give a config file such as configs/vit_digits.py)"
-      try:
-        with open(path, encoding="utf-8") as f:
-          compile(f.read(), path, "exec")
-      except (SyntaxError, UnicodeDecodeError) as e:
-        where = f" line {e.lineno}" if getattr(e, "lineno", None) else ""
-        return f"--config={value}: {path}{where}: {type(e).__name__}: {getattr(e, 'msg', e)}"
-  return None
-
-
-def _root_message(e: BaseException) -> str:
-  """The innermost cause's last line (ml_collections wraps a config file's own error twice)."""
-  while e.__cause__ is not None or (e.__context__ is not None and not e.__suppress_context__):
-    e = e.__cause__ or e.__context__
-  text = str(e).strip().splitlines()
-  return text[-1] if text else type(e).__name__
-
-
-def _parse_flags(argv):
-  """absl's flag parsing, with one clear line (exit status 2) for a bad flag, config file or --config.FIELD."""
-  problem = _config_file_problem(argv)
-  if problem is None:
-    try:
-      return FLAGS(argv)
-    except (flags.Error, AttributeError, KeyError, ValueError, TypeError) as e:
-      problem = _unknown_field_message(e, argv)
-      if problem is None:
-        flag = re.match(r"flag (--[^=: ]+)", str(e))
-        problem = f"{flag.group(1) + ': ' if flag else ''}{_root_message(e)}"
-  print(f"error: {problem}", file=sys.stderr, flush=True)
-  sys.exit(2)
-
-
 def main(argv):
   del argv
   from vitjax import logs
@@ -158,4 +91,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=_parse_flags)
+  app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,420 @@
+"""vitjax.sweep: get_sweep() forms, a sweep end to end on SQLite, SIGKILL and rerun, a lost worker's trial taken
+over through heartbeats, and two sweep processes sharing one study on a real PostgreSQL server."""
+
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+import train_helpers as th
+
+from vitjax import sweep
+from vitjax.errors import ConfigError
+
+sys.path.insert(0, os.path.join(th.ROOT, "configs"))
+from vit_digits import get_config  # noqa: E402
+
+# ------------------------------------------------------------------ get_sweep(): grid and search-space forms
+
+
+def _config_file(tmp_path, body: str, name: str = "cfg.py") -> str:
+  path = tmp_path / name
+  path.write_text(
+    f"import sys\nsys.path.insert(0, {os.path.join(th.ROOT, 'configs')!r})\n"
+    "from vit_digits import get_config  # noqa: F401\nfrom vitjax import sweep\n\n" + body
+  )
+  return str(path)
+
+
+def test_grid_product_and_zip():
+  grid = sweep.product(
+    sweep.values("optim.lr", [1e-3, 2e-3, 4e-3]),
+    sweep.zip(sweep.values("model.depth", [2, 4]), sweep.values("model.mlp_dim", [64, 128])),
+  )
+  assert len(grid) == 6
+  assert grid[0] == {"optim.lr": 1e-3, "model.depth": 2, "model.mlp_dim": 64}
+  assert grid[1] == {"optim.lr": 1e-3, "model.depth": 4, "model.mlp_dim": 128}  # the last axis varies fastest
+  with pytest.raises(ConfigError, match="different lengths"):
+    sweep.zip(sweep.values("a", [1, 2]), sweep.values("b", [1]))
+  with pytest.raises(ConfigError, match="twice"):
+    sweep.product(sweep.values("a", [1]), sweep.values("a", [2]))
+
+
+def test_load_grid_and_space(tmp_path):
+  path = _config_file(
+    tmp_path,
+    "def get_sweep():\n"
+    "  return dict(grid=sweep.product(sweep.values('optim.lr', [1e-3, 2e-3]), sweep.values('model.depth', [2, 4])),\n"
+    "              objective='eval/accuracy', direction='maximize', pruner='median')\n",
+  )
+  s = sweep.load(path, get_config())
+  assert s.size == 4 and s.fields == ["optim.lr", "model.depth"] and s.pruner == "median"
+  assert s.dims()["model.depth"].choices == (2, 4)
+  assert sweep.flag("optim.lr", 1e-3) == "--config.optim.lr=0.001"
+
+  path = _config_file(
+    tmp_path,
+    "def get_sweep():\n"
+    "  return dict(space={'optim.lr': sweep.log_uniform(1e-4, 1e-2), 'model.dropout_rate': sweep.uniform(0, 0.3),\n"
+    "                     'schedule.warmup_epochs': sweep.integer(1, 5), 'data.augment.flip': sweep.choice(True, False)},\n"
+    "              trials=7, objective='eval/loss', direction='minimize', sampler='random', seed=3)\n",
+    "space.py",
+  )
+  s = sweep.load(path, get_config())
+  assert s.size == 7 and s.direction == "minimize" and s.space["optim.lr"].log
+  assert s.dims()["data.augment.flip"].optuna().choices == (True, False)
+
+
+@pytest.mark.parametrize(
+  "body, message",
+  [
+    (
+      "def get_sweep():\n  return dict(grid=sweep.values('optim.lrr', [1]), objective='eval/accuracy', "
+      "direction='maximize')\n",
+      "optim.lrr' is not in the config",
+    ),
+    (
+      "def get_sweep():\n  return dict(grid=sweep.values('model.depth', [2.5]), objective='eval/accuracy', "
+      "direction='maximize')\n",
+      "model.depth=2.5 is a float",
+    ),
+    (
+      "def get_sweep():\n  return dict(space={'optim.lr': sweep.log_uniform(1e-4, 1e-2)}, objective='eval/accuracy', "
+      "direction='maximize')\n",
+      "trials=None",
+    ),
+    (
+      "def get_sweep():\n  return dict(grid=sweep.values('optim.lr', [1e-3]), objective='accuracy', "
+      "direction='maximize')\n",
+      "name an evaluation metric",
+    ),
+    (
+      "def get_sweep():\n  return dict(grid=sweep.values('optim.lr', [1e-3]), objective='eval/accuracy', "
+      "direction='up')\n",
+      "direction='up'",
+    ),
+    (
+      "def get_sweep():\n  return dict(grid=sweep.values('optim.lr', [1e-3]), objective='eval/accuracy', "
+      "direction='maximize', pruners='median')\n",
+      "unknown keys",
+    ),
+    ("def get_config_only():\n  pass\n", "has no get_sweep"),
+  ],
+)
+def test_bad_sweep_is_one_line(tmp_path, body, message):
+  with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
+    sweep.load(_config_file(tmp_path, body), get_config())
+
+
+# ------------------------------------------------------------------ the runner, end to end (subprocesses)
+
+
+def _sweep_config(tmp_path, lrs=None, seeds=None, pruner="none") -> str:
+  """A config file whose sweep zips the given learning rates and validation-split seeds. Trials that differ only
+  in data.valid_seed share one compiled step (through the session's compilation cache); a learning rate or
+  config.seed is a constant of the step, so each value compiles its own."""
+  axes = [f"sweep.values({k!r}, {v!r})" for k, v in (("optim.lr", lrs), ("data.valid_seed", seeds)) if v is not None]
+  return _config_file(
+    tmp_path,
+    f"def get_sweep():\n  return dict(grid=sweep.zip({', '.join(axes)}), objective='eval/accuracy',\n"
+    f"              direction='maximize', pruner={pruner!r})\n",
+    "sweep_cfg.py",
+  )
+
+
+# The tiny run's overrides without its per-step progress rows and checkpoints every 5 steps (a sweep test runs
+# several trials; each trial compiles its own step, the learning rate being a constant in it).
+LIGHT = ["--config.log_every=5", "--config.checkpoint_every=10"]
+
+
+def _sweep_cmd(config, sweep_dir, run_args, *args):
+  return [sys.executable, "-m", "vitjax.sweep", f"--config={config}", f"--sweep_dir={sweep_dir}", *args, *run_args]
+
+
+def _csv(sweep_dir) -> list[dict]:
+  with open(os.path.join(sweep_dir, "trials.csv")) as f:
+    return list(csv.DictReader(f))
+
+
+def _launches(sweep_dir, n) -> int:
+  """How many times trial n's run was started (each start writes a '===' header to its log)."""
+  with open(os.path.join(sweep_dir, "logs", f"trial_{n:04d}.log")) as f:
+    return sum(line.startswith("=== ") for line in f)
+
+
+def _study_trials(sweep_dir, storage=None) -> list:
+  import optuna
+
+  with open(os.path.join(sweep_dir, "sweep.json")) as f:
+    record = json.load(f)
+  return optuna.load_study(study_name=record["study"], storage=storage or record["storage"]).get_trials()
+
+
+def test_sweep_end_to_end(tmp_path, run_args):
+  """Four trials on two workers; the one with a huge learning rate diverges and is recorded as failed with its
+  error line while the others complete; a rerun runs nothing again."""
+  config = _sweep_config(tmp_path, lrs=[2e-3, 2e-3, 1e30, 2e-3], seeds=[0, 1, 2, 3])
+  sweep_dir = str(tmp_path / "sweep")
+  cmd = _sweep_cmd(config, sweep_dir, [*run_args, *LIGHT], "--workers=2")
+  proc = subprocess.run(cmd, cwd=th.ROOT, env=th.env(), capture_output=True, text=True, timeout=600)
+  th.check_ok(proc)
+  rows = _csv(sweep_dir)
+  assert len(rows) == 4
+  states = {int(r["trial"]): r["state"] for r in rows}
+  assert states == {0: "complete", 1: "complete", 2: "fail", 3: "complete"}, rows
+  assert "not finite" in next(r["error"] for r in rows if r["trial"] == "2")
+  assert "trial 2 failed: step" in proc.stderr
+  complete = [r for r in rows if r["state"] == "complete"]
+  assert [float(r["objective"]) for r in complete] == sorted((float(r["objective"]) for r in complete), reverse=True)
+  for r in complete:  # an ordinary run: its config, checkpoints and metrics, the trial's value in its config
+    workdir = os.path.join(sweep_dir, f"trial_{int(r['trial']):04d}")
+    with open(os.path.join(workdir, "config.json")) as f:
+      assert json.load(f)["optim"]["lr"] == float(r["optim.lr"])
+    assert os.path.isdir(os.path.join(workdir, "checkpoints"))
+    assert int(r["last_step"]) == 30 and int(r["best_step"]) in (10, 20, 30)
+  report = open(os.path.join(sweep_dir, "report.md")).read()
+  assert "## Best: trial" in report and "python -m vitjax.main --config=" in report
+  for png in ("objective_vs_params.png", "curves.png", "parallel_coordinate.png", "importance.png"):
+    assert os.path.getsize(os.path.join(sweep_dir, png)) > 1000, png
+
+  again = subprocess.run(cmd, cwd=th.ROOT, env=th.env(), capture_output=True, text=True, timeout=300)
+  th.check_ok(again)
+  assert " on CPU core" not in again.stderr  # nothing claimed
+  assert len(_study_trials(sweep_dir)) == 4 and all(_launches(sweep_dir, n) == 1 for n in range(4))
+
+  report = subprocess.run(
+    [sys.executable, "-m", "vitjax.sweep", "--mode=report", f"--sweep_dir={sweep_dir}"],
+    cwd=th.ROOT, env=th.env(), capture_output=True, text=True, timeout=300,
+  )  # fmt: skip
+  th.check_ok(report)
+  assert "4 trials: 3 complete, 1 fail" in report.stderr
+
+  other = subprocess.run(  # the same sweep_dir for a different sweep: one line, nothing touched
+    _sweep_cmd(config, sweep_dir, [*run_args, *LIGHT], "--config.total_steps=40"),
+    cwd=th.ROOT, env=th.env(), capture_output=True, text=True, timeout=300,
+  )  # fmt: skip
+  assert other.returncode == 2 and th.error_lines(other).startswith("error: ") and "new --sweep_dir" in other.stderr
+
+
+def test_poor_trial_is_pruned(tmp_path, run_args):
+  """The median pruner stops a trial whose evaluation is below the median of earlier trials at the same step:
+  three finished trials are put in the study first, the fourth (a learning rate too small to learn) runs."""
+  from vitjax.sweep import runner
+
+  config = _sweep_config(tmp_path, seeds=[0, 1, 2, 3], pruner="median")
+  sweep_dir = str(tmp_path / "sweep")
+  os.makedirs(sweep_dir)
+  s = sweep.load(config, get_config())
+  args = [*run_args, *LIGHT, "--config.total_steps=1000"]  # an evaluation every 10 steps: pruned long before the end
+  study, store = runner.open_study(f"sqlite:///{sweep_dir}/study.db", runner.study_name(config, args), s, 4)
+  run = runner.Runner(s, study, store, sweep_dir, [], [("cpu", [0])], 4, heartbeat=None, grace=None)
+  for _ in range(3):
+    trial = run._claim()
+    run._suggest(trial)
+    for step in (10, 20, 30):
+      trial.report(0.9, step)
+    study.tell(trial, 0.9)
+  proc = subprocess.run(
+    _sweep_cmd(config, sweep_dir, args), cwd=th.ROOT, env=th.env(), capture_output=True, text=True, timeout=300
+  )
+  th.check_ok(proc)
+  assert "trial 3 pruned at step 10" in proc.stderr
+  row = next(r for r in _csv(sweep_dir) if r["trial"] == "3")
+  assert row["state"] == "pruned" and int(row["last_step"]) < 1000  # stopped early
+  assert "stopped at step" in open(os.path.join(sweep_dir, "logs", "trial_0003.log")).read()  # checkpointed
+
+
+def _wait_for(predicate, timeout=240, what="", proc=None):
+  t0 = time.time()
+  while time.time() - t0 < timeout:
+    if predicate():
+      return
+    if proc is not None and proc.poll() is not None:
+      raise AssertionError(f"{what}: the sweep ended first (exit {proc.returncode})")
+    time.sleep(0.05)
+  raise AssertionError(f"timed out waiting for {what}")
+
+
+def _last_step(workdir) -> int:
+  steps = (
+    [r["step"] for r in th.read_metrics(workdir)] if os.path.exists(os.path.join(workdir, "metrics.jsonl")) else []
+  )
+  return max(steps, default=0)
+
+
+def _saved(workdir) -> bool:
+  """Whether the run has a finished checkpoint (orbax renames a step's directory to its number when done)."""
+  ckpts = os.path.join(workdir, "checkpoints")
+  return os.path.isdir(ckpts) and any(name.isdigit() for name in os.listdir(ckpts))
+
+
+def test_sweep_sigkill_and_rerun(tmp_path, run_args):
+  """SIGKILL to the sweep and its running trial, mid-trial; the same command again: the interrupted trial resumes
+  from its checkpoint (its steps continue), the finished one is not rerun."""
+  config = _sweep_config(tmp_path, seeds=[0, 1])
+  sweep_dir = str(tmp_path / "sweep")
+  args = [*run_args, *LIGHT, "--config.total_steps=150", "--config.eval_every=50", "--config.checkpoint_every=20"]
+  cmd = _sweep_cmd(config, sweep_dir, args)
+  log = open(tmp_path / "first.log", "w")
+  proc = subprocess.Popen(cmd, cwd=th.ROOT, env=th.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+  trial1 = os.path.join(sweep_dir, "trial_0001")
+  try:
+    _wait_for(lambda: _saved(trial1) and _last_step(trial1) < 120, what="trial 1's first checkpoint", proc=proc)
+  finally:
+    os.killpg(proc.pid, signal.SIGKILL)  # the sweep and its trial's run, as a lost machine would
+    proc.wait()
+  killed_at = _last_step(trial1)
+  assert killed_at < 150
+
+  again = subprocess.run(cmd, cwd=th.ROOT, env=th.env(), capture_output=True, text=True, timeout=600)
+  th.check_ok(again)
+  assert "trial 1: its worker (PID" in again.stderr and "queued again" in again.stderr
+  assert [r["state"] for r in sorted(_csv(sweep_dir), key=lambda r: r["trial"])] == ["complete"] * 2
+  assert [_launches(sweep_dir, n) for n in range(2)] == [1, 2]
+  with open(os.path.join(sweep_dir, "logs", "trial_0001.log")) as f:
+    resumed = [line for line in f if "resumed from" in line]
+  assert len(resumed) == 1 and int(resumed[0].split(" at step ")[1].split()[0]) >= 5, resumed
+  steps = [r["step"] for r in th.read_metrics(trial1) if "train/loss" in r]
+  assert steps == sorted(set(steps)) and steps[-1] == 150  # the curve continues, no step twice
+
+
+def test_stale_heartbeat_is_retried(tmp_path):
+  """A RUNNING trial whose worker stopped sending heartbeats (another machine, gone) is failed and queued again
+  in the same slot, with its parameters and reported evaluations, by whichever worker notices."""
+  from vitjax.sweep import runner
+
+  s = sweep.load(_sweep_config(tmp_path, [1e-3, 2e-3]), get_config())
+  url = f"sqlite:///{tmp_path / 'study.db'}"
+  study, store = runner.open_study(url, "stale", s, s.size, heartbeat=1, grace=2)
+  run = runner.Runner(s, study, store, str(tmp_path), [], [("cpu", [0])], s.size, heartbeat=1, grace=2)
+  trial = run._claim()
+  assert trial is not None and runner.slot(trial) == 0
+  trial.suggest_categorical("optim.lr", [1e-3, 2e-3])
+  trial.report(0.5, 10)
+  store.set_trial_system_attr(trial._trial_id, runner.OWNER, {"host": "another-machine", "pid": 1})
+  run._recover()
+  assert study.get_trials()[0].state.name == "RUNNING"  # its heartbeat is fresh
+  time.sleep(3.5)
+  run._recover()
+  trials = study.get_trials()
+  assert [t.state.name for t in trials] == ["FAIL", "WAITING", "WAITING"]
+  retry = trials[2]
+  assert runner.slot(retry) == 0 and retry.params == {"optim.lr": 1e-3} and retry.intermediate_values == {10: 0.5}
+  assert run._claim()._trial_id == retry._trial_id  # the retry is claimed first (same slot, same directory)
+
+
+def test_changed_sweep_and_max_trials(tmp_path):
+  """A study holds its sweep's slots: --max_trials caps them (a rerun with a larger cap adds the missing ones,
+  never more), and a changed get_sweep() on the same study is one error line."""
+  from vitjax.sweep import runner
+
+  url = f"sqlite:///{tmp_path / 'study.db'}"
+  s = sweep.load(_sweep_config(tmp_path, [1e-3, 2e-3, 3e-3]), get_config())
+  study, _ = runner.open_study(url, "capped", s, 2)
+  assert sorted(runner.slot(t) for t in study.get_trials()) == [0, 1]
+  for _ in range(2):  # a rerun with the whole sweep adds the third, once
+    study, _ = runner.open_study(url, "capped", s, 3)
+  assert sorted(runner.slot(t) for t in study.get_trials()) == [0, 1, 2]
+  assert [t.system_attrs["fixed_params"] for t in study.get_trials()] == [{"optim.lr": v} for v in (1e-3, 2e-3, 3e-3)]
+  changed = sweep.load(_sweep_config(tmp_path, [1e-3, 5e-3]), get_config())
+  with pytest.raises(ConfigError, match="made by a different get_sweep"):
+    runner.open_study(url, "capped", changed, 2)
+
+
+# ------------------------------------------------------------------ many machines: PostgreSQL
+
+
+def _pg_bin(name: str) -> str | None:
+  found = shutil.which(name)
+  if found:
+    return found
+  candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
+  return candidates[-1] if candidates else None
+
+
+@pytest.fixture
+def postgres():
+  """A PostgreSQL server of its own: initdb in a temporary folder, a Unix socket there, stopped at the end."""
+  initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
+  if not (initdb and pg_ctl):
+    pytest.skip("PostgreSQL is not installed (Debian: apt-get install postgresql)")
+  pytest.importorskip("psycopg2")
+  as_user = []
+  base = tempfile.mkdtemp(prefix="vitjax-pg-")  # short: a Unix socket path has a length limit
+  if os.getuid() == 0:  # initdb refuses root: run the server as the postgres user
+    try:
+      pw = pwd.getpwnam("postgres")
+    except KeyError:
+      pytest.skip("running as root and there is no postgres user to run PostgreSQL as")
+    os.chmod(base, 0o755)
+    os.chown(base, pw.pw_uid, pw.pw_gid)
+    as_user = ["runuser", "-u", "postgres", "--"]
+  data = os.path.join(base, "data")
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  subprocess.run([*as_user, initdb, "-D", data, "-A", "trust", "-U", "vitjax", "-N"], check=True, capture_output=True)
+  opts = f"-k {base} -p {port} -c listen_addresses='' -c fsync=off"
+  subprocess.run(
+    [*as_user, pg_ctl, "-D", data, "-l", f"{base}/log", "-o", opts, "-w", "start"], check=True, capture_output=True
+  )
+  try:
+    yield f"postgresql+psycopg2://vitjax@/postgres?host={base}&port={port}"
+  finally:
+    subprocess.run([*as_user, pg_ctl, "-D", data, "-m", "immediate", "stop"], capture_output=True)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_two_machines_share_a_postgresql_study(tmp_path, run_args, postgres):
+  """Two sweep processes ("machines") on one PostgreSQL study and a shared sweep_dir: each trial runs once; one
+  process is SIGKILLed mid-trial and the other takes that trial over, resuming it from its checkpoint."""
+  config = _sweep_config(tmp_path, seeds=[0, 1, 2])
+  sweep_dir = str(tmp_path / "sweep")
+  cmd = _sweep_cmd(
+    config,
+    sweep_dir,
+    [*run_args, *LIGHT, "--config.total_steps=150", "--config.eval_every=50", "--config.checkpoint_every=20"],
+  )
+  cmd.append(f"--storage={postgres}")
+  logs = [tmp_path / "a.log", tmp_path / "b.log"]
+  procs = [
+    subprocess.Popen(
+      cmd, cwd=th.ROOT, env=th.env(), stdout=open(p, "w"), stderr=subprocess.STDOUT, start_new_session=True
+    )
+    for p in logs
+  ]
+
+  def b_trial():
+    lines = [ln for ln in logs[1].read_text().splitlines() if " on CPU core" in ln]
+    return int(lines[0].split("trial ")[1].split()[0]) if lines else None
+
+  try:
+    _wait_for(lambda: b_trial() is not None, what="process b's first trial", proc=procs[1])
+    victim = os.path.join(sweep_dir, f"trial_{b_trial():04d}")
+    _wait_for(lambda: _saved(victim) and _last_step(victim) < 120, what="b's trial's first checkpoint", proc=procs[1])
+  finally:
+    os.killpg(procs[1].pid, signal.SIGKILL)
+    procs[1].wait()
+    if procs[0].poll() is not None and procs[0].returncode != 0:
+      raise AssertionError(logs[0].read_text()[-3000:])
+  assert procs[0].wait(timeout=600) == 0, logs[0].read_text()[-3000:]
+  rows = _csv(sweep_dir)
+  assert sorted(int(r["trial"]) for r in rows) == [0, 1, 2] and {r["state"] for r in rows} == {"complete"}
+  launches = [_launches(sweep_dir, n) for n in range(3)]
+  assert launches[b_trial()] == 2 and sum(launches) == 4, launches  # only the killed one ran again
+  trials = _study_trials(sweep_dir, postgres)
+  assert len(trials) == 4 and sum(t.state.name == "COMPLETE" for t in trials) == 3
+  a_log = logs[0].read_text()
+  assert f"trial {b_trial()}: its worker (PID {procs[1].pid})" in a_log
+  assert "resumed from" in open(os.path.join(sweep_dir, "logs", f"trial_{b_trial():04d}.log")).read()

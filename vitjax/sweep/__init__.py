@@ -1,0 +1,316 @@
+"""Hyperparameter sweeps: the search lives beside get_config() in the config file; Optuna runs it on a database.
+
+A config file may define `get_sweep()` (with the same argument as its get_config, if any). It returns a dict:
+
+    from vitjax import sweep
+
+    def get_sweep():
+      return dict(
+        grid=sweep.product(                      # every combination: 3 x 2 x 2 = 12 trials
+          sweep.values("optim.lr", [1e-3, 2e-3, 4e-3]),
+          sweep.values("optim.weight_decay", [0.05, 0.3]),
+          sweep.zip(sweep.values("model.depth", [2, 4]), sweep.values("model.mlp_dim", [64, 128])),  # together
+        ),
+        objective="eval/accuracy", direction="maximize", pruner="median",
+      )
+
+or, instead of `grid`, a search space that Optuna's sampler (TPE, or random) draws `trials` points from:
+
+        space={
+          "optim.lr": sweep.log_uniform(1e-4, 1e-2),
+          "model.dropout_rate": sweep.uniform(0.0, 0.3),
+          "schedule.warmup_steps": sweep.integer(100, 800, step=100),
+          "data.augment.flip": sweep.choice(True, False),
+        },
+        trials=12,
+
+Keys: `grid` or `space` + `trials`; `objective`, a metric of the evaluations during training (eval/accuracy,
+eval/bleu, eval/loss: a trial's objective is its best evaluation, and its best step is where that was);
+`direction` (maximize or minimize); `pruner` ("none", "median": stop a trial whose evaluation is worse than the
+median of earlier trials at the same step, "halving": successive halving; default "none"); `sampler` ("tpe" or
+"random", search spaces only; default "tpe"); `seed` (the sampler's; default none).
+
+Grid values and choices are numbers, strings or booleans; field names are dotted config paths, checked against
+the config before anything runs. `python -m vitjax.sweep` runs a sweep and reports on it (vitjax.sweep.__main__).
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import importlib.util
+import itertools
+import math
+import os
+
+from vitjax.errors import ConfigError
+
+PRUNERS = ("none", "median", "halving")
+SAMPLERS = ("tpe", "random")
+_KEYS = {"grid", "space", "trials", "objective", "direction", "pruner", "sampler", "seed"}
+_SCALARS = (bool, int, float, str)
+
+
+# ------------------------------------------------------------------ the grid: lists of {field: value} points
+
+
+def values(field: str, vals) -> list[dict]:
+  """One axis of a grid: [{field: v} for v in vals]."""
+  vals = list(vals)
+  if not vals:
+    raise ConfigError(f"get_sweep(): sweep.values({field!r}, ...) has no values")
+  return [{field: v} for v in vals]
+
+
+def product(*axes: list[dict]) -> list[dict]:
+  """Every combination of the axes' points (the last axis varies fastest)."""
+  return [_merge(points) for points in itertools.product(*axes)]
+
+
+def zip(*axes: list[dict]) -> list[dict]:  # noqa: A001  (the grid's zip, as in big_vision/scenic sweeps)
+  """The axes' points side by side: the i-th point of each, merged; the axes must have the same length."""
+  lengths = {len(a) for a in axes}
+  if len(lengths) > 1:
+    raise ConfigError(f"get_sweep(): sweep.zip of axes of different lengths {sorted(lengths)}")
+  return [_merge(points) for points in builtins.zip(*axes)]
+
+
+def _merge(points) -> dict:
+  merged = {}
+  for p in points:
+    for k, v in p.items():
+      if k in merged:
+        raise ConfigError(f"get_sweep(): the grid sets {k} twice in one point; give each field one axis")
+      merged[k] = v
+  return merged
+
+
+# ------------------------------------------------------------------ the search space
+
+
+@dataclasses.dataclass(frozen=True)
+class Dist:
+  """One dimension of a search space (made by uniform, log_uniform, integer, choice)."""
+
+  kind: str  # float | int | categorical
+  low: float | None = None
+  high: float | None = None
+  log: bool = False
+  step: float | None = None
+  choices: tuple = ()
+
+  def optuna(self):
+    import optuna
+
+    if self.kind == "float":
+      return optuna.distributions.FloatDistribution(self.low, self.high, log=self.log, step=self.step)
+    if self.kind == "int":
+      return optuna.distributions.IntDistribution(self.low, self.high, log=self.log, step=self.step or 1)
+    return optuna.distributions.CategoricalDistribution(self.choices)
+
+  def describe(self) -> str:
+    if self.kind == "categorical":
+      return f"one of {list(self.choices)}"
+    scale = "log scale" if self.log else "linear"
+    step = f", step {self.step:g}" if self.step else ""
+    return f"{self.kind} in [{self.low:g}, {self.high:g}] ({scale}{step})"
+
+
+def uniform(low: float, high: float, step: float | None = None) -> Dist:
+  """A float on a linear scale, low <= x <= high (on a grid of `step` if given)."""
+  return _checked(Dist("float", float(low), float(high), step=step))
+
+
+def log_uniform(low: float, high: float) -> Dist:
+  """A float on a log scale, 0 < low <= x <= high (learning rates, weight decay)."""
+  return _checked(Dist("float", float(low), float(high), log=True))
+
+
+def integer(low: int, high: int, step: int = 1, log: bool = False) -> Dist:
+  """An integer low <= n <= high, every `step` (or on a log scale)."""
+  return _checked(Dist("int", int(low), int(high), log=log, step=step))
+
+
+def choice(*choices) -> Dist:
+  """One of the given values (numbers, strings or booleans)."""
+  return _checked(Dist("categorical", choices=tuple(choices)))
+
+
+def _checked(d: Dist) -> Dist:
+  if d.kind == "categorical":
+    if not d.choices or not all(isinstance(c, _SCALARS) for c in d.choices):
+      raise ConfigError(f"get_sweep(): sweep.choice{d.choices} needs one or more numbers, strings or booleans")
+    return d
+  if not (math.isfinite(d.low) and math.isfinite(d.high) and d.low <= d.high):
+    raise ConfigError(f"get_sweep(): a range [{d.low}, {d.high}] needs finite low <= high")
+  if d.log and d.low <= 0:
+    raise ConfigError(f"get_sweep(): a log-scale range [{d.low}, {d.high}] needs low > 0")
+  if d.step is not None and d.step <= 0:
+    raise ConfigError(f"get_sweep(): step={d.step} must be positive")
+  return d
+
+
+# ------------------------------------------------------------------ a config file's sweep, checked
+
+
+@dataclasses.dataclass
+class Sweep:
+  """A config file's get_sweep(), checked against its config."""
+
+  objective: str
+  direction: str  # maximize | minimize
+  grid: list[dict] | None = None
+  space: dict[str, Dist] | None = None
+  trials: int | None = None
+  pruner: str = "none"
+  sampler: str = "tpe"
+  seed: int | None = None
+
+  @property
+  def size(self) -> int:
+    """How many trials the sweep has: the grid's points, or the search space's `trials`."""
+    return len(self.grid) if self.grid is not None else self.trials
+
+  @property
+  def fields(self) -> list[str]:
+    return list(self.grid[0]) if self.grid is not None else list(self.space)
+
+  def dims(self) -> dict[str, Dist]:
+    """Each field's range: the search space's, or for a grid the values its axis takes (categorical)."""
+    if self.space is not None:
+      return dict(self.space)
+    return {k: Dist("categorical", choices=tuple(_unique(p[k] for p in self.grid))) for k in self.fields}
+
+  def better(self, a: float, b: float) -> bool:
+    return a > b if self.direction == "maximize" else a < b
+
+  def describe(self) -> dict:
+    """What the study records of the sweep (to recognise a changed get_sweep() on a rerun)."""
+    what = {"grid": self.grid} if self.grid is not None else {"space": {k: d.describe() for k, d in self.space.items()}}
+    return {**what, "objective": self.objective, "direction": self.direction}
+
+
+def _unique(xs) -> list:
+  out = []
+  for x in xs:
+    if not any(type(x) is type(y) and x == y for y in out):
+      out.append(x)
+  return out
+
+
+def config_module(config_arg: str):
+  """Imports the config file of a --config=PATH[:ARGS] value; returns (module, ARGS or None)."""
+  path, _, args = config_arg.partition(":")
+  spec = importlib.util.spec_from_file_location(f"vitjax_sweep_config_{abs(hash(path))}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module, (args or None)
+
+
+def load(config_arg: str, config) -> Sweep:
+  """The checked Sweep of a --config=PATH[:ARGS] value; `config` is that file's config (with any overrides).
+  Raises ConfigError with one line naming the fix."""
+  path = config_arg.partition(":")[0]
+  module, args = config_module(config_arg)
+  if not hasattr(module, "get_sweep"):
+    raise ConfigError(f"{path} has no get_sweep(): add one beside get_config() (see `pydoc vitjax.sweep`)")
+  try:
+    raw = module.get_sweep(args) if args is not None else module.get_sweep()
+  except ConfigError as e:
+    raise ConfigError(f"{path}: {e}") from None
+  if not isinstance(raw, dict):
+    raise ConfigError(f"{path}: get_sweep() must return a dict (grid= or space=, objective=, direction=)")
+  unknown = set(raw) - _KEYS
+  if unknown:
+    raise ConfigError(f"{path}: get_sweep() has unknown keys {sorted(unknown)}; the keys are {sorted(_KEYS)}")
+  if ("grid" in raw) == ("space" in raw):
+    raise ConfigError(f"{path}: get_sweep() needs exactly one of grid= (a list of points) and space= (a search space)")
+  s = Sweep(
+    objective=raw.get("objective"),
+    direction=raw.get("direction"),
+    pruner=raw.get("pruner", "none"),
+    sampler=raw.get("sampler", "tpe"),
+    seed=raw.get("seed"),
+  )
+  if not isinstance(s.objective, str) or not s.objective.startswith("eval/"):
+    raise ConfigError(f"{path}: get_sweep() objective={s.objective!r}: name an evaluation metric, e.g. 'eval/accuracy'")
+  if s.direction not in ("maximize", "minimize"):
+    raise ConfigError(f"{path}: get_sweep() direction={s.direction!r}: use 'maximize' or 'minimize'")
+  if s.pruner not in PRUNERS:
+    raise ConfigError(f"{path}: get_sweep() pruner={s.pruner!r}: use one of {', '.join(PRUNERS)}")
+  if s.sampler not in SAMPLERS:
+    raise ConfigError(f"{path}: get_sweep() sampler={s.sampler!r}: use one of {', '.join(SAMPLERS)}")
+  if "grid" in raw:
+    grid = raw["grid"]
+    if not isinstance(grid, list) or not grid or not all(isinstance(p, dict) and p for p in grid):
+      raise ConfigError(f"{path}: get_sweep() grid= must be a non-empty list of points (sweep.product/zip/values)")
+    if any(set(p) != set(grid[0]) for p in grid):
+      raise ConfigError(f"{path}: get_sweep() every grid point must set the same fields (here {sorted(grid[0])})")
+    if "trials" in raw:
+      raise ConfigError(f"{path}: get_sweep() trials= is for a search space; a grid has one trial per point")
+    for p in grid:
+      for k, v in p.items():
+        if not isinstance(v, _SCALARS):
+          raise ConfigError(f"{path}: get_sweep() grid value {k}={v!r}: use numbers, strings or booleans")
+    s.grid = grid
+  else:
+    space = raw["space"]
+    if not isinstance(space, dict) or not space or not all(isinstance(d, Dist) for d in space.values()):
+      raise ConfigError(
+        f"{path}: get_sweep() space= must map fields to sweep.uniform/log_uniform/integer/choice ranges"
+      )
+    trials = raw.get("trials")
+    if not isinstance(trials, int) or trials < 1:
+      raise ConfigError(f"{path}: get_sweep() trials={trials!r}: a search space needs trials=N, N >= 1")
+    s.space, s.trials = space, trials
+  for point in s.grid or [_corners(s.space)]:
+    check_overrides(config, point, path)
+  return s
+
+
+def _corners(space: dict[str, Dist]) -> dict:
+  return {k: (d.choices[0] if d.kind == "categorical" else type_of(d)(d.low)) for k, d in space.items()}
+
+
+def type_of(d: Dist):
+  return int if d.kind == "int" else float
+
+
+def check_overrides(config, point: dict, path: str = "the config") -> None:
+  """Each field exists in the config and takes the value's type (as --config.FIELD=VALUE would)."""
+  for field, value in point.items():
+    parent, _, name = field.rpartition(".")
+    node = config
+    for part in parent.split(".") if parent else []:
+      node = node.get(part) if hasattr(node, "get") else None
+    if node is None or not hasattr(node, "keys") or name not in node:
+      raise ConfigError(
+        f"{path}: get_sweep() field {field!r} is not in the config (fields are dotted paths such as optim.lr)"
+      )
+    kind = node.get_type(name) if hasattr(node, "get_type") else type(node[name])
+    if kind is type(None):
+      raise ConfigError(
+        f"{path}: get_sweep() field {field!r} is None in get_config(); give it a value there so it can be swept"
+      )
+    if not _assignable(kind, value):
+      raise ConfigError(
+        f"{path}: get_sweep() {field}={value!r} is a {type(value).__name__}, the config's {field} a {kind.__name__}"
+      )
+
+
+def _assignable(kind: type, value) -> bool:
+  if kind is bool or isinstance(value, bool):
+    return kind is bool and isinstance(value, bool)
+  if kind is float:
+    return isinstance(value, int | float)
+  return isinstance(value, kind)
+
+
+def flag(field: str, value) -> str:
+  """The --config.FIELD=VALUE argument that sets `value`."""
+  text = repr(float(value)) if isinstance(value, float) else str(value)
+  return f"--config.{field}={text}"
+
+
+def trial_dir(sweep_dir: str, number: int) -> str:
+  return os.path.join(sweep_dir, f"trial_{number:04d}")

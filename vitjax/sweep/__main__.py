@@ -1,0 +1,221 @@
+"""Command line: run a hyperparameter sweep (the config file's get_sweep(), see vitjax.sweep), or report on one.
+
+    python -m vitjax.sweep --config=configs/vit_digits.py --sweep_dir=sweeps/vit_digits
+    python -m vitjax.sweep --config=configs/vit_digits.py --sweep_dir=sweeps/vit_digits --workers=2 \
+        --config.num_epochs=30          # an override applies to every trial (a quicker sweep: fewer epochs)
+    python -m vitjax.sweep --mode=report --sweep_dir=sweeps/vit_digits
+
+Each trial is an ordinary vitjax run in SWEEP_DIR/trial_NNNN (config.json, checkpoints, metrics.jsonl, tb/),
+its log in SWEEP_DIR/logs/. The study lives in --storage (default sqlite:///SWEEP_DIR/study.db) under a name
+made of the config file, its :args and the overrides. At the end SWEEP_DIR/report.md, trials.csv and plots.
+
+Rerun the same command after anything stops it (SIGTERM, SIGKILL, a lost machine): finished trials stay
+finished, interrupted ones resume from their checkpoints. --max_trials=N caps the study at N trials in all.
+
+Many machines: the same command on each, with one PostgreSQL database and, so that a trial a dead machine left
+resumes from its checkpoint elsewhere, a --sweep_dir on a shared filesystem:
+
+    python -m vitjax.sweep --config=configs/vit_digits.py --sweep_dir=/shared/sweeps/vit_digits \
+        --storage=postgresql://USER:PASSWORD@DBHOST/vitjax --workers=4   # 4 GPUs: one each
+
+Exit status: 0 every trial finished (complete, pruned or failed); 2 a problem you can fix (one "error: ..."
+line; the sweep directory is left as it was), or 3 trials in a row failed with exit status 2 (fix, then rerun
+with --retry_failed); 75 stopped by SIGTERM/SIGINT, every running trial checkpointed and queued again.
+"""
+
+import json
+import os
+import shlex
+import signal
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from vitjax.cli import parse_flags
+
+config_flags.DEFINE_config_file(
+  "config", None, "experiment config file with a get_sweep() (configs/*.py)", lock_config=True
+)
+flags.DEFINE_string(
+  "sweep_dir", None, "where the trials' workdirs, logs, the SQLite study and the report go", required=True
+)
+flags.DEFINE_enum("mode", "run", ["run", "report"], "run the sweep (resuming it) or write its report")
+flags.DEFINE_string(
+  "storage", None, "Optuna storage URL (default sqlite:///SWEEP_DIR/study.db; postgresql://... for many machines)"
+)
+flags.DEFINE_integer("workers", 1, "trials run at once on this machine, each on its own devices")
+flags.DEFINE_integer("devices_per_worker", None, "GPUs (or CPU cores) per worker; default: an equal share")
+flags.DEFINE_integer("max_trials", None, "cap the study at this many trials in all (default: the whole sweep)")
+flags.DEFINE_integer("heartbeat", 10, "seconds between a running trial's heartbeats in the study")
+flags.DEFINE_integer("grace", 60, "seconds without a heartbeat after which a trial's worker counts as lost")
+flags.DEFINE_bool("retry_failed", False, "queue the failed trials again (after fixing what made them fail)")
+FLAGS = flags.FLAGS
+
+
+def _config_arg(argv) -> str | None:
+  return next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+
+
+def _overrides(argv) -> list[str]:
+  """The --config.FIELD=VALUE arguments, as given (each trial gets them)."""
+  out, args = [], list(argv[1:])
+  for i, a in enumerate(args):
+    if a.startswith("--config."):
+      out.append(a if "=" in a or i + 1 >= len(args) or args[i + 1].startswith("-") else f"{a}={args[i + 1]}")
+  return out
+
+
+def _check_sweep_dir(sweep_dir: str, record: dict) -> None:
+  from vitjax.errors import ConfigError
+
+  if os.path.exists(sweep_dir) and not os.path.isdir(sweep_dir):
+    raise ConfigError(f"--sweep_dir={sweep_dir} is a file; give a directory")
+  path = os.path.join(sweep_dir, "sweep.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      old = json.load(f)
+    for key in ("study", "storage"):
+      if old.get(key) != record[key]:
+        raise ConfigError(
+          f"{sweep_dir} holds the sweep {old.get('study')!r} on {old.get('storage')}, not {record['study']!r} on "
+          f"{record['storage']}: rerun its command ({old.get('command')}) or give a new --sweep_dir"
+        )
+
+
+def _run(argv) -> int:
+  from vitjax import sweep as sweep_lib
+  from vitjax.errors import ConfigError
+  from vitjax.sweep import report, runner
+
+  config_arg = _config_arg(argv)
+  if FLAGS.config is None or config_arg is None:
+    raise ConfigError("a sweep needs --config=configs/NAME.py (a config file with a get_sweep())")
+  sweep = sweep_lib.load(config_arg, FLAGS.config)
+  overrides = _overrides(argv)
+  swept = [o for o in overrides if o.split("=", 1)[0].removeprefix("--config.") in sweep.fields]
+  if swept:
+    raise ConfigError(f"{swept[0].split('=', 1)[0]} is swept by get_sweep(): remove the override")
+  if FLAGS.max_trials is not None and FLAGS.max_trials < 1:
+    raise ConfigError(f"--max_trials={FLAGS.max_trials}: give at least 1")
+  for name in ("heartbeat", "grace"):
+    if FLAGS[name].value < 1:
+      raise ConfigError(f"--{name}={FLAGS[name].value}: give at least 1 second")
+  target = min(sweep.size, FLAGS.max_trials or sweep.size)
+  groups = runner.device_groups(FLAGS.workers, FLAGS.devices_per_worker)
+  sweep_dir = os.path.abspath(FLAGS.sweep_dir)
+  url = FLAGS.storage or f"sqlite:///{os.path.join(sweep_dir, 'study.db')}"
+  name = runner.study_name(config_arg, overrides)
+  record = {
+    "study": name,
+    "storage": runner.masked(url),
+    "config": config_arg,
+    "overrides": overrides,
+    "command": shlex.join(["python", "-m", "vitjax.sweep", *argv[1:]]),
+  }
+  _check_sweep_dir(sweep_dir, record)
+  existed = os.path.isdir(sweep_dir)
+  os.makedirs(sweep_dir, exist_ok=True)
+  try:
+    study, store = runner.open_study(url, name, sweep, target, FLAGS.heartbeat, FLAGS.grace)
+  except BaseException:
+    if not existed:  # bad input leaves nothing behind
+      import shutil
+
+      shutil.rmtree(sweep_dir, ignore_errors=True)
+    raise
+  if not os.path.exists(os.path.join(sweep_dir, "sweep.json")):
+    tmp = os.path.join(sweep_dir, f".sweep.json.{os.getpid()}")  # several machines may write it at once
+    with open(tmp, "w") as f:
+      json.dump(record, f, indent=2)
+    os.replace(tmp, os.path.join(sweep_dir, "sweep.json"))
+  if FLAGS.retry_failed:
+    for t in runner.latest_attempts(study.get_trials(deepcopy=False)).values():
+      if t.state.name == "FAIL" and "error" in t.user_attrs:
+        logging.info(
+          "trial %d: queued again (--retry_failed; it failed with: %s)", runner.slot(t), t.user_attrs["error"]
+        )
+        runner.requeue(study, t)
+  base = [sys.executable, "-m", "vitjax.main", f"--config={config_arg}", *overrides]
+  run = runner.Runner(sweep, study, store, sweep_dir, base, groups, target, FLAGS.heartbeat, FLAGS.grace)
+  logging.info(
+    "sweep %r: %d trials (%s), %s %s | storage %s | %d worker%s: %s",
+    name,
+    target,
+    ", ".join(f"{k} {d.describe()}" for k, d in sweep.dims().items()),
+    sweep.direction,
+    sweep.objective,
+    runner.masked(url),
+    len(groups),
+    "s" if len(groups) > 1 else "",
+    ", ".join(runner.describe_devices(g) for g in groups),
+  )
+  stops = []
+
+  def on_signal(signum, frame):
+    stops.append(signum)
+    if len(stops) == 1:
+      logging.info(
+        "%s: stopping every trial at its next step (they checkpoint and are queued again)", signal.Signals(signum).name
+      )
+      run.request_stop(signal.Signals(signum).name)
+    else:  # a second signal: stop now, without checkpoints
+      run.kill_trials()
+      os._exit(128 + signum)
+
+  signal.signal(signal.SIGTERM, on_signal)
+  signal.signal(signal.SIGINT, on_signal)
+  status = run.run()
+  if status == runner.EXIT_PREEMPTED:
+    logging.info("%s: sweep stopped; rerun the same command to resume it", run.stop_reason)
+    return status
+  if status == runner.EXIT_USER_ERROR:
+    print(
+      f"error: 3 trials in a row failed: the last {run.user_error}; fix it, then rerun with --retry_failed",
+      file=sys.stderr,
+      flush=True,
+    )
+    return status
+  out = report.write(study, sweep_dir, record)
+  logging.info("sweep done: %s", out)
+  return 0
+
+
+def _report(argv) -> int:
+  from vitjax.errors import ConfigError
+  from vitjax.sweep import report, runner
+
+  sweep_dir = os.path.abspath(FLAGS.sweep_dir)
+  path = os.path.join(sweep_dir, "sweep.json")
+  if not os.path.exists(path):
+    raise ConfigError(
+      f"{sweep_dir} has no sweep.json: give the --sweep_dir of a sweep (python -m vitjax.sweep --config=...)"
+    )
+  with open(path) as f:
+    record = json.load(f)
+  url = FLAGS.storage or record["storage"]
+  if "***" in url:
+    raise ConfigError(f"the sweep's storage {url} needs its password: give --storage=URL")
+  optuna = runner._optuna()
+  try:
+    study = optuna.load_study(study_name=record["study"], storage=runner.storage(url))
+  except KeyError:
+    raise ConfigError(f"no study {record['study']!r} in {runner.masked(url)}: give the sweep's --storage") from None
+  logging.info("%s", report.write(study, sweep_dir, record))
+  return 0
+
+
+def main(argv):
+  from vitjax import logs
+  from vitjax.errors import USER_ERRORS, one_line
+
+  logs.setup()
+  try:
+    sys.exit(_run(sys.argv) if FLAGS.mode == "run" else _report(sys.argv))
+  except (*USER_ERRORS, FileNotFoundError) as e:
+    print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=parse_flags)

@@ -8,6 +8,7 @@ import glob
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -110,11 +111,38 @@ def test_load_grid_and_space(tmp_path):
       "unknown keys",
     ),
     ("def get_config_only():\n  pass\n", "has no get_sweep"),
+    (
+      "def get_sweep():\n  return dict(grid=sweep.values('optim.lr', 1e-3), objective='eval/accuracy', "
+      "direction='maximize')\n",
+      "takes a list of values",
+    ),
+    (
+      "def get_sweep():\n  return dict(space={'model.depth': sweep.integer(1, 8, step=0.5)}, trials=2, "
+      "objective='eval/accuracy', direction='maximize')\n",
+      "takes integers",
+    ),
+    (
+      "def get_sweep():\n  return dict(grid=sweep.values('optim.lr', [1e-3]), objective='eval/accuracy', "
+      "direction='maximize', pruner=undefined_name)\n",
+      "get_sweep() raised NameError",
+    ),
   ],
 )
 def test_bad_sweep_is_one_line(tmp_path, body, message):
-  with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
+  with pytest.raises(ConfigError, match=re.escape(message)):
     sweep.load(_config_file(tmp_path, body), get_config())
+
+
+def test_bad_command_line_is_one_line(tmp_path):
+  """A bad flag of the sweep's own: one error line, exit 2, no sweep directory left behind."""
+  sweep_dir = str(tmp_path / "sweep")
+  for args in (["--grace=5"], ["--workers=64"], ["--max_trials=0"]):
+    proc = subprocess.run(
+      [sys.executable, "-m", "vitjax.sweep", f"--config={th.CONFIG}", f"--sweep_dir={sweep_dir}", *args],
+      cwd=th.ROOT, env=th.env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and th.error_lines(proc).count("\n") == 0 and "error: " in proc.stderr, proc.stderr
+    assert not os.path.exists(sweep_dir)
 
 
 # ------------------------------------------------------------------ the runner, end to end (subprocesses)

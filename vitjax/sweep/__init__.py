@@ -56,6 +56,8 @@ _SCALARS = (bool, int, float, str)
 
 def values(field: str, vals) -> list[dict]:
   """One axis of a grid: [{field: v} for v in vals]."""
+  if isinstance(vals, str) or not hasattr(vals, "__iter__"):
+    raise ConfigError(f"get_sweep(): sweep.values({field!r}, {vals!r}) takes a list of values")
   vals = list(vals)
   if not vals:
     raise ConfigError(f"get_sweep(): sweep.values({field!r}, ...) has no values")
@@ -118,17 +120,25 @@ class Dist:
 
 def uniform(low: float, high: float, step: float | None = None) -> Dist:
   """A float on a linear scale, low <= x <= high (on a grid of `step` if given)."""
+  if not all(isinstance(x, int | float) for x in (low, high, step if step is not None else 0.0)):
+    raise ConfigError(f"get_sweep(): sweep.uniform({low!r}, {high!r}, step={step!r}) takes numbers")
   return _checked(Dist("float", float(low), float(high), step=step))
 
 
 def log_uniform(low: float, high: float) -> Dist:
   """A float on a log scale, 0 < low <= x <= high (learning rates, weight decay)."""
+  if not all(isinstance(x, int | float) for x in (low, high)):
+    raise ConfigError(f"get_sweep(): sweep.log_uniform({low!r}, {high!r}) takes numbers")
   return _checked(Dist("float", float(low), float(high), log=True))
 
 
 def integer(low: int, high: int, step: int = 1, log: bool = False) -> Dist:
-  """An integer low <= n <= high, every `step` (or on a log scale)."""
-  return _checked(Dist("int", int(low), int(high), log=log, step=step))
+  """An integer low <= n <= high, every `step` (or on a log scale, step 1)."""
+  if not all(isinstance(x, int) and not isinstance(x, bool) for x in (low, high, step)):
+    raise ConfigError(f"get_sweep(): sweep.integer({low!r}, {high!r}, step={step!r}) takes integers")
+  if log and step != 1:
+    raise ConfigError(f"get_sweep(): sweep.integer(..., log=True) takes no step (step={step})")
+  return _checked(Dist("int", low, high, log=log, step=step))
 
 
 def choice(*choices) -> Dist:
@@ -218,6 +228,8 @@ def load(config_arg: str, config) -> Sweep:
     raw = module.get_sweep(args) if args is not None else module.get_sweep()
   except ConfigError as e:
     raise ConfigError(f"{path}: {e}") from None
+  except Exception as e:  # the config file's own error (a wrong argument count, a typo): one line
+    raise ConfigError(f"{path}: get_sweep() raised {type(e).__name__}: {' '.join(str(e).split())}") from None
   if not isinstance(raw, dict):
     raise ConfigError(f"{path}: get_sweep() must return a dict (grid= or space=, objective=, direction=)")
   unknown = set(raw) - _KEYS
@@ -232,6 +244,8 @@ def load(config_arg: str, config) -> Sweep:
     sampler=raw.get("sampler", "tpe"),
     seed=raw.get("seed"),
   )
+  if s.seed is not None and (not isinstance(s.seed, int) or isinstance(s.seed, bool)):
+    raise ConfigError(f"{path}: get_sweep() seed={s.seed!r}: give an integer (or leave it out)")
   if not isinstance(s.objective, str) or not s.objective.startswith("eval/"):
     raise ConfigError(f"{path}: get_sweep() objective={s.objective!r}: name an evaluation metric, e.g. 'eval/accuracy'")
   if s.direction not in ("maximize", "minimize"):
@@ -263,13 +277,17 @@ def load(config_arg: str, config) -> Sweep:
     if not isinstance(trials, int) or trials < 1:
       raise ConfigError(f"{path}: get_sweep() trials={trials!r}: a search space needs trials=N, N >= 1")
     s.space, s.trials = space, trials
-  for point in s.grid or [_corners(s.space)]:
+  for point in s.grid or _corners(s.space):
     check_overrides(config, point, path)
   return s
 
 
-def _corners(space: dict[str, Dist]) -> dict:
-  return {k: (d.choices[0] if d.kind == "categorical" else type_of(d)(d.low)) for k, d in space.items()}
+def _corners(space: dict[str, Dist]) -> list[dict]:
+  """Points that hold each dimension's every choice, or its low and high ends."""
+  values = {
+    k: list(d.choices) if d.kind == "categorical" else [type_of(d)(d.low), type_of(d)(d.high)] for k, d in space.items()
+  }
+  return [{k: v[min(i, len(v) - 1)] for k, v in values.items()} for i in range(max(map(len, values.values())))]
 
 
 def type_of(d: Dist):

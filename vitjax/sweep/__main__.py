@@ -73,14 +73,23 @@ def _check_sweep_dir(sweep_dir: str, record: dict) -> None:
     raise ConfigError(f"--sweep_dir={sweep_dir} is a file; give a directory")
   path = os.path.join(sweep_dir, "sweep.json")
   if os.path.exists(path):
-    with open(path) as f:
-      old = json.load(f)
+    old = _read_record(path)
     for key in ("study", "storage"):
       if old.get(key) != record[key]:
         raise ConfigError(
           f"{sweep_dir} holds the sweep {old.get('study')!r} on {old.get('storage')}, not {record['study']!r} on "
           f"{record['storage']}: rerun its command ({old.get('command')}) or give a new --sweep_dir"
         )
+
+
+def _read_record(path: str) -> dict:
+  from vitjax.errors import ConfigError
+
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError) as e:
+    raise ConfigError(f"{path} cannot be read ({e}); restore it, or give a new --sweep_dir") from None
 
 
 def _run(argv) -> int:
@@ -98,9 +107,11 @@ def _run(argv) -> int:
     raise ConfigError(f"{swept[0].split('=', 1)[0]} is swept by get_sweep(): remove the override")
   if FLAGS.max_trials is not None and FLAGS.max_trials < 1:
     raise ConfigError(f"--max_trials={FLAGS.max_trials}: give at least 1")
-  for name in ("heartbeat", "grace"):
-    if FLAGS[name].value < 1:
-      raise ConfigError(f"--{name}={FLAGS[name].value}: give at least 1 second")
+  if FLAGS.heartbeat < 1 or FLAGS.grace < 2 * FLAGS.heartbeat:
+    raise ConfigError(
+      f"--heartbeat={FLAGS.heartbeat} --grace={FLAGS.grace}: give a heartbeat of at least 1 s and a grace of at "
+      "least twice the heartbeat (a live trial must never look lost)"
+    )
   target = min(sweep.size, FLAGS.max_trials or sweep.size)
   groups = runner.device_groups(FLAGS.workers, FLAGS.devices_per_worker)
   sweep_dir = os.path.abspath(FLAGS.sweep_dir)
@@ -119,23 +130,27 @@ def _run(argv) -> int:
   try:
     study, store = runner.open_study(url, name, sweep, target, FLAGS.heartbeat, FLAGS.grace)
   except BaseException:
-    if not existed:  # bad input leaves nothing behind
-      import shutil
-
-      shutil.rmtree(sweep_dir, ignore_errors=True)
+    if not existed and not FLAGS.storage:  # bad input leaves nothing behind (only what this process made)
+      for name in ("study.db", "study.db.claim-lock"):
+        if os.path.exists(os.path.join(sweep_dir, name)):
+          os.remove(os.path.join(sweep_dir, name))
+    if not existed and os.path.isdir(sweep_dir) and not os.listdir(sweep_dir):
+      os.rmdir(sweep_dir)
     raise
   if not os.path.exists(os.path.join(sweep_dir, "sweep.json")):
     tmp = os.path.join(sweep_dir, f".sweep.json.{os.getpid()}")  # several machines may write it at once
     with open(tmp, "w") as f:
       json.dump(record, f, indent=2)
     os.replace(tmp, os.path.join(sweep_dir, "sweep.json"))
-  if FLAGS.retry_failed:
-    for t in runner.latest_attempts(study.get_trials(deepcopy=False)).values():
-      if t.state.name == "FAIL" and "error" in t.user_attrs:
-        logging.info(
-          "trial %d: queued again (--retry_failed; it failed with: %s)", runner.slot(t), t.user_attrs["error"]
-        )
-        runner.requeue(study, t)
+  for t in runner.latest_attempts(study.get_trials(deepcopy=False)).values():
+    if t.state.name != "FAIL" or runner.slot(t) >= target:
+      continue
+    if "error" not in t.user_attrs:  # interrupted, and its worker died before it queued the copy
+      logging.info("trial %d: interrupted and not queued again: queued now", runner.slot(t))
+      runner.requeue(study, t)
+    elif FLAGS.retry_failed:
+      logging.info("trial %d: queued again (--retry_failed; it failed with: %s)", runner.slot(t), t.user_attrs["error"])
+      runner.requeue(study, t)
   base = [sys.executable, "-m", "vitjax.main", f"--config={config_arg}", *overrides]
   run = runner.Runner(sweep, study, store, sweep_dir, base, groups, target, FLAGS.heartbeat, FLAGS.grace)
   logging.info(
@@ -169,6 +184,9 @@ def _run(argv) -> int:
   if status == runner.EXIT_PREEMPTED:
     logging.info("%s: sweep stopped; rerun the same command to resume it", run.stop_reason)
     return status
+  if status == 1:
+    print(f"error: a sweep worker stopped: {run.crashed[0]}; rerun the same command to go on", file=sys.stderr)
+    return status
   if status == runner.EXIT_USER_ERROR:
     print(
       f"error: 3 trials in a row failed: the last {run.user_error}; fix it, then rerun with --retry_failed",
@@ -191,8 +209,7 @@ def _report(argv) -> int:
     raise ConfigError(
       f"{sweep_dir} has no sweep.json: give the --sweep_dir of a sweep (python -m vitjax.sweep --config=...)"
     )
-  with open(path) as f:
-    record = json.load(f)
+  record = _read_record(path)
   url = FLAGS.storage or record["storage"]
   if "***" in url:
     raise ConfigError(f"the sweep's storage {url} needs its password: give --storage=URL")

@@ -110,7 +110,7 @@ def requeue(study, trial) -> None:
       state=optuna.trial.TrialState.WAITING,
       params=trial.params,
       distributions=trial.distributions,
-      user_attrs=trial.user_attrs,
+      user_attrs={k: v for k, v in trial.user_attrs.items() if k != "error"},
       system_attrs=attrs,
       intermediate_values=trial.intermediate_values,
     )
@@ -176,11 +176,14 @@ def _difference(a: dict, b: dict) -> str:
   return "it differs in " + ", ".join(keys)
 
 
-def make_sampler(sweep):
+def make_sampler(sweep, slot: int | None = None):
+  """The sweep's sampler; with a seed and a slot, seeded by both, so that machines and reruns draw each trial's
+  values from its own stream (the same seed everywhere would draw the same points on every machine)."""
   optuna = _optuna()
+  seed = sweep.seed if sweep.seed is None or slot is None else sweep.seed * 100_003 + slot
   if sweep.sampler == "random":
-    return optuna.samplers.RandomSampler(seed=sweep.seed)
-  return optuna.samplers.TPESampler(seed=sweep.seed)
+    return optuna.samplers.RandomSampler(seed=seed)
+  return optuna.samplers.TPESampler(seed=seed)
 
 
 def make_pruner(sweep):
@@ -214,24 +217,26 @@ def device_groups(workers: int, per_worker: int | None) -> list[tuple[str, list[
   return [(kind, pool[i * per : (i + 1) * per]) for i in range(workers)]
 
 
-def _gpus() -> list[int]:
+def _gpus() -> list[str]:
   if os.environ.get("JAX_PLATFORMS", "").split(",")[0] in ("cpu", "tpu"):
     return []
   visible = os.environ.get("CUDA_VISIBLE_DEVICES")
   if visible is not None:
-    return [int(x) for x in visible.split(",") if x.strip().isdigit()]
+    return [x.strip() for x in visible.split(",") if x.strip() and x.strip() != "-1"]  # indices, GPU-UUIDs, MIG-...
   try:
     out = subprocess.run(
       ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
     )
   except (OSError, subprocess.TimeoutExpired):
     return []
-  return [int(x) for x in out.stdout.split()] if out.returncode == 0 else []
+  return out.stdout.split() if out.returncode == 0 else []
 
 
 def describe_devices(group) -> str:
   kind, ids = group
-  ranges = f"{ids[0]}" if len(ids) == 1 else f"{ids[0]}-{ids[-1]}" if ids == list(range(ids[0], ids[-1] + 1)) else ids
+  ints = all(isinstance(i, int) for i in ids)
+  contiguous = ints and ids == list(range(ids[0], ids[-1] + 1))
+  ranges = f"{ids[0]}" if len(ids) == 1 else f"{ids[0]}-{ids[-1]}" if contiguous else ",".join(map(str, ids))
   return f"{'GPU' if kind == 'gpu' else 'CPU core'}{'s' if len(ids) > 1 else ''} {ranges}"
 
 
@@ -293,7 +298,7 @@ class Runner:
     self.stop = threading.Event()
     self.stop_reason = None
     self.procs: dict[int, subprocess.Popen] = {}  # worker index -> its trial's process
-    self.lock = threading.Lock()
+    self.lock = threading.RLock()  # signal handlers (main thread) may nest
     self.failed_in_a_row: list[str] = []
     self.user_error = None
     self.waiting_said = False
@@ -301,6 +306,7 @@ class Runner:
     self.finished_here = 0
     self.durations: list[float] = []
     self.guard = _SqliteGuard(store.url)
+    self.crashed: list[str] = []  # workers stopped by an error in vitjax.sweep itself
 
   # ---- the study's state
 
@@ -333,25 +339,35 @@ class Runner:
         except optuna.exceptions.UpdateFinishedTrialError:
           pass
 
-  def _claim(self):
+  def _claim(self, study=None):
     with self.guard:
-      return self._claim_unguarded()
+      return self._claim_unguarded(study)
 
-  def _claim_unguarded(self):
+  def _claim_unguarded(self, study=None):
     optuna = _optuna()
-    waiting = self._trials((optuna.trial.TrialState.WAITING,))
+    study = study or self.study
+    trials = study.get_trials(deepcopy=False)  # through `study`: its storage cache then knows the trial
+    newest = latest_attempts(trials)
+    waiting = [t for t in trials if t.state == optuna.trial.TrialState.WAITING]
     for t in sorted(waiting, key=lambda t: ("retry_of" not in t.system_attrs, t.number)):  # resumes first
       if slot(t) >= self.target:
         continue
+      if newest[slot(t)].number != t.number:  # a copy of a slot queued twice (two machines at once): the newest runs
+        try:
+          self.store.set_trial_user_attr(t._trial_id, "superseded_by", newest[slot(t)].number)
+          self.store.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:
+          pass
+        continue
+      if self.heartbeat:  # before it is RUNNING: a claimer that dies right after still goes stale
+        self.store.record_heartbeat(t._trial_id)
       try:
         if not self.store.set_trial_state_values(t._trial_id, optuna.trial.TrialState.RUNNING):
           continue
       except optuna.exceptions.UpdateFinishedTrialError:
         continue
       self.store.set_trial_system_attr(t._trial_id, OWNER, _owner())
-      if self.heartbeat:
-        self.store.record_heartbeat(t._trial_id)
-      return optuna.Trial(self.study, t._trial_id)
+      return optuna.Trial(study, t._trial_id)
     return None
 
   # ---- workers
@@ -367,7 +383,9 @@ class Runner:
         th.join(timeout=0.2)
     if self.user_error:
       return EXIT_USER_ERROR
-    return EXIT_PREEMPTED if self.stop.is_set() else 0
+    if self.stop.is_set():
+      return EXIT_PREEMPTED
+    return 1 if self.crashed else 0
 
   def request_stop(self, reason: str) -> None:
     self.stop_reason = self.stop_reason or reason
@@ -378,23 +396,35 @@ class Runner:
           proc.send_signal(signal.SIGTERM)
 
   def kill_trials(self) -> None:
-    with self.lock:
-      for proc in self.procs.values():
-        if proc.poll() is None:
-          proc.kill()
+    for proc in list(self.procs.values()):
+      if proc.poll() is None:
+        proc.kill()
 
   def _worker(self, index: int) -> None:
     optuna = _optuna()
+    study = optuna.load_study(
+      study_name=self.study.study_name, storage=self.store, sampler=self.study.sampler, pruner=self.study.pruner
+    )
     while not self.stop.is_set():
       try:
-        trial = self._claim()
+        trial = self._claim(study)
       except Exception as e:  # the database went away for a moment: say so, try again
         logging.warning("worker %d: the storage failed (%s); retrying in 10 s", index, _first_line(e))
         self.stop.wait(10)
         continue
       if trial is not None:
         self.waiting_said = False
-        self._run_trial(index, trial)
+        try:
+          study.sampler = make_sampler(self.sweep, slot(self.store.get_trial(trial._trial_id)))
+          self._run_trial(index, trial)
+        except Exception as e:  # a bug here, or the database lost mid-trial: the trial goes back to the queue
+          logging.error("worker %d stopped: %s: %s (its trial is queued again)", index, type(e).__name__, e)
+          self.crashed.append(str(e))
+          try:
+            self._interrupted(trial)
+          except Exception:
+            pass  # its heartbeat stops: another worker queues it again after --grace
+          return
         continue
       self._recover()
       running = self._trials((optuna.trial.TrialState.RUNNING,))
@@ -404,8 +434,8 @@ class Runner:
       if not waiting and not self.waiting_said:
         self.waiting_said = True
         logging.info(
-          "no trial left to claim: waiting for %d running elsewhere (one whose worker stops sending heartbeats for "
-          "%d s is queued again and taken over here)",
+          "no trial left to claim: waiting for %d running (on other workers; one whose worker stops sending "
+          "heartbeats for %d s is queued again and taken over here)",
           len(running),
           self.grace or 0,
         )
@@ -432,9 +462,14 @@ class Runner:
     while True:  # a relaunch only while a lost run still holds the workdir's lock
       rc, pruned_at, log_end = self._attempt(index, trial, n, cmd, workdir, log_path, reported)
       line = _error_line(log_path, log_end) if rc not in (0, None) else ""
-      if rc == EXIT_USER_ERROR and "is in use" in line and time.time() < lock_deadline and not self.stop.is_set():
+      if self.stop.is_set() and rc in (EXIT_USER_ERROR, 128 + signal.SIGTERM, 128 + signal.SIGINT, -signal.SIGTERM):
+        rc = EXIT_PREEMPTED  # stopped (or waiting for the lock) as the sweep stops: queued again
+      if rc == EXIT_USER_ERROR and "is in use" in line and time.time() < lock_deadline:
         logging.info("trial %d: %s; trying again in 15 s", n, line.removeprefix("error: "))
-        self.stop.wait(15)
+        for _ in range(15):
+          if self.heartbeat:
+            self.store.record_heartbeat(trial._trial_id)
+          self.stop.wait(1)
         continue
       break
     wall = wall0 + time.time() - t0
@@ -446,17 +481,16 @@ class Runner:
     if rows:
       trial.set_user_attr("last_step", rows[-1]["step"])
     if pruned_at is not None:
-      self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+      trial.study.tell(trial, state=optuna.trial.TrialState.PRUNED, skip_if_finished=True)
       value = self.store.get_trial(trial._trial_id).intermediate_values.get(pruned_at)
       self._finished(n, f"pruned at step {pruned_at} ({self.sweep.objective} {value:.4g})", wall, ok=True)
     elif rc == 0 and best is not None:
-      self.study.tell(trial, best[self.sweep.objective])
+      trial.study.tell(trial, best[self.sweep.objective], skip_if_finished=True)
       self._finished(
         n, f"complete: {self.sweep.objective} {best[self.sweep.objective]:.4f} at step {best['step']}", wall, ok=True
       )
     elif rc == EXIT_PREEMPTED:  # interrupted (the sweep's SIGTERM, or the trial's own): queued again
-      self.store.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
-      requeue(self.study, self.store.get_trial(trial._trial_id))
+      self._interrupted(trial)
       step = rows[-1]["step"] if rows else None
       logging.info("trial %d: interrupted%s, queued again (it resumes from its checkpoint)", n, _at(step))
     else:
@@ -465,8 +499,20 @@ class Runner:
       elif not line:
         line = f"exit status {rc}" if rc >= 0 else f"killed by {signal.Signals(-rc).name}"
       trial.set_user_attr("error", line)
-      self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+      trial.study.tell(trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
       self._finished(n, f"failed: {line} (log: {log_path})", wall, ok=False, user_error=rc in (0, EXIT_USER_ERROR))
+
+  def _interrupted(self, trial) -> None:
+    """Fails a trial this worker ran and queues a copy (same slot) to resume it; unless another worker took it
+    for stale first, in which case that one queued it."""
+    optuna = _optuna()
+    with self.guard:
+      try:
+        won = self.store.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
+      except optuna.exceptions.UpdateFinishedTrialError:
+        won = False
+      if won:
+        requeue(self.study, self.store.get_trial(trial._trial_id))
 
   def _suggest(self, trial) -> dict:
     return {k: _suggest(trial, k, d) for k, d in self.sweep.dims().items()}
@@ -491,6 +537,7 @@ class Runner:
           stderr=subprocess.STDOUT,
           env=env,
           preexec_fn=_child_setup(ids if kind == "cpu" else None),
+          start_new_session=True,  # a signal to the sweep's group reaches it once, from the sweep
         )
         self.procs[index] = proc
     pruned_at = None
@@ -554,7 +601,7 @@ class Runner:
       eta,
     )
     with self.lock:
-      self.failed_in_a_row = [] if ok else self.failed_in_a_row + [what]
+      self.failed_in_a_row = self.failed_in_a_row + [what] if user_error else []
       if user_error and len(self.failed_in_a_row) >= 3 and not self.stop.is_set():
         self.user_error = what
         self.stop.set()

@@ -317,6 +317,28 @@ def test_sweep_sigkill_and_rerun(tmp_path, run_args):
   assert steps == sorted(set(steps)) and steps[-1] == 150  # the curve continues, no step twice
 
 
+def test_sigterm_checkpoints_and_requeues(tmp_path, run_args):
+  """SIGTERM to the sweep: its running trial checkpoints and is queued again (same slot), the sweep exits 75."""
+  config = _sweep_config(tmp_path, seeds=[0])
+  sweep_dir = str(tmp_path / "sweep")
+  args = [*run_args, *LIGHT, "--config.total_steps=150", "--config.eval_every=50", "--config.checkpoint_every=20"]
+  log = open(tmp_path / "sweep.log", "w")
+  proc = subprocess.Popen(
+    _sweep_cmd(config, sweep_dir, args), cwd=th.ROOT, env=th.env(), stdout=log, stderr=subprocess.STDOUT
+  )
+  trial = os.path.join(sweep_dir, "trial_0000")
+  try:
+    _wait_for(lambda: _saved(trial) and _last_step(trial) < 120, what="the trial's first checkpoint", proc=proc)
+  finally:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 75
+  text = (tmp_path / "sweep.log").read_text()
+  assert "SIGTERM: stopping every trial" in text and "trial 0: interrupted after step" in text
+  assert "SIGTERM: stopped at step" in open(os.path.join(sweep_dir, "logs", "trial_0000.log")).read()
+  trials = _study_trials(sweep_dir)
+  assert [(t.state.name, t.user_attrs.get("trial", t.number)) for t in trials] == [("FAIL", 0), ("WAITING", 0)]
+
+
 def test_stale_heartbeat_is_retried(tmp_path):
   """A RUNNING trial whose worker stopped sending heartbeats (another machine, gone) is failed and queued again
   in the same slot, with its parameters and reported evaluations, by whichever worker notices."""

@@ -491,8 +491,9 @@ class Runner:
       )
     elif rc == EXIT_PREEMPTED:  # interrupted (the sweep's SIGTERM, or the trial's own): queued again
       self._interrupted(trial)
-      step = rows[-1]["step"] if rows else None
-      logging.info("trial %d: interrupted%s, queued again (it resumes from its checkpoint)", n, _at(step))
+      logging.info(
+        "trial %d: interrupted%s, queued again (it resumes from its checkpoint)", n, _at(_last_step(workdir))
+      )
     else:
       if rc == 0:
         line = f"no {self.sweep.objective} in its evaluations ({', '.join(_metric_names(rows)) or 'none'})"
@@ -666,6 +667,21 @@ def eval_rows(workdir: str) -> list[dict]:
   except FileNotFoundError:
     return []
   return [rows[s] for s in sorted(rows)]
+
+
+def _last_step(workdir: str) -> int | None:
+  """The last step in WORKDIR/metrics.jsonl (progress or evaluation)."""
+  step = None
+  try:
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+      for line in f:
+        try:
+          step = json.loads(line).get("step", step)
+        except ValueError:
+          continue
+  except FileNotFoundError:
+    pass
+  return step
 
 
 def best_row(rows: list[dict], sweep) -> dict | None:

@@ -191,9 +191,6 @@ class Sweep:
       return dict(self.space)
     return {k: Dist("categorical", choices=tuple(_unique(p[k] for p in self.grid))) for k in self.fields}
 
-  def better(self, a: float, b: float) -> bool:
-    return a > b if self.direction == "maximize" else a < b
-
   def describe(self) -> dict:
     """What the study records of the sweep (to recognise a changed get_sweep() on a rerun)."""
     what = {"grid": self.grid} if self.grid is not None else {"space": {k: d.describe() for k, d in self.space.items()}}

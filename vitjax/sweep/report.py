@@ -16,7 +16,7 @@ import warnings
 
 from vitjax import sweep as sweep_lib
 from vitjax.logs import fmt_time
-from vitjax.sweep.runner import eval_rows, latest_attempts, slot
+from vitjax.sweep.runner import best_row, eval_rows, latest_attempts, slot
 
 COLUMNS = ["trial", "state", "objective", "best_step", "last_step", "wall_s", "attempts", "overrides", "error"]
 
@@ -38,7 +38,7 @@ def rows(study, sweep_dir: str) -> list[dict]:
     value = t.value if state == "complete" else None
     if state == "pruned" and t.intermediate_values:
       value = t.intermediate_values[max(t.intermediate_values)]
-    best = max(curve, key=lambda r: _key(r.get(objective), maximize)) if curve else None
+    best = best_row(curve, objective, maximize)
     out.append(
       {
         "trial": n,

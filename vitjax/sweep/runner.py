@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import json
+import math
 import os
 import shlex
 import signal
@@ -303,7 +304,6 @@ class Runner:
     self.user_error = None
     self.waiting_said = False
     self.t0 = time.time()
-    self.finished_here = 0
     self.durations: list[float] = []
     self.guard = _SqliteGuard(store.url)
     self.crashed: list[str] = []  # workers stopped by an error in vitjax.sweep itself
@@ -475,7 +475,7 @@ class Runner:
     wall = wall0 + time.time() - t0
     trial.set_user_attr("wall_s", round(wall, 1))
     rows = eval_rows(workdir)
-    best = best_row(rows, self.sweep)
+    best = best_row(rows, self.sweep.objective, self.sweep.direction == "maximize")
     if best is not None:
       trial.set_user_attr("best_step", best["step"])
     if rows:
@@ -491,9 +491,9 @@ class Runner:
       )
     elif rc == EXIT_PREEMPTED:  # interrupted (the sweep's SIGTERM, or the trial's own): queued again
       self._interrupted(trial)
-      logging.info(
-        "trial %d: interrupted%s, queued again (it resumes from its checkpoint)", n, _at(_last_step(workdir))
-      )
+      last = metric_rows(workdir)
+      step = last[-1]["step"] if last else None
+      logging.info("trial %d: interrupted%s, queued again (it resumes from its checkpoint)", n, _at(step))
     else:
       if rc == 0:
         line = f"no {self.sweep.objective} in its evaluations ({', '.join(_metric_names(rows)) or 'none'})"
@@ -543,6 +543,7 @@ class Runner:
         self.procs[index] = proc
     pruned_at = None
     beat = 0.0
+    follower = _MetricsFollower(workdir)
     try:
       while proc.poll() is None:
         time.sleep(self.poll)
@@ -550,19 +551,19 @@ class Runner:
           self.store.record_heartbeat(trial._trial_id)
           beat = time.time()
         if pruned_at is None:
-          pruned_at = self._report(trial, n, workdir, reported)
+          pruned_at = self._report(trial, n, follower, reported)
           if pruned_at is not None:
             proc.send_signal(signal.SIGTERM)  # it checkpoints and stops; PRUNED once it has
       if pruned_at is None and proc.returncode == 0:
-        self._report(trial, n, workdir, reported, prune=False)
+        self._report(trial, n, follower, reported, prune=False)
     finally:
       with self.lock:
         self.procs.pop(index, None)
     return proc.returncode, pruned_at, start
 
-  def _report(self, trial, n, workdir, reported, prune=True):
+  def _report(self, trial, n, follower, reported, prune=True):
     """Reports new evaluations to Optuna; returns the step to prune at, or None."""
-    for row in eval_rows(workdir):
+    for row in _by_step(r for r in follower.new_rows() if _is_eval(r)):
       step, value = row["step"], row.get(self.sweep.objective)
       if step in reported or value is None:
         continue
@@ -574,7 +575,6 @@ class Runner:
     return None
 
   def _finished(self, n: int, what: str, wall: float, ok: bool, user_error: bool = False) -> None:
-    self.finished_here += 1
     self.durations.append(wall)
     counts = self._counts()
     done = counts["complete"] + counts["pruned"] + counts["fail"]
@@ -652,45 +652,58 @@ def _metric_names(rows) -> list[str]:
   return sorted({k for r in rows for k in r if k.startswith("eval/")})
 
 
+def _is_eval(row: dict) -> bool:
+  return "source" not in row and any(k.startswith("eval/") for k in row)  # not a --mode=eval row
+
+
+def metric_rows(workdir: str) -> list[dict]:
+  """WORKDIR/metrics.jsonl's rows (a partly written last line is skipped)."""
+  return _MetricsFollower(workdir).new_rows()
+
+
 def eval_rows(workdir: str) -> list[dict]:
-  """The evaluations during training in WORKDIR/metrics.jsonl, by step (a partly written last line is skipped)."""
-  rows = {}
-  try:
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-      for line in f:
-        try:
-          row = json.loads(line)
-        except ValueError:
-          continue
-        if "source" not in row and any(k.startswith("eval/") for k in row):
-          rows[row["step"]] = row
-  except FileNotFoundError:
-    return []
-  return [rows[s] for s in sorted(rows)]
+  """The evaluations during training in WORKDIR/metrics.jsonl, by step."""
+  return _by_step(r for r in metric_rows(workdir) if _is_eval(r))
 
 
-def _last_step(workdir: str) -> int | None:
-  """The last step in WORKDIR/metrics.jsonl (progress or evaluation)."""
-  step = None
-  try:
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-      for line in f:
-        try:
-          step = json.loads(line).get("step", step)
-        except ValueError:
-          continue
-  except FileNotFoundError:
-    pass
-  return step
+def _by_step(rows) -> list[dict]:
+  out = {r["step"]: r for r in rows}
+  return [out[s] for s in sorted(out)]
 
 
-def best_row(rows: list[dict], sweep) -> dict | None:
-  best = None
-  for r in rows:
-    v = r.get(sweep.objective)
-    if v is not None and v == v and (best is None or sweep.better(v, best[sweep.objective])):
-      best = r
-  return best
+class _MetricsFollower:
+  """Reads the rows a run appends to its metrics.jsonl since the last call (the file is polled every second, so it
+  is not read again from the start). A resume replaces the file (rows past its checkpoint dropped, a new inode):
+  then it reads the new file from its start."""
+
+  def __init__(self, workdir: str):
+    self.path, self.offset, self.inode = os.path.join(workdir, "metrics.jsonl"), 0, None
+
+  def new_rows(self) -> list[dict]:
+    try:
+      with open(self.path, "rb") as f:
+        st = os.fstat(f.fileno())
+        if st.st_ino != self.inode or st.st_size < self.offset:
+          self.offset, self.inode = 0, st.st_ino
+        f.seek(self.offset)
+        data = f.read()
+    except FileNotFoundError:
+      return []
+    complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next call
+    self.offset += len(complete)
+    rows = []
+    for line in complete.splitlines():
+      try:
+        rows.append(json.loads(line))
+      except ValueError:
+        continue
+    return rows
+
+
+def best_row(rows: list[dict], objective: str, maximize: bool) -> dict | None:
+  """The row with the best finite `objective` (the first of equals), or None."""
+  scored = [r for r in rows if r.get(objective) is not None and math.isfinite(r[objective])]
+  return max(scored, key=lambda r: r[objective] if maximize else -r[objective], default=None)
 
 
 def _error_line(log_path: str, start: int) -> str:

@@ -82,6 +82,7 @@ class SwinBlock(nn.Module):
   window: tuple[int, int]
   shift: tuple[int, int]
   mlp_ratio: float = 4.0
+  act: str = "gelu"
   qkv_bias: bool = True
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
@@ -128,6 +129,7 @@ class SwinBlock(nn.Module):
     y = nn.LayerNorm(epsilon=1e-5, dtype=self.dtype, name="norm2")(x)
     y = FeedForward(
       int(c * self.mlp_ratio),
+      act=self.act,
       dropout_rate=self.dropout_rate,
       deterministic=self.deterministic,
       dtype=self.dtype,
@@ -162,6 +164,7 @@ class Swin(nn.Module):
       2021: 3x3 stride-2 convolutions with BatchNorm, which helps on small images).
     embed_dim, depths, num_heads: the architecture (see VARIANTS).
     window_size: attention window (7 at 224 px, 12 at 384 px); shifts are window // 2 on odd blocks.
+    act: the MLP activation, "gelu" (exact, as Microsoft's and timm's Swin), "gelu_tanh" or "relu".
     drop_path_rate: stochastic depth of the last block, rising linearly over all blocks.
   intermediates: "stage_{i}" [B, H_i, W_i, C_i] feature maps, "pre_logits" [B, C].
   """
@@ -174,6 +177,7 @@ class Swin(nn.Module):
   num_heads: Sequence[int] = (3, 6, 12, 24)
   window_size: int | Sequence[int] = 7
   mlp_ratio: float = 4.0
+  act: str = "gelu"
   qkv_bias: bool = True
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
@@ -211,6 +215,7 @@ class Swin(nn.Module):
           window,
           shift,
           mlp_ratio=self.mlp_ratio,
+          act=self.act,
           qkv_bias=self.qkv_bias,
           dropout_rate=self.dropout_rate,
           attention_dropout_rate=self.attention_dropout_rate,

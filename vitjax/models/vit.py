@@ -94,6 +94,7 @@ class MAPHead(nn.Module):
 
   num_heads: int
   mlp_dim: int
+  act: str = "gelu"
   layernorm_eps: float = 1e-6
   implementation: str = "fast"
   dtype: Any = None
@@ -104,7 +105,7 @@ class MAPHead(nn.Module):
     probe = jnp.broadcast_to(probe.astype(x.dtype), (x.shape[0], 1, x.shape[-1]))
     x = MultiHeadAttention(self.num_heads, implementation=self.implementation, dtype=self.dtype, name="attn")(probe, x)
     y = nn.LayerNorm(epsilon=self.layernorm_eps, dtype=self.dtype, name="norm")(x)
-    x = x + FeedForward(self.mlp_dim, dtype=self.dtype, name="mlp")(y)
+    x = x + FeedForward(self.mlp_dim, act=self.act, dtype=self.dtype, name="mlp")(y)
     return x[:, 0]
 
 
@@ -117,6 +118,8 @@ class ViT(nn.Module):
     pool_type: "tok" (class token), "gap" (global average), "map" (attention pooling), "none" (all tokens).
     posemb: "learn" (a learned table covering the class token too, as the original ViT) or "sincos2d".
     stem: "patch" (a p x p stride-p convolution) or "conv" (ConvStem).
+    act: the MLP activation: "gelu" (exact, timm's and PyTorch's), "gelu_tanh" (the tanh approximation,
+      flax's nn.gelu default, which the original ViT and big_vision were trained with) or "relu".
     representation_size: width of the optional pre-logits layer (Dense + tanh).
     fc_norm: with pool_type "gap", normalise after pooling instead of before (timm's gap models).
     dropout_rate, attention_dropout_rate, drop_path_rate: regularisation.
@@ -135,6 +138,7 @@ class ViT(nn.Module):
   pool_type: str = "tok"
   posemb: str = "learn"
   stem: str = "patch"
+  act: str = "gelu"
   representation_size: int | None = None
   fc_norm: bool = False
   head_zeroinit: bool = True
@@ -184,7 +188,7 @@ class ViT(nn.Module):
       num_heads=self.num_heads,
       mlp_dim=self.mlp_dim or 4 * d,
       prenorm=True,
-      act="gelu",
+      act=self.act,
       dropout_rate=self.dropout_rate,
       attention_dropout_rate=self.attention_dropout_rate,
       qkv_bias=self.qkv_bias,
@@ -215,6 +219,7 @@ class ViT(nn.Module):
       x = MAPHead(
         self.num_heads,
         self.mlp_dim or 4 * d,
+        act=self.act,
         layernorm_eps=self.layernorm_eps,
         implementation=self.implementation,
         dtype=self.dtype,

@@ -3,9 +3,11 @@
 Token embeddings scaled by sqrt(d_model) plus sinusoidal (or learned) positions; post-norm encoder and decoder
 stacks (pre-norm as an option) from vitjax.layers; the decoder's self-attention is causal and its
 cross-attention masks the source padding. Embeddings may be shared between source and target and tied to the
-output projection. Token ids: pad 0, eos 1, bos 2 (the decoder input is BOS + target shifted right).
+output projection. Token ids are attributes (pad_id, eos_id, bos_id; default pad 0, eos 1, bos 2, vitjax's
+SentencePiece ids): pad_id masks the source, the decoder input is bos_id + target shifted right, and
+vitjax.decode starts from bos_id and stops at eos_id. flax's examples/wmt and T5 start from the pad id (bos_id=0).
 
-Shapes: src [B, S] int, tgt [B, T] int (ending with EOS, padded with 0); logits [B, T, V].
+Shapes: src [B, S] int, tgt [B, T] int (ending with EOS, padded with pad_id); logits [B, T, V].
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from vitjax.layers import DecoderBlock, EncoderBlock, Stack
 from vitjax.posenc import sinusoidal_1d
 
 Array = jax.Array
-PAD, EOS, BOS = 0, 1, 2
+PAD, EOS, BOS = 0, 1, 2  # the defaults of Transformer.pad_id, eos_id, bos_id
 
 # name: (d_model, num_heads, d_ff, layers, dropout)
 SIZES = {
@@ -98,6 +100,8 @@ class Transformer(nn.Module):
     share_embeddings: one embedding table for source and target.
     tie_output: the output projection is the transposed target embedding.
     decode: decoder with a KV cache, fed one position at a time (see vitjax.decode).
+    pad_id, eos_id, bos_id: the special token ids (0, 1, 2); they must match the tokenizer's, and bos_id may
+      equal pad_id (flax's examples/wmt, T5), eos_id may not.
   """
 
   vocab_size: int
@@ -119,8 +123,13 @@ class Transformer(nn.Module):
   decode: bool = False
   implementation: str = "fast"
   dtype: Any = None
+  pad_id: int = PAD
+  eos_id: int = EOS
+  bos_id: int = BOS
 
   def setup(self):
+    if self.eos_id == self.pad_id:
+      raise ValueError(f"eos_id and pad_id are both {self.pad_id}; EOS must be a token of its own")
     if self.posemb not in ("sinusoidal", "learned"):
       raise ValueError(f"unknown posemb {self.posemb!r}; use 'sinusoidal' or 'learned'")
     tgt_vocab = self.tgt_vocab_size or self.vocab_size
@@ -161,7 +170,7 @@ class Transformer(nn.Module):
 
   def encode(self, src: Array, train: bool = False) -> Array:
     """src [B, S] -> encoded [B, S, D] (padding positions are masked out of every attention)."""
-    return self.encoder(src, (src != PAD)[:, None, None, :], train=train)
+    return self.encoder(src, (src != self.pad_id)[:, None, None, :], train=train)
 
   def decode_logits(
     self, tgt_in: Array, encoded: Array, src: Array, train: bool = False, positions: Array | None = None
@@ -170,14 +179,14 @@ class Transformer(nn.Module):
 
     positions: [1, T] absolute positions of tgt_in (needed in decode mode, where T is 1 per call).
     """
-    cross_mask = (src != PAD)[:, None, None, :]
+    cross_mask = (src != self.pad_id)[:, None, None, :]
     x = self.decoder(tgt_in, encoded, None, cross_mask, train=train, positions=positions)
     logits = self.tgt_embed.attend(x.astype(jnp.float32)) if self.tie_output else self.out_proj(x)
     return logits.astype(jnp.float32)
 
   def __call__(self, src: Array, tgt: Array, train: bool = False) -> tuple[Array, dict]:
     encoded = self.encode(src, train)
-    return self.decode_logits(shift_right(tgt), encoded, src, train), {"encoded": encoded}
+    return self.decode_logits(shift_right(tgt, self.bos_id), encoded, src, train), {"encoded": encoded}
 
 
 def create(size: str = "base", **overrides) -> Transformer:

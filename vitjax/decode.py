@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vitjax.models.transformer import BOS, EOS, PAD
+from vitjax.models.transformer import EOS, PAD
 
 NEG_INF = -1.0e9
 
@@ -64,11 +64,17 @@ def _sequential(model, params, src, max_len, choose):
   def body(state):
     i, prev, out, done, cache = state
     logits, cache = _step(dec, params, cache, prev, encoded, src, i)
-    tok = jnp.where(done, PAD, choose(logits, i))
+    tok = jnp.where(done, model.pad_id, choose(logits, i))
     out = out.at[:, i].set(tok)
-    return i + 1, tok, out, done | (tok == EOS), cache
+    return i + 1, tok, out, done | (tok == model.eos_id), cache
 
-  init = (0, jnp.full((b,), BOS, jnp.int32), jnp.zeros((b, max_len), jnp.int32), jnp.zeros((b,), bool), cache)
+  init = (
+    0,
+    jnp.full((b,), model.bos_id, jnp.int32),
+    jnp.full((b, max_len), model.pad_id, jnp.int32),
+    jnp.zeros((b,), bool),
+    cache,
+  )
   return jax.lax.while_loop(cond, body, init)[2]
 
 
@@ -117,9 +123,9 @@ def beam_search(model, params, src, beam_size: int, max_len: int, alpha: float =
 
   # live: [B, K] log-probs, [B, K, L] tokens; only beam 0 is alive at first.
   live_lp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1)), (b, 1))
-  live_seq = jnp.zeros((b, k, max_len), jnp.int32)
+  live_seq = jnp.full((b, k, max_len), model.pad_id, jnp.int32)
   fin_score = jnp.full((b, k), NEG_INF)
-  fin_seq = jnp.zeros((b, k, max_len), jnp.int32)
+  fin_seq = jnp.full((b, k, max_len), model.pad_id, jnp.int32)
 
   def cond(state):
     i, live_lp, _, fin_score, _, _ = state
@@ -129,7 +135,7 @@ def beam_search(model, params, src, beam_size: int, max_len: int, alpha: float =
 
   def body(state):
     i, live_lp, live_seq, fin_score, fin_seq, cache = state
-    prev = jnp.where(i == 0, BOS, live_seq[:, :, jnp.maximum(i - 1, 0)]).reshape(b * k)
+    prev = jnp.where(i == 0, model.bos_id, live_seq[:, :, jnp.maximum(i - 1, 0)]).reshape(b * k)
     logits, cache = _step(dec, params, cache, prev, enc_k, src_k, i)
     v = logits.shape[-1]
     lp = jax.nn.log_softmax(logits).reshape(b, k, v) + live_lp[:, :, None]
@@ -137,7 +143,7 @@ def beam_search(model, params, src, beam_size: int, max_len: int, alpha: float =
     top_lp, top_idx = jax.lax.top_k(lp.reshape(b, k * v), min(2 * k, k * v))
     beam, tok = top_idx // v, (top_idx % v).astype(jnp.int32)
     seq = jnp.take_along_axis(live_seq, beam[:, :, None], axis=1).at[:, :, i].set(tok)
-    is_eos = tok == EOS
+    is_eos = tok == model.eos_id
     # finished: EOS candidates that rank within the beam (so beam 1 is greedy), merged with those kept so far
     in_beam = jnp.arange(top_lp.shape[1])[None, :] < k
     score = jnp.where(is_eos & in_beam, top_lp / length_penalty(i + 1, alpha), NEG_INF)
@@ -163,9 +169,9 @@ def beam_search(model, params, src, beam_size: int, max_len: int, alpha: float =
   return tokens, scores
 
 
-def strip(tokens) -> list[list[int]]:
-  """Token rows -> lists of ids without EOS and what follows it."""
+def strip(tokens, eos: int = EOS, pad: int = PAD) -> list[list[int]]:
+  """Token rows -> lists of ids without EOS and what follows it (the model's eos_id, pad_id)."""
   out = []
   for row in np.asarray(tokens).tolist():
-    out.append(row[: row.index(EOS)] if EOS in row else [t for t in row if t != PAD])
+    out.append(row[: row.index(eos)] if eos in row else [t for t in row if t != pad])
   return out

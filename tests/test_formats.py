@@ -1,0 +1,239 @@
+"""Checkpoint formats in and out (vitjax.convert, vitjax.export).
+
+In: golden fixtures written by the original code (tests/golden/, made by experiments/golden/make_vision.py from
+google-research/vision_transformer, google-research/big_vision and microsoft/Swin-Transformer): their weights in
+their own format, a fixed input and their logits; vitjax must reproduce the logits within 1e-5 relative.
+Out: vitjax -> timm -> vitjax and vitjax -> npz -> vitjax give back the same parameters, and timm loads the
+exported state dict with strict=True and gives vitjax's logits.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import train_helpers as th
+
+from vitjax import convert, models
+
+GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden")
+TOL = 1e-5  # max |difference| <= TOL * max |logit|
+
+
+def _rel(got, want) -> float:
+  got, want = np.asarray(got), np.asarray(want)
+  assert got.shape == want.shape, (got.shape, want.shape)
+  return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+def _randomised(variables, seed=0, scale=0.2):
+  """Every weight moved off its initialisation (zero heads and biases would hide mistakes)."""
+  leaves, tree = jax.tree.flatten(variables)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  return jax.tree.unflatten(tree, [x + scale * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+
+
+def _same_params(a, b) -> None:
+  fa = jax.tree_util.tree_flatten_with_path(a)[0]
+  fb = dict(jax.tree_util.tree_flatten_with_path(b)[0])
+  assert [p for p, _ in fa] == list(fb), "parameter trees differ"
+  for p, x in fa:
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(fb[p]), err_msg=jax.tree_util.keystr(p))
+
+
+def _images(hw, seed=1, channels=3):
+  return np.random.RandomState(seed).randn(2, *hw, channels).astype(np.float32)
+
+
+# ------------------------------------------------------------------------------------- golden fixtures (in)
+
+
+def _manifest() -> dict:
+  path = os.path.join(GOLDEN, "MANIFEST.json")
+  if not os.path.exists(path):
+    return {}
+  with open(path) as f:
+    return json.load(f)["cases"]
+
+
+def _load_weights(case: dict):
+  path = os.path.join(GOLDEN, case["weights"])
+  if path.endswith(".pth"):
+    torch = pytest.importorskip("torch")
+    return convert.from_swin(torch.load(path, map_location="cpu", weights_only=True))
+  return convert.from_vit_npz(path)
+
+
+@pytest.mark.parametrize("name", sorted(_manifest()))
+def test_golden_logits_of_the_original_code(name):
+  case = _manifest()[name]
+  module, variables = _load_weights(case)
+  expected = np.load(os.path.join(GOLDEN, case["expected"]))
+  got, _ = module.apply(variables, expected["images"])
+  rel = _rel(got, expected["logits"])
+  print(f"{name}: relative max error {rel:.1e}")
+  assert rel <= TOL
+  if case["weights"].endswith(".npz"):  # the activation matters: exact GELU is visibly off the original
+    other, _ = module.clone(act="gelu").apply(variables, expected["images"])
+    assert _rel(other, expected["logits"]) > 10 * TOL
+
+
+def test_unknown_layouts_name_the_known_ones():
+  with pytest.raises(ValueError, match="known: timm ViT .*Microsoft's Swin.*big_vision"):
+    convert.from_swin({"conv1.weight": np.zeros((4, 3, 7, 7))})
+  with pytest.raises(ValueError, match="not an original-ViT or big_vision checkpoint"):
+    convert.from_vit_npz({"foo": np.zeros(3)})
+  vit = models.ViT(num_classes=3, patch_size=(4, 4), width=24, depth=1, num_heads=3)
+  npz = convert.to_vit_npz(vit, vit.init(jax.random.key(0), jnp.zeros((1, 8, 8, 3))))
+  with pytest.raises(ValueError, match="weights are in the vit-npz layout; use from_vit_npz"):
+    convert.from_timm("vit_tiny_patch4_8", npz)
+  with pytest.raises(ValueError, match="not a B/16: width 768 != 24"):
+    convert.from_vit_npz(npz, "B/16")
+
+
+# ------------------------------------------------------------------------------------------------ out: timm
+
+torch = pytest.importorskip("torch")
+sys.path.insert(0, os.environ.get("VITJAX_REFS", os.path.dirname(os.path.abspath(__file__))))
+try:
+  # isort: off
+  import torchvision_ops_shim  # noqa: F401  lets torchvision (and timm) import on CPU-only torch; must come first
+  import timm  # noqa: F401
+  # isort: on
+except Exception as e:
+  pytest.skip(f"timm is not importable here ({type(e).__name__}: {e}); see README, 'Tests'", allow_module_level=True)
+
+
+def _timm_logits(state_dict, cfg, images):
+  model = convert.build_timm(cfg)
+  model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state_dict.items()}, strict=True)
+  with torch.no_grad():
+    return model(torch.from_numpy(images.transpose(0, 3, 1, 2))).numpy()
+
+
+TINY_VIT = dict(num_classes=5, patch_size=(4, 4), width=24, depth=2, mlp_dim=40, num_heads=3)
+
+
+@pytest.mark.parametrize(
+  "options",
+  [
+    dict(pool_type="tok"),
+    dict(pool_type="gap", fc_norm=True),
+    dict(pool_type="map", act="gelu_tanh"),
+    dict(pool_type="tok", posemb="sincos2d"),
+  ],
+  ids=["tok", "gap-fc_norm", "map-tanh", "sincos2d"],
+)
+def test_vit_to_timm_loads_strictly_and_round_trips(options):
+  module = models.ViT(**TINY_VIT, **options)
+  x = _images((16, 16))
+  variables = _randomised(module.init(jax.random.key(0), x))
+  state_dict, cfg = convert.to_timm(module, variables, 16)
+  want, _ = module.apply(variables, x)
+  assert _rel(_timm_logits(state_dict, cfg, x), want) <= TOL
+  if options.get("posemb") == "sincos2d":
+    return  # timm learns the table: it comes back as posemb="learn"
+  back, back_vars = convert.from_timm("vit_tiny_patch4_16", state_dict)  # the name gives the heads (Ti: 3)
+  _same_params(variables, back_vars)
+  assert back.clone(act=module.act) == module.clone(parent=None)
+
+
+def test_swin_to_timm_loads_strictly_and_round_trips():
+  module = models.Swin(num_classes=5, embed_dim=16, depths=(2, 2), num_heads=(2, 4), window_size=4)
+  x = _images((32, 32))
+  variables = _randomised(module.init(jax.random.key(0), x))
+  state_dict, cfg = convert.to_timm(module, variables, 32)
+  want, _ = module.apply(variables, x)
+  assert _rel(_timm_logits(state_dict, cfg, x), want) <= TOL
+  back, back_vars = convert.from_timm("swin_tiny_patch4_window4_32", state_dict)
+  _same_params(variables, back_vars)
+  for field in ("embed_dim", "depths", "num_heads", "window_size", "patch_size", "num_classes", "act"):
+    assert tuple(np.atleast_1d(getattr(back, field))) == tuple(np.atleast_1d(getattr(module, field))), field
+
+
+def test_export_refuses_what_the_format_cannot_express():
+  vit = models.ViT(**TINY_VIT, stem="conv")
+  variables = vit.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)))
+  with pytest.raises(ValueError, match="no equivalent for stem='conv'"):
+    convert.to_timm(vit, variables, 16)
+  gap = models.ViT(**TINY_VIT, pool_type="map")
+  with pytest.raises(ValueError, match="no equivalent for pool_type='map'"):
+    convert.to_vit_npz(gap, gap.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3))))
+
+
+# ------------------------------------------------------------------------------------------------- out: npz
+
+
+def test_vit_npz_round_trip_and_timm_reads_it(tmp_path):
+  module = models.ViT(**TINY_VIT, representation_size=None)
+  x = _images((16, 16))
+  variables = _randomised(module.init(jax.random.key(0), x))
+  path = str(tmp_path / "vit.npz")
+  np.savez(path, **convert.to_vit_npz(module, variables))
+  back, back_vars = convert.from_vit_npz(path, act=module.act)
+  _same_params(variables, back_vars)
+  assert back == module.clone(parent=None)
+  # timm's reader of the original release's checkpoints, as a second, independent reader of the file
+  from timm.models.vision_transformer import VisionTransformer, _load_weights
+
+  ref = VisionTransformer(
+    img_size=16, patch_size=4, embed_dim=24, depth=2, num_heads=3, mlp_ratio=40 / 24, num_classes=5
+  ).eval()
+  _load_weights(ref, path)
+  with torch.no_grad():
+    got = ref(torch.from_numpy(x.transpose(0, 3, 1, 2))).numpy()
+  assert _rel(got, module.apply(variables, x)[0]) <= TOL
+
+
+def test_safetensors_export_feeds_init_from(tmp_path):
+  module = models.Swin(num_classes=5, embed_dim=16, depths=(2, 2), num_heads=(2, 4), window_size=4)
+  variables = _randomised(module.init(jax.random.key(0), _images((32, 32))))
+  path = str(tmp_path / "swin.safetensors")
+  convert.save_safetensors(path, convert.to_timm(module, variables, 32)[0])
+  _same_params(variables["params"], convert.load_params(f"timm:swin_t:{path}"))
+
+
+# ------------------------------------------------------------------------------------------ the export command
+
+
+def test_export_command_writes_what_timm_and_from_vit_npz_load(finished_run, tmp_path):
+  import vitjax
+
+  out = str(tmp_path / "digits.safetensors")
+  env = th.env()
+  cmd = [sys.executable, "-m", "vitjax.export", f"--workdir={finished_run}"]
+  th.check_ok(
+    subprocess.run(
+      [*cmd, "--format=timm", f"--out={out}"], cwd=th.ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+  )
+  th.check_ok(
+    subprocess.run(
+      [*cmd, "--format=npz", f"--out={tmp_path / 'digits.npz'}"],
+      cwd=th.ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
+  )
+  trained = vitjax.load(finished_run)
+  _, h, w, c = trained.task.example_inputs()[0].shape
+  x = _images((h, w), channels=c)
+  want, _ = trained.model.apply(trained.variables, x)
+  from safetensors.numpy import load_file
+
+  with open(str(tmp_path / "digits.json")) as f:
+    cfg = json.load(f)
+  assert _rel(_timm_logits(load_file(out), cfg, x), want) <= TOL
+  back, back_vars = convert.from_vit_npz(str(tmp_path / "digits.npz"), act=trained.model.act)
+  _same_params(jax.device_get(trained.variables["params"]), back_vars["params"])
+  bad = subprocess.run([*cmd, "--format=npz", "--out=x.bin"], cwd=th.ROOT, env=env, capture_output=True, text=True)
+  assert (
+    bad.returncode == 2
+    and th.error_lines(bad) == "error: --out=x.bin: a --format=npz export is a .npz file (e.g. --out=model.npz)"
+  )

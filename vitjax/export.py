@@ -1,0 +1,83 @@
+"""Command line: a trained ViT or Swin out to timm (`.safetensors`) or to the original ViT release's `.npz`.
+
+    python -m vitjax.export --workdir=workdirs/vit_digits --format=timm --out=vit_digits.safetensors
+    python -m vitjax.export --workdir=workdirs/vit_digits --format=npz --out=vit_digits.npz [--checkpoint=latest]
+
+timm: FILE.safetensors holds the state dict and FILE.json the model's timm arguments; in Python,
+
+    import json, safetensors.torch, vitjax.convert as convert
+    model = convert.build_timm(json.load(open("vit_digits.json")))       # timm's VisionTransformer / SwinTransformer
+    model.load_state_dict(safetensors.torch.load_file("vit_digits.safetensors"), strict=True)
+
+gives the logits of `vitjax.load(workdir)` on the same (NCHW) images. npz: `convert.from_vit_npz(FILE, act=...)`,
+the original ViT code and timm's npz reader load it. The model is built at the run's image size.
+
+Exit status: 0 written; 2 a problem you can fix (one "error: ..." line: no such workdir, a model the format has
+no equivalent for); the workdir is only read.
+"""
+
+import json
+import os
+import sys
+
+from absl import app, flags
+
+from vitjax.cli import parse_flags
+
+flags.DEFINE_string("workdir", None, "the run to export", required=True)
+flags.DEFINE_enum("format", None, ["timm", "npz"], "timm (.safetensors + .json) or npz (the original ViT layout)")
+flags.DEFINE_string("out", None, "the file to write (.safetensors for timm, .npz for npz)", required=True)
+flags.DEFINE_string("checkpoint", "best", "'best' (best validation metric), 'latest' or a step number")
+flags.mark_flag_as_required("format")
+FLAGS = flags.FLAGS
+
+
+def export(workdir: str, fmt: str, out: str, checkpoint: str = "best") -> list[str]:
+  """Writes the export; returns the paths written. Raises ConfigError for what the user can fix."""
+  import numpy as np
+
+  import vitjax
+  from vitjax import convert
+  from vitjax.errors import ConfigError
+
+  suffix = {"timm": ".safetensors", "npz": ".npz"}[fmt]
+  if not out.endswith(suffix):
+    raise ConfigError(f"--out={out}: a --format={fmt} export is a {suffix} file (e.g. --out=model{suffix})")
+  trained = vitjax.load(workdir, checkpoint)
+  image = tuple(trained.task.example_inputs()[0].shape[1:3])  # [B, H, W, C] for the image models
+  try:
+    if fmt == "timm":
+      state_dict, cfg = convert.to_timm(trained.model, trained.variables, image)
+      meta = {"vitjax_workdir": os.path.abspath(workdir), "vitjax_step": str(trained.step)}
+      convert.save_safetensors(out, state_dict, meta)
+      side = out[: -len(suffix)] + ".json"
+      with open(side + ".tmp", "w") as f:
+        json.dump(cfg, f, indent=1)
+      os.replace(side + ".tmp", side)
+      return [out, side]
+    arrays = convert.to_vit_npz(trained.model, trained.variables)
+    tmp = out + ".tmp.npz"
+    np.savez(tmp, **arrays)
+    os.replace(tmp, out)
+    return [out]
+  except ValueError as e:  # a model the format cannot express
+    raise ConfigError(f"--format={fmt}: {e}") from None
+
+
+def main(argv):
+  del argv
+  from vitjax import logs
+
+  logs.setup()
+  from vitjax.errors import USER_ERRORS, one_line
+
+  try:
+    written = export(FLAGS.workdir, FLAGS.format, FLAGS.out, FLAGS.checkpoint)
+  except (*USER_ERRORS, FileNotFoundError) as e:
+    print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
+    sys.exit(2)
+  print("wrote " + ", ".join(written))
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=parse_flags)

@@ -57,7 +57,7 @@ def _manifest() -> dict:
   if not os.path.exists(path):
     return {}
   with open(path) as f:
-    return json.load(f)["cases"]
+    return json.load(f)
 
 
 def _load_weights(case: dict):
@@ -237,3 +237,10 @@ def test_export_command_writes_what_timm_and_from_vit_npz_load(finished_run, tmp
     bad.returncode == 2
     and th.error_lines(bad) == "error: --out=x.bin: a --format=npz export is a .npz file (e.g. --out=model.npz)"
   )
+
+
+@pytest.mark.parametrize("spec,case", [("npz:{}", "big_vision_scan_gap_sincos"), ("timm:swin_tiny:{}", "swin_3stage")])
+def test_init_from_reads_the_original_formats(spec, case):
+  """config.init_from takes the big_vision .npz (npz:FILE) and Microsoft's Swin .pth (timm:NAME:FILE) as they are."""
+  path = os.path.join(GOLDEN, _manifest()[case]["weights"])
+  _same_params(_load_weights(_manifest()[case])[1]["params"], convert.load_params(spec.format(path)))

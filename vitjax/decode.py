@@ -1,7 +1,18 @@
 """Autoregressive generation for the encoder-decoder Transformer, jit-compiled with static shapes and the
 decoder's KV cache: greedy, beam search with the GNMT length penalty ((5 + len) / 6)^alpha, and temperature /
-top-k sampling. Every function returns tokens [B, max_len] that end with EOS (when one was produced) and are
-padded with 0 after it.
+top-k sampling. Decoding starts from the model's bos_id (the start token is not part of the output) and stops at
+its eos_id; every function returns tokens [B, max_len] that end with EOS (when one was produced) and are padded
+with the model's pad_id after it.
+
+beam_search is the standard search of tensor2tensor and flax's examples/wmt/decode.py: every EOS-ending
+candidate among the top 2K of a step finishes (see beam_search; tests/test_beam_golden.py checks 288 beams of
+flax's search, tokens exactly and scores to 1e-5). Conventions as flax's: n in the penalty counts the generated
+tokens with EOS and without the start token; with nothing finished, the best live hypothesis comes back with its
+log-probability without penalty. flax's max_decode_len counts its start token (vitjax's max_len L is flax's
+L + 1), and its stopping test divides by the penalty of that length; vitjax divides by that of L, the longest a
+hypothesis can get: a tighter bound, so it can stop sooner, with the same outputs. A beam of 1 is not greedy
+decoding (an EOS ranked second still finishes a hypothesis); beam_search(..., finish="beam") is the rule vitjax
+had before, under which it is.
 
     tokens = greedy(model, params, src, max_len=64)
     tokens, scores = beam_search(model, params, src, beam_size=4, alpha=0.6, max_len=64)
@@ -105,36 +116,50 @@ def length_penalty(length, alpha: float):
   return ((5.0 + length) / 6.0) ** alpha
 
 
-@functools.partial(jax.jit, static_argnames=("model", "beam_size", "max_len"))
-def beam_search(model, params, src, beam_size: int, max_len: int, alpha: float = 0.6):
+@functools.partial(jax.jit, static_argnames=("model", "beam_size", "max_len", "finish"))
+def beam_search(model, params, src, beam_size: int, max_len: int, alpha: float = 0.6, finish: str = "candidates"):
   """Beam search. src [B, S] -> (tokens [B, max_len], scores [B]) for the best beam of each example.
 
-  A hypothesis ending in EOS after n tokens (EOS included) scores log p / ((5 + n) / 6)^alpha; it is kept when it
-  ranks within the beam among the step's candidates (so a beam of 1 is greedy decoding). The search stops
-  when no live hypothesis can beat the worst kept finished one, or at max_len; if nothing finished, the best
-  live hypothesis is returned.
+  The standard search of tensor2tensor and flax's examples/wmt (tests/test_beam_golden.py: the same beams and
+  scores as flax's): decoding starts from the model's bos_id with one live hypothesis; each step extends the
+  K live ones by every token and takes the 2K most probable candidates. Every candidate among those 2K that
+  ends in EOS after n tokens (EOS included) moves to the finished set with score log p / ((5 + n) / 6)^alpha,
+  which keeps the K best; the K best of the others stay live. The search stops at max_len, or once K
+  hypotheses have finished and none of them could be beaten by a live one (whose best possible score is
+  log p / length_penalty(max_len)). Returned: the best finished hypothesis, or, where none finished, the best
+  live one and its log-probability without length penalty (as flax).
+
+  A beam of 1 is therefore not greedy decoding: an EOS that is the second most probable token still finishes a
+  hypothesis, which wins if nothing the greedy path reaches later scores higher.
+  finish="beam" is vitjax's rule before this one (kept to reproduce old results; there beam 1 is greedy): an
+  EOS candidate finishes only if it ranks within the top K, so hypotheses that scored higher were dropped.
   """
   _check(model, max_len)
+  if finish not in ("candidates", "beam"):
+    raise ValueError(f"unknown finish rule {finish!r}; use 'candidates' (the standard) or 'beam'")
   b, k = src.shape[0], beam_size
   encoded = model.apply({"params": params}, src, method=model.encode)
   rep = lambda x: jnp.repeat(x, k, axis=0)  # [B, ...] -> [B*K, ...]
   enc_k, src_k = rep(encoded), rep(src)
   dec, cache = _init_cache(model, params, src_k, enc_k, max_len)
 
-  # live: [B, K] log-probs, [B, K, L] tokens; only beam 0 is alive at first.
+  # live: [B, K] log-probs, [B, K, L] tokens; only beam 0 is alive at first. finished: scores, tokens, and
+  # whether the slot holds a finished hypothesis at all.
   live_lp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1)), (b, 1))
   live_seq = jnp.full((b, k, max_len), model.pad_id, jnp.int32)
   fin_score = jnp.full((b, k), NEG_INF)
   fin_seq = jnp.full((b, k, max_len), model.pad_id, jnp.int32)
+  fin_flag = jnp.zeros((b, k), bool)
+  max_penalty = length_penalty(max_len, alpha)
 
   def cond(state):
-    i, live_lp, _, fin_score, _, _ = state
-    best_possible = live_lp[:, 0] / length_penalty(max_len, alpha)  # log p only falls; lp rises with length
-    worst_kept = jnp.min(fin_score, axis=1)
-    return (i < max_len) & ~jnp.all(best_possible < worst_kept)
+    i, live_lp, _, fin_score, _, fin_flag, _ = state
+    best_possible = live_lp[:, 0] / max_penalty  # log p only falls and the penalty only grows (alpha >= 0)
+    worst_kept = jnp.where(jnp.all(fin_flag, axis=1), jnp.min(fin_score, axis=1), NEG_INF)
+    return (i < max_len) & ~jnp.all(worst_kept > best_possible)
 
   def body(state):
-    i, live_lp, live_seq, fin_score, fin_seq, cache = state
+    i, live_lp, live_seq, fin_score, fin_seq, fin_flag, cache = state
     prev = jnp.where(i == 0, model.bos_id, live_seq[:, :, jnp.maximum(i - 1, 0)]).reshape(b * k)
     logits, cache = _step(dec, params, cache, prev, enc_k, src_k, i)
     v = logits.shape[-1]
@@ -143,29 +168,30 @@ def beam_search(model, params, src, beam_size: int, max_len: int, alpha: float =
     top_lp, top_idx = jax.lax.top_k(lp.reshape(b, k * v), min(2 * k, k * v))
     beam, tok = top_idx // v, (top_idx % v).astype(jnp.int32)
     seq = jnp.take_along_axis(live_seq, beam[:, :, None], axis=1).at[:, :, i].set(tok)
-    is_eos = tok == model.eos_id
-    # finished: EOS candidates that rank within the beam (so beam 1 is greedy), merged with those kept so far
-    in_beam = jnp.arange(top_lp.shape[1])[None, :] < k
-    score = jnp.where(is_eos & in_beam, top_lp / length_penalty(i + 1, alpha), NEG_INF)
+    real = top_lp > NEG_INF / 2  # not an extension of an empty beam slot (only when fewer than 2K are real)
+    is_eos = (tok == model.eos_id) & real
+    if finish == "beam":
+      is_eos &= jnp.arange(top_lp.shape[1])[None, :] < k
+    score = jnp.where(is_eos, top_lp / length_penalty(i + 1, alpha), NEG_INF)
     all_score = jnp.concatenate([fin_score, score], axis=1)
-    all_seq = jnp.concatenate([fin_seq, seq], axis=1)
     fin_score, keep = jax.lax.top_k(all_score, k)
-    fin_seq = jnp.take_along_axis(all_seq, keep[:, :, None], axis=1)
+    fin_seq = jnp.take_along_axis(jnp.concatenate([fin_seq, seq], axis=1), keep[:, :, None], axis=1)
+    fin_flag = jnp.take_along_axis(jnp.concatenate([fin_flag, is_eos], axis=1), keep, axis=1)
     # live: the best K candidates that did not end
-    live_cand = jnp.where(is_eos, NEG_INF, top_lp)
+    live_cand = jnp.where((tok == model.eos_id) | ~real, NEG_INF, top_lp)
     live_lp, keep = jax.lax.top_k(live_cand, k)
     live_seq = jnp.take_along_axis(seq, keep[:, :, None], axis=1)
     src_beam = jnp.take_along_axis(beam, keep, axis=1)  # which old beam each new live one extends
     flat = (jnp.arange(b)[:, None] * k + src_beam).reshape(-1)
     # cached keys/values are [B*K, T, H, D], or [layers, B*K, T, H, D] when the stack is scanned
     cache = jax.tree.map(lambda c: jnp.take(c, flat, axis=c.ndim - 4) if c.ndim >= 4 else c, cache)
-    return i + 1, live_lp, live_seq, fin_score, fin_seq, cache
+    return i + 1, live_lp, live_seq, fin_score, fin_seq, fin_flag, cache
 
-  state = (0, live_lp, live_seq, fin_score, fin_seq, cache)
-  _, live_lp, live_seq, fin_score, fin_seq, _ = jax.lax.while_loop(cond, body, state)
-  any_fin = fin_score[:, 0] > NEG_INF / 2
+  state = (0, live_lp, live_seq, fin_score, fin_seq, fin_flag, cache)
+  _, live_lp, live_seq, fin_score, fin_seq, fin_flag, _ = jax.lax.while_loop(cond, body, state)
+  any_fin = fin_flag[:, 0]  # the best slot holds a finished hypothesis whenever any does
   tokens = jnp.where(any_fin[:, None], fin_seq[:, 0], live_seq[:, 0])
-  scores = jnp.where(any_fin, fin_score[:, 0], live_lp[:, 0] / length_penalty(max_len, alpha))
+  scores = jnp.where(any_fin, fin_score[:, 0], live_lp[:, 0])
   return tokens, scores
 
 

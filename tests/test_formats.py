@@ -27,7 +27,9 @@ TOL = 1e-5  # max |difference| <= TOL * max |logit|
 def _rel(got, want) -> float:
   got, want = np.asarray(got), np.asarray(want)
   assert got.shape == want.shape, (got.shape, want.shape)
-  return float(np.abs(got - want).max() / np.abs(want).max())
+  rel = float(np.abs(got - want).max() / np.abs(want).max())
+  print(f"relative max error {rel:.1e}")
+  return rel
 
 
 def _randomised(variables, seed=0, scale=0.2):
@@ -74,9 +76,7 @@ def test_golden_logits_of_the_original_code(name):
   module, variables = _load_weights(case)
   expected = np.load(os.path.join(GOLDEN, case["expected"]))
   got, _ = module.apply(variables, expected["images"])
-  rel = _rel(got, expected["logits"])
-  print(f"{name}: relative max error {rel:.1e}")
-  assert rel <= TOL
+  assert _rel(got, expected["logits"]) <= TOL
   if case["weights"].endswith(".npz"):  # the activation matters: exact GELU is visibly off the original
     other, _ = module.clone(act="gelu").apply(variables, expected["images"])
     assert _rel(other, expected["logits"]) > 10 * TOL

@@ -63,6 +63,44 @@ def test_relative_position_index_brute_force(window):
   assert idx.min() == 0 and idx.max() == (2 * wh - 1) * (2 * ww - 1) - 1
 
 
+def test_relative_position_index_with_a_class_token():
+  r = 3 * 7  # window (2, 4)
+  idx = posenc.relative_position_index((2, 4), cls_token=True)
+  assert idx.shape == (9, 9)
+  np.testing.assert_array_equal(idx[1:, 1:], posenc.relative_position_index((2, 4)))
+  assert (idx[0, 1:] == r).all() and (idx[1:, 0] == r + 1).all() and idx[0, 0] == r + 2  # BEiT's three rows
+
+
+def _offsets(table, window):
+  """{(dy, dx): table row} for a [(2h-1)(2w-1), ...] table, written out."""
+  h, w = window
+  return {(dy, dx): table[(dy + h - 1) * (2 * w - 1) + dx + w - 1] for dy in range(1 - h, h) for dx in range(1 - w, w)}
+
+
+@pytest.mark.parametrize("old,new", [((3, 4), (5, 6)), ((4, 3), (2, 2)), ((3, 3), (3, 5))])
+def test_clip_resize_keeps_shared_offsets_and_clips_the_others(rng, old, new):
+  table = rng.randn(2, (2 * old[0] - 1) * (2 * old[1] - 1), 3).astype(np.float32)  # [layers, rows, heads]
+  out = posenc.resize_relative_bias_table(table, old, new, method="clip")
+  assert out.shape == (2, (2 * new[0] - 1) * (2 * new[1] - 1), 3)
+  before, after = _offsets(table.transpose(1, 0, 2), old), _offsets(out.transpose(1, 0, 2), new)
+  for (dy, dx), v in after.items():
+    clipped = (int(np.clip(dy, 1 - old[0], old[0] - 1)), int(np.clip(dx, 1 - old[1], old[1] - 1)))
+    np.testing.assert_array_equal(v, before[clipped])  # the offset itself when both windows have it
+  back = posenc.resize_relative_bias_table(out, new, old, method="clip")
+  if new[0] >= old[0] and new[1] >= old[1]:
+    np.testing.assert_array_equal(back, table)  # growing then shrinking is lossless
+  with pytest.raises(ValueError, match="unknown resize method 'cubicle'"):
+    posenc.resize_relative_bias_table(table, old, new, method="cubicle")
+
+
+def test_bicubic_resize_over_leading_axes_is_per_layer(rng):
+  table = rng.randn(3, 25, 2).astype(np.float32)
+  out = posenc.resize_relative_bias_table(table, (3, 3), (4, 4))
+  for i in range(3):
+    np.testing.assert_allclose(out[i], posenc.resize_relative_bias_table(table[i], (3, 3), (4, 4)), atol=1e-6)
+  np.testing.assert_allclose(out[:, 24], table[:, 12], atol=1e-6)  # the zero offset stays at the centre
+
+
 def test_relative_position_bias_module_and_resize(rng):
   mod = posenc.RelativePositionBias((3, 3), num_heads=2)
   v = mod.init(jax.random.key(0))
@@ -72,6 +110,13 @@ def test_relative_position_bias_module_and_resize(rng):
   idx = posenc.relative_position_index((3, 3))
   for h in range(2):
     np.testing.assert_array_equal(bias[h], table[idx, h])
+  mod = posenc.RelativePositionBias((2, 3), num_heads=2, cls_token=True)
+  v = mod.init(jax.random.key(0))["params"]
+  assert v["relative_position_bias_table"].shape == (15, 2) and v["cls_bias"].shape == (3, 2)
+  full = np.concatenate([v["relative_position_bias_table"], v["cls_bias"]])
+  np.testing.assert_array_equal(
+    mod.apply({"params": v}), full[posenc.relative_position_index((2, 3), True)].transpose(2, 0, 1)
+  )
   np.testing.assert_array_equal(posenc.resize_relative_bias_table(table, (3, 3), (3, 3)), table)
   assert posenc.resize_relative_bias_table(table, (3, 3), (5, 5)).shape == (81, 2)
   with pytest.raises(ValueError, match="does not fit"):

@@ -1,4 +1,4 @@
-"""Positional encodings: sinusoidal 1-D and 2-D, learned (with resampling), Swin's relative position bias."""
+"""Positional encodings: sinusoidal 1-D and 2-D, learned (with resampling), relative position bias (Swin, ViT)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 Array = jax.Array
@@ -81,44 +82,82 @@ def resample_posemb(
   return np.concatenate([prefix, grid], axis=1)
 
 
-def relative_position_index(window: Sequence[int]) -> np.ndarray:
-  """[N, N] int index into a ((2Wh-1)(2Ww-1), heads) table for a window of N = Wh*Ww tokens (row-major)."""
+def relative_position_index(window: Sequence[int], cls_token: bool = False) -> np.ndarray:
+  """[N, N] int index into a ((2Wh-1)(2Ww-1), heads) table for a window of N = Wh*Ww tokens (row-major).
+
+  Query a, key b of relative offset (dy, dx) = pos(a) - pos(b) read row (dy + Wh-1)(2Ww-1) + (dx + Ww-1).
+  cls_token: a class token comes first, N = 1 + Wh*Ww, and reads three rows past the table, R = (2Wh-1)(2Ww-1)
+  (BEiT's): R for cls -> patch (the class token's query row), R+1 for patch -> cls, R+2 for cls -> cls.
+  """
   wh, ww = window
   coords = np.stack(np.meshgrid(np.arange(wh), np.arange(ww), indexing="ij")).reshape(2, -1)  # [2, N]
   rel = coords[:, :, None] - coords[:, None, :]  # [2, N, N]
-  return (rel[0] + wh - 1) * (2 * ww - 1) + (rel[1] + ww - 1)
+  idx = (rel[0] + wh - 1) * (2 * ww - 1) + (rel[1] + ww - 1)
+  if not cls_token:
+    return idx
+  r = (2 * wh - 1) * (2 * ww - 1)
+  out = np.empty((1 + wh * ww,) * 2, idx.dtype)
+  out[1:, 1:] = idx
+  out[0, :] = r
+  out[:, 0] = r + 1
+  out[0, 0] = r + 2
+  return out
 
 
 class RelativePositionBias(nn.Module):
-  """Swin's relative position bias: a learned ((2Wh-1)(2Ww-1), heads) table indexed by relative coordinates.
+  """A learned relative position bias (Swin's, and the ViT's option): a ((2Wh-1)(2Ww-1), heads) table
+  "relative_position_bias_table" indexed by the relative offsets of a Wh x Ww token grid.
 
-  Returns the additive attention bias [heads, N, N], N = Wh*Ww.
+  cls_token: a class token precedes the grid; its three entries (cls -> patch, patch -> cls, cls -> cls, see
+  relative_position_index) are a separate [3, heads] param "cls_bias", so the table keeps the grid's shape.
+  Returns the additive attention bias [heads, N, N], N = Wh*Ww (+ 1 with cls_token).
   """
 
   window: tuple[int, int]
   num_heads: int
+  cls_token: bool = False
   table_init: Callable = nn.initializers.truncated_normal(stddev=0.02)
 
   @nn.compact
   def __call__(self) -> Array:
     wh, ww = self.window
     table = self.param("relative_position_bias_table", self.table_init, ((2 * wh - 1) * (2 * ww - 1), self.num_heads))
-    idx = relative_position_index(self.window).reshape(-1)
-    n = wh * ww
-    return table[idx].reshape(n, n, self.num_heads).transpose(2, 0, 1)
+    if self.cls_token:
+      table = jnp.concatenate([table, self.param("cls_bias", self.table_init, (3, self.num_heads))], axis=0)
+    idx = relative_position_index(self.window, self.cls_token)
+    n = idx.shape[0]
+    return table[idx.reshape(-1)].reshape(n, n, self.num_heads).transpose(2, 0, 1)
+
+
+RESIZE_METHODS = ("clip", "nearest", "linear", "bilinear", "cubic", "bicubic", "lanczos3", "lanczos5")
 
 
 def resize_relative_bias_table(
   table: Array | np.ndarray, old_window: Sequence[int], new_window: Sequence[int], method: str = "bicubic"
 ) -> np.ndarray:
-  """Resizes a ((2Wh-1)(2Ww-1), heads) table to a new window (fine-tuning Swin with another window)."""
+  """Resizes a [..., (2Wh-1)(2Ww-1), heads] table (leading axes, e.g. scan's layers, are kept) to a new window.
+
+  method "clip" keeps the offsets: an offset both windows have keeps its bias exactly, and an offset beyond
+  the old window takes the bias of the nearest old one (each coordinate clipped, as Shaw et al. 2018 clip
+  distances): right when a patch offset keeps its meaning, as for a ViT at another resolution. Other methods
+  (jax.image.resize's; "bicubic" is Swin's when fine-tuning with another window) resample the (2Wh-1) x (2Ww-1)
+  offset grid over the new one: the zero offset and constant tables are kept, other offsets are stretched.
+  """
+  if method not in RESIZE_METHODS:
+    raise ValueError(f"unknown resize method {method!r}; use one of {', '.join(RESIZE_METHODS)}")
   table = np.asarray(table, np.float32)
   old = (2 * old_window[0] - 1, 2 * old_window[1] - 1)
   new = (2 * new_window[0] - 1, 2 * new_window[1] - 1)
-  if table.shape[0] != old[0] * old[1]:
-    raise ValueError(f"table of {table.shape[0]} rows does not fit window {tuple(old_window)}")
+  if table.ndim < 2 or table.shape[-2] != old[0] * old[1]:
+    raise ValueError(f"table of shape {table.shape} does not fit window {tuple(old_window)} ({old[0] * old[1]} rows)")
   if old == new:
     return table
-  grid = table.reshape(old[0], old[1], -1)
-  grid = jax.image.resize(grid, (new[0], new[1], grid.shape[-1]), method=method, antialias=False)
-  return np.asarray(grid, np.float32).reshape(new[0] * new[1], -1)
+  lead, heads = table.shape[:-2], table.shape[-1]
+  grid = table.reshape(*lead, old[0], old[1], heads)
+  if method == "clip":
+    rows = np.clip(np.arange(new[0]) - (new[0] // 2), -(old[0] // 2), old[0] // 2) + old[0] // 2
+    cols = np.clip(np.arange(new[1]) - (new[1] // 2), -(old[1] // 2), old[1] // 2) + old[1] // 2
+    grid = grid[..., rows[:, None], cols[None, :], :]
+  else:
+    grid = np.asarray(jax.image.resize(grid, (*lead, new[0], new[1], heads), method=method, antialias=False))
+  return np.asarray(grid, np.float32).reshape(*lead, new[0] * new[1], heads)

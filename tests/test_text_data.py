@@ -338,6 +338,30 @@ def test_tokenizer_ids_roundtrip_unknown(tok, corpus, tmp_path):
   assert reloaded.encode(corpus[0][0]) == tok.encode(corpus[0][0])
 
 
+def test_tokenizer_with_other_special_ids(corpus, tmp_path):
+  """pad 1, eos 2 and bos = pad (no bos piece, decoding starts from pad, as flax's wmt): unk takes 0; batches
+  end with that eos and are padded with that pad."""
+  tok = text.Tokenizer.train(
+    [t for p in corpus[:300] for t in p],
+    str(tmp_path / "ids"),
+    vocab_size=120,
+    character_coverage=1.0,
+    pad_id=1,
+    eos_id=2,
+    bos_id=1,
+  )
+  assert (tok.PAD, tok.EOS, tok.BOS, tok.UNK) == (1, 2, 1, 0) and tok.sp.bos_id() == -1
+  assert tok.special_ids == {"pad_id": 1, "eos_id": 2, "bos_id": 1}
+  ids = tok.encode(corpus[0][0])
+  assert tok.decode(ids + [2, 5, 6]) == corpus[0][0] and tok.decode([1] + ids + [1]) == corpus[0][0]
+  (b,) = text.make_eval_batches(corpus[:4], tok, batch_size=4, max_len=128)
+  for row, m in zip(b["src"], b["src_mask"]):
+    n = int(m.sum())
+    assert row[n - 1] == 2 and (row[n:] == 1).all() and (m == (row != 1)).all()
+  with pytest.raises(ValueError, match="must differ"):
+    text.Tokenizer.train(["a b"], str(tmp_path / "bad"), vocab_size=10, pad_id=1, eos_id=1)
+
+
 def test_tokenizer_training_deterministic(corpus, tmp_path):
   texts = [t for p in corpus[:600] for t in p]
   vocabs = []

@@ -258,3 +258,29 @@ def test_bad_input_leaves_no_tokenizer_behind(run, tmp_path, args, words):
     assert proc.returncode == 2 and words in th.error_lines(proc), proc.stderr[-2000:]
   assert not new.exists()
   assert sorted(os.listdir(notes)) == ["notes.txt"]
+
+
+def test_special_ids_come_from_the_tokenizer_and_a_mismatch_is_one_line(run, tmp_path):
+  """The model gets the tokenizer's pad/eos/bos ids; a config id the workdir's tokenizer lacks is a ConfigError
+  naming the value to set. A tokenizer trained with bos_id == pad_id (flax's wmt) decodes from pad."""
+  from vitjax.errors import ConfigError
+
+  config, workdir = run
+  task = tasks.get(config, workdir)
+  assert {k: task.model_overrides()[k] for k in ("pad_id", "eos_id", "bos_id")} == {
+    "pad_id": 0,
+    "eos_id": 1,
+    "bos_id": 2,
+  }
+  wrong = config.copy_and_resolve_references()
+  wrong.model.bos_id = 0
+  with pytest.raises(ConfigError) as e:
+    _ = tasks.get(wrong, workdir).tokenizer
+  assert "\n" not in str(e.value) and "--config.model.bos_id=2" in str(e.value)
+
+  flax_ids = config.copy_and_resolve_references()
+  flax_ids.model.pad_id, flax_ids.model.eos_id, flax_ids.model.bos_id = 0, 1, 0
+  task = tasks.get(flax_ids, str(tmp_path / "flax_ids"))
+  tok = task.tokenizer  # trained now, with no bos piece
+  assert tok.special_ids == {"pad_id": 0, "eos_id": 1, "bos_id": 0} and tok.sp.bos_id() == -1
+  assert task.model_overrides()["bos_id"] == 0

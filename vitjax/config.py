@@ -121,6 +121,11 @@ def translation_config(source: str, src_lang: str, tgt_lang: str, size: str = "s
       d_ff=mlc.FieldReference(None, field_type=int),
       num_layers=mlc.FieldReference(None, field_type=int),
       dropout_rate=mlc.FieldReference(None, field_type=float),
+      # Special token ids; None: the tokenizer's (a new one is trained with pad 0, eos 1, bos 2). bos_id=pad_id
+      # decodes from pad, as flax's examples/wmt. An id the workdir's tokenizer lacks is an error naming the fix.
+      pad_id=mlc.FieldReference(None, field_type=int),
+      eos_id=mlc.FieldReference(None, field_type=int),
+      bos_id=mlc.FieldReference(None, field_type=int),
     )
   )
   c.data = mlc.ConfigDict(

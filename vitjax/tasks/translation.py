@@ -3,6 +3,11 @@
 The SentencePiece tokenizer is trained on the training split at the first start and stored as
 WORKDIR/tokenizer.model, so evaluation, decoding and vitjax.load use the same vocabulary. Held-out splits
 ("valid", "test") are fixed by config.data.split_seed.
+
+Special ids: the tokenizer is trained with config.model.pad_id, eos_id, bos_id (None: vitjax's 0, 1, 2; bos_id
+equal to pad_id: no bos piece, decoding starts from pad, as flax's examples/wmt), and the model always gets the
+tokenizer's ids. An id set in the config that the workdir's (or init_from's) tokenizer.model does not have is a
+ConfigError naming the value to set.
 """
 
 from __future__ import annotations
@@ -76,14 +81,33 @@ class Translation:
         if jax.process_index() == 0:  # deterministic, so other processes wait and read the same file
           tmp = os.path.join(self.workdir, "tokenizer.tmp")
           text.Tokenizer.train(
-            texts, tmp, vocab_size=d.vocab_size, seed=self.config.seed, input_sentence_size=d.tokenizer_sentences
+            texts,
+            tmp,
+            vocab_size=d.vocab_size,
+            seed=self.config.seed,
+            input_sentence_size=d.tokenizer_sentences,
+            **self._configured_ids(),
           )
           os.replace(tmp + ".model", path)
           if os.path.exists(tmp + ".vocab"):
             os.replace(tmp + ".vocab", os.path.join(self.workdir, "tokenizer.vocab"))
         mesh_lib.sync("tokenizer")
-      self._tokenizer = text.Tokenizer.load(path)
+      tok = text.Tokenizer.load(path)
+      for name, want in self._configured_ids(defaults=False).items():
+        if want != tok.special_ids[name]:
+          have = ", ".join(f"{k}={v}" for k, v in tok.special_ids.items())
+          raise ConfigError(
+            f"config.model.{name}={want} but {path} has {have}: set --config.model.{name}={tok.special_ids[name]} "
+            "(or leave it unset to take the tokenizer's), or use a new workdir to train a tokenizer with these ids"
+          )
+      self._tokenizer = tok
     return self._tokenizer
+
+  def _configured_ids(self, defaults: bool = True) -> dict:
+    """config.model's pad_id, eos_id, bos_id that are set (with defaults: every one, unset ones 0, 1, 2)."""
+    m = self.config.model
+    ids = {k: m.get(k) for k in ("pad_id", "eos_id", "bos_id") if m.get(k) is not None}
+    return {"pad_id": text.PAD_ID, "eos_id": text.EOS_ID, "bos_id": text.BOS_ID, **ids} if defaults else ids
 
   # -- interface
   def check(self):
@@ -110,7 +134,7 @@ class Translation:
     }
 
   def model_overrides(self) -> dict:
-    return {"vocab_size": self.tokenizer.vocab_size, "max_len": self.config.data.max_len}
+    return {"vocab_size": self.tokenizer.vocab_size, "max_len": self.config.data.max_len, **self.tokenizer.special_ids}
 
   def example_inputs(self):
     return jnp.ones((1, 8), jnp.int32), jnp.ones((1, 8), jnp.int32)
@@ -137,7 +161,7 @@ class Translation:
 
   def loss(self, logits, batch):
     tgt = batch["tgt"]
-    w = (tgt != 0).astype(jnp.float32)
+    w = (tgt != self.tokenizer.PAD).astype(jnp.float32)
     ce = cross_entropy(logits, tgt, logits.shape[-1], self.config.label_smoothing)
     n = jnp.maximum(w.sum(), 1.0)
     return (ce * w).sum() / n, {"accuracy": ((logits.argmax(-1) == tgt) * w).sum() / n, "tokens": w.sum()}
@@ -217,7 +241,7 @@ class Translation:
       if len(ids) > max_len - 1:
         warn(f"line {i + 1} has {len(ids)} tokens; truncated to the model's max_len of {max_len} (with EOS)")
         ids = ids[: max_len - 1]
-      todo.append((i, ids + [text.EOS_ID]))
+      todo.append((i, ids + [tok.EOS]))
     n_dev = jax.device_count()
     batch_size = -(-batch_size // n_dev) * n_dev
     todo.sort(key=lambda x: len(x[1]))  # similar lengths together: less padding
@@ -225,7 +249,7 @@ class Translation:
     for start in range(0, len(todo), batch_size):
       chunk = todo[start : start + batch_size]
       width = min(-(-max(len(ids) for _, ids in chunk) // 8) * 8, max_len)  # few distinct shapes, few compilations
-      src = np.zeros((batch_size, width), np.int32)
+      src = np.full((batch_size, width), tok.PAD, np.int32)
       for r, (_, ids) in enumerate(chunk):
         src[r, : len(ids)] = ids
       local = src.reshape(jax.process_count(), -1, width)[jax.process_index()]
@@ -242,6 +266,6 @@ class Translation:
 @functools.partial(jax.jit, static_argnums=0)
 def _eval_loss(model, params, batch):
   logits, _ = model.apply({"params": params}, batch["src"], batch["tgt"], train=False)
-  w = (batch["tgt"] != 0) & batch["mask"][:, None]
+  w = (batch["tgt"] != model.pad_id) & batch["mask"][:, None]
   ce = cross_entropy(logits, batch["tgt"], logits.shape[-1])
   return jnp.sum(ce * w), jnp.sum(w)

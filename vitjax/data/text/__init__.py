@@ -30,8 +30,9 @@ Sources (``load_pairs``):
   ``data_dir`` (e.g. ``tfds:wmt14_translate/de-en:validation``; split default
   ``train``), read with ``as_data_source`` (no TensorFlow).
 
-Token ids: pad=0, eos=1, bos=2, unk=3 (:class:`Tokenizer`). Every sequence in
-a batch ends with EOS and is right-padded with 0.
+Token ids: pad=0, eos=1, bos=2, unk=3 by default (``Tokenizer.train`` takes
+others; an instance's ``PAD``, ``EOS``, ``BOS``, ``UNK`` are its model's). Every
+sequence in a batch ends with EOS and is right-padded with pad.
 
 One job per module: ``sources`` (load_pairs and the readers), ``splits``
 (split_pairs), ``tokenizer`` (Tokenizer), ``batching`` (make_batches, the

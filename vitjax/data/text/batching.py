@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from vitjax.data.text.sources import Pair
-from vitjax.data.text.tokenizer import EOS_ID, PAD_ID, Tokenizer
+from vitjax.data.text.tokenizer import Tokenizer
 
 
 def default_buckets(max_len: int, per_octave: int = 2, smallest: int = 8) -> tuple[int, ...]:
@@ -32,9 +32,10 @@ def default_buckets(max_len: int, per_octave: int = 2, smallest: int = 8) -> tup
 
 
 class EncodedPairs:
-  """Token ids of pairs, each sequence ending with EOS, stored flat.
+  """Token ids of pairs, each sequence ending with the tokenizer's EOS, stored flat.
 
   Attributes:
+    pad_id, eos_id: the tokenizer's (batches are padded with pad_id).
     src, tgt: flat int32 token arrays; ``src_offsets`` / ``tgt_offsets`` int64
       ``[n + 1]`` delimit pair ``i``.
     pair_index: index of each kept pair in the input list.
@@ -47,6 +48,8 @@ class EncodedPairs:
     if too_long not in ("drop", "truncate"):
       raise ValueError(f"too_long must be 'drop' or 'truncate', got {too_long!r}")
     srcs, tgts, kept = [], [], []
+    eos = self.eos_id = tokenizer.EOS
+    self.pad_id = tokenizer.PAD
     self.num_input = len(pairs)
     self.num_dropped = self.num_truncated = 0
     for start in range(0, len(pairs), chunk):
@@ -54,15 +57,15 @@ class EncodedPairs:
       src_ids = tokenizer.encode_batch([p[0] for p in part])
       tgt_ids = tokenizer.encode_batch([p[1] for p in part])
       for k, (s, t) in enumerate(zip(src_ids, tgt_ids)):
-        s = s + [EOS_ID]
-        t = t + [EOS_ID]
+        s = s + [eos]
+        t = t + [eos]
         if max_len is not None and max(len(s), len(t)) > max_len:
           if too_long == "drop":
             self.num_dropped += 1
             continue
           self.num_truncated += 1
-          s = s[: max_len - 1] + [EOS_ID] if len(s) > max_len else s
-          t = t[: max_len - 1] + [EOS_ID] if len(t) > max_len else t
+          s = s[: max_len - 1] + [eos] if len(s) > max_len else s
+          t = t[: max_len - 1] + [eos] if len(t) > max_len else t
         srcs.append(np.asarray(s, np.int32))
         tgts.append(np.asarray(t, np.int32))
         kept.append(start + k)
@@ -79,8 +82,8 @@ class EncodedPairs:
 
   def fill(self, rows: np.ndarray, length: int, size: int) -> tuple[np.ndarray, np.ndarray]:
     """``[size, length]`` src and tgt arrays of ``rows`` (-1: padding row)."""
-    src = np.zeros((size, length), np.int32)
-    tgt = np.zeros((size, length), np.int32)
+    src = np.full((size, length), self.pad_id, np.int32)
+    tgt = np.full((size, length), self.pad_id, np.int32)
     for r, i in enumerate(rows):
       if i < 0:
         continue
@@ -203,8 +206,8 @@ class BatchIterator(Iterator[dict[str, np.ndarray]]):
     src, tgt = self.data.fill(rows, length, len(rows))
     batch = {"src": src, "tgt": tgt}
     if self.with_mask:
-      batch["src_mask"] = src != PAD_ID
-      batch["tgt_mask"] = tgt != PAD_ID
+      batch["src_mask"] = src != self.data.pad_id
+      batch["tgt_mask"] = tgt != self.data.pad_id
     return batch
 
   def _fingerprint(self) -> str:
@@ -295,7 +298,7 @@ def make_batches(
 
   Each pair is tokenized, EOS appended to both sides, and goes to the smallest
   bucket length ``L >= max(len(src), len(tgt))``; a batch holds pairs of one
-  bucket, padded with 0 to ``[B, L]`` (src and tgt both). Pairs longer than
+  bucket, padded with the tokenizer's pad id (0) to ``[B, L]`` (src and tgt both). Pairs longer than
   ``max_len`` tokens (EOS included) are dropped or truncated (``too_long``);
   :meth:`BatchIterator.stats` counts them.
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from vitjax.data.text.batching import EncodedPairs, default_buckets
 from vitjax.data.text.sources import Pair
-from vitjax.data.text.tokenizer import PAD_ID, Tokenizer
+from vitjax.data.text.tokenizer import Tokenizer
 
 
 def make_eval_batches(
@@ -59,8 +59,8 @@ def make_eval_batches(
       {
         "src": src,
         "tgt": tgt,
-        "src_mask": src != PAD_ID,
-        "tgt_mask": tgt != PAD_ID,
+        "src_mask": src != data.pad_id,
+        "tgt_mask": tgt != data.pad_id,
         "mask": rows >= 0,
         "index": np.where(rows >= 0, rows, -1).astype(np.int32),
         "src_text": [pairs[i][0] if i >= 0 else "" for i in rows],

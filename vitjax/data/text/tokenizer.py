@@ -1,4 +1,4 @@
-"""The SentencePiece tokenizer with vitjax's fixed special ids (pad=0, eos=1, bos=2, unk=3)."""
+"""The SentencePiece tokenizer; special ids pad=0, eos=1, bos=2, unk=3 unless it was trained with others."""
 
 from __future__ import annotations
 
@@ -14,23 +14,29 @@ PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
 
 
 class Tokenizer:
-  """A SentencePiece model with fixed special ids pad=0, eos=1, bos=2, unk=3.
+  """A SentencePiece model; its special ids are the attributes PAD, EOS, BOS, UNK (by default pad=0, eos=1,
+  bos=2, unk=3; see :meth:`train`). A model without a bos piece (flax's examples/wmt, T5) has BOS = PAD: decoding
+  starts from the pad id.
 
   One model for source and target (a joint vocabulary, so embeddings can be
   shared). ``encode`` adds no bos/eos; ``decode`` stops at the first eos and
   skips pad/bos.
   """
 
-  PAD, EOS, BOS, UNK = PAD_ID, EOS_ID, BOS_ID, UNK_ID
+  PAD, EOS, BOS, UNK = PAD_ID, EOS_ID, BOS_ID, UNK_ID  # the defaults; an instance has its model's
 
   def __init__(self, processor, path: str | None = None):
     self.sp = processor
     self.path = path
-    ids = (processor.pad_id(), processor.eos_id(), processor.bos_id(), processor.unk_id())
-    if ids != (PAD_ID, EOS_ID, BOS_ID, UNK_ID):
-      raise ValueError(
-        f"{path}: special ids (pad, eos, bos, unk) = {ids}, expected {(PAD_ID, EOS_ID, BOS_ID, UNK_ID)}."
-      )
+    pad, eos, bos, unk = processor.pad_id(), processor.eos_id(), processor.bos_id(), processor.unk_id()
+    if pad < 0 or eos < 0:
+      raise ValueError(f"{path}: a translation tokenizer needs pad and eos pieces; this one has pad {pad}, eos {eos}")
+    self.PAD, self.EOS, self.BOS, self.UNK = pad, eos, pad if bos < 0 else bos, unk
+
+  @property
+  def special_ids(self) -> dict[str, int]:
+    """{"pad_id", "eos_id", "bos_id"}: the ids a Transformer decoding this vocabulary must use."""
+    return {"pad_id": self.PAD, "eos_id": self.EOS, "bos_id": self.BOS}
 
   @classmethod
   def load(cls, path: str) -> Tokenizer:
@@ -52,6 +58,9 @@ class Tokenizer:
     seed: int = 0,
     num_threads: int = 1,
     hard_vocab_limit: bool = True,
+    pad_id: int = PAD_ID,
+    eos_id: int = EOS_ID,
+    bos_id: int = BOS_ID,
     **kwargs,
   ) -> Tokenizer:
     """Trains on ``texts`` (source and target sentences of the train split)
@@ -63,10 +72,18 @@ class Tokenizer:
     is seeded too, and training runs on ``num_threads`` threads: the same
     pieces and scores on every run (the ``.model`` also records its path). ``byte_fallback`` is off, so characters outside
     the model's alphabet (never seen, or rarer than ``character_coverage``
-    allows) encode to unk (3). ``hard_vocab_limit=False`` lets a tiny corpus
-    produce fewer pieces instead of failing. Extra ``kwargs`` go to
+    allows) encode to unk (3 with the default ids). ``hard_vocab_limit=False``
+    lets a tiny corpus produce fewer pieces instead of failing. ``pad_id``,
+    ``eos_id``, ``bos_id`` place the special pieces (unk takes the smallest id
+    of 0-3 left); ``bos_id == pad_id`` means no bos piece, decoding starting
+    from pad (flax's examples/wmt). Extra ``kwargs`` go to
     ``SentencePieceTrainer.train``.
     """
+    if pad_id == eos_id or bos_id == eos_id or min(pad_id, eos_id, bos_id) < 0:
+      raise ValueError(
+        f"special ids pad {pad_id}, eos {eos_id}, bos {bos_id}: pad, eos and bos must differ (bos may be pad)"
+      )
+    unk_id = min(set(range(4)) - {pad_id, eos_id, bos_id})
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top
 
     texts = [t for t in (_norm_ws(t) for t in texts) if t]
@@ -81,10 +98,10 @@ class Tokenizer:
       vocab_size=vocab_size,
       model_type=model_type,
       character_coverage=character_coverage,
-      pad_id=PAD_ID,
-      eos_id=EOS_ID,
-      bos_id=BOS_ID,
-      unk_id=UNK_ID,
+      pad_id=pad_id,
+      eos_id=eos_id,
+      bos_id=-1 if bos_id == pad_id else bos_id,
+      unk_id=unk_id,
       byte_fallback=False,
       shuffle_input_sentence=False,
       input_sentence_size=0,
@@ -110,9 +127,9 @@ class Tokenizer:
     """Text of ``ids`` up to the first eos; pad and bos are skipped."""
     out = []
     for i in np.asarray(ids, dtype=np.int64).reshape(-1).tolist():
-      if i == EOS_ID:
+      if i == self.EOS:
         break
-      if i not in (PAD_ID, BOS_ID) and 0 <= i < self.vocab_size:
+      if i not in (self.PAD, self.BOS) and 0 <= i < self.vocab_size:
         out.append(i)
     return self.sp.decode(out)
 

@@ -322,3 +322,20 @@ def test_a_non_finite_evaluation_is_recorded_but_never_best(tmp_path):
     assert ckpts.best_step() == 1
     assert ckpts.candidates("best") == [1, 3, 4, 2]
     assert np.isnan(ckpts.metrics(2)["eval/accuracy"])  # evaluated (not re-run on resume), just not finite
+
+
+def test_a_workdir_written_before_a_field_was_renamed_or_added_reads_as_today(tmp_path):
+  """model.prenorm became model.norm, and the Transformer gained pad/eos/bos ids (None: the tokenizer's): an older
+  translation workdir must still load, and resume without a 'changed config'."""
+  from vitjax import config as config_lib
+  from vitjax.train import workdir as workdir_lib
+
+  config = config_lib.translation_config("bible", "en", "es")
+  old = workdir_lib.as_dict(config)
+  old["model"] = {k: v for k, v in old["model"].items() if k not in ("norm", "pad_id", "eos_id", "bos_id")}
+  old["model"]["prenorm"] = False
+  workdir_lib.write_json(str(tmp_path), "config.json", json.dumps(old, indent=2))
+  assert workdir_lib.read_config(str(tmp_path)).model.norm == "post"
+  assert workdir_lib.config_changes(str(tmp_path), config) == {}
+  config.model.norm = "pre"  # a real change is still one
+  assert workdir_lib.config_changes(str(tmp_path), config) == {"model.norm": ("post", "pre")}

@@ -176,7 +176,16 @@ def effective_config(workdir: str) -> dict | None:
   for row in history(workdir):
     for key, (_, new) in row["changes"].items():
       flat[key] = new
-  return _unflatten(flat)
+  return _unflatten(_upgrade(flat))
+
+
+def _upgrade(flat: dict) -> dict:
+  """A workdir's flat config in today's field names, so older runs load and resume: model.prenorm (bool)
+  became model.norm ("pre" | "post")."""
+  if "model.prenorm" in flat:
+    prenorm = flat.pop("model.prenorm")
+    flat.setdefault("model.norm", "pre" if prenorm else "post")
+  return flat
 
 
 def read_config(workdir: str) -> mlc.ConfigDict:
@@ -188,15 +197,13 @@ def read_config(workdir: str) -> mlc.ConfigDict:
 
 
 def config_changes(workdir: str, config) -> dict:
-  """{field: (value in the workdir, value now)} for every field that differs."""
+  """{field: (value in the workdir, value now)} for every field that differs. A field one side lacks counts as
+  None, so a field added since the run started, with None (unset) as its default, changes nothing."""
   old = effective_config(workdir)
   if old is None:
     return {}
   old, new = flatten(old), flatten(as_dict(config))
-  missing = object()
-  return {
-    k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k, missing) != new.get(k, missing)
-  }
+  return {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
 
 
 def check_config_change(workdir: str, config, allow: bool) -> dict:

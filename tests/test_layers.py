@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from conftest import naive_attention
 
-from vitjax.layers import DecoderBlock, DropPath, EncoderBlock, FeedForward, Stack, drop_path_rates
+from vitjax import posenc
+from vitjax.layers import NORMS, DecoderBlock, DropPath, EncoderBlock, FeedForward, Stack, drop_path_rates
 
 
 def _np(tree):
@@ -29,67 +30,122 @@ def _ffn(x, p, act):
   return h @ p["fc2"]["kernel"] + p["fc2"]["bias"]
 
 
-def _mha(x, kv, p, mask=None):
+def _mha(x, kv, p, mask=None, bias=None):
   proj = lambda y, n: np.einsum("btd,dhk->bthk", y, p[n]["kernel"]) + p[n]["bias"]
-  o = naive_attention(proj(x, "query"), proj(kv, "key"), proj(kv, "value"), None, mask)
+  o = naive_attention(proj(x, "query"), proj(kv, "key"), proj(kv, "value"), bias, mask)
   return np.einsum("bthk,hkd->btd", o, p["out"]["kernel"]) + p["out"]["bias"]
 
 
-def _perturb(params):
-  leaves, tree = jax.tree.flatten(params)
-  keys = jax.random.split(jax.random.key(7), len(leaves))
-  return jax.tree.unflatten(tree, [a + 0.2 * jax.random.normal(k, a.shape) for a, k in zip(leaves, keys)])
+def _random_params(mod, *inputs, noise=0.2):
+  """Parameters of mod's shapes drawn by numpy: LayerNorm scales 1 + noise * N(0, 1), the rest noise * N(0, 1).
+
+  Only shapes are traced (eval_shape): jax's initializers would compile once per shape, seconds on CI's CPU.
+  """
+  rng = np.random.RandomState(7)
+  shapes = flax.traverse_util.flatten_dict(jax.eval_shape(lambda: mod.init(jax.random.key(0), *inputs))["params"])
+  draw = lambda k, s: jnp.asarray((k[-1] == "scale") + noise * rng.randn(*s.shape), jnp.float32)
+  return flax.traverse_util.unflatten_dict({k: draw(k, s) for k, s in shapes.items()})
 
 
 @pytest.mark.parametrize("act", ["relu", "gelu"])
 def test_ffn_matches_float64(rng, act):
   x = rng.randn(2, 3, 8)
   mod = FeedForward(16, act=act)
-  p = _perturb(mod.init(jax.random.key(0), jnp.asarray(x, jnp.float32))["params"])
+  p = _random_params(mod, jnp.asarray(x, jnp.float32))
   np.testing.assert_allclose(
     mod.apply({"params": p}, jnp.asarray(x, jnp.float32)), _ffn(x, _np(p), act), atol=1e-5, rtol=1e-5
   )
 
 
-@pytest.mark.parametrize("prenorm", [True, False])
-def test_encoder_block_matches_float64(rng, prenorm):
+def _sublayer(norm, x, f, ln):
+  """The three placements, written out: pre x + F(LN(x)), post LN(x + F(x)), respost x + LN(F(x))."""
+  return {"pre": lambda: x + f(ln(x)), "post": lambda: ln(x + f(x)), "respost": lambda: x + ln(f(x))}[norm]()
+
+
+@pytest.mark.parametrize("norm", NORMS)
+def test_encoder_block_matches_float64(rng, norm):
   x = rng.randn(2, 5, 16)
   mask = np.tril(np.ones((5, 5), bool))[None, None]
-  mod = EncoderBlock(num_heads=4, mlp_dim=32, prenorm=prenorm, act="relu")
-  p = _perturb(mod.init(jax.random.key(0), jnp.asarray(x, jnp.float32))["params"])
+  mod = EncoderBlock(num_heads=4, mlp_dim=32, norm=norm, act="relu")
+  p = _random_params(mod, jnp.asarray(x, jnp.float32))
   got = mod.apply({"params": p}, jnp.asarray(x, jnp.float32), mask)
   q = _np(p)
-  if prenorm:
-    y = x + _mha(_ln(x, q["norm1"]), _ln(x, q["norm1"]), q["attn"], mask)
-    want = y + _ffn(_ln(y, q["norm2"]), q["mlp"], "relu")
-  else:
-    y = _ln(x + _mha(x, x, q["attn"], mask), q["norm1"])
-    want = _ln(y + _ffn(y, q["mlp"], "relu"), q["norm2"])
-  np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+  y = _sublayer(norm, x, lambda h: _mha(h, h, q["attn"], mask), lambda h: _ln(h, q["norm1"]))
+  want = _sublayer(norm, y, lambda h: _ffn(h, q["mlp"], "relu"), lambda h: _ln(h, q["norm2"]))
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("prenorm", [True, False])
-def test_decoder_block_matches_float64_and_is_causal(rng, prenorm):
+@pytest.mark.parametrize("norm", NORMS)
+def test_decoder_block_matches_float64_and_is_causal(rng, norm):
   x, enc = rng.randn(2, 4, 16), rng.randn(2, 6, 16)
   src_valid = np.array([[1] * 6, [1] * 3 + [0] * 3], bool)[:, None, None, :]
-  mod = DecoderBlock(num_heads=2, mlp_dim=32, prenorm=prenorm, act="relu")
+  mod = DecoderBlock(num_heads=2, mlp_dim=32, norm=norm, act="relu")
   f32 = lambda a: jnp.asarray(a, jnp.float32)
-  p = _perturb(mod.init(jax.random.key(0), f32(x), f32(enc))["params"])
+  p = _random_params(mod, f32(x), f32(enc))
   got = mod.apply({"params": p}, f32(x), f32(enc), None, src_valid)
   q, causal = _np(p), np.tril(np.ones((4, 4), bool))[None, None]
-  if prenorm:
-    y = x + _mha(_ln(x, q["norm1"]), _ln(x, q["norm1"]), q["self_attn"], causal)
-    y = y + _mha(_ln(y, q["norm2"]), enc, q["cross_attn"], src_valid)
-    want = y + _ffn(_ln(y, q["norm3"]), q["mlp"], "relu")
-  else:
-    y = _ln(x + _mha(x, x, q["self_attn"], causal), q["norm1"])
-    y = _ln(y + _mha(y, enc, q["cross_attn"], src_valid), q["norm2"])
-    want = _ln(y + _ffn(y, q["mlp"], "relu"), q["norm3"])
-  np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+  y = _sublayer(norm, x, lambda h: _mha(h, h, q["self_attn"], causal), lambda h: _ln(h, q["norm1"]))
+  y = _sublayer(norm, y, lambda h: _mha(h, enc, q["cross_attn"], src_valid), lambda h: _ln(h, q["norm2"]))
+  want = _sublayer(norm, y, lambda h: _ffn(h, q["mlp"], "relu"), lambda h: _ln(h, q["norm3"]))
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
   x2 = x.copy()
   x2[:, 2:] = rng.randn(2, 2, 16)  # change the future
   got2 = mod.apply({"params": p}, f32(x2), f32(enc), None, src_valid)
   np.testing.assert_allclose(got[:, :2], got2[:, :2], atol=1e-5)
+
+
+def _hand_built_relative_bias(table, cls_bias, grid, cls_token):
+  """[H, N, N] from loops over (query, key) pairs: table row (dy + h-1)(2w-1) + (dx + w-1) for the offset
+  (dy, dx) = query cell - key cell; a class token (first) reads cls_bias rows 0 (cls -> patch), 1 (patch -> cls),
+  2 (cls -> cls)."""
+  h, w = grid
+  cells = ([None] if cls_token else []) + [(i, j) for i in range(h) for j in range(w)]
+  n = len(cells)
+  out = np.zeros((table.shape[1], n, n))
+  for a, qa in enumerate(cells):
+    for b, kb in enumerate(cells):
+      if qa is None:
+        out[:, a, b] = cls_bias[2 if kb is None else 0]
+      elif kb is None:
+        out[:, a, b] = cls_bias[1]
+      else:
+        out[:, a, b] = table[(qa[0] - kb[0] + h - 1) * (2 * w - 1) + (qa[1] - kb[1] + w - 1)]
+  return out
+
+
+@pytest.mark.parametrize("cls_token", [False, True])
+def test_encoder_block_relative_position_bias_matches_float64(rng, cls_token):
+  grid = (2, 3)
+  x = rng.randn(2, cls_token + 6, 8)
+  mod = EncoderBlock(num_heads=2, mlp_dim=16, act="relu", rel_pos_grid=grid, rel_pos_cls_token=cls_token)
+  p = _random_params(mod, jnp.asarray(x, jnp.float32))
+  assert p["rel_pos"]["relative_position_bias_table"].shape == (3 * 5, 2)
+  assert ("cls_bias" in p["rel_pos"]) == cls_token
+  q = _np(p)
+  extra = np.zeros((1, 1, 1, 1)) + 0.3 * rng.randn(1, 1, 1, x.shape[1])  # a caller's bias adds to it
+  got = mod.apply({"params": p}, jnp.asarray(x, jnp.float32), None, jnp.asarray(extra, jnp.float32))
+  rel = _hand_built_relative_bias(
+    q["rel_pos"]["relative_position_bias_table"], q["rel_pos"].get("cls_bias"), grid, cls_token
+  )
+  y = x + _mha(_ln(x, q["norm1"]), _ln(x, q["norm1"]), q["attn"], bias=rel[None] + extra)
+  want = y + _ffn(_ln(y, q["norm2"]), q["mlp"], "relu")
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+  np.testing.assert_array_equal(posenc.relative_position_index(grid, cls_token).shape, (x.shape[1],) * 2)
+  with pytest.raises(ValueError, match="covers 7 tokens, got 6"):
+    _random_params(
+      EncoderBlock(num_heads=2, mlp_dim=16, rel_pos_grid=grid, rel_pos_cls_token=True), jnp.zeros((1, 6, 8))
+    )
+
+
+def test_norm_placement_final_norm_and_errors():
+  x = jnp.zeros((1, 3, 8))
+  for norm, final in [("pre", True), ("post", False), ("respost", True)]:
+    stack = Stack(EncoderBlock, 2, (("num_heads", 2), ("mlp_dim", 16), ("norm", norm)))
+    shapes = jax.eval_shape(lambda s=stack: s.init(jax.random.key(0), x))["params"]
+    assert ("final_norm" in shapes) == final, norm
+    assert set(shapes["block_0"]) == {"attn", "mlp", "norm1", "norm2"}  # the same names in every placement
+  with pytest.raises(ValueError, match="unknown norm placement 'mid'; use one of 'pre', 'post', 'respost'"):
+    _random_params(EncoderBlock(num_heads=2, mlp_dim=16, norm="mid"), x)
 
 
 def _stack(scan, remat, **kw):
@@ -100,7 +156,7 @@ def _stack(scan, remat, **kw):
 def test_scanned_and_rematerialised_stacks_equal_the_plain_stack(rng):
   x = jnp.asarray(rng.randn(2, 5, 16), jnp.float32)
   plain = _stack(False, False)
-  p = _perturb(plain.init(jax.random.key(0), x)["params"])
+  p = _random_params(plain, x)
   want = plain.apply({"params": p}, x)
   stacked = {
     "blocks": {"block": jax.tree.map(lambda *a: jnp.stack(a), *[p[f"block_{i}"] for i in range(3)])},

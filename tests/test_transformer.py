@@ -27,7 +27,7 @@ SRC = jnp.array([[3, 4, 5, 6, EOS, PAD], [6, 5, EOS, PAD, PAD, PAD]], jnp.int32)
 
 
 @pytest.mark.parametrize(
-  "kw", [dict(), dict(prenorm=True, posemb="learned", share_embeddings=False, tie_output=False), dict(scan=True)]
+  "kw", [dict(), dict(norm="pre", posemb="learned", share_embeddings=False, tie_output=False), dict(scan=True)]
 )
 def test_cached_greedy_equals_uncached_greedy(kw):
   model = tiny(**kw)

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vitjax.attention import MultiHeadAttention, causal_mask
+from vitjax.posenc import RelativePositionBias
 
 Array = jax.Array
 ACTIVATIONS = {
@@ -23,6 +24,19 @@ ACTIVATIONS = {
   "gelu": functools.partial(nn.gelu, approximate=False),
   "gelu_tanh": functools.partial(nn.gelu, approximate=True),
 }
+
+
+# Where a block's LayerNorm sits around each sublayer F (attention or FFN):
+#   "pre":     x + F(LN(x))   (ViT, GPT-2; the stack ends in a final norm)
+#   "post":    LN(x + F(x))   (the 2017 Transformer; its output is already normalised: no final norm)
+#   "respost": x + LN(F(x))   ("res-post-norm" of Swin V2; the residual stream is never normalised: final norm)
+NORMS = ("pre", "post", "respost")
+
+
+def check_norm(norm: str) -> str:
+  if norm not in NORMS:
+    raise ValueError(f"unknown norm placement {norm!r}; use one of {', '.join(repr(n) for n in NORMS)}")
+  return norm
 
 
 def activation(name: str):
@@ -69,11 +83,11 @@ class DropPath(nn.Module):
 
 
 class _BlockBase(nn.Module):
-  """Options shared by encoder and decoder blocks."""
+  """Options shared by encoder and decoder blocks. norm: "pre", "post" or "respost" (see NORMS)."""
 
   num_heads: int
   mlp_dim: int
-  prenorm: bool = True
+  norm: str = "pre"
   act: str = "gelu"
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
@@ -99,13 +113,18 @@ class _BlockBase(nn.Module):
     return nn.LayerNorm(epsilon=self.layernorm_eps, dtype=self.dtype, name=name)
 
   def _residual(self, x: Array, branch, norm_name: str, drop_path: float | Array) -> Array:
-    """Pre-norm: x + drop(branch(norm(x))). Post-norm: norm(x + drop(branch(x)))."""
-    drop = lambda y: DropPath(self.deterministic)(
-      nn.Dropout(self.dropout_rate)(y, deterministic=self.deterministic), drop_path
-    )
-    if self.prenorm:
-      return x + drop(branch(self._norm(norm_name)(x)))
-    return self._norm(norm_name)(x + drop(branch(x)))
+    """pre: x + dp(do(F(LN(x)))); post: LN(x + dp(do(F(x)))); respost: x + dp(LN(do(F(x)))).
+
+    do is dropout, dp stochastic depth (in respost the norm comes before the branch is dropped, as in Swin V2).
+    """
+    dropout = lambda y: nn.Dropout(self.dropout_rate)(y, deterministic=self.deterministic)
+    drop_branch = lambda y: DropPath(self.deterministic)(y, drop_path)
+    norm = check_norm(self.norm)
+    if norm == "pre":
+      return x + drop_branch(dropout(branch(self._norm(norm_name)(x))))
+    if norm == "post":
+      return self._norm(norm_name)(x + drop_branch(dropout(branch(x))))
+    return x + drop_branch(self._norm(norm_name)(dropout(branch(x))))
 
   def _ffn(self, x: Array) -> Array:
     return FeedForward(
@@ -119,13 +138,31 @@ class _BlockBase(nn.Module):
 
 
 class EncoderBlock(_BlockBase):
-  """Self-attention + FFN, pre-norm (ViT) or post-norm (the 2017 Transformer). [B, T, D] -> [B, T, D]."""
+  """Self-attention + FFN, pre-norm (ViT), post-norm (the 2017 Transformer) or res-post-norm. [B, T, D] -> [B, T, D].
+
+  rel_pos_grid: (h, w) adds a learned 2-D relative position bias to the attention logits (param "rel_pos", see
+  posenc.RelativePositionBias): T must be h*w tokens in row-major order, or 1 + h*w with rel_pos_cls_token (a
+  class token first, with BEiT's three learned entries cls->patch, patch->cls, cls->cls).
+  """
+
+  rel_pos_grid: tuple[int, int] | None = None
+  rel_pos_cls_token: bool = False
 
   @nn.compact
   def __call__(
     self, x: Array, mask: Array | None = None, bias: Array | None = None, drop_path: float | Array = 0.0
   ) -> Array:
     """mask: boolean broadcastable to [B, H, T, T]; bias: additive, same shape."""
+    if self.rel_pos_grid is not None:
+      rel = RelativePositionBias(
+        tuple(self.rel_pos_grid), self.num_heads, cls_token=self.rel_pos_cls_token, name="rel_pos"
+      )()  # [H, T, T]
+      if rel.shape[-1] != x.shape[1]:
+        raise ValueError(
+          f"relative position bias over a {tuple(self.rel_pos_grid)} grid"
+          f"{' plus a class token' if self.rel_pos_cls_token else ''} covers {rel.shape[-1]} tokens, got {x.shape[1]}"
+        )
+      bias = rel if bias is None else bias + rel
     x = self._residual(x, lambda y: self._attention("attn")(y, mask=mask, bias=bias), "norm1", drop_path)
     return self._residual(x, self._ffn, "norm2", drop_path)
 
@@ -178,7 +215,9 @@ class Stack(nn.Module):
 
   block_cls: EncoderBlock or DecoderBlock; block_kwargs: their attributes (a tuple of pairs, hashable).
   drop_path_rate: stochastic depth of the last layer (linear from 0). Parameters are "block_{i}" or, when
-  scanned, one "blocks" subtree stacked along a leading layer axis. Pre-norm stacks end in "final_norm".
+  scanned, one "blocks" subtree stacked along a leading layer axis. With final_norm, stacks of "pre" and
+  "respost" blocks end in a LayerNorm "final_norm" (their residual stream is never normalised); "post" blocks
+  end normalised already and get none.
   """
 
   block_cls: Any
@@ -209,6 +248,6 @@ class Stack(nn.Module):
       block = nn.remat(self.block_cls) if self.remat else self.block_cls
       for i in range(self.num_layers):
         x = block(**dict(self.block_kwargs), name=f"block_{i}")(x, *args, drop_path=float(rates[i]))
-    if self.final_norm and dict(self.block_kwargs).get("prenorm", True):
+    if self.final_norm and check_norm(dict(self.block_kwargs).get("norm", "pre")) != "post":
       x = nn.LayerNorm(epsilon=self.layernorm_eps, dtype=self.dtype, name="final_norm")(x)
     return x

@@ -1,7 +1,7 @@
 """The encoder-decoder Transformer of "Attention is all you need" (Vaswani et al. 2017), for translation.
 
 Token embeddings scaled by sqrt(d_model) plus sinusoidal (or learned) positions; post-norm encoder and decoder
-stacks (pre-norm as an option) from vitjax.layers; the decoder's self-attention is causal and its
+stacks (`norm`: pre-norm, res-post-norm) from vitjax.layers; the decoder's self-attention is causal and its
 cross-attention masks the source padding. Embeddings may be shared between source and target and tied to the
 output projection. Token ids are attributes (pad_id, eos_id, bos_id; default pad 0, eos 1, bos 2, vitjax's
 SentencePiece ids): pad_id masks the source, the decoder input is bos_id + target shifted right, and
@@ -18,7 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vitjax.layers import DecoderBlock, EncoderBlock, Stack
+from vitjax.layers import DecoderBlock, EncoderBlock, Stack, check_norm
 from vitjax.posenc import sinusoidal_1d
 
 Array = jax.Array
@@ -47,7 +47,6 @@ class _Side(nn.Module):
   num_layers: int
   block_kwargs: tuple
   dropout_rate: float
-  prenorm: bool
   posemb: str
   max_len: int
   scan: bool = False
@@ -81,7 +80,7 @@ class _Side(nn.Module):
       tuple(kw.items()),
       scan=self.scan,
       remat=self.remat,
-      final_norm=self.prenorm,
+      final_norm=True,  # Stack adds it for "pre" and "respost" blocks, not "post"
       layernorm_eps=1e-6,
       dtype=self.dtype,
       name="stack",
@@ -95,7 +94,9 @@ class Transformer(nn.Module):
     vocab_size: size of the (joint) vocabulary; tgt_vocab_size: a separate target vocabulary (then
       share_embeddings must be False).
     d_model, num_heads, d_ff, num_layers (encoder and decoder each), dropout_rate: the architecture.
-    prenorm: False is the paper's post-norm; True puts LayerNorm before each sublayer (and a final norm).
+    norm: where each block's LayerNorms sit: "post" LN(x + F(x)) (the paper's), "pre" x + F(LN(x)) or
+      "respost" x + LN(F(x)); "pre" and "respost" stacks end in a final LayerNorm (see vitjax.layers.NORMS).
+    prenorm: legacy spelling, from config.json files written before `norm`: True is norm="pre", False "post".
     posemb: "sinusoidal" (the paper) or "learned"; max_len bounds positions.
     share_embeddings: one embedding table for source and target.
     tie_output: the output projection is the transposed target embedding.
@@ -112,7 +113,8 @@ class Transformer(nn.Module):
   num_layers: int = 6
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.0
-  prenorm: bool = False
+  norm: str = "post"
+  prenorm: bool | None = None
   posemb: str = "sinusoidal"
   max_len: int = 256
   share_embeddings: bool = True
@@ -126,6 +128,16 @@ class Transformer(nn.Module):
   pad_id: int = PAD
   eos_id: int = EOS
   bos_id: int = BOS
+
+  def _norm(self) -> str:
+    """The blocks' norm placement: `norm`, or the legacy `prenorm` when given (ValueError if they disagree)."""
+    norm = check_norm(self.norm)
+    if self.prenorm is None:
+      return norm
+    legacy = "pre" if self.prenorm else "post"
+    if norm not in ("post", legacy):
+      raise ValueError(f"prenorm={self.prenorm} (the legacy option) contradicts norm={norm!r}; set only norm")
+    return legacy
 
   def setup(self):
     if self.eos_id == self.pad_id:
@@ -143,7 +155,7 @@ class Transformer(nn.Module):
     blocks = dict(
       num_heads=self.num_heads,
       mlp_dim=self.d_ff,
-      prenorm=self.prenorm,
+      norm=self._norm(),
       act=self.act,
       dropout_rate=self.dropout_rate,
       attention_dropout_rate=self.attention_dropout_rate,
@@ -156,7 +168,6 @@ class Transformer(nn.Module):
       num_layers=self.num_layers,
       block_kwargs=tuple(blocks.items()),
       dropout_rate=self.dropout_rate,
-      prenorm=self.prenorm,
       posemb=self.posemb,
       max_len=self.max_len,
       scan=self.scan,

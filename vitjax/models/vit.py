@@ -187,7 +187,7 @@ class ViT(nn.Module):
     block_kwargs = dict(
       num_heads=self.num_heads,
       mlp_dim=self.mlp_dim or 4 * d,
-      prenorm=True,
+      norm="pre",
       act=self.act,
       dropout_rate=self.dropout_rate,
       attention_dropout_rate=self.attention_dropout_rate,

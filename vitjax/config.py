@@ -108,11 +108,11 @@ def translation_config(source: str, src_lang: str, tgt_lang: str, size: str = "s
   """
   c = default_config()
   c.task = "translation"
-  # None: the named size's value. All are overridable: --config.model.prenorm=True, --config.model.d_model=384 ...
+  # None: the named size's value. All are overridable: --config.model.norm=pre, --config.model.d_model=384 ...
   c.model = mlc.ConfigDict(
     dict(
       name=f"transformer_{size}",
-      prenorm=False,
+      norm="post",  # where LayerNorm sits: "post" (the paper's), "pre" or "respost" (see vitjax.layers.NORMS)
       posemb="sinusoidal",
       share_embeddings=True,
       tie_output=True,

@@ -96,7 +96,6 @@ class Transformer(nn.Module):
     d_model, num_heads, d_ff, num_layers (encoder and decoder each), dropout_rate: the architecture.
     norm: where each block's LayerNorms sit: "post" LN(x + F(x)) (the paper's), "pre" x + F(LN(x)) or
       "respost" x + LN(F(x)); "pre" and "respost" stacks end in a final LayerNorm (see vitjax.layers.NORMS).
-    prenorm: legacy spelling, from config.json files written before `norm`: True is norm="pre", False "post".
     posemb: "sinusoidal" (the paper) or "learned"; max_len bounds positions.
     share_embeddings: one embedding table for source and target.
     tie_output: the output projection is the transposed target embedding.
@@ -114,7 +113,6 @@ class Transformer(nn.Module):
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.0
   norm: str = "post"
-  prenorm: bool | None = None
   posemb: str = "sinusoidal"
   max_len: int = 256
   share_embeddings: bool = True
@@ -128,16 +126,6 @@ class Transformer(nn.Module):
   pad_id: int = PAD
   eos_id: int = EOS
   bos_id: int = BOS
-
-  def _norm(self) -> str:
-    """The blocks' norm placement: `norm`, or the legacy `prenorm` when given (ValueError if they disagree)."""
-    norm = check_norm(self.norm)
-    if self.prenorm is None:
-      return norm
-    legacy = "pre" if self.prenorm else "post"
-    if norm not in ("post", legacy):
-      raise ValueError(f"prenorm={self.prenorm} (the legacy option) contradicts norm={norm!r}; set only norm")
-    return legacy
 
   def setup(self):
     if self.eos_id == self.pad_id:
@@ -155,7 +143,7 @@ class Transformer(nn.Module):
     blocks = dict(
       num_heads=self.num_heads,
       mlp_dim=self.d_ff,
-      norm=self._norm(),
+      norm=check_norm(self.norm),
       act=self.act,
       dropout_rate=self.dropout_rate,
       attention_dropout_rate=self.attention_dropout_rate,

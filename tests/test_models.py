@@ -1,9 +1,11 @@
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from vitjax import models
+from vitjax.models.adapt import adapt_params
 from vitjax.models.swin import effective_window, shift_attention_mask, window_partition
 
 
@@ -42,6 +44,8 @@ def _tiny_vit(**kw):
     dict(representation_size=16),
     dict(scan=True, remat=True),
     dict(pool_type="gap", fc_norm=True),
+    dict(norm="post", embed_norm=True, pool_type="flatten"),
+    dict(norm="respost", rel_pos_bias=True),
   ],
 )
 def test_vit_options_run_on_non_square_images(kw):
@@ -54,6 +58,148 @@ def test_vit_options_run_on_non_square_images(kw):
   if kw.get("stem") == "conv":  # BatchNorm statistics update in training mode
     _, upd = model.apply(variables, x, train=True, mutable=["batch_stats"], rngs={"dropout": jax.random.key(1)})
     assert "batch_stats" in upd
+
+
+def _shapes(model, *inputs):
+  return jax.eval_shape(lambda: model.init(jax.random.key(0), *inputs))["params"]
+
+
+def _count(tree) -> int:
+  return sum(int(np.prod(a.shape)) for a in jax.tree.leaves(tree))
+
+
+@pytest.mark.parametrize(
+  "kw",
+  [
+    dict(),
+    dict(norm="post"),
+    dict(norm="respost"),
+    dict(embed_norm=True),
+    dict(pool_type="flatten"),
+    dict(rel_pos_bias=True),
+    dict(rel_pos_bias=True, pool_type="gap", scan=True),
+  ],
+)
+def test_vit_parameter_count_by_formula(kw):
+  d, m, k, heads, depth, (h, w) = 32, 64, 5, 2, 2, (4, 6)  # _tiny_vit on 16 x 24 images: a 4 x 6 patch grid
+  pool = kw.get("pool_type", "tok")
+  n = h * w + (pool == "tok")
+  block = 4 * (d * d + d) + (d * m + m) + (m * d + d) + 2 * 2 * d  # q, k, v, out; fc1, fc2; norm1, norm2
+  if kw.get("rel_pos_bias"):
+    block += (2 * h - 1) * (2 * w - 1) * heads + (3 * heads if pool == "tok" else 0)  # table (+ cls_bias)
+  want = 4 * 4 * 3 * d + d + (d if pool == "tok" else 0) + n * d + depth * block  # patch conv, cls, posemb
+  want += 2 * d if kw.get("norm", "pre") != "post" else 0  # final norm
+  want += 2 * d if kw.get("embed_norm") else 0
+  want += (n * d if pool == "flatten" else d) * k + k  # head
+  assert _count(_shapes(_tiny_vit(**kw), jnp.zeros((1, 16, 24, 3)))) == want
+
+
+def _ln(x, p, eps=1e-6):
+  mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+  return (x - mu) / np.sqrt(var + eps) * p["scale"] + p["bias"]
+
+
+def _random_params(model, *inputs, noise=0.2):
+  """Parameters of model's shapes drawn by numpy: LayerNorm scales 1 + noise * N(0, 1), the rest noise * N(0, 1).
+
+  Only shapes are traced (eval_shape): jax's initializers would compile once per shape, seconds on CI's CPU.
+  """
+  rng = np.random.RandomState(7)
+  shapes = flax.traverse_util.flatten_dict(jax.eval_shape(lambda: model.init(jax.random.key(0), *inputs))["params"])
+  draw = lambda k, s: jnp.asarray((k[-1] == "scale") + noise * rng.randn(*s.shape), jnp.float32)
+  return flax.traverse_util.unflatten_dict({k: draw(k, s) for k, s in shapes.items()})
+
+
+def test_vit_embed_norm_and_flatten_head_match_float64(rng):
+  """No blocks (depth 0): patches -> embedding -> embed_norm -> (+ cls) + positions -> final norm or fc_norm."""
+  images = rng.randn(2, 8, 12, 3)
+  patches = images.reshape(2, 2, 4, 3, 4, 3).transpose(0, 1, 3, 2, 4, 5).reshape(2, 6, 48)  # 2 x 3 grid, row-major
+  f64 = lambda tree: jax.tree.map(lambda a: np.asarray(a, np.float64), flax.core.unfreeze(tree))
+  kw = dict(depth=0, width=8, num_heads=2, num_classes=3, embed_norm=True)
+  model = models.create("Ti/4", pool_type="flatten", **kw)
+  p = _random_params(model, jnp.asarray(images, jnp.float32))
+  q = f64(p)
+  x = _ln(patches @ q["embedding"]["kernel"].reshape(48, 8) + q["embedding"]["bias"], q["embed_norm"])
+  x = _ln(x + q["posembed"]["pos_embedding"][0], q["encoder"]["final_norm"])
+  want = x.reshape(2, 6 * 8) @ q["head"]["kernel"] + q["head"]["bias"]  # Flatten + Linear
+  assert q["head"]["kernel"].shape == (48, 3)
+  np.testing.assert_allclose(model.apply({"params": p}, jnp.asarray(images, jnp.float32))[0], want, atol=1e-5)
+  # with a class token: the norm comes before it (the class token is not normalised)
+  model = models.create("Ti/4", pool_type="tok", fc_norm=True, **kw)  # fc_norm: no final norm on "encoded"
+  p = _random_params(model, jnp.asarray(images, jnp.float32))
+  q = f64(p)
+  x = _ln(patches @ q["embedding"]["kernel"].reshape(48, 8) + q["embedding"]["bias"], q["embed_norm"])
+  want = np.concatenate([np.broadcast_to(q["cls"], (2, 1, 8)), x], 1) + q["posembed"]["pos_embedding"]
+  got = model.apply({"params": p}, jnp.asarray(images, jnp.float32))[1]["encoded"]
+  np.testing.assert_allclose(got, want, atol=1e-5)
+  with pytest.raises(ValueError, match="unknown pool_type 'cls'; use one of 'tok', 'gap', 'map', 'none', 'flatten'"):
+    _shapes(models.create("Ti/4", pool_type="cls", **kw), jnp.zeros((1, 8, 12, 3)))
+  with pytest.raises(ValueError, match="unknown norm 'sandwich'; use one of 'pre', 'post', 'respost'"):
+    _shapes(models.create("Ti/4", norm="sandwich", **kw), jnp.zeros((1, 8, 12, 3)))
+
+
+def test_vit_relative_position_bias_scans_and_resizes_keeping_shared_offsets():
+  x = jnp.asarray(np.random.RandomState(0).randn(2, 12, 12, 3), jnp.float32)  # a 3 x 3 patch grid
+  big = jnp.zeros((1, 20, 20, 3))  # 5 x 5
+  plain, scanned = _tiny_vit(rel_pos_bias=True), _tiny_vit(rel_pos_bias=True, scan=True)
+  p = _random_params(plain, x)
+  stacked = {k: v for k, v in p.items() if not k.startswith("encoder")}
+  stacked["encoder"] = {
+    "blocks": {"block": jax.tree.map(lambda *a: jnp.stack(a), p["encoder"]["block_0"], p["encoder"]["block_1"])},
+    "final_norm": p["encoder"]["final_norm"],
+  }
+  assert jax.tree.map(jnp.shape, stacked) == jax.tree.map(jnp.shape, _shapes(scanned, x))
+  plain_apply, scanned_apply = jax.jit(plain.apply), jax.jit(scanned.apply)  # one compile each, not op by op
+  want = plain_apply({"params": p}, x)[0]
+  np.testing.assert_allclose(scanned_apply({"params": stacked}, x)[0], want, atol=1e-5)  # per-layer tables
+  zero = jax.tree.map(jnp.zeros_like, p["encoder"]["block_0"]["rel_pos"])
+  p0 = {**p, "encoder": {**p["encoder"], "block_0": {**p["encoder"]["block_0"], "rel_pos": zero}}}
+  assert not np.allclose(plain_apply({"params": p0}, x)[0], want, atol=1e-3)  # the bias is used
+
+  for model, params in [(plain, p), (scanned, stacked)]:  # fine-tuning at 20 x 20: the tables grow 5x5 -> 9x9
+    target = _shapes(model, big)  # adapt_params needs only the shapes here (the head stays)
+    out, changes = adapt_params(params, target)
+    new, old = (flax.traverse_util.flatten_dict(t, sep="/") for t in (out, params))
+    tables = [k for k in new if k.endswith("relative_position_bias_table")]
+    assert len(tables) == (1 if model.scan else 2)
+    for k in tables:  # [(layers,) rows, heads]: the rows are a 5 x 5 grid of offsets, now 9 x 9
+      t_new, t_old = np.asarray(new[k]).reshape(-1, 9, 9, 2), np.asarray(old[k]).reshape(-1, 5, 5, 2)
+      np.testing.assert_array_equal(t_new[:, 2:7, 2:7], t_old)  # every offset of the 3x3 grid keeps its bias
+      cls_bias = k.replace("relative_position_bias_table", "cls_bias")
+      np.testing.assert_array_equal(new[cls_bias], old[cls_bias])
+    assert any("relative_position_bias_table" in c and "(clip)" in c for c in changes)
+    assert jax.tree.map(lambda a: tuple(a.shape), out) == jax.tree.map(lambda a: tuple(a.shape), target)
+
+
+def test_transformer_default_parameter_tree_is_unchanged():
+  """The default (post-norm) Transformer has the parameter names and shapes it had before `norm`, so older
+  checkpoints load; pre and respost add only the stacks' final norms."""
+  src, tgt = jnp.ones((1, 5), jnp.int32), jnp.ones((1, 4), jnp.int32)
+  make = lambda **kw: models.create("transformer_tiny", vocab_size=7, num_layers=1, **kw)
+  attn = {f"{n}/kernel": (64, 2, 32) for n in ("query", "key", "value")}
+  attn |= {f"{n}/bias": (2, 32) for n in ("query", "key", "value")} | {"out/kernel": (2, 32, 64), "out/bias": (64,)}
+  mlp = {"mlp/fc1/kernel": (64, 128), "mlp/fc1/bias": (128,), "mlp/fc2/kernel": (128, 64), "mlp/fc2/bias": (64,)}
+  norms = lambda k: {f"norm{i}/{w}": (64,) for i in range(1, k + 1) for w in ("scale", "bias")}
+  want = {"src_embed/embedding": (7, 64)}
+  for part in (mlp, norms(2), {f"attn/{k}": v for k, v in attn.items()}):
+    want |= {f"encoder/stack/block_0/{k}": v for k, v in part.items()}
+  for part in (
+    mlp,
+    norms(3),
+    {f"self_attn/{k}": v for k, v in attn.items()},
+    {f"cross_attn/{k}": v for k, v in attn.items()},
+  ):
+    want |= {f"decoder/stack/block_0/{k}": v for k, v in part.items()}
+  flat = lambda model: {
+    k: v.shape for k, v in flax.traverse_util.flatten_dict(_shapes(model, src, tgt), sep="/").items()
+  }
+  assert flat(make()) == want
+  assert flat(make(norm="respost")) == flat(make(norm="pre"))
+  assert set(flat(make(norm="pre"))) - set(want) == {
+    f"{s}/stack/final_norm/{w}" for s in ("encoder", "decoder") for w in ("scale", "bias")
+  }
+  with pytest.raises(ValueError, match="use one of 'pre', 'post', 'respost'"):
+    _shapes(make(norm="prenorm"), src, tgt)
 
 
 def test_vit_refuses_images_not_divisible_by_the_patch():

@@ -1,8 +1,9 @@
 """Fitting loaded parameters to a model of other shapes, for fine-tuning (`config.init_from`).
 
 It knows the parameter names of vitjax's models: the classifier `head/...`, learned position embeddings
-`.../pos_embedding` ([1, N, D] for the ViT, [max_len, D] for the Transformer) and Swin's
-`.../relative_position_bias_table` ([(2W-1)^2, heads]).
+`.../pos_embedding` ([1, N, D] for the ViT, [max_len, D] for the Transformer) and relative position bias tables
+`.../relative_position_bias_table` ([(2W-1)^2, heads]; [layers, ...] when scanned): Swin's windows and the ViT's
+patch grid (rel_pos_bias), both assumed square here.
 """
 
 from __future__ import annotations
@@ -48,10 +49,18 @@ def adapt_params(loaded, target) -> tuple[dict, list[str]]:
       prefix = 1 if _is_square(v.shape[1] - 1) and not _is_square(v.shape[1]) else 0
       out[k] = posenc.resample_posemb(v, _grid(t.shape[1] - prefix), num_prefix_tokens=prefix)
       changes.append(f"resampled {k} {v.shape} -> {out[k].shape}")
-    elif k.endswith("relative_position_bias_table") and v.shape[1] == t.shape[1]:
-      old, new = (int(math.isqrt(v.shape[0])) + 1) // 2, (int(math.isqrt(t.shape[0])) + 1) // 2
-      out[k] = posenc.resize_relative_bias_table(v, (old, old), (new, new))
-      changes.append(f"resized {k} {v.shape} -> {out[k].shape}")
+    elif (
+      k.endswith("relative_position_bias_table")
+      and v.shape[:-2] + v.shape[-1:] == t.shape[:-2] + t.shape[-1:]
+      and _odd_square(v.shape[-2])
+      and _odd_square(t.shape[-2])
+    ):
+      old, new = (math.isqrt(v.shape[-2]) + 1) // 2, (math.isqrt(t.shape[-2]) + 1) // 2
+      # A ViT's patch offset keeps its meaning at another resolution: shared offsets keep their bias ("clip").
+      # Swin's window is resampled (bicubic), as the reference implementation does.
+      method = "clip" if k.startswith("encoder/") else "bicubic"
+      out[k] = posenc.resize_relative_bias_table(v, (old, old), (new, new), method=method)
+      changes.append(f"resized {k} {v.shape} -> {out[k].shape} ({method})")
     else:
       problems.append(f"  {k}: model {t.shape}, checkpoint {v.shape}")
   if problems:
@@ -66,6 +75,10 @@ def adapt_params(loaded, target) -> tuple[dict, list[str]]:
 
 def _is_square(n: int) -> bool:
   return n > 0 and math.isqrt(n) ** 2 == n
+
+
+def _odd_square(n: int) -> bool:
+  return _is_square(n) and math.isqrt(n) % 2 == 1
 
 
 def _grid(n: int) -> tuple[int, int]:

@@ -1,7 +1,8 @@
 """Vision Transformer (Dosovitskiy et al. 2021), every option of the family in one module.
 
-Patchify (or a convolutional stem, Xiao et al. 2021) -> optional class token -> position embedding
-(learned or 2-D sin-cos) -> pre-norm encoder -> pooling (class token, global average, or a MAP head)
+Patchify (or a convolutional stem, Xiao et al. 2021) -> optional LayerNorm -> optional class token -> position
+embedding (learned or 2-D sin-cos) -> encoder (pre-norm, post-norm or res-post-norm blocks, optionally with a
+learned relative position bias) -> pooling (class token, global average, a MAP head, or all tokens flattened)
 -> optional pre-logits layer -> classifier. Images are [B, H, W, C]; H and W must be multiples of the
 patch size but need not be equal.
 """
@@ -17,10 +18,11 @@ import jax
 import jax.numpy as jnp
 
 from vitjax.attention import MultiHeadAttention
-from vitjax.layers import EncoderBlock, FeedForward, Stack
+from vitjax.layers import NORMS, EncoderBlock, FeedForward, Stack
 from vitjax.posenc import LearnedPositionEmbedding, sincos_2d
 
 Array = jax.Array
+POOL_TYPES = ("tok", "gap", "map", "none", "flatten")
 
 # name: (width, depth, mlp_dim, heads)
 VARIANTS = {
@@ -115,9 +117,25 @@ class ViT(nn.Module):
   Attributes:
     num_classes: classifier outputs; 0 or None gives the pooled features (no head).
     patch_size, width, depth, mlp_dim, num_heads: the architecture (see VARIANTS, parse_variant).
-    pool_type: "tok" (class token), "gap" (global average), "map" (attention pooling), "none" (all tokens).
+    pool_type: "tok" (class token), "gap" (global average), "map" (attention pooling), "none" (all tokens,
+      [B, N, D], to the head), "flatten" (all tokens flattened to [B, N*D], then the head: "Flatten + Linear";
+      the head's kernel [N*D, classes] fixes the number of tokens, so the image size, to the one it was built for).
     posemb: "learn" (a learned table covering the class token too, as the original ViT) or "sincos2d".
     stem: "patch" (a p x p stride-p convolution) or "conv" (ConvStem).
+    norm: where each block's LayerNorms sit (vitjax.layers.NORMS): "pre" x + F(LN(x)) (the ViT's), "post"
+      LN(x + F(x)) (the 2017 Transformer's) or "respost" x + LN(F(x)) (Swin V2's res-post-norm). "pre" and
+      "respost" end the encoder in a LayerNorm ("encoder/final_norm", unless fc_norm); "post" has none: its
+      output is normalised already.
+    embed_norm: a LayerNorm ("embed_norm") right after the patch embedding or stem, before the class token
+      and position embedding.
+    rel_pos_bias: every attention layer adds a learned 2-D relative position bias per head to its logits,
+      softmax(q k^T / sqrt(d) + p) (BEiT's; Swin's, over the whole patch grid instead of a window): block i learns
+      "encoder/block_{i}/rel_pos/relative_position_bias_table" [(2h-1)(2w-1), heads] for an h x w patch grid
+      ("encoder/blocks/block/rel_pos/..." [depth, ...] when scanned), read at the offset from key to query patch.
+      With a class token ("tok") it also learns "rel_pos/cls_bias" [3, heads], BEiT's entries for cls -> patch,
+      patch -> cls and cls -> cls. The table follows the grid: config.init_from at another (square) resolution
+      resizes it (vitjax.models.adapt; offsets both grids have keep their bias, new ones take the nearest
+      one's). The absolute position embedding (posemb) stays.
     act: the MLP activation: "gelu" (exact, timm's and PyTorch's), "gelu_tanh" (the tanh approximation,
       flax's nn.gelu default, which the original ViT and big_vision were trained with) or "relu".
     representation_size: width of the optional pre-logits layer (Dense + tanh).
@@ -126,7 +144,7 @@ class ViT(nn.Module):
     scan, remat: scan over layers / rematerialise each block (memory for compute).
     implementation: the attention implementation (see vitjax.attention).
     dtype: compute dtype (parameters stay float32).
-  intermediates: "pre_logits" [B, D] (pooled features), "encoded" [B, N, D].
+  intermediates: "pre_logits" [B, D] (pooled features; [B, N*D] with "flatten"), "encoded" [B, N, D].
   """
 
   num_classes: int | None = 1000
@@ -138,6 +156,9 @@ class ViT(nn.Module):
   pool_type: str = "tok"
   posemb: str = "learn"
   stem: str = "patch"
+  norm: str = "pre"
+  embed_norm: bool = False
+  rel_pos_bias: bool = False
   act: str = "gelu"
   representation_size: int | None = None
   fc_norm: bool = False
@@ -156,8 +177,10 @@ class ViT(nn.Module):
   def __call__(self, images: Array, train: bool = False) -> tuple[Array, dict]:
     if images.ndim != 4:
       raise ValueError(f"ViT takes images [B, H, W, C], got shape {images.shape}")
-    if self.pool_type not in ("tok", "gap", "map", "none"):
-      raise ValueError(f"unknown pool_type {self.pool_type!r}; use 'tok', 'gap', 'map' or 'none'")
+    if self.pool_type not in POOL_TYPES:
+      raise ValueError(f"unknown pool_type {self.pool_type!r}; use one of {', '.join(map(repr, POOL_TYPES))}")
+    if self.norm not in NORMS:
+      raise ValueError(f"unknown norm {self.norm!r}; use one of {', '.join(map(repr, NORMS))}")
     patch = tuple(self.patch_size) if isinstance(self.patch_size, Sequence) else (self.patch_size,) * 2
     check_divisible(images.shape[1:3], patch)
     x = images.astype(self.dtype or images.dtype)
@@ -171,6 +194,8 @@ class ViT(nn.Module):
       raise ValueError(f"unknown stem {self.stem!r}; use 'patch' or 'conv'")
     b, h, w, d = x.shape
     x = x.reshape(b, h * w, d)
+    if self.embed_norm:
+      x = nn.LayerNorm(epsilon=self.layernorm_eps, dtype=self.dtype, name="embed_norm")(x)
 
     if self.pool_type == "tok":
       cls = self.param("cls", nn.initializers.normal(1e-6), (1, 1, d))
@@ -187,7 +212,7 @@ class ViT(nn.Module):
     block_kwargs = dict(
       num_heads=self.num_heads,
       mlp_dim=self.mlp_dim or 4 * d,
-      norm="pre",
+      norm=self.norm,
       act=self.act,
       dropout_rate=self.dropout_rate,
       attention_dropout_rate=self.attention_dropout_rate,
@@ -197,6 +222,8 @@ class ViT(nn.Module):
       deterministic=not train,
       dtype=self.dtype,
     )
+    if self.rel_pos_bias:
+      block_kwargs.update(rel_pos_grid=(h, w), rel_pos_cls_token=self.pool_type == "tok")
     x = Stack(
       EncoderBlock,
       self.depth,
@@ -225,6 +252,8 @@ class ViT(nn.Module):
         dtype=self.dtype,
         name="map_head",
       )(x)
+    elif self.pool_type == "flatten":
+      x = x.reshape(b, -1)
     if self.fc_norm:
       x = nn.LayerNorm(epsilon=self.layernorm_eps, dtype=self.dtype, name="fc_norm")(x)
     if self.representation_size:

@@ -95,7 +95,7 @@ def default_config() -> mlc.ConfigDict:
   c.keep_checkpoints = 3  # the latest N steps, plus the best evaluated one by best_metric (one orbax manager)
   c.best_metric = "eval/accuracy"
   c.best_mode = "max"
-  c.init_from = ""  # a workdir, 'timm:NAME:FILE' (.safetensors/.pth), or 'npz:VARIANT:FILE'
+  c.init_from = ""  # a workdir, 'timm:NAME:FILE' (.safetensors/.pth; Swin also Microsoft's .pth), or 'npz:FILE'
   # (first, last): a jax.profiler trace of those steps into WORKDIR/tb/plugins/profile (TensorBoard's profile tab).
   c.profile_steps = mlc.FieldReference(None, field_type=tuple)
   return c

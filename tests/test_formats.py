@@ -89,7 +89,7 @@ def test_unknown_layouts_name_the_known_ones():
     convert.from_vit_npz({"foo": np.zeros(3)})
   vit = models.ViT(num_classes=3, patch_size=(4, 4), width=24, depth=1, num_heads=3)
   npz = convert.to_vit_npz(vit, vit.init(jax.random.key(0), jnp.zeros((1, 8, 8, 3))))
-  with pytest.raises(ValueError, match="weights are in the vit-npz layout; use from_vit_npz"):
+  with pytest.raises(ValueError, match=r"weights are in the vit-npz layout \(another model family\); use from_vit_npz"):
     convert.from_timm("vit_tiny_patch4_8", npz)
   with pytest.raises(ValueError, match="not a B/16: width 768 != 24"):
     convert.from_vit_npz(npz, "B/16")

@@ -144,7 +144,9 @@ def detect_layout(state_dict: Mapping[str, Any]) -> str | None:
 
 def _unknown_layout(state_dict: Mapping[str, Any], what: str) -> ValueError:
   first = sorted(_unwrap(state_dict))[:4]
-  return ValueError(f"{what}: weights of an unknown layout (first keys {first}); known: " + "; ".join(LAYOUTS))
+  return ValueError(
+    f"{what}: weights of another model family or an unknown layout (first keys {first}); known: " + "; ".join(LAYOUTS)
+  )
 
 
 # ------------------------------------------------------------------------------------------------------ timm
@@ -260,7 +262,7 @@ def from_timm(timm_name: str, state_dict: Mapping[str, Any]):
         _unknown_layout(state_dict, f"{timm_name} (a timm ViT)")
         if layout is None
         else ValueError(
-          f"{timm_name} is a timm ViT, but the weights are in the {layout} layout"
+          f"{timm_name} is a timm ViT, but the weights are in the {layout} layout (another model family)"
           + ("; use from_vit_npz / init_from=npz:FILE" if layout == "vit-npz" else "")
         )
       )
@@ -305,7 +307,7 @@ def from_swin(state_dict: Mapping[str, Any]):
     raise (
       _unknown_layout(state_dict, "from_swin")
       if layout is None
-      else ValueError(f"from_swin: the weights are in the {layout} layout, not a Swin's")
+      else ValueError(f"a Swin was asked for, but the weights are in the {layout} layout (another model family)")
     )
   if layout == "swin-official":
     state_dict = _official_to_timm_swin(state_dict)

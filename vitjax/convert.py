@@ -480,7 +480,8 @@ def _copy(r: _Reader, src: str, dst: str, out: dict, subs=(None,), new_subs=None
 
 
 def _unsupported(module, what: str, **allowed) -> None:
-  bad = {k: getattr(module, k) for k, ok in allowed.items() if hasattr(module, k) and getattr(module, k) not in ok}
+  """ValueError naming every attribute of `module` whose value is not among those `allowed` for the format."""
+  bad = {k: getattr(module, k) for k, ok in allowed.items() if getattr(module, k) not in ok}
   if bad:
     raise ValueError(f"{what} has no equivalent for " + ", ".join(f"{k}={v!r}" for k, v in bad.items()))
 
@@ -515,15 +516,17 @@ def _put_mlp(p: dict, src: str, dst: str, out: dict) -> None:
 
 
 def _vit_to_timm(module, p: dict, image_size) -> tuple[dict, dict]:
-  _unsupported(module, "timm's VisionTransformer", stem=("patch",), representation_size=(None, 0))
-  _unsupported(module, "timm's VisionTransformer", scan=(False,))
-  if module.pool_type not in ("tok", "gap", "map"):
-    raise ValueError(f"timm's VisionTransformer has no equivalent for pool_type={module.pool_type!r}")
-  for option in ("embed_norm", "rel_pos_bias"):
-    if getattr(module, option, False):
-      raise ValueError(f"timm's VisionTransformer has no equivalent for {option}=True")
-  if getattr(module, "norm", "pre") != "pre":
-    raise ValueError(f"timm's VisionTransformer is pre-norm; this model has norm={module.norm!r}")
+  _unsupported(
+    module,
+    "timm's VisionTransformer",
+    stem=("patch",),
+    representation_size=(None, 0),
+    scan=(False,),
+    pool_type=("tok", "gap", "map"),
+    norm=("pre",),
+    embed_norm=(False,),
+    rel_pos_bias=(False,),
+  )
   out: dict[str, np.ndarray] = {}
   k = p["embedding/kernel"]  # [p, p, C, D]
   out["patch_embed.proj.weight"], out["patch_embed.proj.bias"] = k.transpose(3, 2, 0, 1), p["embedding/bias"]

@@ -244,3 +244,21 @@ def test_init_from_reads_the_original_formats(spec, case):
   """config.init_from takes the big_vision .npz (npz:FILE) and Microsoft's Swin .pth (timm:NAME:FILE) as they are."""
   path = os.path.join(GOLDEN, _manifest()[case]["weights"])
   _same_params(_load_weights(_manifest()[case])[1]["params"], convert.load_params(spec.format(path)))
+
+
+def test_init_from_fits_a_scanned_checkpoint_to_a_model_that_is_not_and_back():
+  """big_vision trains scanned (its .npz is unstacked on import); vitjax configs may scan or not: adapt_params
+  restacks the layers either way, the values unchanged."""
+  from vitjax.models.adapt import adapt_params
+
+  module, variables = convert.from_vit_npz(os.path.join(GOLDEN, "big_vision_scan_gap_sincos.npz"))
+  params = jax.device_get(variables["params"])
+  x = jnp.zeros((1, 16, 16, 3))
+  scanned = jax.device_get(module.clone(scan=True).init(jax.random.key(0), x)["params"])
+  stacked, changes = adapt_params(params, scanned)
+  assert changes == ["stacked the checkpoint's layers for the scanned model"]
+  q = stacked["encoder"]["blocks"]["block"]["attn"]["query"]["kernel"]
+  np.testing.assert_array_equal(q[1], params["encoder"]["block_1"]["attn"]["query"]["kernel"])
+  unstacked, changes = adapt_params(stacked, params)
+  assert changes == ["unstacked the checkpoint's scanned layers"]
+  _same_params(params, unstacked)

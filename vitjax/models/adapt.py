@@ -9,6 +9,7 @@ patch grid (rel_pos_bias), both assumed square here.
 from __future__ import annotations
 
 import math
+import re
 
 import flax
 import numpy as np
@@ -22,12 +23,13 @@ def adapt_params(loaded, target) -> tuple[dict, list[str]]:
 
   The classifier head is replaced (kept at the target's initialisation) when the number of classes differs or
   the checkpoint has none; learned position embeddings are resampled (ViT) or truncated / extended (Transformer),
-  relative-position bias tables resized, to a new resolution or window. Anything else that differs raises a
-  ConfigError listing every mismatch.
+  relative-position bias tables resized, to a new resolution or window; a stack scanned over layers on one side
+  and not on the other is restacked. Anything else that differs raises a ConfigError listing every mismatch.
   """
   flat_l = flax.traverse_util.flatten_dict(flax.core.unfreeze(loaded), sep="/")
   flat_t = flax.traverse_util.flatten_dict(flax.core.unfreeze(target), sep="/")
   out, problems, changes = {}, [], []
+  flat_l = _restack(flat_l, scanned=any(_SCANNED in k for k in flat_t), changes=changes)
   for k, t in flat_t.items():
     if k not in flat_l:
       if k.startswith("head/"):
@@ -71,6 +73,36 @@ def adapt_params(loaded, target) -> tuple[dict, list[str]]:
       + more
     )
   return flax.traverse_util.unflatten_dict({tuple(k.split("/")): v for k, v in out.items()}), changes
+
+
+_SCANNED = "/blocks/block/"  # vitjax.layers.Stack's scanned parameters: [layers, ...] under STACK/blocks/block/
+_LAYER = re.compile(r"^(.*)/block_(\d+)/(.*)$")  # and one subtree per layer: STACK/block_{i}/...
+
+
+def _restack(flat: dict, scanned: bool, changes: list[str]) -> dict:
+  """flat parameters with their layer stacks in the target's form: stacked along a leading axis (scanned) or one
+  "block_{i}" subtree per layer."""
+  out: dict = {}
+  if scanned and not any(_SCANNED in k for k in flat):
+    layers: dict[str, dict[int, np.ndarray]] = {}
+    for k, v in flat.items():
+      if m := _LAYER.match(k):
+        layers.setdefault(f"{m[1]}{_SCANNED}{m[3]}", {})[int(m[2])] = np.asarray(v)
+      else:
+        out[k] = v
+    out.update({k: np.stack([by[i] for i in sorted(by)]) for k, by in layers.items()})
+    if layers:
+      changes.append("stacked the checkpoint's layers for the scanned model")
+  elif not scanned and any(_SCANNED in k for k in flat):
+    for k, v in flat.items():
+      if _SCANNED in k:
+        out.update({k.replace(_SCANNED, f"/block_{i}/"): np.asarray(v)[i] for i in range(np.shape(v)[0])})
+      else:
+        out[k] = v
+    changes.append("unstacked the checkpoint's scanned layers")
+  else:
+    return flat
+  return out
 
 
 def _is_square(n: int) -> bool:

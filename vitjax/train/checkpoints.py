@@ -302,8 +302,7 @@ def load_params(workdir: str) -> tuple[dict, dict]:
   workdir = os.path.abspath(workdir)
   if not has_checkpoints(workdir):
     raise ConfigError(
-      f"init_from={workdir!r}: no checkpoints/ there; give a workdir of a vitjax run, "
-      "'timm:NAME:FILE' or 'npz:FILE'"
+      f"init_from={workdir!r}: no checkpoints/ there; give a workdir of a vitjax run, 'timm:NAME:FILE' or 'npz:FILE'"
     )
   manager = ocp.CheckpointManager(
     os.path.join(workdir, CHECKPOINTS), options=_read_only_options(), item_names=Checkpoints.ITEMS

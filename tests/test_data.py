@@ -1,8 +1,14 @@
 """Tests of vitjax.data: tfds builders (no TF), prepare CLI, grain pipeline."""
 
+import json
+import subprocess
+import sys
+
+import jax
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
+import train_helpers as th
 
 from vitjax.data import DatasetNotPreparedError, augment, builders, make_input, parse_augment
 from vitjax.data import prepare as prepare_lib
@@ -82,8 +88,10 @@ def test_train_batch_shapes_and_info(data_dir):
   assert (info.local_batch_size, info.steps_per_epoch) == (32, 1497 // 32)
   batch = next(it)
   assert batch["image"].shape == (32, 12, 16, 1)
-  assert batch["image"].dtype == np.float32
-  assert -1.0 <= batch["image"].min() < batch["image"].max() <= 1.0
+  assert batch["image"].dtype == np.uint8  # normalised on the device (augment.to_float)
+  assert batch["image"].min() < batch["image"].max()
+  x = np.asarray(augment.to_float(batch["image"]))
+  assert x.dtype == np.float32 and -1.0 <= x.min() < x.max() <= 1.0
   assert batch["label"].shape == (32,) and batch["label"].dtype == np.int32
   assert batch["mask"].dtype == np.bool_ and batch["mask"].all()
 
@@ -149,14 +157,69 @@ def test_iterator_state_restores_exactly(data_dir):
 @pytest.mark.parametrize(
   "mix", [dict(mixup_alpha=0.4), dict(cutmix_alpha=1.0), dict(mixup_alpha=0.2, cutmix_alpha=1.0)]
 )
-def test_mixing_gives_soft_labels(data_dir, mix):
-  it, info = _input(data_dir, augment=mix)
-  for batch in _take(it, 3):
-    labels = batch["label"]
-    assert labels.shape == (32, info.num_classes) and labels.dtype == np.float32
-    np.testing.assert_allclose(labels.sum(-1), 1.0, rtol=1e-6)
-    assert labels.min() >= 0
-  assert (labels.max(-1) < 1).any()  # Something got mixed.
+def test_mixing_on_the_device_gives_soft_labels_of_the_pixels_it_mixed(data_dir, mix):
+  """Mixup/CutMix in the jitted step: a row is a blend of itself and its neighbour (2k <-> 2k + 1) and its label
+  weights are the blend's shares: Mixup's lam everywhere, or for CutMix the fraction of pixels outside one box."""
+  batch = next(_input(data_dir, augment=mix)[0])
+  assert batch["label"].shape == (32,) and batch["image"].dtype == np.uint8  # the host does not mix
+  aug = parse_augment(mix)
+  step = jax.jit(lambda x, y, key: augment.mix_batch(x, y, 10, aug, key))
+  r = np.random.RandomState(0)
+  x = r.randn(32, 8, 6, 3).astype(np.float32)  # distinct pixels: the CutMix box can be read off the result
+  y = r.randint(0, 10, 32)
+  partner = np.arange(32) ^ 1
+  kinds = set()
+  for i in range(12):
+    images, soft = map(np.asarray, step(x, y, jax.random.key(i)))
+    assert soft.shape == (32, 10) and soft.dtype == np.float32 and soft.min() >= 0
+    np.testing.assert_allclose(soft.sum(-1), 1.0, rtol=1e-6)
+    own = (y != y[partner]).nonzero()[0]
+    lam = soft[own, y[own]]
+    np.testing.assert_allclose(lam, lam[0], rtol=1e-6)  # one draw per batch
+    np.testing.assert_allclose(soft[own, y[partner][own]], 1 - lam, rtol=1e-5, atol=1e-6)
+    lam = lam[0]
+    if lam == 1:
+      kinds.add("none")
+      np.testing.assert_array_equal(images, x)
+    elif ((images == x) | (images == x[partner])).all():
+      kinds.add("cutmix")
+      box = (images != x).any(axis=(0, 3))  # [H, W]
+      rows, cols = box.any(1), box.any(0)
+      np.testing.assert_array_equal(box, rows[:, None] & cols[None, :])  # one rectangle
+      np.testing.assert_allclose(lam, 1 - box.mean(), rtol=1e-6)
+    else:
+      kinds.add("mixup")
+      np.testing.assert_allclose(images, lam * x + (1 - lam) * x[partner], rtol=1e-5, atol=1e-6)
+  want = {"mixup"} if not aug.cutmix_alpha else {"cutmix"} if not aug.mixup_alpha else {"mixup", "cutmix"}
+  assert want <= kinds, kinds
+
+
+MIX_ON_DEVICES = """
+import json, jax, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from vitjax.data import augment
+aug = augment.parse_augment(dict(mixup_alpha=0.4, cutmix_alpha=1.0))
+f = jax.jit(lambda x, y, key: augment.mix_batch(augment.to_float(x), y, 10, aug, key))
+mesh = Mesh(np.array(jax.devices()), ("data",))
+r = np.random.RandomState(0)
+diff = 0.0
+for b in (8, 16):  # 1 row per device (every pair split over two devices) and 2
+  x, y = r.randint(0, 256, (b, 8, 8, 3)).astype(np.uint8), r.randint(0, 10, b).astype(np.int32)
+  for i in range(6):
+    one = f(x, y, jax.random.key(i))
+    put = lambda a: jax.device_put(a, NamedSharding(mesh, P("data")))
+    many = f(put(x), put(y), jax.random.key(i))
+    diff = max(diff, *(float(np.abs(np.asarray(u) - np.asarray(v)).max()) for u, v in zip(one, many)))
+print(json.dumps({"devices": jax.device_count(), "diff": diff}))
+"""
+
+
+def test_device_mixing_does_not_depend_on_how_many_devices_hold_the_batch():
+  proc = subprocess.run(
+    [sys.executable, "-c", MIX_ON_DEVICES], env=th.env(devices=8), capture_output=True, text=True, timeout=300
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"devices": 8, "diff": 0.0}
 
 
 def test_eval_padding_counts_each_example_once(data_dir):
@@ -256,8 +319,8 @@ def test_fashion_mnist_prepares_and_reads(tmp_path):
 
 
 def test_the_global_batches_do_not_depend_on_the_process_count_and_resume_on_any(data_dir):
-  """One sequence of global batches (augmentations and Mixup/CutMix included): P processes each read their rows
-  of it; a position saved by one process count resumes on another."""
+  """One sequence of global batches (augmentations included; Mixup/CutMix is the device's, tested above): P processes
+  each read their rows of it; a position saved by one process count resumes on another."""
   aug = {
     "flip": True,
     "random_resized_crop": True,
@@ -281,7 +344,6 @@ def test_the_global_batches_do_not_depend_on_the_process_count_and_resume_on_any
     return out, [it.get_state() for it in its]
 
   one, _ = run(1, 6)
-  assert _input(data_dir, global_batch_size=32, augment=aug)[0].__next__()["label"].max(-1).min() < 1  # mixed
   for processes in (2, 4):
     got, states = run(processes, 3)
     assert all(np.array_equal(a, b) for x, y in zip(one, got) for a, b in zip(x, y)), processes

@@ -1,9 +1,10 @@
-"""Image augmentations on uint8 arrays (numpy and PIL only): resize, Inception random-resized crop, RandAugment,
-normalisation to [-1, 1], and per-batch Mixup / CutMix.
+"""Image augmentations. On the host, per image, on uint8 arrays (numpy and PIL): resize, Inception random-resized
+crop, flip, RandAugment. On the device, per batch, inside the jitted step (jax): normalisation to [-1, 1]
+(`to_float`) and Mixup / CutMix (`mix_batch`), so that images travel to the device as uint8.
 
 `Augment` holds the training augmentations of a config (`parse_augment` validates a dict or ConfigDict into one);
-vitjax.data.images applies them in its grain pipeline, and `preprocess_eval` is the evaluation (and prediction)
-preprocessing: resize to the model's size, then normalise.
+vitjax.data.images applies the per-image ones in its grain pipeline, and `preprocess_eval` is the host's part of
+the evaluation (and prediction) preprocessing: resize to the model's size.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import PIL.Image
 import PIL.ImageEnhance
@@ -210,61 +213,72 @@ def randaugment(image: np.ndarray, rng: np.random.Generator, num_layers: int, ma
   return _from_pil(pil)
 
 
-def normalize(image: np.ndarray) -> np.ndarray:
-  """uint8 [..., C] -> float32 in [-1, 1]."""
-  return image.astype(np.float32) * (2.0 / 255.0) - 1.0
-
-
 # ----------------------------------------------------------------------------
-# Per-batch Mixup / CutMix on float images.
+# On the device, inside the jitted step: normalisation and per-batch Mixup / CutMix.
 
 
-def mix_batch(
-  images: np.ndarray, labels: np.ndarray, num_classes: int, aug: Augment, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-  """Mixup or CutMix of a batch, each row with its neighbour: rows 2k and 2k + 1 mix with each other.
+def to_float(images):
+  """Device-side normalisation. uint8 [..., C] -> float32 in [-1, 1], x * 2 / 255 - 1; float
+  images are taken as already normalised and pass through unchanged."""
+  if jnp.issubdtype(images.dtype, jnp.integer):
+    return images.astype(jnp.float32) * (2.0 / 255.0) - 1.0
+  return images
 
-  Pairs never cross an even boundary, so a process holding an even-sized, evenly placed slice of a global batch
-  mixes exactly as the whole batch would; with ``rng`` the same on every process (drawn from the global batch's
-  index), the result does not depend on how many processes carry the batch.
+
+def mix_batch(images, labels, num_classes: int, aug: Augment, key):
+  """Mixup or CutMix of a batch on the device, each row with its neighbour: rows 2k and 2k + 1 mix.
+
+  One draw per batch from `key` (whether to mix, which of the two, lambda, the CutMix box). The pairs and the draw
+  depend only on the global batch and the key, so the result does not depend on how many devices or processes
+  hold the batch (under jit the pair swap is a reshape; XLA moves rows between devices if a pair is split).
 
   Args:
-    images: float32 [B, H, W, C], B even.
+    images: float [B, H, W, C] (normalised), B even.
     labels: int [B].
     num_classes: size of the one-hot targets.
-    aug: Mixup/CutMix settings (``mixup_alpha``, ``cutmix_alpha``,
-      ``mix_switch_prob``, ``mix_prob``).
-    rng: numpy generator; draws whether to mix, which of the two, lambda and the CutMix box (one per batch).
+    aug: `mixup_alpha`, `cutmix_alpha`, `mix_switch_prob`, `mix_prob`.
+    key: a jax PRNG key.
 
   Returns:
-    (images float32 [B, H, W, C], soft labels float32 [B, num_classes]); each
-    row of the labels sums to 1.
+    (images [B, H, W, C] in the input dtype, soft labels float32 [B, num_classes], each row summing to 1).
   """
-  if len(images) % 2:
-    raise ValueError(f"Mixup/CutMix pairs neighbouring rows: the batch needs an even size, not {len(images)}")
-  onehot = np.eye(num_classes, dtype=np.float32)[labels]
-  if not aug.mixes or rng.random() >= aug.mix_prob:
+  b, height, width = images.shape[:3]
+  if b % 2:
+    raise ValueError(f"Mixup/CutMix pairs neighbouring rows: the batch needs an even size, not {b}")
+  onehot = jax.nn.one_hot(labels, num_classes, dtype=jnp.float32)
+  if not aug.mixes:
     return images, onehot
-  use_cutmix = aug.cutmix_alpha > 0 and (aug.mixup_alpha <= 0 or rng.random() < aug.mix_switch_prob)
-  alpha = aug.cutmix_alpha if use_cutmix else aug.mixup_alpha
-  lam = float(rng.beta(alpha, alpha))
-  partner = np.arange(len(images)) ^ 1
-  other = images[partner]
-  if use_cutmix:
-    height, width = images.shape[1:3]
-    cut = math.sqrt(1.0 - lam)
-    ch, cw = int(height * cut), int(width * cut)
-    cy, cx = int(rng.integers(height)), int(rng.integers(width))
-    y0, y1 = max(cy - ch // 2, 0), min(cy + ch - ch // 2, height)
-    x0, x1 = max(cx - cw // 2, 0), min(cx + cw - cw // 2, width)
-    images = images.copy()
-    images[:, y0:y1, x0:x1] = other[:, y0:y1, x0:x1]
-    lam = 1.0 - (y1 - y0) * (x1 - x0) / (height * width)
+  k_mix, k_switch, k_lam, k_y, k_x = jax.random.split(key, 5)
+  mix = jax.random.uniform(k_mix) < aug.mix_prob
+  if aug.cutmix_alpha > 0 and aug.mixup_alpha > 0:
+    cutmix = jax.random.uniform(k_switch) < aug.mix_switch_prob
   else:
-    images = (lam * images + (1.0 - lam) * other).astype(np.float32)
-  return images, (lam * onehot + (1.0 - lam) * onehot[partner]).astype(np.float32)
+    cutmix = jnp.asarray(aug.cutmix_alpha > 0)
+  alpha = jnp.where(cutmix, aug.cutmix_alpha, aug.mixup_alpha)
+  lam = jax.random.beta(k_lam, alpha, alpha)
+  # CutMix: a box of (1 - lam) of the area around a uniform centre, clipped to the image; lam is then the area
+  # left outside the box.
+  cut = jnp.sqrt(1.0 - lam)
+  ch, cw = (height * cut).astype(jnp.int32), (width * cut).astype(jnp.int32)
+  cy, cx = jax.random.randint(k_y, (), 0, height), jax.random.randint(k_x, (), 0, width)
+  y0, y1 = jnp.maximum(cy - ch // 2, 0), jnp.minimum(cy + ch - ch // 2, height)
+  x0, x1 = jnp.maximum(cx - cw // 2, 0), jnp.minimum(cx + cw - cw // 2, width)
+  ys, xs = jnp.arange(height)[:, None], jnp.arange(width)[None, :]
+  inside = (ys >= y0) & (ys < y1) & (xs >= x0) & (xs < x1)  # [H, W]
+  cut_lam = 1.0 - (y1 - y0) * (x1 - x0) / (height * width)
+  # weight of a row's own pixels: Mixup lam everywhere; CutMix 0 inside the box, 1 outside; 1 when not mixing
+  weight = jnp.where(cutmix, jnp.where(inside, 0.0, 1.0), lam)
+  weight = jnp.where(mix, weight, 1.0)[None, :, :, None]
+  lam = jnp.where(mix, jnp.where(cutmix, cut_lam, lam), 1.0)
+
+  def partner(x):  # row 2k <-> 2k + 1
+    return jnp.flip(x.reshape((b // 2, 2) + x.shape[1:]), axis=1).reshape(x.shape)
+
+  mixed = weight * images + (1.0 - weight) * partner(images)
+  return mixed.astype(images.dtype), lam * onehot + (1.0 - lam) * partner(onehot)
 
 
 def preprocess_eval(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-  """What evaluation and prediction do to a uint8 [H, W, C] image: resize to `size`, normalise. -> float32."""
-  return normalize(resize(image, size))
+  """What the host does to a uint8 [H, W, C] image for evaluation and prediction: resize to `size` (uint8); the
+  device normalises it (`to_float`)."""
+  return resize(image, size)

@@ -2,9 +2,10 @@
 
 Entry point: :func:`make_input` returns ``(iterator, DatasetInfo)``. Batches::
 
-  {'image': float32 [B, H, W, C] in [-1, 1],
-   'label': int32 [B]  (float32 [B, num_classes] soft targets when Mixup/CutMix
-                        is on, train only),
+  {'image': uint8 [B, H, W, C]  (the device normalises it and applies Mixup/CutMix
+                                inside the jitted step: vitjax.data.augment.to_float,
+                                mix_batch),
+   'label': int32 [B],
    'mask':  bool [B]   True for real examples (all True when training),
    'index': int32 [B]  position of the example in the split (-1 for padding)}
 
@@ -19,9 +20,8 @@ dropped), and process ``p`` of ``P`` reads rows ``[p * B, (p + 1) * B)`` of each
 Each example is augmented with an rng drawn from the seed and its position in
 that sequence (grain ``RandomMap``). So 1 process x 4 devices and 2 processes x 2
 devices train on the same batches, and a checkpoint resumes on any number of
-processes. Mixup/CutMix mixes neighbouring rows (2k, 2k + 1) of the global
-batch with one draw per global batch from (seed, batch index), so it too is the
-same on any number of processes (the batch per process must be even).
+processes. Mixup/CutMix is not applied here: the training step applies it on
+the device (the batch per process must be even, as it pairs neighbouring rows).
 A validation split is a seeded subset of the training split (:func:`holdout_split`,
 passed as ``subset``); training then reads the rest.
 Evaluation: no shuffling, no augmentation, one pass (unless ``num_epochs``);
@@ -30,8 +30,8 @@ tail padded with masked copies, so each example is counted exactly once.
 
 Augmentations (``augment`` dict or ConfigDict, used only when ``train=True``;
 see :class:`Augment` for keys and defaults): resize to ``image_size`` (always),
-Inception random-resized crop, horizontal flip, RandAugment, and per-batch
-Mixup / CutMix.
+Inception random-resized crop, horizontal flip, RandAugment (per image, on the
+host); per-batch Mixup / CutMix happens on the device.
 """
 
 from __future__ import annotations
@@ -46,8 +46,6 @@ import numpy as np
 
 from vitjax.data.augment import (
   Augment,
-  mix_batch,
-  normalize,
   parse_augment,
   preprocess_eval,
   randaugment,
@@ -116,7 +114,7 @@ class _Examples:
 
 
 def _finish(example: dict[str, Any], image: np.ndarray) -> dict[str, Any]:
-  """The output example around a preprocessed float32 image."""
+  """The output example around a preprocessed uint8 image."""
   return {
     "image": image,
     "label": np.int32(example["label"]),
@@ -127,7 +125,7 @@ def _finish(example: dict[str, Any], image: np.ndarray) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class _EvalPreprocess(grain.transforms.Map):
-  """Resize to ``size`` and normalize (augment.preprocess_eval, which prediction uses too)."""
+  """Resize to ``size`` (augment.preprocess_eval, which prediction uses too)."""
 
   size: tuple[int, int]
 
@@ -137,7 +135,7 @@ class _EvalPreprocess(grain.transforms.Map):
 
 @dataclasses.dataclass(frozen=True)
 class _TrainPreprocess(grain.transforms.RandomMap):
-  """Random-resized crop (or resize), flip, RandAugment, normalize."""
+  """Random-resized crop (or resize), flip, RandAugment."""
 
   size: tuple[int, int]
   aug: Augment
@@ -153,7 +151,7 @@ class _TrainPreprocess(grain.transforms.RandomMap):
       image = image[:, ::-1]
     if self.aug.randaugment is not None:
       image = randaugment(np.ascontiguousarray(image), rng, *self.aug.randaugment)
-    return _finish(example, normalize(np.ascontiguousarray(image)))
+    return _finish(example, np.ascontiguousarray(image))
 
 
 class GlobalOrder:
@@ -197,12 +195,10 @@ class GlobalOrder:
 
 
 class _GlobalBatches:
-  """The training iterator: grain batches in GlobalOrder; its state is the global batches read. With `mix`
-  (num_classes, Augment), Mixup/CutMix is applied here, with one rng per global batch drawn from (seed, its
-  index): every process mixes its rows as the whole batch would be mixed."""
+  """The training iterator: grain batches in GlobalOrder; its state is the global batches read."""
 
-  def __init__(self, make_loader, sampler: GlobalOrder, mix: tuple[int, Augment] | None = None):
-    self._make, self._sampler, self._mix = make_loader, sampler, mix
+  def __init__(self, make_loader, sampler: GlobalOrder):
+    self._make, self._sampler = make_loader, sampler
     self._batches = sampler.start
     self._it = iter(make_loader(sampler))
 
@@ -211,10 +207,6 @@ class _GlobalBatches:
 
   def __next__(self):
     batch = next(self._it)
-    if self._mix is not None:
-      rng = np.random.default_rng([self._sampler.seed, _MIX_STREAM, self._batches])
-      images, labels = mix_batch(batch["image"], batch["label"], *self._mix, rng)
-      batch = {**batch, "image": images, "label": labels}
     self._batches += 1
     return batch
 
@@ -245,9 +237,6 @@ def _ensure_absl_flags_parsed():
 
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
-
-
-_MIX_STREAM = 0x6D6978  # the Mixup/CutMix rng of global batch i is Generator(PCG64([seed, _MIX_STREAM, i]))
 
 
 def _mix_seed(seed: int) -> int:
@@ -389,5 +378,5 @@ def make_input(
     steps_per_epoch=steps,
   )
   if train:
-    return _GlobalBatches(make_loader, sampler, (num_classes, aug) if aug.mixes else None), info
+    return _GlobalBatches(make_loader, sampler), info
   return iter(make_loader(sampler)), info

@@ -84,6 +84,11 @@ class Task(Protocol):
   def train_input(self) -> TrainInput:
     """This process's training batches."""
 
+  def device_batch(self, batch: dict, key: jax.Array) -> dict:
+    """Batch-level work on the devices inside the jitted training step, on the whole global batch before any
+    micro-batching (normalising uint8 images, Mixup/CutMix); `key` is the step's PRNG key (a function of the seed
+    and the step only)."""
+
   def model_inputs(self, batch: dict) -> tuple:
     """Positional model inputs from a (device) batch."""
 

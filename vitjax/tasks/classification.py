@@ -111,7 +111,7 @@ class ImageClassification:
         "class_names": info["class_names"],
         "channels": info["channels"],
         "image_size": [h, w],
-        "normalize": "[-1, 1]: x * 2 / 255 - 1 (vitjax.data.augment.normalize)",
+        "normalize": "[-1, 1]: x * 2 / 255 - 1 (vitjax.data.augment.to_float)",
       }
     return self._described
 
@@ -128,6 +128,15 @@ class ImageClassification:
       d.train_split, True, batch=c.batch_size, seed=c.seed, augment=d.augment, worker_count=d.worker_count
     )
     return TrainInput(it, info.num_examples, max(info.num_examples // c.batch_size, 1), c.batch_size)
+
+  def device_batch(self, batch, key):
+    """Normalises the uint8 images and applies Mixup/CutMix (labels become soft) on the device."""
+    images = augment.to_float(batch["image"])
+    aug = augment.parse_augment(self.config.data.augment)
+    if not aug.mixes:
+      return {**batch, "image": images}
+    images, labels = augment.mix_batch(images, batch["label"], self.config.model.num_classes, aug, key)
+    return {**batch, "image": images, "label": labels}
 
   def model_inputs(self, batch):
     return (batch["image"],)
@@ -185,7 +194,7 @@ class ImageClassification:
 
 @functools.partial(jax.jit, static_argnums=0)
 def _eval_step(model, variables, batch):
-  logits, _ = model.apply(variables, batch["image"], train=False)
+  logits, _ = model.apply(variables, augment.to_float(batch["image"]), train=False)
   mask = batch["mask"].astype(jnp.float32)
   loss = cross_entropy(logits, batch["label"], logits.shape[-1])
   return {
@@ -197,5 +206,5 @@ def _eval_step(model, variables, batch):
 
 @functools.partial(jax.jit, static_argnums=0)
 def _predict_step(model, variables, images):
-  logits, _ = model.apply(variables, images, train=False)
+  logits, _ = model.apply(variables, augment.to_float(images), train=False)
   return jax.nn.softmax(logits.astype(jnp.float32), axis=-1)

@@ -156,6 +156,9 @@ class Translation:
     )
     return TrainInput(it, len(self.splits["train"]), it.steps_per_epoch, None)
 
+  def device_batch(self, batch, key):
+    return batch
+
   def model_inputs(self, batch):
     return batch["src"], batch["tgt"]
 

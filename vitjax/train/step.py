@@ -1,4 +1,4 @@
-"""The training step: forward, the task's loss, gradients (accumulated over micro-batches), optimizer update.
+"""The training step: the task's batch-level work on the device (task.device_batch), forward, the task's loss, gradients (accumulated over micro-batches), optimizer update.
 
 Pure and jit-compiled by the loop with donated state; the task decides the model's inputs and the loss.
 Divergence guard: the update is applied only if the loss, the gradient norm and every new parameter are finite;
@@ -23,6 +23,7 @@ def make_train_step(model, tx, schedule, config, task, grad_sharding=None) -> Ca
   grad_sharding: the parameters' shardings; accumulated gradients are laid out like their parameters."""
   accum = config.optim.accum_steps
   dropout_key = jax.random.key(config.seed + 2)
+  batch_key = jax.random.key(config.seed + 3)
 
   def loss_fn(params, model_state, batch, rng):
     variables = {"params": params, **model_state}
@@ -34,6 +35,7 @@ def make_train_step(model, tx, schedule, config, task, grad_sharding=None) -> Ca
 
   def train_step(state: TrainState, batch):
     rng = jax.random.fold_in(dropout_key, state.step)
+    batch = task.device_batch(batch, jax.random.fold_in(batch_key, state.step))
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if accum == 1:
       (loss, (model_state, metrics)), grads = grad_fn(state.params, state.model_state, batch, rng)

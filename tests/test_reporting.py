@@ -40,15 +40,17 @@ def test_a_progress_line_comes_at_least_every_30_seconds_whatever_log_every(tmp_
   assert not r.heartbeat_due() and not r.due(2, r.heartbeat_due())
   clock[0] += 2.0  # 31 s without a line
   assert r.heartbeat_due() and r.due(3, r.heartbeat_due())
+  r.waited(7.75)  # a quarter of the 31 s waiting for input
   r.progress(3, METRICS)
   clock[0] += 1.0
   assert not r.due(4, r.heartbeat_due()) and r.due(10_000, r.heartbeat_due())  # log_every still applies
   first, second = _lines(caplog)
   assert first.startswith("step 1/100000 | loss 1.5000 | acc 0.500 | lr 1.00e-03 | first step in")
   # 2 steps in 31 s: the rate, the examples/s (8 per step) and the ETA of the remaining 99,997 steps.
-  assert "0.06 steps/s, 1 ex/s | ETA 430h" in second, second
+  assert "0.06 steps/s, 1 ex/s, data wait 25% | ETA 430h" in second, second
   rows = th.read_metrics(str(tmp_path))
   assert [row["step"] for row in rows] == [1, 3] and rows[1]["train/examples_per_s"] == pytest.approx(16 / 31)
+  assert rows[1]["train/data_wait"] == pytest.approx(0.25)
 
 
 def test_eta_follows_the_time_budget_when_it_ends_the_run_first(tmp_path, clock, caplog):
@@ -57,11 +59,11 @@ def test_eta_follows_the_time_budget_when_it_ends_the_run_first(tmp_path, clock,
   r.progress(1, METRICS)
   clock[0] += 10.0
   r.progress(101, METRICS)  # 10 steps/s: 990 s for the remaining steps, but 110 s of budget
-  assert _lines(caplog)[-1].endswith("10.00 steps/s | ETA 1m50s (time budget)")
+  assert _lines(caplog)[-1].endswith("10.00 steps/s, data wait 0% | ETA 1m50s (time budget)")
   clock[0] += 100.0
   r.deadline = clock[0] + 3600  # a budget that does not bind: the step-rate ETA
   r.progress(1101, METRICS)
-  assert _lines(caplog)[-1].endswith("10.00 steps/s | ETA 14m49s")
+  assert _lines(caplog)[-1].endswith("10.00 steps/s, data wait 0% | ETA 14m49s")
 
 
 def test_evaluation_progress_appears_only_when_it_is_slow(clock, caplog):
@@ -117,6 +119,8 @@ def _readme_main_command() -> str:
   return " ".join(block.split())
 
 
+# 4-5 minutes on a CI core (1,680 steps): with -m slow, and before every release
+@pytest.mark.slow
 def test_the_readme_main_job_prints_at_most_60_lines(tmp_path):
   """The README's main command after its install steps (prepare, train, evaluate), as written, with its workdir
   and the dataset under tmp_path; at the default verbosity everything it prints fits in 60 lines."""

@@ -240,7 +240,9 @@ def _train(config, workdir, task, data, total, exp, state, start, data_state, ck
         evaluate_and_save(start, state, data_state, resave=True)
       batches = _prefetch(data, task, exp.batch_sharding)
       for step in range(start + 1, total + 1):
+        waiting = time.perf_counter()
         batch, data_state = next(batches)
+        reporter.waited(time.perf_counter() - waiting)
         profiler.before(step)
         state, metrics = profiler.run(step, train_step, state, batch)
         profiler.after(step, state)

@@ -40,6 +40,7 @@ class Reporter:
       self.tb = SummaryWriter(os.path.join(workdir, "tb"), purge_step=purge_step)
     self.t0 = self.s0 = None
     self.created = self.last_line = time.time()
+    self.wait = 0.0  # seconds spent waiting for the input pipeline since the last progress line
 
   def heartbeat_due(self) -> bool:
     """Whether HEARTBEAT_SECONDS passed since the last line (this process's clock: agree on it across processes
@@ -49,6 +50,11 @@ class Reporter:
   def due(self, step: int, heartbeat: bool = False) -> bool:
     """Whether `step` gets a progress line (so the caller fetches its metrics from the devices)."""
     return heartbeat or step % self.log_every == 0 or step == self.total or self.s0 is None
+
+  def waited(self, seconds: float) -> None:
+    """Time the loop spent getting the next batch from the input pipeline (the devices idle meanwhile once the
+    steps queued ahead of it are done)."""
+    self.wait += seconds
 
   def write(self, step: int, metrics: dict) -> None:
     """One row of metrics.jsonl and the same scalars in TensorBoard."""
@@ -63,7 +69,9 @@ class Reporter:
     self.tb.flush()
 
   def progress(self, step: int, metrics: dict) -> None:
-    now = self.last_line = time.time()
+    now, since = time.time(), self.last_line
+    self.last_line = now
+    wait, self.wait = self.wait, 0.0
     if self.s0 is None:  # the first line includes compilation: rates start after it
       self.t0, self.s0 = now, step
       rate = float("nan")
@@ -72,6 +80,9 @@ class Reporter:
     extra = {}
     if rate == rate:
       extra["train/steps_per_s"] = rate
+      # the share of the time since the last line spent waiting for input: the devices' idle share when it is
+      # large (the pipeline cannot keep up), near 0 when the steps are the bottleneck
+      extra["train/data_wait"] = min(wait / max(now - since, 1e-9), 1.0)
       if self.examples_per_step:
         extra["train/examples_per_s"] = rate * self.examples_per_step
       if "train/tokens" in metrics:
@@ -91,6 +102,8 @@ class Reporter:
     for key, unit in (("train/examples_per_s", "ex/s"), ("train/tokens_per_s", "tok/s")):
       if key in extra:
         speed += f", {extra[key]:.0f} {unit}"
+    if "train/data_wait" in extra:
+      speed += f", data wait {100 * extra['train/data_wait']:.0f}%"
     parts += [speed] + ([f"ETA {fmt_time(eta)}{budget}"] if rate == rate else [])
     logging.info(" | ".join(parts))
 

@@ -11,6 +11,9 @@ import numpy as np
 import pytest
 import train_helpers as th
 
+# one worker builds this module's fixture once (pytest -n with --dist loadgroup, as the README runs it)
+pytestmark = pytest.mark.xdist_group("bad_input")
+
 TRANSLATE = [sys.executable, "-m", "vitjax.translate"]
 
 

@@ -15,6 +15,9 @@ import train_helpers as th
 import vitjax
 from vitjax import data as data_lib
 
+# one worker builds this module's fixture once (pytest -n with --dist loadgroup, as the README runs it)
+pytestmark = pytest.mark.xdist_group("load")
+
 
 @pytest.fixture(scope="module")
 def run_without_data(tmp_path_factory, data_dir):

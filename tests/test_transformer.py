@@ -33,10 +33,14 @@ def test_cached_greedy_equals_uncached_greedy(kw):
   model = tiny(**kw)
   params = init(model, scale=3.0)
   got = np.asarray(decode.greedy(model, params, SRC, max_len=8))
-  for b in range(2):  # without the cache: re-run the full decoder on the growing prefix
+  # without the cache: the full decoder on the prefix so far, padded to 8 (causal: later positions do not matter)
+  full = jax.jit(lambda src, tgt: model.apply({"params": params}, src, tgt)[0])
+  for b in range(2):
     seq = []
     for _ in range(8):
-      logits, _ = model.apply({"params": params}, SRC[b : b + 1], jnp.asarray([seq + [PAD]], jnp.int32))
+      tgt = np.full((1, 8), PAD, np.int32)
+      tgt[0, : len(seq)] = seq
+      logits = full(SRC[b : b + 1], jnp.asarray(tgt))
       seq.append(int(jnp.argmax(logits[0, len(seq)])))
       if seq[-1] == EOS:
         break

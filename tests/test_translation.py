@@ -16,6 +16,9 @@ from vitjax import tasks, train
 from vitjax.config import translation_config
 from vitjax.data import text
 
+# one worker builds this module's fixture once (pytest -n with --dist loadgroup, as the README runs it)
+pytestmark = pytest.mark.xdist_group("translation")
+
 WORDS = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta"]
 
 

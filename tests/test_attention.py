@@ -7,7 +7,7 @@ from conftest import naive_attention
 
 from vitjax.attention import MultiHeadAttention, causal_mask, dot_product_attention, padding_mask
 
-IMPLS = ["fast", "reference"]
+IMPLS = ["fast", "explicit", "xla", "reference"]
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -43,6 +43,41 @@ def test_fully_masked_rows_are_finite_and_agree(rng, impl):
   np.testing.assert_allclose(out, naive_attention(q, k, v, None, mask), atol=2e-5)
   grads = jax.grad(lambda q: dot_product_attention(q, k, v, mask=mask, implementation=impl).sum())(q)
   assert np.isfinite(np.asarray(grads)).all()
+
+
+@pytest.mark.parametrize("bias_shape", [None, (1, 3, 5, 7), (2, 3, 5, 7), (1, 1, 1, 7)])
+@pytest.mark.parametrize("masked", [False, True])
+def test_explicit_backward_equals_autodiff_of_the_reference(rng, bias_shape, masked):
+  """The hand-written backward of "explicit" gives JAX's autodiff gradients of the einsum reference for q, k, v
+  and a learned bias of any broadcast shape (relative position tables, ALiBi), masked rows included."""
+  b, t, s, h, d = 2, 5, 7, 3, 8
+  q, k, v = (jnp.asarray(rng.randn(b, n, h, d), jnp.float32) for n in (t, s, s))
+  bias = None if bias_shape is None else jnp.asarray(rng.randn(*bias_shape), jnp.float32)
+  mask = None
+  if masked:
+    mask = rng.rand(b, 1, t, s) > 0.3
+    mask[0, :, 2] = False  # a query that may attend to nothing
+  w = jnp.asarray(rng.randn(b, t, h, d), jnp.float32)  # a loss that weighs every output differently
+
+  def grads(impl):
+    def loss(q, k, v, bias):
+      return jnp.sum(w * dot_product_attention(q, k, v, bias=bias, mask=mask, implementation=impl))
+
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2) if bias is None else (0, 1, 2, 3)))(q, k, v, bias)
+
+  for got, want in zip(grads("explicit"), grads("reference"), strict=True):
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_explicit_runs_in_bfloat16_with_float32_softmax(rng):
+  q, k, v = (jnp.asarray(rng.randn(2, 6, 2, 8), jnp.bfloat16) for _ in range(3))
+  out = dot_product_attention(q, k, v, implementation="explicit")
+  assert out.dtype == jnp.bfloat16
+  want = naive_attention(*(np.asarray(a, np.float32) for a in (q, k, v)))
+  np.testing.assert_allclose(np.asarray(out, np.float32), want, atol=3e-2)
+  g = jax.grad(lambda q: dot_product_attention(q, k, v, implementation="explicit").astype(jnp.float32).sum())(q)
+  assert g.dtype == jnp.bfloat16 and np.isfinite(np.asarray(g, np.float32)).all()
 
 
 def test_attention_dropout_is_seeded_and_unbiased(rng):

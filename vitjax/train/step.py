@@ -1,7 +1,9 @@
-"""The training step: the task's batch-level work on the device (task.device_batch), forward, the task's loss, gradients (accumulated over micro-batches), optimizer update.
+"""The training step: the task's batch-level work on the device (task.device_batch), forward, the task's loss,
+gradients (accumulated over micro-batches), optimizer update.
 
 Pure and jit-compiled by the loop with donated state; the task decides the model's inputs and the loss.
-Divergence guard: the update is applied only if the loss, the gradient norm and every new parameter are finite;
+Divergence guard: the update is applied only if the loss, the gradient norm and every new parameter are finite
+(checked as the new parameters' global norm, which also flags parameters past 1e19);
 otherwise the state stays as it was (but for the step count) and `train/nonfinite` is 1, for the loop to stop
 or skip (config.on_nonfinite).
 """
@@ -67,9 +69,9 @@ def make_train_step(model, tx, schedule, config, task, grad_sharding=None) -> Ca
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     grad_norm = optax.global_norm(grads)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    for leaf in jax.tree.leaves(params):
-      finite &= jnp.all(jnp.isfinite(leaf))
+    # One reduction over the new parameters (a NaN or inf anywhere makes their norm non-finite): a finiteness flag
+    # per leaf, and-ed together, made XLA take 26 s instead of 7 to compile ViT-S's step, for the same step time.
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.global_norm(params))
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
     metrics = {
       "train/loss": loss,

@@ -21,9 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -32,16 +30,11 @@ import optax
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
+from bench_train import median_time  # noqa: E402  (experiments/ is the script's directory)
 
 
 def timeit(fn, repeats):
-  fn()
-  times = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t)
-  return statistics.median(times)
+  return median_time(fn, repeats)[0]
 
 
 def main():

@@ -6,6 +6,7 @@ import logging as py_logging
 import os
 import re
 import subprocess
+import time
 
 import pytest
 import train_helpers as th
@@ -16,12 +17,26 @@ from vitjax.train import reporting
 METRICS = {"train/loss": 1.5, "train/accuracy": 0.5, "train/lr": 1e-3}
 
 
+class _FakeTime:
+  """The time module with time() reading now[0]."""
+
+  def __init__(self, now):
+    self.now = now
+
+  def time(self):
+    return self.now[0]
+
+  def __getattr__(self, name):
+    return getattr(time, name)
+
+
 @pytest.fixture
 def clock(monkeypatch):
-  """A fake time.time() for vitjax.train.reporting and vitjax.logs: clock[0] is now."""
+  """A fake time.time() for vitjax.train.reporting and vitjax.logs only: clock[0] is now. (Patching the time
+  module itself would also move the clock of TensorBoard's writer thread, which then waits for ~1e9 s.)"""
   now = [1000.0]
-  monkeypatch.setattr(reporting.time, "time", lambda: now[0])
-  monkeypatch.setattr(logs.time, "time", lambda: now[0])
+  monkeypatch.setattr(reporting, "time", _FakeTime(now))
+  monkeypatch.setattr(logs, "time", _FakeTime(now))
   return now
 
 

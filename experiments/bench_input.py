@@ -65,9 +65,13 @@ def fashion_mnist(args) -> dict:
     "image_dtype": str(batch["image"].dtype),
     "label_shape": list(batch["label"].shape),
   }
-  if hasattr(augment, "to_float"):  # the device's share: normalisation and Mixup/CutMix in one jitted function
+  try:  # the device's share: normalisation and Mixup/CutMix in one jitted function (absent before issue 13)
+    from vitjax.data import device_ops
+  except ImportError:
+    device_ops = None
+  if device_ops is not None:
     aug = augment.parse_augment(AUG)
-    f = jax.jit(lambda x, y, k: augment.mix_batch(augment.to_float(x), y, 10, aug, k))
+    f = jax.jit(lambda x, y, k: device_ops.mix_batch(device_ops.to_float(x), y, 10, aug, k))
     x, y = jax.device_put(batch["image"]), jax.device_put(batch["label"])
     jax.block_until_ready(f(x, y, jax.random.key(0)))
     t0 = time.perf_counter()

@@ -10,7 +10,7 @@ import pytest
 import tensorflow_datasets as tfds
 import train_helpers as th
 
-from vitjax.data import DatasetNotPreparedError, augment, builders, make_input, parse_augment
+from vitjax.data import DatasetNotPreparedError, augment, builders, device_ops, make_input, parse_augment
 from vitjax.data import prepare as prepare_lib
 
 AUG = dict(
@@ -88,9 +88,9 @@ def test_train_batch_shapes_and_info(data_dir):
   assert (info.local_batch_size, info.steps_per_epoch) == (32, 1497 // 32)
   batch = next(it)
   assert batch["image"].shape == (32, 12, 16, 1)
-  assert batch["image"].dtype == np.uint8  # normalised on the device (augment.to_float)
+  assert batch["image"].dtype == np.uint8  # normalised on the device (device_ops.to_float)
   assert batch["image"].min() < batch["image"].max()
-  x = np.asarray(augment.to_float(batch["image"]))
+  x = np.asarray(device_ops.to_float(batch["image"]))
   assert x.dtype == np.float32 and -1.0 <= x.min() < x.max() <= 1.0
   assert batch["label"].shape == (32,) and batch["label"].dtype == np.int32
   assert batch["mask"].dtype == np.bool_ and batch["mask"].all()
@@ -163,7 +163,7 @@ def test_mixing_on_the_device_gives_soft_labels_of_the_pixels_it_mixed(data_dir,
   batch = next(_input(data_dir, augment=mix)[0])
   assert batch["label"].shape == (32,) and batch["image"].dtype == np.uint8  # the host does not mix
   aug = parse_augment(mix)
-  step = jax.jit(lambda x, y, key: augment.mix_batch(x, y, 10, aug, key))
+  step = jax.jit(lambda x, y, key: device_ops.mix_batch(x, y, 10, aug, key))
   r = np.random.RandomState(0)
   x = r.randn(32, 8, 6, 3).astype(np.float32)  # distinct pixels: the CutMix box can be read off the result
   y = r.randint(0, 10, 32)
@@ -197,9 +197,9 @@ def test_mixing_on_the_device_gives_soft_labels_of_the_pixels_it_mixed(data_dir,
 MIX_ON_DEVICES = """
 import json, jax, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from vitjax.data import augment
+from vitjax.data import augment, device_ops
 aug = augment.parse_augment(dict(mixup_alpha=0.4, cutmix_alpha=1.0))
-f = jax.jit(lambda x, y, key: augment.mix_batch(augment.to_float(x), y, 10, aug, key))
+f = jax.jit(lambda x, y, key: device_ops.mix_batch(device_ops.to_float(x), y, 10, aug, key))
 mesh = Mesh(np.array(jax.devices()), ("data",))
 r = np.random.RandomState(0)
 diff = 0.0

@@ -1,6 +1,6 @@
-"""Image augmentations. On the host, per image, on uint8 arrays (numpy and PIL): resize, Inception random-resized
-crop, flip, RandAugment. On the device, per batch, inside the jitted step (jax): normalisation to [-1, 1]
-(`to_float`) and Mixup / CutMix (`mix_batch`), so that images travel to the device as uint8.
+"""Image augmentations on the host, per image, on uint8 arrays (numpy and PIL): resize, Inception random-resized
+crop, flip, RandAugment. The batch-level work (normalisation,
+Mixup / CutMix) runs on the devices: vitjax.data.device_ops.
 
 `Augment` holds the training augmentations of a config (`parse_augment` validates a dict or ConfigDict into one);
 vitjax.data.images applies the per-image ones in its grain pipeline, and `preprocess_eval` is the host's part of
@@ -14,8 +14,6 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import PIL.Image
 import PIL.ImageEnhance
@@ -213,72 +211,7 @@ def randaugment(image: np.ndarray, rng: np.random.Generator, num_layers: int, ma
   return _from_pil(pil)
 
 
-# ----------------------------------------------------------------------------
-# On the device, inside the jitted step: normalisation and per-batch Mixup / CutMix.
-
-
-def to_float(images):
-  """Device-side normalisation. uint8 [..., C] -> float32 in [-1, 1], x * 2 / 255 - 1; float
-  images are taken as already normalised and pass through unchanged."""
-  if jnp.issubdtype(images.dtype, jnp.integer):
-    return images.astype(jnp.float32) * (2.0 / 255.0) - 1.0
-  return images
-
-
-def mix_batch(images, labels, num_classes: int, aug: Augment, key):
-  """Mixup or CutMix of a batch on the device, each row with its neighbour: rows 2k and 2k + 1 mix.
-
-  One draw per batch from `key` (whether to mix, which of the two, lambda, the CutMix box). The pairs and the draw
-  depend only on the global batch and the key, so the result does not depend on how many devices or processes
-  hold the batch (under jit the pair swap is a reshape; XLA moves rows between devices if a pair is split).
-
-  Args:
-    images: float [B, H, W, C] (normalised), B even.
-    labels: int [B].
-    num_classes: size of the one-hot targets.
-    aug: `mixup_alpha`, `cutmix_alpha`, `mix_switch_prob`, `mix_prob`.
-    key: a jax PRNG key.
-
-  Returns:
-    (images [B, H, W, C] in the input dtype, soft labels float32 [B, num_classes], each row summing to 1).
-  """
-  b, height, width = images.shape[:3]
-  if b % 2:
-    raise ValueError(f"Mixup/CutMix pairs neighbouring rows: the batch needs an even size, not {b}")
-  onehot = jax.nn.one_hot(labels, num_classes, dtype=jnp.float32)
-  if not aug.mixes:
-    return images, onehot
-  k_mix, k_switch, k_lam, k_y, k_x = jax.random.split(key, 5)
-  mix = jax.random.uniform(k_mix) < aug.mix_prob
-  if aug.cutmix_alpha > 0 and aug.mixup_alpha > 0:
-    cutmix = jax.random.uniform(k_switch) < aug.mix_switch_prob
-  else:
-    cutmix = jnp.asarray(aug.cutmix_alpha > 0)
-  alpha = jnp.where(cutmix, aug.cutmix_alpha, aug.mixup_alpha)
-  lam = jax.random.beta(k_lam, alpha, alpha)
-  # CutMix: a box of (1 - lam) of the area around a uniform centre, clipped to the image; lam is then the area
-  # left outside the box.
-  cut = jnp.sqrt(1.0 - lam)
-  ch, cw = (height * cut).astype(jnp.int32), (width * cut).astype(jnp.int32)
-  cy, cx = jax.random.randint(k_y, (), 0, height), jax.random.randint(k_x, (), 0, width)
-  y0, y1 = jnp.maximum(cy - ch // 2, 0), jnp.minimum(cy + ch - ch // 2, height)
-  x0, x1 = jnp.maximum(cx - cw // 2, 0), jnp.minimum(cx + cw - cw // 2, width)
-  ys, xs = jnp.arange(height)[:, None], jnp.arange(width)[None, :]
-  inside = (ys >= y0) & (ys < y1) & (xs >= x0) & (xs < x1)  # [H, W]
-  cut_lam = 1.0 - (y1 - y0) * (x1 - x0) / (height * width)
-  # weight of a row's own pixels: Mixup lam everywhere; CutMix 0 inside the box, 1 outside; 1 when not mixing
-  weight = jnp.where(cutmix, jnp.where(inside, 0.0, 1.0), lam)
-  weight = jnp.where(mix, weight, 1.0)[None, :, :, None]
-  lam = jnp.where(mix, jnp.where(cutmix, cut_lam, lam), 1.0)
-
-  def partner(x):  # row 2k <-> 2k + 1
-    return jnp.flip(x.reshape((b // 2, 2) + x.shape[1:]), axis=1).reshape(x.shape)
-
-  mixed = weight * images + (1.0 - weight) * partner(images)
-  return mixed.astype(images.dtype), lam * onehot + (1.0 - lam) * partner(onehot)
-
-
 def preprocess_eval(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
   """What the host does to a uint8 [H, W, C] image for evaluation and prediction: resize to `size` (uint8); the
-  device normalises it (`to_float`)."""
+  device normalises it (`device_ops.to_float`)."""
   return resize(image, size)

@@ -3,8 +3,7 @@
 Entry point: :func:`make_input` returns ``(iterator, DatasetInfo)``. Batches::
 
   {'image': uint8 [B, H, W, C]  (the device normalises it and applies Mixup/CutMix
-                                inside the jitted step: vitjax.data.augment.to_float,
-                                mix_batch),
+                                inside the jitted step: vitjax.data.device_ops),
    'label': int32 [B],
    'mask':  bool [B]   True for real examples (all True when training),
    'index': int32 [B]  position of the example in the split (-1 for padding)}

@@ -16,7 +16,7 @@ import numpy as np
 
 from vitjax import data as data_lib
 from vitjax import mesh as mesh_lib
-from vitjax.data import augment
+from vitjax.data import augment, device_ops
 from vitjax.errors import ConfigError
 from vitjax.logs import Progress
 from vitjax.tasks.base import TrainInput, check_batch, check_best_metric, check_stop, cross_entropy
@@ -111,7 +111,7 @@ class ImageClassification:
         "class_names": info["class_names"],
         "channels": info["channels"],
         "image_size": [h, w],
-        "normalize": "[-1, 1]: x * 2 / 255 - 1 (vitjax.data.augment.to_float)",
+        "normalize": "[-1, 1]: x * 2 / 255 - 1 (vitjax.data.device_ops.to_float)",
       }
     return self._described
 
@@ -131,11 +131,11 @@ class ImageClassification:
 
   def device_batch(self, batch, key):
     """Normalises the uint8 images and applies Mixup/CutMix (labels become soft) on the device."""
-    images = augment.to_float(batch["image"])
+    images = device_ops.to_float(batch["image"])
     aug = augment.parse_augment(self.config.data.augment)
     if not aug.mixes:
       return {**batch, "image": images}
-    images, labels = augment.mix_batch(images, batch["label"], self.config.model.num_classes, aug, key)
+    images, labels = device_ops.mix_batch(images, batch["label"], self.config.model.num_classes, aug, key)
     return {**batch, "image": images, "label": labels}
 
   def model_inputs(self, batch):
@@ -194,7 +194,7 @@ class ImageClassification:
 
 @functools.partial(jax.jit, static_argnums=0)
 def _eval_step(model, variables, batch):
-  logits, _ = model.apply(variables, augment.to_float(batch["image"]), train=False)
+  logits, _ = model.apply(variables, device_ops.to_float(batch["image"]), train=False)
   mask = batch["mask"].astype(jnp.float32)
   loss = cross_entropy(logits, batch["label"], logits.shape[-1])
   return {
@@ -206,5 +206,5 @@ def _eval_step(model, variables, batch):
 
 @functools.partial(jax.jit, static_argnums=0)
 def _predict_step(model, variables, images):
-  logits, _ = model.apply(variables, augment.to_float(images), train=False)
+  logits, _ = model.apply(variables, device_ops.to_float(images), train=False)
   return jax.nn.softmax(logits.astype(jnp.float32), axis=-1)

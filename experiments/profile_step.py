@@ -59,7 +59,9 @@ def main():
   from vitjax.train import build_model, initial_state, make_train_step, setup
 
   c = default_config()
-  c.model = mlc.ConfigDict({"name": args.model, "num_classes": 1000, "head_zeroinit": False})
+  c.model = mlc.ConfigDict({"name": args.model, "num_classes": 1000})
+  if "swin" not in args.model:
+    c.model.head_zeroinit = False  # a zero head would give zero gradients below it
   if args.attention != "fast":
     c.model.implementation = args.attention
   c.data.image_size = args.image_size
@@ -132,9 +134,9 @@ def main():
       float(m["train/loss"])
 
     results["trainer step"] = timeit(tstep, args.repeats)
-  tokens = (args.image_size // 16) ** 2 + 1
-  heads = module.num_heads
-  q, k, v = (jnp.asarray(r.randn(args.batch, tokens, heads, 64).astype(np.float32)) for _ in range(3))
+  tokens = (args.image_size // 16) ** 2 + 1  # ViT/16's sequence; the attention parts are for ViTs
+  if "attention" in parts or "torch_attention" in parts:
+    q, k, v = (jnp.asarray(r.randn(args.batch, tokens, module.num_heads, 64).astype(np.float32)) for _ in range(3))
   if "attention" in parts:
     impl = "fast" if args.attention == "fast" else args.attention
 

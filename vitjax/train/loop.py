@@ -193,6 +193,11 @@ def _train(config, workdir, task, data, total, exp, state, start, data_state, ck
     jax.device_count(),
     jax.process_count(),
   )
+  if config.compute_dtype == "bfloat16" and jax.default_backend() == "cpu":
+    logging.warning(
+      "compute_dtype=bfloat16 on a CPU: XLA's CPU matmuls are no faster in bfloat16 than in float32 without AMX or "
+      "AVX512-BF16 (experiments/README.md); --config.compute_dtype=float32 is the CPU's setting"
+    )
 
   deadline = time.time() + 60 * config.max_train_minutes if config.get("max_train_minutes") else None
   reporter = Reporter(workdir, total, config.log_every, data.examples_per_step, deadline, purge_step=start + 1)

@@ -12,8 +12,9 @@ checkout before a change, with PYTHONPATH pointing at it):
 Rows (JSON lines appended to experiments/results/bench_input.jsonl):
   fashion_mnist: the Fashion-MNIST ViT config's input (28 px, batch 128) with random-resized crop, flip,
     RandAugment(2, 9) and Mixup 0.8 / CutMix 1.0 (heavier than the config's flip only, to load the host).
-  jpeg: one 500x375 RGB JPEG (quality 90) through decode, random-resized crop to 224, flip, and optionally
-    RandAugment, per image in this process: ms per image and images/s per core.
+  jpeg: a 500x375 and a 1024x768 RGB JPEG (quality 90) through decode, random-resized crop to 224, flip, and
+    optionally RandAugment, per image in this process: ms per image and images/s per core, for PIL's full decode
+    (decoder=pil, the path before) and for the pipeline's transform (decoder=vitjax: simplejpeg, DCT-scaled).
 """
 
 from __future__ import annotations
@@ -82,36 +83,63 @@ def fashion_mnist(args) -> dict:
   return row
 
 
-def jpeg(args) -> list[dict]:
+def _photo_jpeg(width: int, height: int) -> bytes:
   import PIL.Image
-
-  from vitjax.data import augment
 
   r = np.random.default_rng(0)
   small = r.integers(0, 256, (24, 32, 3), dtype=np.uint8)  # smooth content that compresses like a photo
-  photo = np.asarray(PIL.Image.fromarray(small).resize((500, 375), PIL.Image.BICUBIC))
+  photo = np.asarray(PIL.Image.fromarray(small).resize((width, height), PIL.Image.BICUBIC))
   photo = np.clip(photo + r.normal(0, 8, photo.shape), 0, 255).astype(np.uint8)
   buf = io.BytesIO()
   PIL.Image.fromarray(photo).save(buf, format="JPEG", quality=90)
-  data = buf.getvalue()
+  return buf.getvalue()
+
+
+def jpeg(args) -> list[dict]:
+  """Per image, in this process: 'pil' is the path before the encoded-image reader (PIL's full decode, then the
+  crop); 'vitjax' is the training pipeline's own per-image transform (images._TrainPreprocess: the crop drawn
+  from the header, simplejpeg decoding at the smallest DCT scale that keeps the crop's resolution)."""
+  import PIL.Image
+
+  from vitjax.data import augment, images
+
   rows = []
-  for with_ra in (False, True):
-    n = args.images
-    t0 = time.perf_counter()
-    for _ in range(n):
-      image = np.asarray(PIL.Image.open(io.BytesIO(data)).convert("RGB"))
-      box = augment.random_resized_crop_box(r, *image.shape[:2], (0.08, 1.0), (3 / 4, 4 / 3))
-      image = augment.resize(image, (224, 224), box=box)
-      if r.random() < 0.5:
-        image = image[:, ::-1]
+  for width, height in ((500, 375), (1024, 768)):
+    data = _photo_jpeg(width, height)
+    for with_ra in (False, True):
+      aug = augment.parse_augment({"random_resized_crop": True, "flip": True, "randaugment": None})
       if with_ra:
-        image = augment.randaugment(np.ascontiguousarray(image), r, 2, 9)
-    ms = (time.perf_counter() - t0) / n * 1e3
-    rows.append({"path": "decode+rrc+flip" + ("+randaugment" if with_ra else ""), "ms_per_image": ms})
-  t0 = time.perf_counter()
-  for _ in range(args.images):
-    np.asarray(PIL.Image.open(io.BytesIO(data)).convert("RGB"))
-  rows.append({"path": "decode only", "ms_per_image": (time.perf_counter() - t0) / args.images * 1e3})
+        aug = augment.parse_augment({"random_resized_crop": True, "flip": True, "randaugment": True})
+      transform = images._TrainPreprocess((224, 224), 3, aug)
+      example = {"image": data, "label": 0, "mask": True, "index": 0}
+
+      def pil_path(r, aug=aug, data=data):
+        image = np.asarray(PIL.Image.open(io.BytesIO(data)).convert("RGB"))
+        box = augment.random_resized_crop_box(r, *image.shape[:2], *aug.random_resized_crop)
+        image = augment.resize(image, (224, 224), box=box)
+        if r.random() < 0.5:
+          image = image[:, ::-1]
+        if aug.randaugment is not None:
+          image = augment.randaugment(np.ascontiguousarray(image), r, *aug.randaugment)
+
+      paths = {"pil": pil_path, "vitjax": lambda r, t=transform, e=example: t.random_map(e, r)}
+      for decoder in ("pil", "vitjax", "pil", "vitjax"):  # interleaved: this machine's speed drifts
+        r = np.random.default_rng(0)  # the same crops for both decoders
+        t0 = time.perf_counter()
+        for _ in range(args.images):
+          paths[decoder](r)
+        ms = (time.perf_counter() - t0) / args.images * 1e3
+        path = "decode+rrc+flip" + ("+randaugment" if with_ra else "")
+        rows.append({"path": path, "decoder": decoder, "photo": f"{width}x{height}", "ms_per_image": ms})
+    for decoder, decode in (
+      ("pil", lambda d=data: np.asarray(PIL.Image.open(io.BytesIO(d)).convert("RGB"))),
+      ("vitjax", lambda d=data: augment.decode(d, 3)),
+    ):
+      t0 = time.perf_counter()
+      for _ in range(args.images):
+        decode()
+      ms = (time.perf_counter() - t0) / args.images * 1e3
+      rows.append({"path": "decode only", "decoder": decoder, "photo": f"{width}x{height}", "ms_per_image": ms})
   for row in rows:
     row["images_per_s_per_core"] = 1e3 / row["ms_per_image"]
   return rows

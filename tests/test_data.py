@@ -350,3 +350,122 @@ def test_the_global_batches_do_not_depend_on_the_process_count_and_resume_on_any
     assert states == [{"batches": 3}] * processes  # the same position on every process
     resumed, _ = run(4 // processes, 3, start=states[0])  # 2 -> 2 processes, 4 -> 1
     assert all(np.array_equal(a, b) for x, y in zip(one[3:], resumed) for a, b in zip(x, y)), processes
+
+
+# ----------------------------------------------------------------------------
+# Encoded images: JPEGs through simplejpeg, crops decoded at a reduced DCT scale.
+
+
+def _photo(rng, height, width, channels=3):
+  """A smooth random image with some noise: compresses like a photo."""
+  import PIL.Image
+
+  small = rng.integers(0, 256, (max(height // 16, 2), max(width // 16, 2), channels), dtype=np.uint8)
+  pil = PIL.Image.fromarray(small[..., 0] if channels == 1 else small).resize((width, height), PIL.Image.BICUBIC)
+  photo = np.asarray(pil).astype(float) + rng.normal(0, 6, (height, width) if channels == 1 else (height, width, 3))
+  return np.clip(photo, 0, 255).astype(np.uint8)
+
+
+def _encode(image, fmt="JPEG"):
+  import io
+
+  import PIL.Image
+
+  buf = io.BytesIO()
+  PIL.Image.fromarray(image).save(buf, format=fmt, **({"quality": 92} if fmt == "JPEG" else {}))
+  return buf.getvalue()
+
+
+def _pil_decode(data, mode):
+  import io
+
+  import PIL.Image
+
+  array = np.asarray(PIL.Image.open(io.BytesIO(data)).convert(mode))
+  return array[..., None] if array.ndim == 2 else array
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_decode_is_pils_pixels_and_a_large_crop_decodes_at_a_reduced_scale(channels):
+  rng = np.random.default_rng(0)
+  photo = _photo(rng, 300, 400, channels)
+  jpeg, png = _encode(photo), _encode(photo, "PNG")
+  mode = "L" if channels == 1 else "RGB"
+  assert augment.encoded_shape(jpeg) == augment.encoded_shape(png) == (300, 400)
+
+  image, box = augment.decode(jpeg, channels)  # no target size: full resolution, bitwise PIL's decode
+  assert box is None and np.array_equal(image, _pil_decode(jpeg, mode))
+  image, box = augment.decode(png, channels, (10, 20, 310, 260), (32, 32))  # PNG: PIL at full size, box unchanged
+  assert box == (10, 20, 310, 260) and np.array_equal(image, photo.reshape(image.shape))
+
+  # A 300x240 crop going to 32x32: libjpeg's 1/4 scale (100x75) still gives the crop 75x60 >= 32 pixels.
+  crop = (40, 30, 340, 270)
+  image, box = augment.decode(jpeg, channels, crop, (32, 32))
+  assert image.shape == (75, 100, channels)
+  assert box == pytest.approx((10, 7.5, 85, 67.5))
+  assert box[2] - box[0] >= 32 and box[3] - box[1] >= 32
+  fast = augment.resize(image, (32, 32), box=box).astype(float)
+  full = augment.resize(_pil_decode(jpeg, mode), (32, 32), box=crop).astype(float)
+  assert fast.shape == full.shape == (32, 32, channels)
+  assert np.abs(fast - full).mean() < 2.0, np.abs(fast - full).mean()  # of 255: the same picture
+  # A crop as small as its target: no scaling.
+  image, box = augment.decode(jpeg, channels, (0, 0, 48, 40), (40, 48))
+  assert image.shape[:2] == (300, 400) and box == (0, 0, 48, 40)
+
+
+class _JpegToy(builders._LocalBuilder, skip_registration=True):
+  """12 JPEG photos of 120x160 (two classes), as the stock ImageNet-like tfds datasets store them."""
+
+  name = "jpeg_toy"
+  VERSION = tfds.core.Version("1.0.0")
+
+  def _info(self):
+    return tfds.core.DatasetInfo(
+      builder=self,
+      features=tfds.features.FeaturesDict(
+        {
+          "image": tfds.features.Image(shape=(None, None, 3), encoding_format="jpeg"),
+          "label": tfds.features.ClassLabel(num_classes=2),
+        }
+      ),
+      supervised_keys=("image", "label"),
+    )
+
+  def _split_generators(self, dl_manager):
+    return {"train": self._generate_examples()}
+
+  def _generate_examples(self):
+    rng = np.random.default_rng(1)
+    for i in range(12):
+      yield i, {"image": _encode(_photo(rng, 120, 160)), "label": i % 2}
+
+
+@pytest.fixture(scope="module")
+def jpeg_dir(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp("jpeg"))
+  builders.BUILDERS["jpeg_toy"] = _JpegToy
+  try:
+    prepare_lib.prepare("jpeg_toy", path)
+    yield path
+  finally:
+    del builders.BUILDERS["jpeg_toy"]
+
+
+def test_a_jpeg_dataset_reads_through_the_pipeline(jpeg_dir):
+  common = dict(data_dir=jpeg_dir, global_batch_size=4, image_size=(24, 32), process_index=0, process_count=1)
+  common["read_threads"] = 0
+  batches = list(make_input("jpeg_toy", "train", train=False, **common)[0])
+  assert len(batches) == 3 and all(b["image"].shape == (4, 24, 32, 3) and b["image"].dtype == np.uint8 for b in batches)
+  # Evaluation: the full-resolution decode, resized as before.
+  from vitjax.data.splits import open_split
+
+  source, _ = open_split("jpeg_toy", "train", jpeg_dir)
+  expected = augment.preprocess_eval(np.asarray(source[5]["image"]), (24, 32))
+  assert np.array_equal(batches[1]["image"][1], expected)
+  # Training: crops from the header's size, decoded at reduced scale where they are large (a 120x160 photo going
+  # to 24x32 decodes at 1/4 unless the crop is small); the stream is seeded.
+  aug = {"random_resized_crop": {"scale": (0.5, 1.0)}, "flip": True}
+  a = _take(make_input("jpeg_toy", "train", train=True, seed=3, augment=aug, **common)[0], 4)
+  b = _take(make_input("jpeg_toy", "train", train=True, seed=3, augment=aug, **common)[0], 4)
+  assert _all_equal(a, b) and a[0]["image"].shape == (4, 24, 32, 3)
+  assert len({x["image"].tobytes() for x in a}) == 4

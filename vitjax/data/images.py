@@ -45,6 +45,8 @@ import numpy as np
 
 from vitjax.data.augment import (
   Augment,
+  decode,
+  encoded_shape,
   parse_augment,
   preprocess_eval,
   randaugment,
@@ -83,8 +85,11 @@ class DatasetInfo:
 
 
 class _Examples:
-  """Random-access source of ``{'image': uint8 [H, W, C], 'label': int,
-  'index': int, 'mask': bool}`` over ``positions`` of a tfds data source.
+  """Random-access source of ``{'image': bytes, 'label': int, 'index': int,
+  'mask': bool}`` over ``positions`` of a tfds data source opened with
+  ``encoded_images=True``: images stay encoded (JPEG, PNG) until the
+  preprocessing decodes them, which for a crop can decode a JPEG at a reduced
+  DCT scale (``augment.decode``).
 
   Positions beyond the shard (``-1`` in ``positions``) are padding: a copy of
   the shard's first example (or of example 0) with ``mask=False``.
@@ -103,9 +108,7 @@ class _Examples:
     if not real:  # Padding: any real example, masked out.
       pos = int(self._positions[0]) if self._positions[0] >= 0 else 0
     example = self._source[pos]
-    image = np.asarray(example[self._image_key])
-    if image.ndim == 2:
-      image = image[..., None]
+    image = bytes(example[self._image_key])
     return {"image": image, "label": int(example[self._label_key]), "index": pos if real else -1, "mask": real}
 
   def __repr__(self) -> str:
@@ -124,28 +127,31 @@ def _finish(example: dict[str, Any], image: np.ndarray) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class _EvalPreprocess(grain.transforms.Map):
-  """Resize to ``size`` (augment.preprocess_eval, which prediction uses too)."""
+  """Decode at full size, resize to ``size`` (augment.preprocess_eval, which prediction uses too)."""
 
   size: tuple[int, int]
+  channels: int
 
   def map(self, example):
-    return _finish(example, preprocess_eval(example["image"], self.size))
+    image, _ = decode(example["image"], self.channels)
+    return _finish(example, preprocess_eval(image, self.size))
 
 
 @dataclasses.dataclass(frozen=True)
 class _TrainPreprocess(grain.transforms.RandomMap):
-  """Random-resized crop (or resize), flip, RandAugment."""
+  """Random-resized crop (or resize), flip, RandAugment. The crop is drawn from the encoded image's header, so
+  that the decoder can skip the resolution the crop's resize would throw away."""
 
   size: tuple[int, int]
+  channels: int
   aug: Augment
 
   def random_map(self, example, rng: np.random.Generator):
-    image = example["image"]
+    box = None
     if self.aug.random_resized_crop is not None:
-      box = random_resized_crop_box(rng, *image.shape[:2], *self.aug.random_resized_crop)
-      image = resize(image, self.size, box=box)
-    else:
-      image = resize(image, self.size)
+      box = random_resized_crop_box(rng, *encoded_shape(example["image"]), *self.aug.random_resized_crop)
+    image, box = decode(example["image"], self.channels, box, self.size)
+    image = resize(image, self.size, box=box)
     if self.aug.flip and rng.random() < 0.5:
       image = image[:, ::-1]
     if self.aug.randaugment is not None:
@@ -317,7 +323,7 @@ def make_input(
   local_batch = global_batch_size // process_count
   size = _pair(image_size)
 
-  source, builder = open_split(name, split, data_dir)
+  source, builder = open_split(name, split, data_dir, encoded_images=True)
   image_key, label_key = _supervised_keys(builder)
   num_classes = builder.info.features[label_key].num_classes
   channels = builder.info.features[image_key].shape[-1] or 3
@@ -336,7 +342,7 @@ def make_input(
     steps = sampler.steps_per_epoch
     if steps == 0:
       raise ValueError(f"{name}[{split}] has {num_examples} examples, fewer than one batch of {global_batch_size}.")
-    operations = [_TrainPreprocess(size, aug), grain.transforms.Batch(local_batch, drop_remainder=True)]
+    operations = [_TrainPreprocess(size, channels, aug), grain.transforms.Batch(local_batch, drop_remainder=True)]
     if aug.mixes and local_batch % 2:
       raise ValueError(
         f"Mixup/CutMix pairs neighbouring examples: the batch per process ({local_batch}) must be even; use a "
@@ -351,7 +357,7 @@ def make_input(
     examples = _Examples(source, image_key, label_key, positions)
     shard = grain.sharding.NoSharding()  # Sharded by `positions` above.
     sampler = grain.samplers.IndexSampler(len(examples), shard_options=shard, shuffle=False, num_epochs=num_epochs or 1)
-    operations = [_EvalPreprocess(size), grain.transforms.Batch(local_batch, drop_remainder=False)]
+    operations = [_EvalPreprocess(size, channels), grain.transforms.Batch(local_batch, drop_remainder=False)]
 
   if worker_count > 0:
     _ensure_absl_flags_parsed()

@@ -33,7 +33,7 @@ def not_prepared_message(name: str, data_dir: str, builder=None) -> str:
   )
 
 
-def open_split(name: str, split: str, data_dir: str | None = None):
+def open_split(name: str, split: str, data_dir: str | None = None, encoded_images: bool = False):
   """Opens a prepared split as a random-access tfds data source.
 
   Args:
@@ -41,6 +41,8 @@ def open_split(name: str, split: str, data_dir: str | None = None):
     split: tfds split string, e.g. ``'train'`` or ``'train[:90%]'``.
     data_dir: tfds data dir (default ``$TFDS_DATA_DIR`` or
       ``~/tensorflow_datasets``).
+    encoded_images: image features come as their stored bytes (JPEG, PNG),
+      for the reader to decode (``augment.decode``), not as decoded arrays.
 
   Returns:
     (source, builder): ``source[i]`` is a dict of numpy features.
@@ -69,7 +71,11 @@ def open_split(name: str, split: str, data_dir: str | None = None):
       f"Dataset '{name}' in {builder.data_dir} is stored as {file_format}, "
       "not array_record (needed for random access). " + not_prepared_message(name, data_dir, builder)
     )
-  return builder.as_data_source(split=split), builder
+  decoders = None
+  if encoded_images:
+    features = builder.info.features
+    decoders = {k: tfds.decode.SkipDecoding() for k in features if isinstance(features[k], tfds.features.Image)}
+  return builder.as_data_source(split=split, decoders=decoders), builder
 
 
 def _supervised_keys(builder) -> tuple[str, str]:

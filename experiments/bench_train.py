@@ -4,6 +4,12 @@
     taskset -c 0,1 python experiments/bench_train.py --repeats=7 --dtype=bfloat16
     python experiments/bench_train.py --models=fashion_mnist,transformer_small --repeats=1   # a quick look
 
+On a GPU (torch's CUDA build; JAX on its default backend, the GPU), bf16 at large batches, MFU against the
+H100 SXM's dense bf16 peak (989.4 TFLOP/s; experiments/README.md, "On a lent GPU", has the whole recipe):
+
+    python3 experiments/bench_train.py --torch_device=cuda --dtype=bfloat16 --peak_tflops=989.4 \
+      --models=vit_b16_224_b8,swin_t_224_b4,transformer_small --batch=128 --no_trainer
+
 One step is forward, backward and the AdamW update. Rows, per model:
   vitjax          a step written here: jax.jit over value_and_grad(softmax cross-entropy) + optax.adamw (lr 1e-3,
                   weight decay 0.05 on every parameter), parameters and optimizer state donated.
@@ -20,7 +26,7 @@ One step is forward, backward and the AdamW update. Rows, per model:
                   token embeddings, sinusoidal positions and a tied output projection; weights differ.
   torch.compile   the same with torch.compile on the model and on the optimizer step; "n/a" if it fails.
 --dtype=bfloat16: vitjax with the model's dtype=bfloat16 (parameters float32), torch under
-torch.autocast("cpu", dtype=torch.bfloat16); optimizer states stay float32 in both.
+torch.autocast(device, dtype=torch.bfloat16) (timm with AMP); optimizer states stay float32 in both.
 
 Times are the median of --repeats steps after a warm-up step (and after compilation). Dropout and drop-path are
 the models' own (Swin-T 0.1 drop-path, transformer_small 0.1 dropout; the ViTs none), in both frameworks.
@@ -73,7 +79,9 @@ MODELS = {
   "vit_s16_224_b2": ("vit_s16", 2, 224),
   "vit_s16_320_b2": ("vit_s16", 2, 320),
   "vit_s16_448_b2": ("vit_s16", 2, 448),
+  "vit_b16_224_b8": ("vit_b16", 8, 224),  # not in the default list on a CPU (--models): for a GPU
 }
+DEFAULT_MODELS = [name for name in MODELS if not name.startswith("vit_b16")]
 
 
 # -- timing, peaks, host
@@ -99,7 +107,7 @@ def timed(fn, repeats: int, max_row_s: float) -> tuple[float, list[float]]:
   return median_time(fn, max(1, min(repeats, int(max_row_s / warm))), warm_up=False)
 
 
-def _peak(make_call, sizes=(4096, 2048, 1024, 512), repeats=3, slow_s=2.0) -> dict:
+def _peak(make_call, sizes=(8192, 4096, 2048, 1024, 512), repeats=3, slow_s=2.0) -> dict:
   """FLOP/s of an n x n matmul: n the largest of `sizes` whose call should take under slow_s (timed at 512 first)."""
   call = make_call(512)
   call()
@@ -113,7 +121,7 @@ def _peak(make_call, sizes=(4096, 2048, 1024, 512), repeats=3, slow_s=2.0) -> di
   return {"n": n, "gflops_per_s": round(2 * n**3 / t / 1e9, 2)}
 
 
-def matmul_peaks(torch) -> dict:
+def matmul_peaks(torch, device) -> dict:
   def jax_mm(dtype, out=None):
     def make(n):
       a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
@@ -126,8 +134,8 @@ def matmul_peaks(torch) -> dict:
   def torch_mm(dtype):
     def make(n):
       g = torch.Generator().manual_seed(0)
-      a, b = (torch.randn(n, n, generator=g).to(dtype) for _ in range(2))
-      return lambda: torch.mm(a, b)
+      a, b = (torch.randn(n, n, generator=g).to(device=device, dtype=dtype) for _ in range(2))
+      return lambda: torch.mm(a, b).sum().item()  # item(): waits for the device
 
     return make
 
@@ -520,12 +528,13 @@ def trainer_step(case: Case, repeats: int, max_row_s: float) -> dict:
   return {"step_s": med, "times_s": times, "compile_s": compile_s, "xla_flops": float(cost.get("flops", float("nan")))}
 
 
-def torch_step(case: Case, repeats: int, max_row_s: float, dtype: str, compile_: bool, torch) -> dict:
+def torch_step(case: Case, repeats: int, max_row_s: float, dtype: str, compile_: bool, torch, device) -> dict:
   import torch.nn.functional as F
 
-  model = copy.deepcopy(case.torch_model).train()
+  model = copy.deepcopy(case.torch_model).to(device).train()
   opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
-  y = torch.from_numpy(case.y).long().reshape(-1)
+  y = torch.from_numpy(case.y).long().reshape(-1).to(device)
+  xs = tuple(x.to(device) for x in case.torch_x)
   fwd, opt_step = model, opt.step
   if compile_:
     fwd = torch.compile(model)
@@ -533,12 +542,12 @@ def torch_step(case: Case, repeats: int, max_row_s: float, dtype: str, compile_:
 
   def once():
     opt.zero_grad(set_to_none=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
-      out = fwd(*case.torch_x)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+      out = fwd(*xs)
     loss = F.cross_entropy(out.float().reshape(y.shape[0], -1), y)
     loss.backward()
     opt_step()
-    return loss.detach().item()
+    return loss.detach().item()  # item(): waits for the device
 
   t = time.perf_counter()
   first_loss = once()  # compiles, for torch.compile
@@ -552,12 +561,12 @@ def torch_step(case: Case, repeats: int, max_row_s: float, dtype: str, compile_:
   }
 
 
-def parity(case: Case, dtype: str, torch) -> float:
+def parity(case: Case, dtype: str, torch, device) -> float:
   """Relative max error of the eval-mode logits, vitjax vs torch, same weights and input (image models)."""
   out = jax.jit(lambda v, x: case.module.apply(v, x)[0])(case.variables, case.x[0])
-  want_model = case.torch_model.eval()
-  with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
-    want = want_model(*case.torch_x).float().numpy()
+  want_model = copy.deepcopy(case.torch_model).to(device).eval()
+  with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+    want = want_model(*(x.to(device) for x in case.torch_x)).float().cpu().numpy()
   return float(np.abs(np.asarray(out) - want).max() / np.abs(want).max())
 
 
@@ -566,7 +575,9 @@ def parity(case: Case, dtype: str, torch) -> float:
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
+  ap.add_argument("--models", default=",".join(DEFAULT_MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
+  ap.add_argument("--torch_device", default="cpu", help="where torch runs: cpu, or cuda on a GPU (JAX: its default)")
+  ap.add_argument("--peak_tflops", type=float, default=0.0, help="the accelerator's spec peak: adds an MFU column")
   ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   ap.add_argument("--repeats", type=int, default=7)
   ap.add_argument("--max_row_s", type=float, default=20.0, help="fewer repeats (at least 1) for rows slower than this")
@@ -584,11 +595,14 @@ def main():
     ap.error(f"unknown model(s) {unknown}; choose from {list(MODELS)}")
 
   import torch
-  import torchvision_ops_shim  # noqa: F401  (before timm: lets it import on the CPU build of torch)
+
+  if torch.version.cuda is None:  # the CPU build of torch: timm needs torchvision's op names defined (tests/)
+    import torchvision_ops_shim  # noqa: F401
 
   # isort: split
   import timm
 
+  device = torch.device(args.torch_device)
   torch.set_num_threads(len(os.sched_getaffinity(0)))
   command = " ".join([os.path.basename(sys.executable)] + sys.argv)
   taskset = subprocess.run(["taskset", "-pc", str(os.getpid())], capture_output=True, text=True).stdout.strip()
@@ -596,7 +610,7 @@ def main():
   host = host_info(torch, timm)
   print(f"host: {host['cpu']}, {host['cpu_count']} CPUs ({taskset}), jax {jax.__version__}, torch {torch.__version__}")
   print(f"before: load {before['loadavg']}, CI running: {before['ci_running']}, busy: {before['cpu_users']}")
-  peaks = matmul_peaks(torch)
+  peaks = matmul_peaks(torch, device)
   print("matmul peaks (GFLOP/s): " + ", ".join(f"{k} {v['gflops_per_s']:.1f} (n={v['n']})" for k, v in peaks.items()))
   own_peak = {
     "vitjax": peaks["jax_f32" if args.dtype == "float32" else "jax_bf16"]["gflops_per_s"],
@@ -614,7 +628,7 @@ def main():
       case = transformer_case(name, batch, size, args.dtype, torch)
     else:
       case = image_case(name, kind, batch, size, args.dtype, torch)
-    err = parity(case, args.dtype, torch) if case.units == "examples" else None
+    err = parity(case, args.dtype, torch, device) if case.units == "examples" else None
     results, reps = {}, (args.repeats, args.max_row_s)
     results["vitjax"] = vitjax_step(case, *reps)
     if case.config is None or args.no_trainer:
@@ -629,14 +643,14 @@ def main():
       }
       results["torch"] = results["torch.compile"] = skip
     else:
-      results["torch"] = torch_step(case, *reps, args.dtype, False, torch)
+      results["torch"] = torch_step(case, *reps, args.dtype, False, torch, device)
     if "torch.compile" in results:  # skipped with torch above
       pass
     elif args.no_compile:
       results["torch.compile"] = {"error": "skipped (--no_compile)"}
     else:
       try:
-        results["torch.compile"] = torch_step(case, *reps, args.dtype, True, torch)
+        results["torch.compile"] = torch_step(case, *reps, args.dtype, True, torch, device)
       except Exception as e:  # inductor needs a C++ toolchain and can fail in many ways
         results["torch.compile"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
       torch._dynamo.reset()
@@ -674,6 +688,8 @@ def main():
           ),
           torch_over_vitjax=round(t_jax / t, 3) if fw.startswith("torch") else None,
         )
+        if args.peak_tflops:
+          row["mfu"] = round(gfs / (args.peak_tflops * 1e3), 4)  # model FLOPs / the spec's dense peak
         for k in ("compile_s", "first_step_s"):
           if k in r:
             row[k] = round(r[k], 2)
@@ -694,6 +710,10 @@ def main():
     "peaks": peaks,
     "machine_before": before,
     "machine_after": after,
+    "jax_backend": jax.default_backend(),
+    "jax_devices": [str(d) for d in jax.devices()],
+    "torch_device": args.torch_device,
+    "peak_tflops": args.peak_tflops or None,
     "lr": LR,
     "weight_decay": WEIGHT_DECAY,
   }
@@ -718,6 +738,7 @@ def _print_row(r):
     f"{r['model']:18s} {r['framework']:15s} {r['step_s'] * 1e3:9.1f} ms  {r['per_s']:9.1f} {r['units']}/s  "
     f"{r['gflops_per_s']:6.1f} GFLOP/s ({r['share_of_own_peak']:.0%} of peak)  "
     f"torch/vitjax {_fmt(r['torch_over_vitjax'], '.2f')}"
+    + (f"  MFU {r['mfu']:.1%}" if "mfu" in r else "")
     + (f"  compile {r['compile_s']:.1f} s" if "compile_s" in r else "")
     + (f"  (x{r['repeats']})" if r["repeats"] < 3 else ""),
     flush=True,

@@ -64,6 +64,10 @@ def default_config() -> mlc.ConfigDict:
   c.optim.weight_decay = 1e-4  # decoupled; not applied to biases, norms, position embeddings, bias tables
   c.optim.grad_clip_norm = 1.0  # global-norm clipping; 0 disables
   c.optim.accum_steps = 1  # gradient accumulation: micro-batches per step
+  # Layer-wise learning-rate decay (ViT and Swin; BEiT's and MAE's fine-tuning recipe, e.g. 0.65-0.75): the
+  # parameters of layer i of L learn at lr * layer_decay ** (L + 1 - i), the head at lr; 1.0 is off. The layer of
+  # every parameter: ViT.layer_index and Swin.layer_index (vitjax/models).
+  c.optim.layer_decay = 1.0
 
   c.schedule = mlc.ConfigDict()
   c.schedule.warmup_steps = mlc.FieldReference(None, field_type=int)

@@ -10,6 +10,7 @@ convention; the padded tokens are not masked).
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -184,6 +185,23 @@ class Swin(nn.Module):
   drop_path_rate: float = 0.1
   implementation: str = "fast"
   dtype: Any = None
+
+  @property
+  def num_layers(self) -> int:
+    """All stages' blocks: what layer-wise learning-rate decay counts (see layer_index)."""
+    return sum(self.depths)
+
+  def layer_index(self, path: str) -> int:
+    """The layer of the parameter at ``path`` ("stage_2_block_1/attn/query/kernel") for layer-wise learning-rate
+    decay, numbered over all stages as SimMIM fine-tunes Swin: 0 for the stem (patch_embed or conv_stem,
+    patch_norm), sum(depths[:s]) + j + 1 in block j of stage s, sum(depths[:s]) (its preceding block's) for the
+    patch merging before stage s, sum(depths) + 1 for the final norm and the head."""
+    if m := re.match(r"stage_(\d+)_(?:block_(\d+)|downsample)/", path):
+      before = sum(self.depths[: int(m[1])])
+      return before if m[2] is None else before + int(m[2]) + 1
+    if path.startswith(("norm/", "head/")):
+      return sum(self.depths) + 1
+    return 0
 
   @nn.compact
   def __call__(self, images: Array, train: bool = False) -> tuple[Array, dict]:

@@ -10,12 +10,14 @@ patch size but need not be equal.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from vitjax.attention import MultiHeadAttention
 from vitjax.layers import NORMS, EncoderBlock, FeedForward, Stack
@@ -172,6 +174,25 @@ class ViT(nn.Module):
   remat: bool = False
   implementation: str = "fast"
   dtype: Any = None
+
+  @property
+  def num_layers(self) -> int:
+    """The encoder's blocks: what layer-wise learning-rate decay counts (see layer_index)."""
+    return self.depth
+
+  def layer_index(self, path: str) -> int | np.ndarray:
+    """The layer of the parameter at ``path`` ("encoder/block_3/mlp/fc1/kernel"), BEiT's and MAE's numbering for
+    layer-wise learning-rate decay: 0 before the encoder (embedding or conv_stem, embed_norm, cls, posembed),
+    i + 1 in encoder block i, depth + 1 after it (encoder/final_norm, map_head, fc_norm, pre_logits, head).
+    A scanned encoder's parameters ("encoder/blocks/...", stacked over blocks) get [1, ..., depth] along their
+    first axis."""
+    if m := re.match(r"encoder/block_(\d+)/", path):
+      return int(m[1]) + 1
+    if path.startswith("encoder/blocks/"):
+      return np.arange(1, self.depth + 1)
+    if path.startswith(("encoder/", "map_head/", "fc_norm/", "pre_logits/", "head/")):
+      return self.depth + 1
+    return 0
 
   @nn.compact
   def __call__(self, images: Array, train: bool = False) -> tuple[Array, dict]:

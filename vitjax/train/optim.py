@@ -1,5 +1,6 @@
 """Optimizer and learning-rate schedule from the config: AdamW or SGD, weight decay on kernels and embeddings
-only, global-norm clipping, warm-up then cosine / linear / inverse-sqrt / constant decay.
+only, global-norm clipping, layer-wise learning-rate decay, warm-up then cosine / linear / inverse-sqrt / constant
+decay.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from vitjax.errors import ConfigError
@@ -57,6 +59,7 @@ def check(config) -> None:
     ("optim.momentum", o.momentum, 0 <= o.momentum < 1, "in [0, 1)"),
     ("optim.grad_clip_norm", o.grad_clip_norm, o.grad_clip_norm >= 0, "0 (off) or positive"),
     ("optim.accum_steps", o.accum_steps, o.accum_steps >= 1, "at least 1"),
+    ("optim.layer_decay", o.layer_decay, 0 < o.layer_decay <= 1, "in (0, 1]; 1 is off"),
     ("schedule.end_lr_factor", s.end_lr_factor, 0 <= s.end_lr_factor <= 1, "in [0, 1]"),
     ("label_smoothing", config.label_smoothing, 0 <= config.label_smoothing < 1, "in [0, 1)"),
   ]
@@ -68,7 +71,41 @@ def check(config) -> None:
       raise ConfigError(f"{name}={value} must be {want} (--config.{name}=...)")
 
 
-def make_optimizer(config, schedule) -> optax.GradientTransformation:
+def _path(path) -> str:
+  return "/".join(str(getattr(k, "key", k)) for k in path)
+
+
+def layer_decay_scales(model, params, decay: float):
+  """The learning-rate multiplier of every parameter: decay ** (L + 1 - model.layer_index(path)), L =
+  model.num_layers; an array broadcasting over a scanned (stacked) parameter's first axis. Raises ConfigError for
+  a model without layers to count."""
+  if not hasattr(model, "layer_index"):
+    raise ConfigError(
+      f"optim.layer_decay applies to ViT and Swin, not to {type(model).__name__}: leave it at 1.0 (off)"
+    )
+
+  def scale(path, x):
+    layer = np.asarray(model.layer_index(_path(path)))
+    out = decay ** (model.num_layers + 1 - layer.astype(np.float64))
+    return out.reshape(out.shape + (1,) * (np.ndim(x) - out.ndim)).astype(np.float32)
+
+  return jax.tree_util.tree_map_with_path(scale, params)
+
+
+def scale_by_layer_decay(model, decay: float) -> optax.GradientTransformation:
+  """Multiplies each parameter's update by its layer_decay_scales entry (after the optimizer, so AdamW's decoupled
+  weight decay is scaled with the learning rate, as in BEiT's and MAE's parameter groups)."""
+
+  def update(updates, state, params=None):
+    del params
+    scales = layer_decay_scales(model, updates, decay)
+    return jax.tree.map(lambda u, s: u * s.astype(u.dtype), updates, scales), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def make_optimizer(config, schedule, model=None) -> optax.GradientTransformation:
+  """The config's optimizer; ``model`` is needed for optim.layer_decay (the layer of each parameter)."""
   check(config)
   o = config.optim
   if o.name == "adamw":
@@ -80,6 +117,12 @@ def make_optimizer(config, schedule) -> optax.GradientTransformation:
     )
   else:
     raise ConfigError(f"unknown optim.name {o.name!r}; use 'adamw' or 'sgd'")
+  if o.layer_decay != 1.0:
+    if model is None:
+      raise ValueError("make_optimizer needs the model for optim.layer_decay")
+    if not hasattr(model, "layer_index"):
+      layer_decay_scales(model, {}, o.layer_decay)  # the ConfigError
+    tx = optax.chain(tx, scale_by_layer_decay(model, o.layer_decay))
   if o.grad_clip_norm:
     tx = optax.chain(optax.clip_by_global_norm(o.grad_clip_norm), tx)
   return tx

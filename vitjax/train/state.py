@@ -77,7 +77,7 @@ def setup(config, task: Task, total_steps: int | None = None, steps_per_epoch: i
   model = build_model(config, task.model_overrides())
   inputs = task.example_inputs()
   schedule = optim.make_schedule(config, total_steps or 1, steps_per_epoch)
-  tx = optim.make_optimizer(config, schedule)
+  tx = optim.make_optimizer(config, schedule, model)
 
   def init_state():
     rngs = {"params": jax.random.key(config.seed), "dropout": jax.random.key(config.seed + 1)}

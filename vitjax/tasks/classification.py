@@ -74,7 +74,7 @@ class ImageClassification:
     check_batch(c.data.eval_batch_size, "data.eval_batch_size", c.mesh)
     if not 0 <= c.data.valid_fraction < 1:
       raise ConfigError(f"data.valid_fraction={c.data.valid_fraction} must be in [0, 1)")
-    check_best_metric(c, ("eval/accuracy", "eval/loss"))
+    check_best_metric(c, ("eval/accuracy", "eval/top5", "eval/loss"))
     self._check_split(c.data.eval_split, "data.eval_split")
     info = self.describe()
     if c.model.get("num_classes") != info["num_classes"]:
@@ -160,6 +160,7 @@ class ImageClassification:
     return {
       "eval/loss": float(sums["loss_sum"] / sums["count"]),
       "eval/accuracy": float(sums["correct"] / sums["count"]),
+      "eval/top5": float(sums["correct5"] / sums["count"]),
       "eval/examples": float(sums["count"]),
     }
 
@@ -200,8 +201,16 @@ def _eval_step(model, variables, batch):
   return {
     "loss_sum": jnp.sum(loss * mask),
     "correct": jnp.sum((logits.argmax(-1) == batch["label"]) * mask),
+    "correct5": jnp.sum((_rank(logits, batch["label"]) < 5) * mask),
     "count": jnp.sum(mask),
   }
+
+
+def _rank(logits, labels):
+  """The label's rank among the classes, 0 for the top: how many logits are strictly larger (ties count for the
+  label)."""
+  label_logit = jnp.take_along_axis(logits, labels[:, None].astype(jnp.int32), axis=-1)
+  return jnp.sum(logits > label_logit, axis=-1)
 
 
 @functools.partial(jax.jit, static_argnums=0)

@@ -1,0 +1,130 @@
+"""Fine-tuning tools: layer-wise learning-rate decay (the layer of every parameter of ViT and Swin)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vitjax import models
+from vitjax.config import default_config
+from vitjax.errors import ConfigError
+from vitjax.train import optim
+
+
+def _scales(model, shape, decay=0.5):
+  variables = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros(shape)))
+  scales = optim.layer_decay_scales(model, variables["params"], decay)
+  return {optim._path(p): np.asarray(s) for p, s in jax.tree_util.tree_flatten_with_path(scales)[0]}
+
+
+def test_vit_layer_of_every_parameter():
+  # depth 3: L + 1 = 4 -> embeddings 0.5^4, block i 0.5^(3 - i), after the encoder 0.5^0
+  vit = models.create("vit_ti16", num_classes=10, depth=3, representation_size=8)
+  s = _scales(vit, (1, 32, 32, 3))
+  for path in ("cls", "embedding/kernel", "embedding/bias", "posembed/pos_embedding"):
+    assert s[path] == 0.5**4, path
+  for i in range(3):
+    for path in ("attn/query/kernel", "attn/out/bias", "mlp/fc1/kernel", "norm1/scale", "norm2/bias"):
+      assert s[f"encoder/block_{i}/{path}"] == 0.5 ** (3 - i), path
+  after = [p for p in s if p.startswith(("encoder/final_norm/", "pre_logits/", "head/"))]
+  assert len(after) == 6 and all(s[p] == 1.0 for p in after)
+  pooled = _scales(vit.clone(pool_type="map"), (1, 32, 32, 3))
+  map_head = [p for p in pooled if p.startswith("map_head/")]
+  assert len(map_head) > 4 and all(pooled[p] == 1.0 for p in map_head)
+  assert set(np.unique(np.concatenate([v.ravel() for v in s.values()]))) == {0.5**k for k in range(5)}
+
+  # a scanned encoder: the same multipliers, along the stacking axis
+  scanned = _scales(vit.clone(scan=True), (1, 32, 32, 3))
+  q = scanned["encoder/blocks/block/attn/query/kernel"]
+  assert q.shape == (3, 1, 1, 1)  # broadcasts over [depth, width, heads, head_dim]
+  np.testing.assert_array_equal(q.ravel(), [0.125, 0.25, 0.5])
+  assert scanned["cls"] == 0.5**4 and scanned["head/kernel"] == 1.0
+
+  # the conv stem and its norm come before the encoder
+  stem = _scales(models.create("vit_ti16", num_classes=10, depth=2, stem="conv", embed_norm=True), (1, 32, 32, 3))
+  stem_paths = [p for p in stem if p.startswith(("conv_stem/", "embed_norm/"))]
+  assert len(stem_paths) >= 4 and all(stem[p] == 0.5**3 for p in stem_paths)
+
+
+def test_swin_layer_of_every_parameter():
+  # depths (1, 1, 2, 1): L = 5; blocks are numbered 1..5 over the stages, patch merging takes its preceding block's
+  swin = models.create("swin_t", num_classes=10, depths=(1, 1, 2, 1), num_heads=(1, 1, 1, 1), embed_dim=8)
+  s = _scales(swin, (1, 64, 64, 3))
+  want = {
+    "patch_embed/kernel": 0,
+    "patch_norm/scale": 0,
+    "stage_0_block_0/attn/query/kernel": 1,
+    "stage_0_block_0/rel_pos/relative_position_bias_table": 1,
+    "stage_1_downsample/reduction/kernel": 1,
+    "stage_1_downsample/norm/scale": 1,
+    "stage_1_block_0/mlp/fc2/kernel": 2,
+    "stage_2_downsample/reduction/kernel": 2,
+    "stage_2_block_0/norm1/scale": 3,
+    "stage_2_block_1/attn/out/kernel": 4,
+    "stage_3_downsample/reduction/kernel": 4,
+    "stage_3_block_0/mlp/fc1/bias": 5,
+    "norm/scale": 6,
+    "head/kernel": 6,
+  }
+  for path, layer in want.items():
+    assert s[path] == 0.5 ** (6 - layer), path
+  blocks = {p.split("/")[0] for p in s if "_block_" in p}
+  assert blocks == {"stage_0_block_0", "stage_1_block_0", "stage_2_block_0", "stage_2_block_1", "stage_3_block_0"}
+
+
+def test_layer_decay_scales_each_update_by_its_layer():
+  """One AdamW step with layer_decay 0.5 moves each parameter by its multiplier times the step without it
+  (weight decay included: it is scaled with the learning rate, as BEiT's and MAE's parameter groups do)."""
+  vit = models.create("vit_ti16", num_classes=10, depth=2, width=16, num_heads=2, mlp_dim=32, head_zeroinit=False)
+  params = vit.init(jax.random.key(0), jnp.zeros((2, 16, 16, 3)))["params"]
+  grads = jax.tree.map(lambda p: jnp.cos(jnp.arange(p.size, dtype=jnp.float32)).reshape(p.shape), params)
+  moved = []
+  for decay in (1.0, 0.5):
+    cfg = default_config()
+    cfg.optim.layer_decay, cfg.optim.weight_decay = decay, 0.1
+    tx = optim.make_optimizer(cfg, optim.make_schedule(cfg, 10, 1), vit)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    moved.append(updates)
+  scales = optim.layer_decay_scales(vit, params, 0.5)
+  for full, decayed, scale in zip(*(jax.tree.leaves(t) for t in (*moved, scales)), strict=True):
+    np.testing.assert_allclose(np.asarray(decayed), np.asarray(full) * scale, rtol=1e-6, atol=1e-12)
+  assert float(jnp.abs(moved[1]["embedding"]["kernel"]).max()) > 0  # the embedding still learns, 0.5^3 as fast
+
+
+def test_layer_decay_is_refused_where_there_are_no_layers_to_count():
+  cfg = default_config()
+  cfg.optim.layer_decay = 0.75
+  transformer = models.create("transformer_tiny", vocab_size=32)
+  with pytest.raises(ConfigError, match="optim.layer_decay applies to ViT and Swin"):
+    optim.make_optimizer(cfg, optim.make_schedule(cfg, 10, 1), transformer)
+  cfg.optim.layer_decay = 1.5
+  with pytest.raises(ConfigError, match=r"optim.layer_decay=1.5 must be in \(0, 1\]"):
+    optim.make_optimizer(cfg, optim.make_schedule(cfg, 10, 1), transformer)
+
+
+def test_top5_counts_the_label_among_the_five_largest_logits():
+  import flax.linen as nn
+
+  from vitjax.tasks import classification
+
+  class Logits(nn.Module):  # the "image" is the logits
+    def __call__(self, images, train=False):
+      return images.reshape(images.shape[0], -1), {}
+
+  logits = np.array(
+    [
+      [9, 8, 7, 6, 5, 4, 3],  # label 0: rank 0 (top-1 and top-5)
+      [9, 8, 7, 6, 5, 4, 3],  # label 4: rank 4 (top-5 only)
+      [9, 8, 7, 6, 5, 4, 3],  # label 5: rank 5 (neither)
+      [1, 1, 1, 1, 1, 1, 1],  # label 6: all tied -> rank 0 (ties count for the label)
+      [0, 0, 0, 0, 0, 0, 9],  # label 6, masked out (padding)
+    ],
+    np.float32,
+  )
+  batch = {
+    "image": jnp.asarray(logits[:, None, None, :]),
+    "label": jnp.asarray([0, 4, 5, 6, 6], jnp.int32),
+    "mask": jnp.asarray([True, True, True, True, False]),
+  }
+  sums = jax.device_get(classification._eval_step(Logits(), {}, batch))
+  assert (float(sums["correct"]), float(sums["correct5"]), float(sums["count"])) == (1.0, 3.0, 4.0)

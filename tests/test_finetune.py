@@ -1,9 +1,13 @@
 """Fine-tuning tools: layer-wise learning-rate decay (the layer of every parameter of ViT and Swin)."""
 
+import json
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import train_helpers as th
 
 from vitjax import models
 from vitjax.config import default_config
@@ -128,3 +132,62 @@ def test_top5_counts_the_label_among_the_five_largest_logits():
   }
   sums = jax.device_get(classification._eval_step(Logits(), {}, batch))
   assert (float(sums["correct"]), float(sums["correct5"]), float(sums["count"])) == (1.0, 3.0, 4.0)
+
+
+# ----------------------------------------------------------------------------
+# EMA of the parameters (config.ema_decay)
+
+
+def test_ema_is_the_moving_average_of_the_parameters_each_step_produces():
+  cfg = default_config()
+  cfg.ema_decay, cfg.optim.grad_clip_norm = 0.9, 0.0
+  tx = optim.make_optimizer(cfg, optim.make_schedule(cfg, 10, 1))
+  params = {"w": jnp.asarray([1.0, -2.0, 3.0]), "b": jnp.asarray(0.5)}
+  state = jax.jit(tx.init)(params)
+  want = jax.tree.map(np.asarray, params)  # it starts from the initial parameters
+  for k in range(4):
+    grads = jax.tree.map(lambda p, k=k: jnp.sin(p + k), params)
+    updates, state = tx.update(grads, state, params)
+    params = jax.tree.map(jnp.add, params, updates)
+    want = jax.tree.map(lambda e, p: 0.9 * e + 0.1 * np.asarray(p), want, params)
+  got = optim.ema_params(state)
+  for name in ("w", "b"):
+    np.testing.assert_allclose(np.asarray(got[name]), want[name], rtol=1e-6)
+    assert not np.allclose(np.asarray(got[name]), np.asarray(params[name]))  # an average, not the last value
+  assert optim.ema_params(jax.jit(optim.make_optimizer(default_config(), lambda s: 1e-3).init)(params)) is None
+
+
+def test_ema_run_evaluates_checkpoints_loads_and_exports_its_average(tmp_path, data_dir):
+  import vitjax
+  from vitjax import export as export_lib
+
+  workdir = str(tmp_path / "ema")
+  common = [*th.TINY, f"--config.data.data_dir={data_dir}"]
+  th.check_ok(th.run_main(workdir, *common, "--config.ema_decay=0.8", "--config.best_metric=eval_ema/accuracy"))
+  rows = [r for r in th.read_metrics(workdir) if "eval/accuracy" in r and "source" not in r]
+  assert [r["step"] for r in rows] == [10, 20, 30]
+  assert all({"eval_ema/accuracy", "eval_ema/top5", "eval_ema/loss"} <= set(r) for r in rows)
+  assert any(r["eval_ema/loss"] != r["eval/loss"] for r in rows)  # two sets of weights
+
+  # --mode=eval --weights=ema reproduces the logged eval_ema metrics of the step it restores (from its checkpoint)
+  proc = th.check_ok(th.run_main(workdir, "--mode=eval", "--checkpoint=latest", "--weights=ema", config=None))
+  got = json.load(open(os.path.join(workdir, "eval_valid_30_ema.json")))
+  assert got["weights"] == "ema" and got["eval/loss"] == pytest.approx(rows[-1]["eval_ema/loss"], rel=1e-6)
+  assert got["eval/accuracy"] == pytest.approx(rows[-1]["eval_ema/accuracy"], abs=1e-6)
+  assert "EMA weights" in proc.stderr
+
+  # vitjax.load and export take the average too; best is chosen by eval_ema/accuracy
+  raw, ema = vitjax.load(workdir, "latest"), vitjax.load(workdir, "latest", weights="ema")
+  assert not np.allclose(raw.variables["params"]["head"]["kernel"], ema.variables["params"]["head"]["kernel"])
+  out = str(tmp_path / "ema.npz")
+  export_lib.export(workdir, "npz", out, "latest", weights="ema")
+  np.testing.assert_array_equal(np.load(out)["head/kernel"], np.asarray(ema.variables["params"]["head"]["kernel"]))
+  best = max(rows, key=lambda r: (r["eval_ema/accuracy"], r["step"]))["step"]
+  assert vitjax.load(workdir, "best").step == best
+
+  # a run without an average: one line naming the fix, exit 2
+  plain = str(tmp_path / "plain")
+  th.check_ok(th.run_main(plain, *common, "--config.total_steps=5", "--config.eval_every=5"))
+  proc = th.run_main(plain, "--mode=eval", "--weights=ema", config=None)
+  assert proc.returncode == 2 and "error: weights='ema'" in proc.stderr and "--config.ema_decay" in proc.stderr
+  assert "Traceback" not in proc.stderr

@@ -65,9 +65,9 @@ def default_config() -> mlc.ConfigDict:
   c.optim.grad_clip_norm = 1.0  # global-norm clipping; 0 disables
   c.optim.accum_steps = 1  # gradient accumulation: micro-batches per step
   # Layer-wise learning-rate decay (ViT and Swin; BEiT's and MAE's fine-tuning recipe, e.g. 0.65-0.75): the
-  # parameters of layer i of L learn at lr * layer_decay ** (L + 1 - i), the head at lr; 1.0 is off. The layer of
+  # parameters of layer i of L learn at lr * layer_decay ** (L + 1 - i), the head at lr; None (or 1) is off. The layer of
   # every parameter: ViT.layer_index and Swin.layer_index (vitjax/models).
-  c.optim.layer_decay = 1.0
+  c.optim.layer_decay = mlc.FieldReference(None, field_type=float)
 
   c.schedule = mlc.ConfigDict()
   c.schedule.warmup_steps = mlc.FieldReference(None, field_type=int)
@@ -77,6 +77,12 @@ def default_config() -> mlc.ConfigDict:
   c.schedule.rsqrt_timescale = mlc.FieldReference(None, field_type=int)  # default: the warm-up length
 
   c.label_smoothing = 0.0
+  # An exponential moving average of the parameters, ema = d * ema + (1 - d) * params after every applied step
+  # (e.g. 0.9999 over ~10^4+ steps; it starts from the initial parameters, with no warm-up). Kept in the optimizer
+  # state, so checkpointed with it; every evaluation also reports it as eval_ema/... (best_metric may name one);
+  # `--mode=eval --weights=ema`, vitjax.load(W, weights="ema") and export use it. BatchNorm statistics are the
+  # raw model's. None: off.
+  c.ema_decay = mlc.FieldReference(None, field_type=float)
   c.compute_dtype = "float32"  # 'float32' | 'bfloat16'; parameters are always float32
 
   # Devices (vitjax.mesh): (axis, size) pairs over the axes data, fsdp, tensor; one size may be -1 (the rest).

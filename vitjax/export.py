@@ -28,11 +28,12 @@ flags.DEFINE_string("workdir", None, "the run to export", required=True)
 flags.DEFINE_enum("format", None, ["timm", "npz"], "timm (.safetensors + .json) or npz (the original ViT layout)")
 flags.DEFINE_string("out", None, "the file to write (.safetensors for timm, .npz for npz)", required=True)
 flags.DEFINE_string("checkpoint", "best", "'best' (best validation metric), 'latest' or a step number")
+flags.DEFINE_enum("weights", "params", ["params", "ema"], "the trained parameters or their moving average (ema_decay)")
 flags.mark_flag_as_required("format")
 FLAGS = flags.FLAGS
 
 
-def export(workdir: str, fmt: str, out: str, checkpoint: str = "best") -> list[str]:
+def export(workdir: str, fmt: str, out: str, checkpoint: str = "best", weights: str = "params") -> list[str]:
   """Writes the export; returns the paths written. Raises ConfigError for what the user can fix."""
   import numpy as np
 
@@ -43,12 +44,12 @@ def export(workdir: str, fmt: str, out: str, checkpoint: str = "best") -> list[s
   suffix = {"timm": ".safetensors", "npz": ".npz"}[fmt]
   if not out.endswith(suffix):
     raise ConfigError(f"--out={out}: a --format={fmt} export is a {suffix} file (e.g. --out=model{suffix})")
-  trained = vitjax.load(workdir, checkpoint)
+  trained = vitjax.load(workdir, checkpoint, weights)
   image = tuple(trained.task.example_inputs()[0].shape[1:3])  # [B, H, W, C] for the image models
   try:
     if fmt == "timm":
       state_dict, cfg = convert.to_timm(trained.model, trained.variables, image)
-      meta = {"vitjax_workdir": os.path.abspath(workdir), "vitjax_step": str(trained.step)}
+      meta = {"vitjax_workdir": os.path.abspath(workdir), "vitjax_step": str(trained.step), "vitjax_weights": weights}
       convert.save_safetensors(out, state_dict, meta)
       side = out[: -len(suffix)] + ".json"
       with open(side + ".tmp", "w") as f:
@@ -72,7 +73,7 @@ def main(argv):
   from vitjax.errors import USER_ERRORS, one_line
 
   try:
-    written = export(FLAGS.workdir, FLAGS.format, FLAGS.out, FLAGS.checkpoint)
+    written = export(FLAGS.workdir, FLAGS.format, FLAGS.out, FLAGS.checkpoint, FLAGS.weights)
   except (*USER_ERRORS, FileNotFoundError) as e:
     print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
     sys.exit(2)

@@ -40,6 +40,12 @@ flags.DEFINE_string("workdir", None, "where checkpoints, metrics and summaries g
 flags.DEFINE_enum("mode", "train", ["train", "eval"], "train (resumes if possible) or evaluate a checkpoint")
 flags.DEFINE_string("checkpoint", "best", "eval mode: 'best' (best validation metric), 'latest' or a step number")
 flags.DEFINE_string("split", None, "eval mode: split to evaluate (default: config.data.eval_split)")
+flags.DEFINE_enum(
+  "weights",
+  "params",
+  ["params", "ema"],
+  "eval mode: the trained parameters, or their moving average (config.ema_decay)",
+)
 flags.DEFINE_bool("multihost", False, "run as one of several processes (jax.distributed; see --coordinator_address)")
 flags.DEFINE_string(
   "coordinator_address", None, "multihost: HOST:PORT of process 0 (absent: detected from SLURM, Open MPI, k8s, TPU)"
@@ -82,7 +88,7 @@ def main(argv):
           raise ConfigError("training needs --config=configs/NAME.py")
         train.train(config, FLAGS.workdir, allow_config_change=FLAGS.allow_config_change)
       else:
-        train.evaluate(config, FLAGS.workdir, FLAGS.checkpoint, FLAGS.split)
+        train.evaluate(config, FLAGS.workdir, FLAGS.checkpoint, FLAGS.split, FLAGS.weights)
   except (*USER_ERRORS, FileNotFoundError) as e:
     print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
     sys.exit(2)

@@ -59,8 +59,9 @@ class Trained:
       return self.task.translate(self.model, self.variables, list(lines), self.sharding, batch_size, **decode_args)
 
 
-def load(workdir: str, checkpoint: str | int = "best") -> Trained:
-  """The model of a vitjax workdir at a checkpoint: "best" (the best evaluated kept step), "latest" or a step.
+def load(workdir: str, checkpoint: str | int = "best", weights: str = "params") -> Trained:
+  """The model of a vitjax workdir at a checkpoint: "best" (the best evaluated kept step), "latest" or a step;
+  weights: "params" (the trained parameters) or "ema" (their moving average, for runs with config.ema_decay).
 
   Raises vitjax.errors.ConfigError (with what to do) when the workdir or checkpoint is not there.
   """
@@ -74,8 +75,6 @@ def load(workdir: str, checkpoint: str | int = "best") -> Trained:
   task = tasks.get(config, workdir, described=workdir_lib.read_json(workdir, "task.json"))
   exp = state_lib.setup(config, task)
   with ckpt_lib.Checkpoints(workdir, config.best_metric, config.best_mode, read_only=True) as ckpts:
-    step, (params, model_state), _ = ckpts.restore(
-      str(checkpoint), exp.abstract_state, with_data=False, variables_only=True
-    )
+    step, params, model_state = ckpts.restore_variables(str(checkpoint), exp.abstract_state, weights)
   variables = {"params": params, **model_state}
   return Trained(exp.model, variables, config, step, workdir, exp.mesh, exp.batch_sharding, task)

@@ -139,6 +139,9 @@ def check_batch(batch_size: int, what: str = "batch_size", mesh=(("data", -1),),
 
 
 def check_best_metric(config, valid) -> None:
+  """best_metric is one of the task's `valid` metrics, or with config.ema_decay one of their eval_ema/ twins."""
+  if config.get("ema_decay"):
+    valid = (*valid, *(k.replace("eval/", "eval_ema/", 1) for k in valid))
   if config.best_metric not in valid:
     raise ConfigError(f"best_metric={config.best_metric!r} is not reported by this task; use one of {list(valid)}")
   if config.best_mode not in ("max", "min"):

@@ -205,6 +205,24 @@ class Checkpoints:
       "start again in a new --workdir"
     )
 
+  def restore_variables(self, which: str, abstract_state, weights: str = "params"):
+    """(step, parameters, other collections) of `which` (see restore). weights: "params" (the trained
+    parameters) or "ema" (their moving average, config.ema_decay; ConfigError if the run kept none)."""
+    from vitjax.train import optim  # pylint: disable=g-import-not-at-top
+
+    if weights == "params":
+      step, (params, model_state), _ = self.restore(which, abstract_state, with_data=False, variables_only=True)
+      return step, params, model_state
+    if weights != "ema":
+      raise ConfigError(f"weights={weights!r}: use 'params' (the trained parameters) or 'ema' (their average)")
+    if optim.ema_params(abstract_state.opt_state) is None:
+      raise ConfigError(
+        f"weights='ema': the run in {self.workdir} keeps no moving average of its parameters (config.ema_decay is "
+        "not set); evaluate its parameters (weights='params'), or train with --config.ema_decay=0.9999"
+      )
+    step, state, _ = self.restore(which, abstract_state, with_data=False)  # the average is in the optimizer state
+    return step, optim.ema_params(state.opt_state), dict(state.model_state)
+
   def _restore_verified(self, step, abstract_state, with_data, variables_only):
     target = abstract_state
     if variables_only:

@@ -214,6 +214,11 @@ def _train(config, workdir, task, data, total, exp, state, start, data_state, ck
     nonlocal best_value, final
     try:
       metrics = task.evaluate(exp.model, _variables(state), split, exp.batch_sharding, limit, stop=interrupted)
+      ema = optim.ema_params(state.opt_state)
+      if ema is not None:  # config.ema_decay: the average too, as eval_ema/...
+        variables = {"params": ema, **state.model_state}
+        averaged = task.evaluate(exp.model, variables, split, exp.batch_sharding, limit, stop=interrupted)
+        metrics.update({k.replace("eval/", "eval_ema/", 1): v for k, v in averaged.items() if k != "eval/examples"})
     except EvaluationInterrupted:
       if not resave:
         ckpts.save(step, state, data_state)
@@ -229,7 +234,10 @@ def _train(config, workdir, task, data, total, exp, state, start, data_state, ck
     value = metrics.get(config.best_metric)
     note = ""
     if value is not None and value == value and (best_value is None or sign * value > sign * best_value):
-      best_value, note = value, f" | best {config.best_metric.removeprefix('eval/')} so far"
+      best_value, note = (
+        value,
+        f" | best {config.best_metric.removeprefix('eval/').replace('eval_ema/', 'ema ', 1)} so far",
+      )
     reporter.evaluation(step, split, metrics, note)
     final = metrics
 
@@ -338,22 +346,22 @@ class _NonfiniteGuard:
     raise Diverged(message)
 
 
-def evaluate(config, workdir: str, checkpoint: str = "best", split: str | None = None) -> dict:
+def evaluate(config, workdir: str, checkpoint: str = "best", split: str | None = None, weights: str = "params") -> dict:
   """Restores a checkpoint (best, latest, or a step; corrupt ones are skipped for best and latest) and
-  evaluates it on a split; writes WORKDIR/eval_SPLIT_STEP.json and a row of metrics.jsonl."""
+  evaluates it on a split, its parameters or (weights="ema") their moving average; writes
+  WORKDIR/eval_SPLIT_STEP[_ema].json and a row of metrics.jsonl."""
   workdir = os.path.abspath(workdir)
   split = split or config.data.eval_split
   task = tasks.get(config, workdir, described=workdir_lib.read_json(workdir, "task.json"))
   exp = state_lib.setup(config, task)
   with ckpt_lib.Checkpoints(workdir, config.best_metric, config.best_mode, read_only=True) as ckpts:
-    step, (params, model_state), _ = ckpts.restore(
-      str(checkpoint), exp.abstract_state, with_data=False, variables_only=True
-    )
+    step, params, model_state = ckpts.restore_variables(str(checkpoint), exp.abstract_state, weights)
   with jax.set_mesh(exp.mesh):
     result = task.evaluate(exp.model, {"params": params, **model_state}, split, exp.batch_sharding)
-  logging.info("checkpoint %s (step %d) | %s", checkpoint, step, format_evaluation(split, result))
-  row = {"step": step, "checkpoint": checkpoint, "split": split, **result}
-  workdir_lib.write_json(workdir, f"eval_{split}_{step}.json", row)
+  what = f"checkpoint {checkpoint} (step {step}{', EMA weights' if weights == 'ema' else ''})"
+  logging.info("%s | %s", what, format_evaluation(split, result))
+  row = {"step": step, "checkpoint": checkpoint, "split": split, "weights": weights, **result}
+  workdir_lib.write_json(workdir, f"eval_{split}_{step}{'_ema' if weights == 'ema' else ''}.json", row)
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
       f.write(json.dumps({**row, "source": "evaluate"}) + "\n")

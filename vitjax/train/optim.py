@@ -6,6 +6,7 @@ decay.
 from __future__ import annotations
 
 import re
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -59,7 +60,8 @@ def check(config) -> None:
     ("optim.momentum", o.momentum, 0 <= o.momentum < 1, "in [0, 1)"),
     ("optim.grad_clip_norm", o.grad_clip_norm, o.grad_clip_norm >= 0, "0 (off) or positive"),
     ("optim.accum_steps", o.accum_steps, o.accum_steps >= 1, "at least 1"),
-    ("optim.layer_decay", o.layer_decay, 0 < o.layer_decay <= 1, "in (0, 1]; 1 is off"),
+    ("optim.layer_decay", o.layer_decay, o.layer_decay is None or 0 < o.layer_decay <= 1, "in (0, 1], or None"),
+    ("ema_decay", config.ema_decay, config.ema_decay is None or 0 < config.ema_decay < 1, "in (0, 1), or None"),
     ("schedule.end_lr_factor", s.end_lr_factor, 0 <= s.end_lr_factor <= 1, "in [0, 1]"),
     ("label_smoothing", config.label_smoothing, 0 <= config.label_smoothing < 1, "in [0, 1)"),
   ]
@@ -117,7 +119,7 @@ def make_optimizer(config, schedule, model=None) -> optax.GradientTransformation
     )
   else:
     raise ConfigError(f"unknown optim.name {o.name!r}; use 'adamw' or 'sgd'")
-  if o.layer_decay != 1.0:
+  if o.layer_decay not in (None, 1.0):
     if model is None:
       raise ValueError("make_optimizer needs the model for optim.layer_decay")
     if not hasattr(model, "layer_index"):
@@ -125,4 +127,35 @@ def make_optimizer(config, schedule, model=None) -> optax.GradientTransformation
     tx = optax.chain(tx, scale_by_layer_decay(model, o.layer_decay))
   if o.grad_clip_norm:
     tx = optax.chain(optax.clip_by_global_norm(o.grad_clip_norm), tx)
+  if config.ema_decay:
+    tx = optax.chain(tx, track_ema(config.ema_decay))
   return tx
+
+
+class EmaState(NamedTuple):
+  ema: Any  # like the parameters
+
+
+def track_ema(decay: float) -> optax.GradientTransformation:
+  """Leaves the updates as they are and keeps, in its state, the exponential moving average of the parameters
+  they produce: ema <- decay * ema + (1 - decay) * (params + updates), starting from the initial parameters. Last
+  in the chain, it sees the final updates; in the optimizer state, it is checkpointed with it, laid out like the
+  parameters, and left as it was by a step the divergence guard rejects."""
+
+  def init(params):
+    return EmaState(jax.tree.map(lambda p: p, params))  # (under jit, as the trainer runs it: a copy)
+
+  def update(updates, state, params=None):
+    if params is None:
+      raise ValueError("track_ema needs the parameters (tx.update(grads, state, params))")
+    new = optax.apply_updates(params, updates)
+    ema = jax.tree.map(lambda e, p: decay * e + (1 - decay) * p.astype(e.dtype), state.ema, new)
+    return updates, EmaState(ema)
+
+  return optax.GradientTransformation(init, update)
+
+
+def ema_params(opt_state):
+  """The EMA of the parameters kept in an optimizer state (track_ema's); None when there is none."""
+  found = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, EmaState)) if isinstance(s, EmaState)]
+  return found[0].ema if found else None

@@ -118,8 +118,9 @@ class Reporter:
 
 
 def format_evaluation(split: str, metrics: dict) -> str:
-  """'valid: accuracy 0.9800, loss 0.0712 (300 examples)'."""
-  shown = ", ".join(f"{k.removeprefix('eval/')} {v:.4f}" for k, v in metrics.items() if k != "eval/examples")
+  """'valid: accuracy 0.9800, loss 0.0712 (300 examples)'; the EMA's (eval_ema/...) as 'ema accuracy 0.9810'."""
+  name = lambda k: k.removeprefix("eval/").replace("eval_ema/", "ema ", 1)
+  shown = ", ".join(f"{name(k)} {v:.4f}" for k, v in metrics.items() if k != "eval/examples")
   count = f" ({int(metrics['eval/examples'])} examples)" if "eval/examples" in metrics else ""
   return f"{split}: {shown}{count}"
 

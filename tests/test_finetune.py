@@ -191,3 +191,23 @@ def test_ema_run_evaluates_checkpoints_loads_and_exports_its_average(tmp_path, d
   proc = th.run_main(plain, "--mode=eval", "--weights=ema", config=None)
   assert proc.returncode == 2 and "error: weights='ema'" in proc.stderr and "--config.ema_decay" in proc.stderr
   assert "Traceback" not in proc.stderr
+
+
+def test_eval_mode_evaluates_imported_weights_without_training(tmp_path, data_dir):
+  """--mode=eval with config.init_from and a workdir without checkpoints evaluates the imported weights as they
+  are (here another run's, whose own evaluation of its last step it must reproduce)."""
+  source = str(tmp_path / "source")
+  common = [*th.TINY, f"--config.data.data_dir={data_dir}", "--config.total_steps=10", "--config.eval_every=10"]
+  th.check_ok(th.run_main(source, *common))
+  logged = [r for r in th.read_metrics(source) if "eval/accuracy" in r][-1]
+  target = str(tmp_path / "imported")
+  proc = th.check_ok(th.run_main(target, *common, f"--config.init_from={source}", "--mode=eval"))
+  got = json.load(open(os.path.join(target, "eval_valid_imported.json")))
+  assert got["init_from"] == source and got["step"] == 0
+  assert got["eval/accuracy"] == pytest.approx(logged["eval/accuracy"], abs=1e-6)
+  assert got["eval/loss"] == pytest.approx(logged["eval/loss"], rel=1e-5)
+  assert "imported weights" in proc.stderr
+  assert not os.path.exists(os.path.join(target, "checkpoints"))  # nothing trained, nothing saved
+  # without init_from, an empty workdir is still an error naming the fix
+  proc = th.run_main(str(tmp_path / "empty"), *common, "--mode=eval")
+  assert proc.returncode == 2 and proc.stderr.count("error:") == 1

@@ -101,7 +101,8 @@ class Checkpoints:
     if read_only:
       if not os.path.isdir(self.directory):
         raise ConfigError(
-          f"no {CHECKPOINTS}/ in {workdir}: train first (python -m vitjax.main --config=... --workdir={workdir})"
+          f"no {CHECKPOINTS}/ in {workdir}: train first (python -m vitjax.main --config=... --workdir={workdir}), "
+          "or evaluate imported weights as they are (--mode=eval --config=... --config.init_from=...)"
         )
       options = _read_only_options(best_fn=best_fn, best_mode=best_mode)
     else:

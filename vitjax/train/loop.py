@@ -352,6 +352,8 @@ def evaluate(config, workdir: str, checkpoint: str = "best", split: str | None =
   WORKDIR/eval_SPLIT_STEP[_ema].json and a row of metrics.jsonl."""
   workdir = os.path.abspath(workdir)
   split = split or config.data.eval_split
+  if not ckpt_lib.has_checkpoints(workdir) and config.get("init_from"):
+    return _evaluate_imported(config, workdir, split, weights)
   task = tasks.get(config, workdir, described=workdir_lib.read_json(workdir, "task.json"))
   exp = state_lib.setup(config, task)
   with ckpt_lib.Checkpoints(workdir, config.best_metric, config.best_mode, read_only=True) as ckpts:
@@ -366,3 +368,24 @@ def evaluate(config, workdir: str, checkpoint: str = "best", split: str | None =
     with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
       f.write(json.dumps({**row, "source": "evaluate"}) + "\n")
   return {"step": step, **result}
+
+
+def _evaluate_imported(config, workdir: str, split: str, weights: str) -> dict:
+  """evaluate() of the weights config.init_from names, with no training: for a workdir without checkpoints.
+  Writes WORKDIR/eval_SPLIT_imported.json and a row (step 0) of metrics.jsonl."""
+  if weights != "params":
+    raise ConfigError(f"weights={weights!r}: imported weights (init_from={config.init_from}) have no moving average")
+  workdir_lib.check_path(workdir)
+  task = tasks.get(config, workdir)
+  task.check()
+  exp = state_lib.setup(config, task)
+  state = state_lib.initial_state(exp)
+  with jax.set_mesh(exp.mesh):
+    result = task.evaluate(exp.model, _variables(state), split, exp.batch_sharding)
+  logging.info("imported weights (init_from=%s), no training | %s", config.init_from, format_evaluation(split, result))
+  row = {"step": 0, "init_from": config.init_from, "split": split, "weights": weights, **result}
+  workdir_lib.write_json(workdir, f"eval_{split}_imported.json", row)
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
+      f.write(json.dumps({**row, "source": "evaluate"}) + "\n")
+  return {"step": 0, **result}

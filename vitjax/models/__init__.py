@@ -3,7 +3,7 @@
 Names: "vit_ti16", "vit_s16", "vit_s32", "vit_b16", "vit_b32", "vit_l16", "vit_h14", ... (vit_SIZE PATCH),
 a ViT variant string such as "S/16", "swin_t", "swin_s", "swin_b", "swin_l", and the translation Transformer
 "transformer_base", "transformer_big" (the paper's sizes), "transformer_small", "transformer_tiny" (CPU sizes);
-every transformer_* name needs vocab_size=....
+every transformer_* name needs vocab_size=.... "mae": a masked autoencoder around a ViT (encoder={"name": ...}).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import flax.linen as nn
 from vitjax.models import swin as swin_lib
 from vitjax.models import transformer as transformer_lib
 from vitjax.models import vit as vit_lib
+from vitjax.models.mae import MAE
 from vitjax.models.swin import Swin
 from vitjax.models.transformer import Transformer
 from vitjax.models.vit import ViT
@@ -41,6 +42,8 @@ EXAMPLE_NAMES = [
 
 
 def _config(name: str) -> tuple[type[nn.Module], dict]:
+  if name == "mae":
+    return MAE, {}
   if "/" in name:
     return ViT, vit_lib.parse_variant(name)
   if m := _VIT_NAME.match(name):
@@ -72,7 +75,18 @@ def create(name: str, **overrides) -> nn.Module:
     raise ValueError(f"{cls.__name__} has no option {bad!r}.{hint} Options: {', '.join(sorted(fields))}")
   if "patch_size" in overrides and isinstance(overrides["patch_size"], int) and cls is ViT:
     overrides["patch_size"] = (overrides["patch_size"],) * 2
+  if cls is MAE and isinstance(overrides.get("encoder"), dict):  # hashable, as a jit static argument must be
+    overrides["encoder"] = _frozen(overrides["encoder"])
   return cls(**{**kwargs, **overrides})
 
 
-__all__ = ["ViT", "Swin", "Transformer", "create"]
+def _frozen(value):
+  """dicts -> sorted (key, value) tuples, lists -> tuples, recursively."""
+  if isinstance(value, dict):
+    return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+  if isinstance(value, (list, tuple)):
+    return tuple(_frozen(v) for v in value)
+  return value
+
+
+__all__ = ["MAE", "ViT", "Swin", "Transformer", "create"]

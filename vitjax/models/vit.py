@@ -195,7 +195,9 @@ class ViT(nn.Module):
     return 0
 
   @nn.compact
-  def __call__(self, images: Array, train: bool = False) -> tuple[Array, dict]:
+  def __call__(self, images: Array, train: bool = False, keep: Array | None = None) -> tuple[Array, dict]:
+    """keep: int [B, K], the patches (row-major positions in the patch grid) that enter the encoder, for masked
+    image modelling (vitjax.models.mae); the class token, if any, stays. None: all of them."""
     if images.ndim != 4:
       raise ValueError(f"ViT takes images [B, H, W, C], got shape {images.shape}")
     if self.pool_type not in POOL_TYPES:
@@ -228,6 +230,13 @@ class ViT(nn.Module):
       x = x.at[:, x.shape[1] - h * w :].add(pe[None])
     else:
       raise ValueError(f"unknown posemb {self.posemb!r}; use 'learn' or 'sincos2d'")
+    num_patches = h * w
+    if keep is not None:  # after the positions are added: each kept patch keeps its own
+      if self.rel_pos_bias:
+        raise ValueError("a ViT with rel_pos_bias attends over the whole patch grid: it cannot drop patches (keep)")
+      prefix, num_patches = x.shape[1] - h * w, keep.shape[1]
+      patches = jnp.take_along_axis(x[:, prefix:], keep[:, :, None].astype(jnp.int32), axis=1)
+      x = jnp.concatenate([x[:, :prefix], patches], axis=1)
     x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
 
     block_kwargs = dict(
@@ -262,7 +271,7 @@ class ViT(nn.Module):
     if self.pool_type == "tok":
       x = x[:, 0]
     elif self.pool_type == "gap":
-      x = x[:, -h * w :].mean(axis=1)
+      x = x[:, -num_patches:].mean(axis=1)
     elif self.pool_type == "map":
       x = MAPHead(
         self.num_heads,

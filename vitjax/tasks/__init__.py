@@ -2,7 +2,7 @@
 vitjax.tasks.base), so that one trainer serves both. A task knows its data, the model's inputs, its loss, its
 evaluation and what prediction needs; the trainer knows the mesh, the optimizer, checkpoints and reporting.
 
-    task = vitjax.tasks.get(config, workdir)   # config.task: "classification" | "translation"
+    task = vitjax.tasks.get(config, workdir)   # config.task: "classification" | "translation" | "mae"
 """
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from __future__ import annotations
 from vitjax.errors import ConfigError
 from vitjax.tasks.base import Task, TrainInput, check_batch, cross_entropy
 from vitjax.tasks.classification import ImageClassification
+from vitjax.tasks.mae import MaskedImageModeling
 from vitjax.tasks.translation import Translation
 
-TASKS = {"classification": ImageClassification, "translation": Translation}
+TASKS = {"classification": ImageClassification, "translation": Translation, "mae": MaskedImageModeling}
 
 
 def get(config, workdir: str, described: dict | None = None) -> Task:
@@ -23,4 +24,14 @@ def get(config, workdir: str, described: dict | None = None) -> Task:
   return TASKS[name](config, workdir, described)
 
 
-__all__ = ["ImageClassification", "TASKS", "Task", "TrainInput", "Translation", "check_batch", "cross_entropy", "get"]
+__all__ = [
+  "ImageClassification",
+  "MaskedImageModeling",
+  "TASKS",
+  "Task",
+  "TrainInput",
+  "Translation",
+  "check_batch",
+  "cross_entropy",
+  "get",
+]

@@ -104,9 +104,11 @@ class Task(Protocol):
     sharding: NamedSharding,
     limit: int | None = None,
     stop: Callable[[], bool] | None = None,
+    step: int | None = None,
   ) -> dict:
     """{"eval/...": float} on a split (all processes take part); `limit` caps the examples. `stop()` is asked
-    between batches: True raises EvaluationInterrupted (training was asked to stop)."""
+    between batches: True raises EvaluationInterrupted (training was asked to stop). `step`: the training step
+    evaluated, for what a task writes beside its metrics (MAE's reconstructions)."""
 
 
 def cross_entropy(logits, labels, num_classes: int, smoothing: float = 0.0):

@@ -147,7 +147,7 @@ class ImageClassification:
     hard = labels if labels.ndim == 1 else labels.argmax(-1)
     return loss, {"accuracy": jnp.mean(logits.argmax(-1) == hard)}
 
-  def evaluate(self, model, variables, split, sharding, limit=None, stop=None) -> dict:
+  def evaluate(self, model, variables, split, sharding, limit=None, stop=None, step=None) -> dict:
     it, info = self._input(split, False)
     progress = Progress(f"eval {split}", info.steps_per_epoch, unit="images")
     sums = None

@@ -185,7 +185,7 @@ class Translation:
       return decode.sample(model, params, src, key, max_len=max_len, temperature=g["temperature"], top_k=g["top_k"])
     raise ConfigError(f"unknown decode method {g['method']!r}; use 'beam', 'greedy' or 'sample'")
 
-  def evaluate(self, model, variables, split, sharding, limit=None, stop=None) -> dict:
+  def evaluate(self, model, variables, split, sharding, limit=None, stop=None, step=None) -> dict:
     import sacrebleu
 
     d = self.config.data

@@ -213,7 +213,9 @@ def _train(config, workdir, task, data, total, exp, state, start, data_state, ck
     the step without them (it runs again on resume)."""
     nonlocal best_value, final
     try:
-      metrics = task.evaluate(exp.model, _variables(state), split, exp.batch_sharding, limit, stop=interrupted)
+      metrics = task.evaluate(
+        exp.model, _variables(state), split, exp.batch_sharding, limit, stop=interrupted, step=step
+      )
       ema = optim.ema_params(state.opt_state)
       if ema is not None:  # config.ema_decay: the average too, as eval_ema/...
         variables = {"params": ema, **state.model_state}
@@ -359,7 +361,7 @@ def evaluate(config, workdir: str, checkpoint: str = "best", split: str | None =
   with ckpt_lib.Checkpoints(workdir, config.best_metric, config.best_mode, read_only=True) as ckpts:
     step, params, model_state = ckpts.restore_variables(str(checkpoint), exp.abstract_state, weights)
   with jax.set_mesh(exp.mesh):
-    result = task.evaluate(exp.model, {"params": params, **model_state}, split, exp.batch_sharding)
+    result = task.evaluate(exp.model, {"params": params, **model_state}, split, exp.batch_sharding, step=step)
   what = f"checkpoint {checkpoint} (step {step}{', EMA weights' if weights == 'ema' else ''})"
   logging.info("%s | %s", what, format_evaluation(split, result))
   row = {"step": step, "checkpoint": checkpoint, "split": split, "weights": weights, **result}

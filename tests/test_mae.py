@@ -1,0 +1,108 @@
+"""Masked-image pre-training (vitjax.models.mae, vitjax.tasks.mae): masking, the encoder's view, the loss, a run
+whose reconstruction improves, and a classifier fine-tuned from its checkpoint."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import train_helpers as th
+
+from vitjax import models, tasks
+from vitjax.config import load_module
+from vitjax.models.mae import patchify, random_mask, unpatchify
+
+ENCODER = dict(name="Ti/2", width=16, depth=1, num_heads=2, mlp_dim=32)
+
+
+def _mae(**kw):
+  return models.create("mae", encoder=ENCODER, decoder_width=8, decoder_depth=1, decoder_heads=2, channels=1, **kw)
+
+
+def test_random_mask_keeps_the_lowest_noise():
+  noise = jax.random.uniform(jax.random.key(0), (3, 16))
+  keep, mask = random_mask(noise, 0.75)
+  assert keep.shape == (3, 4) and mask.shape == (3, 16) and keep.dtype == jnp.int32
+  for b in range(3):
+    want = np.sort(np.argsort(np.asarray(noise[b]))[:4])
+    np.testing.assert_array_equal(np.asarray(keep[b]), want)
+    assert set(np.flatnonzero(np.asarray(mask[b]) == 0)) == set(want)  # mask is 1 exactly where dropped
+  images = jax.random.normal(jax.random.key(1), (2, 8, 8, 3))
+  np.testing.assert_array_equal(unpatchify(patchify(images, (2, 2)), (4, 4), (2, 2), 3), images)
+
+
+def test_the_encoder_sees_exactly_the_kept_patches():
+  model = _mae()
+  images = jax.random.uniform(jax.random.key(0), (2, 8, 8, 1), minval=-1, maxval=1)
+  noise = jax.random.uniform(jax.random.key(1), (2, 16))
+  variables = model.init(jax.random.key(2), images, noise)
+  (out, inter) = model.apply(variables, images, noise)
+  keep, mask = random_mask(noise, 0.75)
+  assert inter["encoded"].shape == (2, 1 + 4, 16)  # the class token and 4 of 16 patches
+  np.testing.assert_array_equal(out["mask"], mask)
+  assert out["pred"].shape == (2, 16, 4)  # every patch's 2x2 pixels
+  # changing every dropped patch leaves the encoder's tokens as they were; changing one kept patch does not
+  dropped = unpatchify(mask[..., None] * jnp.ones((2, 16, 4)), (4, 4), (2, 2), 1)
+  (_, other) = model.apply(variables, images + 0.5 * dropped, noise)
+  np.testing.assert_allclose(other["encoded"], inter["encoded"], atol=1e-6)
+  one = jnp.zeros((2, 16, 4)).at[0, int(keep[0, 0])].set(0.5)
+  (_, moved) = model.apply(variables, images + unpatchify(one, (4, 4), (2, 2), 1), noise)
+  assert float(jnp.abs(moved["encoded"][0] - inter["encoded"][0]).max()) > 1e-4
+
+
+def test_the_loss_counts_only_the_dropped_patches(data_dir):
+  config = load_module(os.path.join(th.ROOT, "configs", "mae_digits.py")).get_config()
+  config.data.data_dir = data_dir
+  task = tasks.get(config, "")
+  task.check()
+  images = jax.random.uniform(jax.random.key(0), (2, 8, 8, 1), minval=-1, maxval=1)
+  noise = jax.random.uniform(jax.random.key(1), (2, 16))
+  _, mask = random_mask(noise, 0.75)
+  pred = jax.random.normal(jax.random.key(2), (2, 16, 4))
+  loss = lambda p: task.loss({"pred": p, "mask": mask}, {"image": images})[0]
+  grad = jax.grad(loss)(pred)
+  assert float(jnp.abs(grad * (1 - mask)[..., None]).max()) == 0.0  # kept patches: no gradient
+  assert float(jnp.abs(grad[mask.astype(bool)]).min()) > 0.0  # dropped patches: all of them
+  # the target is each patch normalised by its own mean and variance: predicting it exactly costs nothing
+  target = patchify(images, (2, 2))
+  target = (target - target.mean(-1, keepdims=True)) / jnp.sqrt(target.var(-1, keepdims=True) + 1e-6)
+  assert float(loss(target)) < 1e-10 and float(loss(jnp.zeros_like(pred))) == pytest.approx(1.0, abs=0.02)
+
+
+def test_pretraining_improves_the_reconstruction_and_a_classifier_starts_from_its_encoder(tmp_path, data_dir):
+  workdir = str(tmp_path / "mae")
+  args = [
+    f"--config.data.data_dir={data_dir}",
+    "--config.model.encoder.width=32",
+    "--config.model.encoder.depth=2",
+    "--config.model.encoder.mlp_dim=64",
+    "--config.num_epochs=12",
+    "--config.eval_every=84",
+    "--config.checkpoint_every=84",
+  ]
+  config = os.path.join(th.ROOT, "configs", "mae_digits.py")
+  th.check_ok(th.run_main(workdir, *args, config=config))
+  evals = [r["eval/loss"] for r in th.read_metrics(workdir) if "eval/loss" in r and "source" not in r]
+  # 1.0 is predicting each patch's mean (the per-patch normalised target's mean): the reconstruction beats it by
+  # far, and keeps improving from evaluation to evaluation
+  assert len(evals) == 3 and evals[-1] < evals[1] < evals[0] and evals[-1] < 0.7, evals
+  from PIL import Image
+
+  png = Image.open(os.path.join(workdir, "reconstructions", "step_252.png"))
+  assert png.size == (3 * 8 * 12, 8 * 8 * 12)  # 8 rows of (original, visible, reconstruction), drawn 12x
+
+  # init_from the MAE run: the encoder's parameters as trained, no decoder, a new head
+  from vitjax.train import checkpoints
+  from vitjax.train import state as state_lib
+
+  cls_config = load_module(os.path.join(th.ROOT, "configs", "vit_digits.py")).get_config()
+  cls_config.model.update(width=32, depth=2, mlp_dim=64)
+  cls_config.data.data_dir, cls_config.init_from = data_dir, workdir
+  exp = state_lib.setup(cls_config, tasks.get(cls_config, ""))
+  params = jax.device_get(state_lib.initial_state(exp).params)
+  mae_params, _ = checkpoints.load_params(workdir)
+  assert not any(k.startswith(("decoder", "mask_token")) for k in params) and "head" in params
+  for k in ("embedding", "cls", "posembed", "encoder"):
+    for a, b in zip(jax.tree.leaves(params[k]), jax.tree.leaves(mae_params[k]), strict=True):
+      np.testing.assert_array_equal(a, b)

@@ -65,6 +65,20 @@ def padding_mask(query_valid: Array | None, key_valid: Array) -> Array:
   return query_valid.astype(bool)[:, None, :, None] & key_valid[:, None, None, :]
 
 
+def attention_weights(
+  q: Array, k: Array, *, bias: Array | None = None, mask: Array | None = None, scale: float | None = None
+) -> Array:
+  """softmax(q k^T scale + bias), masked: float32 [B, H, T, S] (rows sum to 1), as the reference computes it.
+  q [B, T, H, K], k [B, S, H, K]; bias and mask as in reference_attention."""
+  scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
+  logits = jnp.einsum("bthk,bshk->bhts", q, k, preferred_element_type=jnp.float32) * scale
+  if bias is not None:
+    logits = logits + _as_4d(bias).astype(jnp.float32)
+  if mask is not None:
+    logits = jnp.where(_as_4d(mask), logits, _large_negative(jnp.float32))
+  return jax.nn.softmax(logits, axis=-1)
+
+
 def reference_attention(
   q: Array,
   k: Array,
@@ -82,13 +96,7 @@ def reference_attention(
   bias: additive, broadcastable to [B, H, T, S]. mask: boolean, broadcastable to [B, H, T, S].
   Logits and softmax are computed in float32 whatever the input dtype.
   """
-  scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
-  logits = jnp.einsum("bthk,bshk->bhts", q, k, preferred_element_type=jnp.float32) * scale
-  if bias is not None:
-    logits = logits + _as_4d(bias).astype(jnp.float32)
-  if mask is not None:
-    logits = jnp.where(_as_4d(mask), logits, _large_negative(jnp.float32))
-  weights = jax.nn.softmax(logits, axis=-1)
+  weights = attention_weights(q, k, bias=bias, mask=mask, scale=scale)
   if not deterministic and dropout_rate > 0.0:
     if dropout_rng is None:
       raise ValueError("attention dropout needs dropout_rng (pass rngs={'dropout': key} to apply)")
@@ -302,6 +310,10 @@ class MultiHeadAttention(nn.Module):
     dropout_rng = None
     if not self.deterministic and self.dropout_rate > 0.0:
       dropout_rng = self.make_rng("dropout")
+    if self.implementation == "reference" and self.is_mutable_collection("intermediates"):
+      # what vitjax.inspect draws: the reference path's weights, before any attention dropout; only computed
+      # when the caller asks for intermediates, so nothing else changes
+      self.sow("intermediates", "attention_weights", attention_weights(q, k, bias=bias, mask=mask))
     x = dot_product_attention(
       q,
       k,

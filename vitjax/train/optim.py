@@ -51,6 +51,8 @@ def make_schedule(config, total_steps: int, steps_per_epoch: int) -> optax.Sched
 def check(config) -> None:
   """The optimizer's and schedule's numbers are in range (ConfigError naming the field otherwise)."""
   o, s = config.optim, config.schedule
+  # (.get: a workdir's config.json from before these fields existed has neither)
+  layer_decay, ema_decay = o.get("layer_decay"), config.get("ema_decay")
   rules = [
     ("optim.lr", o.lr, o.lr > 0, "positive, e.g. 1e-3"),
     ("optim.weight_decay", o.weight_decay, o.weight_decay >= 0, "0 or more"),
@@ -60,8 +62,8 @@ def check(config) -> None:
     ("optim.momentum", o.momentum, 0 <= o.momentum < 1, "in [0, 1)"),
     ("optim.grad_clip_norm", o.grad_clip_norm, o.grad_clip_norm >= 0, "0 (off) or positive"),
     ("optim.accum_steps", o.accum_steps, o.accum_steps >= 1, "at least 1"),
-    ("optim.layer_decay", o.layer_decay, o.layer_decay is None or 0 < o.layer_decay <= 1, "in (0, 1], or None"),
-    ("ema_decay", config.ema_decay, config.ema_decay is None or 0 < config.ema_decay < 1, "in (0, 1), or None"),
+    ("optim.layer_decay", layer_decay, layer_decay is None or 0 < layer_decay <= 1, "in (0, 1], or None"),
+    ("ema_decay", ema_decay, ema_decay is None or 0 < ema_decay < 1, "in (0, 1), or None"),
     ("schedule.end_lr_factor", s.end_lr_factor, 0 <= s.end_lr_factor <= 1, "in [0, 1]"),
     ("label_smoothing", config.label_smoothing, 0 <= config.label_smoothing < 1, "in [0, 1)"),
   ]
@@ -119,15 +121,16 @@ def make_optimizer(config, schedule, model=None) -> optax.GradientTransformation
     )
   else:
     raise ConfigError(f"unknown optim.name {o.name!r}; use 'adamw' or 'sgd'")
-  if o.layer_decay not in (None, 1.0):
+  layer_decay = o.get("layer_decay")
+  if layer_decay not in (None, 1.0):
     if model is None:
       raise ValueError("make_optimizer needs the model for optim.layer_decay")
     if not hasattr(model, "layer_index"):
-      layer_decay_scales(model, {}, o.layer_decay)  # the ConfigError
-    tx = optax.chain(tx, scale_by_layer_decay(model, o.layer_decay))
+      layer_decay_scales(model, {}, layer_decay)  # the ConfigError
+    tx = optax.chain(tx, scale_by_layer_decay(model, layer_decay))
   if o.grad_clip_norm:
     tx = optax.chain(optax.clip_by_global_norm(o.grad_clip_norm), tx)
-  if config.ema_decay:
+  if config.get("ema_decay"):
     tx = optax.chain(tx, track_ema(config.ema_decay))
   return tx
 

@@ -1,0 +1,122 @@
+"""vitjax.inspect: attention maps, rollout and position similarity of a trained ViT, window attention of a trained
+Swin, as PNGs, from the reference attention path (which changes no result)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import train_helpers as th
+
+import vitjax
+from vitjax import inspect as inspect_lib
+
+pytestmark = pytest.mark.xdist_group("inspect")
+
+SWIN_CONFIG = textwrap.dedent("""
+  import ml_collections as mlc
+  from vitjax.config import load_module
+
+  def get_config():
+    c = load_module({vit!r}).get_config()
+    c.model = mlc.ConfigDict(dict(name="swin_t", patch_size=2, embed_dim=16, depths=(2, 2), num_heads=(2, 4),
+                                  window_size=2, num_classes=10, drop_path_rate=0.0))
+    return c
+""")
+SHORT = ["--config.total_steps=20", "--config.eval_every=20", "--config.checkpoint_every=20"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, data_dir):
+  root = tmp_path_factory.mktemp("inspect")
+  vit = str(root / "vit")
+  args = [*th.TINY, "--config.model.depth=2", *SHORT, f"--config.data.data_dir={data_dir}"]
+  th.check_ok(th.run_main(vit, *args))
+  config = root / "swin_digits.py"
+  config.write_text(SWIN_CONFIG.format(vit=os.path.join(th.ROOT, "configs", "vit_digits.py")))
+  swin = str(root / "swin")
+  th.check_ok(
+    th.run_main(swin, *SHORT, "--config.batch_size=32", f"--config.data.data_dir={data_dir}", config=str(config))
+  )
+  return root, vit, swin
+
+
+def _image(seed=0):
+  return np.random.default_rng(seed).integers(0, 256, (8, 8, 1), dtype=np.uint8)
+
+
+def test_vit_attention_rollout_and_positions(runs):
+  root, vit, _ = runs
+  trained = vitjax.load(vit, "latest")
+  x = np.asarray(_image(), np.float32) / 127.5 - 1
+  weights, _ = inspect_lib.attention_weights(trained.model, trained.variables, x)
+  layers = inspect_lib.vit_layers(weights)
+  assert len(layers) == 2 and all(a.shape == (2, 17, 17) for a in layers)  # 2 heads, class token + 4x4 patches
+  for a in layers:
+    np.testing.assert_allclose(a.sum(-1), 1.0, rtol=1e-5)
+  roll = inspect_lib.rollout(layers)
+  assert roll.shape == (17, 17) and (roll >= 0).all()
+  np.testing.assert_allclose(roll.sum(-1), 1.0, rtol=1e-6)  # rollout rows sum to 1
+  table = np.asarray(trained.variables["params"]["posembed"]["pos_embedding"])[0, 1:]
+  sim = inspect_lib.posemb_similarity(table, (4, 4))
+  assert sim.shape == (4, 4, 4, 4)
+  np.testing.assert_allclose([sim[r, c, r, c] for r in range(4) for c in range(4)], 1.0, rtol=1e-6)
+  # the reference path, which gives the weights, gives the model's own outputs
+  images = jnp.asarray(np.stack([x, np.asarray(_image(1), np.float32) / 127.5 - 1]))
+  logits, _ = trained.model.apply(trained.variables, images)
+  ref, _ = trained.model.clone(implementation="reference").apply(trained.variables, images)
+  np.testing.assert_allclose(np.asarray(ref), np.asarray(logits), atol=1e-5)
+
+  # the command line: its PNGs, one path a line
+  out = root / "vit_out"
+  proc = subprocess.run(
+    [sys.executable, "-m", "vitjax.inspect", f"--workdir={vit}", f"--out={out}", "--example=5", "--split=test"],
+    cwd=th.ROOT,
+    env=th.env(),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  names = ["input.png", "attention.png", "rollout.png", "posemb_similarity.png"]
+  assert proc.stdout.split() == [str(out / n) for n in names]
+  from PIL import Image
+
+  assert all(Image.open(out / n).size[0] > 50 for n in names)
+  proc = subprocess.run(
+    [sys.executable, "-m", "vitjax.inspect", f"--workdir={vit}", f"--out={out}", "--example=300"],
+    cwd=th.ROOT,
+    env=th.env(),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert proc.returncode == 2 and proc.stderr.count("error:") == 1 and "examples 0 to 299" in proc.stderr
+
+
+def test_swin_window_attention_follows_the_patch(runs):
+  root, _, swin = runs
+  trained = vitjax.load(swin, "latest")
+  x = np.asarray(_image(), np.float32) / 127.5 - 1
+  weights, inter = inspect_lib.attention_weights(trained.model, trained.variables, x)
+  assert sorted(weights) == [f"stage_{s}_block_{j}/attn" for s in range(2) for j in range(2)]
+  blocks = inspect_lib.swin_blocks(trained.model, weights, inter, (1, 2))
+  shapes = [(name, m.shape) for name, m in blocks]
+  assert shapes == [
+    ("stage_0_block_0", (2, 4, 4)),
+    ("stage_0_block_1", (2, 4, 4)),  # 4x4 map, windows of 2x2
+    ("stage_1_block_0", (4, 2, 2)),
+    ("stage_1_block_1", (4, 2, 2)),  # 2x2 map: one window
+  ]
+  for _, maps in blocks:
+    np.testing.assert_allclose(maps.sum(axis=(1, 2)), 1.0, rtol=1e-5)  # all of the patch's window, nothing else
+  # unshifted, patch (1, 2) sits in the window of rows 0-1, columns 2-3; with the map shifted by one patch, the
+  # windows start at row and column 1: its window is rows 1-2, columns 1-2
+  assert set(zip(*np.nonzero(blocks[0][1][0]))) == {(0, 2), (0, 3), (1, 2), (1, 3)}
+  assert set(zip(*np.nonzero(blocks[1][1][0]))) == {(1, 1), (1, 2), (2, 1), (2, 2)}
+  out = root / "swin_out"
+  written = inspect_lib.inspect(trained, _image(), str(out), (1, 2))
+  assert [os.path.basename(p) for p in written] == ["input.png", "window_attention.png"]

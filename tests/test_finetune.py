@@ -211,3 +211,18 @@ def test_eval_mode_evaluates_imported_weights_without_training(tmp_path, data_di
   # without init_from, an empty workdir is still an error naming the fix
   proc = th.run_main(str(tmp_path / "empty"), *common, "--mode=eval")
   assert proc.returncode == 2 and proc.stderr.count("error:") == 1
+
+
+def test_a_workdir_from_before_ema_and_layer_decay_still_loads_and_evaluates(tmp_path, data_dir):
+  import vitjax
+
+  workdir = str(tmp_path / "old")
+  common = [*th.TINY, f"--config.data.data_dir={data_dir}", "--config.total_steps=5", "--config.eval_every=5"]
+  th.check_ok(th.run_main(workdir, *common))
+  path = os.path.join(workdir, "config.json")
+  config = json.load(open(path))
+  del config["ema_decay"], config["optim"]["layer_decay"]  # as vitjax wrote it before these fields existed
+  json.dump(config, open(path, "w"))
+  assert vitjax.load(workdir).step == 5
+  th.check_ok(th.run_main(workdir, "--mode=eval", config=None))
+  th.check_ok(th.run_main(workdir, *common))  # resuming with today's config: nothing changed, nothing to train

@@ -151,3 +151,43 @@ def test_init_from_a_timm_safetensors_file_for_fine_tuning(tmp_path):
   np.testing.assert_array_equal(
     params["encoder"]["block_3"]["attn"]["query"]["kernel"], loaded["encoder"]["block_3"]["attn"]["query"]["kernel"]
   )
+
+
+def test_imported_timm_weights_are_evaluated_with_their_own_preprocessing():
+  """init_from='timm:NAME:FILE' takes timm's pretrained config for NAME (Swin: ImageNet mean/std, bicubic resize of
+  the shorter side to 224 / 0.9, centre crop): vitjax's evaluation input is timm's eval transform's, bitwise, and
+  the logits match timm's on it."""
+  from PIL import Image
+
+  from vitjax.config import default_config
+  from vitjax.data import augment, device_ops
+  from vitjax.tasks import ImageClassification
+
+  name = "swin_tiny_patch4_window7_224"
+  model = _random_timm(name, num_classes=2)
+  rng = np.random.default_rng(0)
+  small = rng.integers(0, 256, (20, 24, 3), dtype=np.uint8)
+  photo = Image.fromarray(small).resize((310, 260), Image.BICUBIC)  # not square, not 224: resize and crop matter
+  transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=model))
+  want_x = transform(photo).numpy()  # [3, 224, 224]
+  with torch.no_grad():
+    want = model(torch.from_numpy(want_x)[None]).numpy()
+
+  config = default_config()
+  config.data.image_size = 224
+  config.init_from = f"timm:{name}:unused.safetensors"
+  pre = ImageClassification(config, "").preprocess()
+  assert pre == augment.Preprocess(
+    mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), crop_fraction=0.9, interpolation="bicubic"
+  )
+  image = augment.preprocess_eval(np.asarray(photo), (224, 224), pre)
+  x = np.asarray(device_ops.to_float(image[None], pre.mean, pre.std))
+  np.testing.assert_allclose(x[0].transpose(2, 0, 1), want_x, atol=1e-6)  # the same input
+  module, variables = convert.from_timm(name, {k: v.numpy() for k, v in model.state_dict().items()})
+  got, _ = module.apply(variables, x)
+  assert np.abs(np.asarray(got) - want).max() <= TOL * np.abs(want).max()
+  # the config's own fields win; without init_from the rest are the defaults ([-1, 1], bilinear)
+  config.data.preprocess.crop_fraction = 0.875
+  assert ImageClassification(config, "").preprocess().crop_fraction == 0.875
+  config.init_from = ""
+  assert ImageClassification(config, "").preprocess() == augment.Preprocess(crop_fraction=0.875)

@@ -436,6 +436,14 @@ def test_every_config_documents_its_command_and_builds_its_model(name):
   if c.task == "translation":
     model = build_model(c, {"vocab_size": c.data.vocab_size, "max_len": c.data.max_len})
     inputs = (jnp.ones((1, 8), jnp.int32),) * 2
+  elif c.task == "mae":  # images and the masking noise [B, patches]
+    model = build_model(c, {"channels": 1})
+    encoder = dict(c.model.encoder)
+    patch = models.create(encoder.pop("name"), **encoder).patch_size[0]
+    inputs = (
+      jnp.zeros((1, c.data.image_size, c.data.image_size, 1)),
+      jnp.zeros((1, (c.data.image_size // patch) ** 2)),
+    )
   else:
     model = build_model(c)
     inputs = (jnp.zeros((1, c.data.image_size, c.data.image_size, 3), jnp.float32),)

@@ -43,6 +43,19 @@ def default_config() -> mlc.ConfigDict:
     {"flip": False, "random_resized_crop": False, "randaugment": False, "mixup_alpha": 0.0, "cutmix_alpha": 0.0}
   )
   c.data.eval_batch_size = 256
+  # How images meet the model (vitjax.data.augment.Preprocess): per-channel mean and std in [0, 1] units (None:
+  # x * 2 / 255 - 1, the original ViT's [-1, 1]), the evaluation's crop_fraction (resize the shorter side to
+  # size / crop_fraction, centre crop; None: resize only) and interpolation ('bilinear', 'bicubic'). A field left
+  # None takes, with init_from='timm:NAME:FILE', the timm model's pretrained config (so imported weights are
+  # evaluated as they were trained), else the default. The resolved values go to WORKDIR/task.json.
+  c.data.preprocess = mlc.ConfigDict(
+    dict(
+      mean=mlc.FieldReference(None, field_type=tuple),
+      std=mlc.FieldReference(None, field_type=tuple),
+      crop_fraction=mlc.FieldReference(None, field_type=float),
+      interpolation=mlc.FieldReference(None, field_type=str),
+    )
+  )
   c.data.worker_count = 0  # grain worker processes; keep fixed across a resume
   c.data.read_threads = 0
 

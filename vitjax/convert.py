@@ -30,6 +30,7 @@ import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 
 from vitjax import models, posenc
 from vitjax.models import vit as vit_lib
@@ -702,6 +703,26 @@ def save_safetensors(path: str, state_dict: Mapping[str, Any], metadata: dict[st
 
 
 # --------------------------------------------------------------------------------------------------- init_from
+
+
+def timm_preprocess(name: str) -> dict | None:
+  """The preprocessing timm's pretrained config gives model NAME ("vit_small_patch16_224.augreg_in21k_ft_in1k"):
+  {"mean", "std", "crop_fraction", "interpolation"}; None when timm is not installed or does not know NAME."""
+  try:
+    from timm.models import get_pretrained_cfg
+  except Exception:  # timm missing, or torchvision that cannot load
+    logging.warning("timm is not importable: the preprocessing of %s is not known, the config's is used", name)
+    return None
+  cfg = get_pretrained_cfg(name)
+  if cfg is None:
+    return None
+  interpolation = cfg.interpolation if cfg.interpolation in ("bilinear", "bicubic") else "bicubic"
+  return {
+    "mean": tuple(float(m) for m in cfg.mean),
+    "std": tuple(float(s) for s in cfg.std),
+    "crop_fraction": float(cfg.crop_pct),
+    "interpolation": interpolation,
+  }
 
 
 def load_params(spec: str) -> dict:

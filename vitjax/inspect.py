@@ -178,7 +178,8 @@ def inspect(trained, image: np.ndarray, out_dir: str, patch: tuple[int, int] | N
   os.makedirs(out_dir, exist_ok=True)
   model = trained.model
   shown = image.astype(np.float32) / 255.0
-  x = np.asarray(device_ops.to_float(jnp.asarray(image)))
+  pre = trained.task.preprocess()
+  x = np.asarray(device_ops.to_float(jnp.asarray(image), pre.mean, pre.std))
   weights, inter = attention_weights(model, trained.variables, x)
   fig, ax = plt.subplots(figsize=(2, 2))
   _show(ax, shown)
@@ -275,7 +276,7 @@ def _image(trained, path: str | None, example: int | None, split: str) -> np.nda
       raise ConfigError(f"--example={example}: {split} has examples 0 to {len(source) - 1}")
     image = np.asarray(source[example]["image"])
   image = image[..., None] if image.ndim == 2 else image
-  return augment.preprocess_eval(image, size)
+  return augment.preprocess_eval(image, size, trained.task.preprocess())
 
 
 def main(argv):

@@ -126,14 +126,19 @@ def _from_pil(pil: PIL.Image.Image) -> np.ndarray:
   return array[..., None] if array.ndim == 2 else array
 
 
-def resize(image: np.ndarray, size: tuple[int, int], box: Box | None = None) -> np.ndarray:
-  """Bilinear resize of uint8 [H, W, C] (or of its ``box`` = x0, y0, x1, y1).
+_RESAMPLE = {"bilinear": PIL.Image.BILINEAR, "bicubic": PIL.Image.BICUBIC}
+
+
+def resize(
+  image: np.ndarray, size: tuple[int, int], box: Box | None = None, interpolation: str = "bilinear"
+) -> np.ndarray:
+  """Antialiased resize (PIL's; "bilinear" or "bicubic") of uint8 [H, W, C] (or of its ``box`` = x0, y0, x1, y1).
 
   Returns uint8 [size[0], size[1], C].
   """
   if box is None and image.shape[:2] == tuple(size):
     return image
-  pil = _to_pil(image).resize((size[1], size[0]), PIL.Image.BILINEAR, box=box)
+  pil = _to_pil(image).resize((size[1], size[0]), _RESAMPLE[interpolation], box=box)
   return _from_pil(pil)
 
 
@@ -268,7 +273,60 @@ def randaugment(image: np.ndarray, rng: np.random.Generator, num_layers: int, ma
   return _from_pil(pil)
 
 
-def preprocess_eval(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-  """What the host does to a uint8 [H, W, C] image for evaluation and prediction: resize to `size` (uint8); the
-  device normalises it (`device_ops.to_float`)."""
-  return resize(image, size)
+@dataclasses.dataclass(frozen=True)
+class Preprocess:
+  """How images meet a model: what evaluation and prediction do on the host, and the normalisation the devices
+  apply in training, evaluation and prediction (vitjax.data.device_ops.to_float).
+
+  mean, std: per channel, in [0, 1] units: x / 255 -> (x - mean) / std. None: x * 2 / 255 - 1 (the original
+    ViT's and big_vision's [-1, 1]).
+  crop_fraction: evaluation resizes the shorter side to floor(size / crop_fraction), then takes the centre crop of
+    the model's size (timm's crop_pct, 0.875 or 0.9 for most ImageNet models); None resizes the whole image.
+  interpolation: "bilinear" or "bicubic" (the evaluation's resize).
+  """
+
+  mean: tuple[float, ...] | None = None
+  std: tuple[float, ...] | None = None
+  crop_fraction: float | None = None
+  interpolation: str = "bilinear"
+
+  def __post_init__(self):
+    if (self.mean is None) != (self.std is None):
+      raise ValueError("preprocess: give both mean and std, or neither")
+    if self.crop_fraction is not None and not 0 < self.crop_fraction <= 1:
+      raise ValueError(f"preprocess.crop_fraction={self.crop_fraction} must be in (0, 1]")
+    if self.interpolation not in _RESAMPLE:
+      raise ValueError(f"preprocess.interpolation={self.interpolation!r}: use one of {sorted(_RESAMPLE)}")
+
+  def describe(self) -> dict:
+    normalize = "[-1, 1]: x * 2 / 255 - 1" if self.mean is None else {"mean": self.mean, "std": self.std}
+    return {"normalize": normalize, "crop_fraction": self.crop_fraction, "interpolation": self.interpolation}
+
+  @classmethod
+  def from_described(cls, described: dict) -> Preprocess:
+    """From a task.json (one written before these fields existed means the defaults)."""
+    normalize = described.get("normalize")
+    mean = tuple(normalize["mean"]) if isinstance(normalize, dict) else None
+    std = tuple(normalize["std"]) if isinstance(normalize, dict) else None
+    interpolation = described.get("interpolation") or "bilinear"
+    return cls(mean, std, described.get("crop_fraction"), interpolation)
+
+
+def preprocess_eval(image: np.ndarray, size: tuple[int, int], pre: Preprocess | None = None) -> np.ndarray:
+  """What the host does to a uint8 [H, W, C] image for evaluation and prediction: resize to `size`, or with a
+  crop_fraction resize the shorter side to floor(min(size) / crop_fraction) keeping the aspect ratio and take the
+  centre crop (torchvision's Resize + CenterCrop, as timm evaluates). uint8 out; the device normalises it."""
+  pre = pre or Preprocess()
+  if pre.crop_fraction is None:
+    return resize(image, size, interpolation=pre.interpolation)
+  scale = math.floor(min(size) / pre.crop_fraction)
+  h, w = image.shape[:2]
+  if h <= w:
+    new = (scale, int(scale * w / h))
+  else:
+    new = (int(scale * h / w), scale)
+  image = resize(image, new, interpolation=pre.interpolation)
+  top, left = int(round((new[0] - size[0]) / 2.0)), int(round((new[1] - size[1]) / 2.0))
+  if top < 0 or left < 0:
+    raise ValueError(f"crop_fraction={pre.crop_fraction}: a {new} image cannot be cropped to {size}")
+  return image[top : top + size[0], left : left + size[1]]

@@ -10,12 +10,16 @@ import jax.numpy as jnp
 from vitjax.data.augment import Augment
 
 
-def to_float(images):
-  """Device-side normalisation. uint8 [..., C] -> float32 in [-1, 1], x * 2 / 255 - 1; float
-  images are taken as already normalised and pass through unchanged."""
-  if jnp.issubdtype(images.dtype, jnp.integer):
+def to_float(images, mean=None, std=None):
+  """Device-side normalisation. uint8 [..., C] -> float32: x * 2 / 255 - 1 (in [-1, 1]), or with a per-channel
+  mean and std in [0, 1] units (augment.Preprocess) (x / 255 - mean) / std; float images are taken as already
+  normalised and pass through unchanged."""
+  if not jnp.issubdtype(images.dtype, jnp.integer):
+    return images
+  if mean is None:
     return images.astype(jnp.float32) * (2.0 / 255.0) - 1.0
-  return images
+  mean, std = jnp.asarray(mean, jnp.float32), jnp.asarray(std, jnp.float32)
+  return (images.astype(jnp.float32) / 255.0 - mean) / std
 
 
 def mix_batch(images, labels, num_classes: int, aug: Augment, key):

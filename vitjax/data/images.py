@@ -45,6 +45,7 @@ import numpy as np
 
 from vitjax.data.augment import (
   Augment,
+  Preprocess,
   decode,
   encoded_shape,
   parse_augment,
@@ -127,14 +128,16 @@ def _finish(example: dict[str, Any], image: np.ndarray) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class _EvalPreprocess(grain.transforms.Map):
-  """Decode at full size, resize to ``size`` (augment.preprocess_eval, which prediction uses too)."""
+  """Decode at full size, resize (or resize and centre-crop) to ``size`` (augment.preprocess_eval, which
+  prediction uses too)."""
 
   size: tuple[int, int]
   channels: int
+  pre: Preprocess | None = None
 
   def map(self, example):
     image, _ = decode(example["image"], self.channels)
-    return _finish(example, preprocess_eval(image, self.size))
+    return _finish(example, preprocess_eval(image, self.size, self.pre))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,6 +273,7 @@ def make_input(
   worker_count: int = 0,
   read_threads: int | None = None,
   subset: np.ndarray | None = None,
+  preprocess: Preprocess | None = None,
 ) -> tuple[Iterator[dict[str, np.ndarray]], DatasetInfo]:
   """Builds the grain input pipeline of one split on this process.
 
@@ -299,6 +303,8 @@ def make_input(
     subset: positions in the split to read (e.g. one side of
       :func:`holdout_split`); None reads all of it. Batches' ``index`` stays
       the position in the whole split.
+    preprocess: the evaluation's resize / centre crop (augment.Preprocess;
+      used when ``train`` is False).
 
   Returns:
     (iterator, info): the iterator yields the batches described in the module
@@ -357,7 +363,10 @@ def make_input(
     examples = _Examples(source, image_key, label_key, positions)
     shard = grain.sharding.NoSharding()  # Sharded by `positions` above.
     sampler = grain.samplers.IndexSampler(len(examples), shard_options=shard, shuffle=False, num_epochs=num_epochs or 1)
-    operations = [_EvalPreprocess(size, channels), grain.transforms.Batch(local_batch, drop_remainder=False)]
+    operations = [
+      _EvalPreprocess(size, channels, preprocess),
+      grain.transforms.Batch(local_batch, drop_remainder=False),
+    ]
 
   if worker_count > 0:
     _ensure_absl_flags_parsed()

@@ -61,11 +61,32 @@ class ImageClassification:
         data_dir=d.data_dir,
         read_threads=d.read_threads,
         subset=subset,
+        preprocess=None if train else self.preprocess(),
         **kw,
       )
     except ValueError as e:  # unknown split, augment keys, fewer examples than a batch, ...
       hint = f" (vitjax adds the split '{VALID}')" if "split" in str(e).lower() else ""
       raise ConfigError(f"config.data ({d.name}, split {split!r}): {str(e).splitlines()[0]}{hint}") from None
+
+  def preprocess(self) -> augment.Preprocess:
+    """How images meet the model: the config's data.preprocess, its None fields from timm's pretrained config of
+    an init_from='timm:NAME:FILE' model, else the defaults (augment.Preprocess); a loaded run's from its task.json."""
+    if self._described is not None:
+      return augment.Preprocess.from_described(self._described)
+    if getattr(self, "_preprocess", None) is None:
+      given = self.config.data.get("preprocess") or {}
+      fields = {k: given.get(k) for k in ("mean", "std", "crop_fraction", "interpolation")}
+      init = self.config.get("init_from") or ""
+      if init.startswith("timm:") and any(v is None for v in fields.values()):
+        from vitjax import convert  # pylint: disable=g-import-not-at-top
+
+        known = convert.timm_preprocess(init.split(":")[1]) or {}
+        fields = {k: known.get(k) if v is None else v for k, v in fields.items()}
+      try:
+        self._preprocess = augment.Preprocess(**{k: v for k, v in fields.items() if v is not None})
+      except ValueError as e:
+        raise ConfigError(f"config.data.{e}") from None
+    return self._preprocess
 
   # -- interface
   def check(self):
@@ -77,6 +98,12 @@ class ImageClassification:
     check_best_metric(c, ("eval/accuracy", "eval/top5", "eval/loss"))
     self._check_split(c.data.eval_split, "data.eval_split")
     info = self.describe()
+    mean = self.preprocess().mean
+    if mean is not None and len(mean) != info["channels"]:
+      raise ConfigError(
+        f"data.preprocess: mean/std have {len(mean)} values, {c.data.name} has {info['channels']} channels; set "
+        f"--config.data.preprocess.mean and .std with {info['channels']} values each"
+      )
     if c.model.get("num_classes") != info["num_classes"]:
       raise ConfigError(
         f"config.model.num_classes={c.model.get('num_classes')} but {c.data.name} has "
@@ -111,7 +138,7 @@ class ImageClassification:
         "class_names": info["class_names"],
         "channels": info["channels"],
         "image_size": [h, w],
-        "normalize": "[-1, 1]: x * 2 / 255 - 1 (vitjax.data.device_ops.to_float)",
+        **self.preprocess().describe(),
       }
     return self._described
 
@@ -131,7 +158,8 @@ class ImageClassification:
 
   def device_batch(self, batch, key):
     """Normalises the uint8 images and applies Mixup/CutMix (labels become soft) on the device."""
-    images = device_ops.to_float(batch["image"])
+    pre = self.preprocess()
+    images = device_ops.to_float(batch["image"], pre.mean, pre.std)
     aug = augment.parse_augment(self.config.data.augment)
     if not aug.mixes:
       return {**batch, "image": images}
@@ -153,7 +181,8 @@ class ImageClassification:
     sums = None
     for batch in it:
       check_stop(stop)
-      out = _eval_step(model, variables, mesh_lib.to_global(batch, sharding, ("image", "label", "mask")))
+      batch = mesh_lib.to_global(batch, sharding, ("image", "label", "mask"))
+      out = _eval_step(model, variables, batch, self.preprocess().mean, self.preprocess().std)
       sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
       progress.update(len(batch["label"]) * jax.process_count())
     sums = jax.device_get(sums)
@@ -182,20 +211,22 @@ class ImageClassification:
     batch_size = -(-batch_size // n_dev) * n_dev
     out = []
     for start in range(0, len(images), batch_size):
-      chunk = np.stack([augment.preprocess_eval(im, size) for im in images[start : start + batch_size]])
+      pre = self.preprocess()
+      chunk = np.stack([augment.preprocess_eval(im, size, pre) for im in images[start : start + batch_size]])
       rows = len(chunk)
       pad = -rows % n_dev
       if pad:
         chunk = np.concatenate([chunk, np.zeros((pad, *chunk.shape[1:]), chunk.dtype)])
       local = chunk.reshape(jax.process_count(), -1, *chunk.shape[1:])[jax.process_index()]
-      probs = _predict_step(model, variables, mesh_lib.to_global({"image": local}, sharding, ("image",))["image"])
+      local = mesh_lib.to_global({"image": local}, sharding, ("image",))["image"]
+      probs = _predict_step(model, variables, local, pre.mean, pre.std)
       out.append(mesh_lib.gather(probs)[:rows])
     return np.concatenate(out) if out else np.zeros((0, info["num_classes"]), np.float32)
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _eval_step(model, variables, batch):
-  logits, _ = model.apply(variables, device_ops.to_float(batch["image"]), train=False)
+@functools.partial(jax.jit, static_argnums=(0, 3, 4))
+def _eval_step(model, variables, batch, mean=None, std=None):
+  logits, _ = model.apply(variables, device_ops.to_float(batch["image"], mean, std), train=False)
   mask = batch["mask"].astype(jnp.float32)
   loss = cross_entropy(logits, batch["label"], logits.shape[-1])
   return {
@@ -213,7 +244,7 @@ def _rank(logits, labels):
   return jnp.sum(logits > label_logit, axis=-1)
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _predict_step(model, variables, images):
-  logits, _ = model.apply(variables, device_ops.to_float(images), train=False)
+@functools.partial(jax.jit, static_argnums=(0, 3, 4))
+def _predict_step(model, variables, images, mean=None, std=None):
+  logits, _ = model.apply(variables, device_ops.to_float(images, mean, std), train=False)
   return jax.nn.softmax(logits.astype(jnp.float32), axis=-1)

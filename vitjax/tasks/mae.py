@@ -83,7 +83,8 @@ class MaskedImageModeling(ImageClassification):
 
   def device_batch(self, batch, key):
     """Normalises the images and draws the masking noise [B, N] from the step's key."""
-    images = device_ops.to_float(batch["image"])
+    pre = self.preprocess()
+    images = device_ops.to_float(batch["image"], pre.mean, pre.std)
     gh, gw = self._grid()
     return {"image": images, "noise": jax.random.uniform(key, (images.shape[0], gh * gw))}
 
@@ -110,7 +111,9 @@ class MaskedImageModeling(ImageClassification):
     for i, batch in enumerate(it):
       check_stop(stop)
       batch = mesh_lib.to_global(batch, sharding, ("image", "mask"))
-      out, pred = _eval_step(model, variables, batch, jax.random.fold_in(key, i), self._patch(), gh * gw)
+      pre = self.preprocess()
+      step_key = jax.random.fold_in(key, i)
+      out, pred = _eval_step(model, variables, batch, step_key, self._patch(), gh * gw, pre.mean, pre.std)
       sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
       if drawn is None:
         drawn = (mesh_lib.gather(batch["image"])[:SHOWN], mesh_lib.gather(pred["pred"])[:SHOWN])
@@ -129,7 +132,7 @@ class MaskedImageModeling(ImageClassification):
 
     patch = self._patch()
     channels = images.shape[-1]
-    images = device_ops.to_float(jnp.asarray(images))  # uint8 as the split stores them -> [-1, 1]
+    images = device_ops.to_float(jnp.asarray(images))  # drawn in [-1, 1] (the targets are per-patch normalised)
     target = patchify(images, patch)
     mean, std = target.mean(-1, keepdims=True), jnp.sqrt(target.var(-1, keepdims=True) + 1e-6)
     recon = jnp.asarray(pred) * std + mean  # back from the per-patch normalised pixels
@@ -159,9 +162,9 @@ def _patch_errors(pred, images, patch):
   return jnp.mean((pred - target) ** 2, axis=-1)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4, 5))
-def _eval_step(model, variables, batch, key, patch, num_patches):
-  images = device_ops.to_float(batch["image"])
+@functools.partial(jax.jit, static_argnums=(0, 4, 5, 6, 7))
+def _eval_step(model, variables, batch, key, patch, num_patches, mean=None, std=None):
+  images = device_ops.to_float(batch["image"], mean, std)
   noise = jax.random.uniform(key, (images.shape[0], num_patches))
   output, _ = model.apply(variables, images, noise, train=False)
   per_patch = _patch_errors(output["pred"], images, patch)

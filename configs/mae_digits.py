@@ -8,9 +8,9 @@ Run (from the repository root):
     python -m vitjax.main --config=configs/vit_digits.py --workdir=workdirs/vit_digits_from_mae \\
       --config.init_from=workdirs/mae_digits
 
-Expected: the masked patches' loss (per-patch normalised pixels; 1.0 is predicting each patch's mean) falls from
-about 1.0 to below 0.75 on the validation split in 40 epochs; reconstructions in
-workdirs/mae_digits/reconstructions/step_N.png. 12 of the 16 2x2 patches are dropped; the encoder is the ViT of
+Expected: the masked patches' loss (per-patch normalised pixels; 1.0 is predicting each patch's mean) on the
+validation split falls below 0.75: 0.584 at step 210 and 0.490 at step 840 (the last) measured in 70 s on 2 CPU
+cores shared with another run; reconstructions in workdirs/mae_digits/reconstructions/step_N.png. 12 of the 16 2x2 patches are dropped; the encoder is the ViT of
 configs/vit_digits.py (its 4 blocks see 4 patches and the class token), the decoder 2 blocks of width 32.
 """
 

@@ -310,9 +310,11 @@ class MultiHeadAttention(nn.Module):
     dropout_rng = None
     if not self.deterministic and self.dropout_rate > 0.0:
       dropout_rng = self.make_rng("dropout")
-    if self.implementation == "reference" and self.is_mutable_collection("intermediates"):
-      # what vitjax.inspect draws: the reference path's weights, before any attention dropout; only computed
-      # when the caller asks for intermediates, so nothing else changes
+    if (
+      self.implementation == "reference" and self.is_mutable_collection("intermediates") and not self.is_initializing()
+    ):
+      # what vitjax.inspect draws: the reference path's weights, before any attention dropout; only computed when
+      # a caller of apply asks for intermediates (init, where every collection is mutable, must not add them)
       self.sow("intermediates", "attention_weights", attention_weights(q, k, bias=bias, mask=mask))
     x = dot_product_attention(
       q,

@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -159,7 +161,6 @@ def test_ema_is_the_moving_average_of_the_parameters_each_step_produces():
 
 def test_ema_run_evaluates_checkpoints_loads_and_exports_its_average(tmp_path, data_dir):
   import vitjax
-  from vitjax import export as export_lib
 
   workdir = str(tmp_path / "ema")
   common = [*th.TINY, f"--config.data.data_dir={data_dir}"]
@@ -180,7 +181,17 @@ def test_ema_run_evaluates_checkpoints_loads_and_exports_its_average(tmp_path, d
   raw, ema = vitjax.load(workdir, "latest"), vitjax.load(workdir, "latest", weights="ema")
   assert not np.allclose(raw.variables["params"]["head"]["kernel"], ema.variables["params"]["head"]["kernel"])
   out = str(tmp_path / "ema.npz")
-  export_lib.export(workdir, "npz", out, "latest", weights="ema")
+  # (a subprocess: vitjax.export's absl flags would clash with another command line's imported in this process)
+  export = [sys.executable, "-m", "vitjax.export", f"--workdir={workdir}", "--format=npz", f"--out={out}"]
+  proc = subprocess.run(
+    [*export, "--checkpoint=latest", "--weights=ema"],
+    cwd=th.ROOT,
+    env=th.env(),
+    text=True,
+    capture_output=True,
+    timeout=300,
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
   np.testing.assert_array_equal(np.load(out)["head/kernel"], np.asarray(ema.variables["params"]["head"]["kernel"]))
   best = max(rows, key=lambda r: (r["eval_ema/accuracy"], r["step"]))["step"]
   assert vitjax.load(workdir, "best").step == best

@@ -26,19 +26,18 @@ _base = load_module(os.path.join(os.path.dirname(os.path.abspath(__file__)), "sw
 
 def get_config():
   c = _base.get_config()
-  c.num_epochs = 30
+  c.num_epochs = 27
+  c.model.stem_depth = 2
   c.model.drop_path_rate = 0.2
   c.data.augment = mlc.ConfigDict(
     {
       "flip": True,
-      "random_resized_crop": {"scale": (0.7, 1.0), "ratio": (0.75, 1.333)},
+      "random_resized_crop": {"scale": (0.8, 1.0), "ratio": (0.75, 1.333)},
       "randaugment": False,
       "mixup_alpha": 0.0,
       "cutmix_alpha": 0.0,
     }
   )
-  c.ema_decay = 0.9998
-  c.best_metric = "eval_ema/accuracy"
   c.eval_every = 1688  # 4 epochs of 422 steps
   c.checkpoint_every = 844
   return c

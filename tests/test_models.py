@@ -292,6 +292,24 @@ def test_swin_conv_stem_replaces_the_patch_embedding():
     _tiny_swin(stem="cnn").init(jax.random.key(0), x)
 
 
+def test_conv_stem_depth_adds_same_size_convolutions_at_each_resolution():
+  x = jnp.ones((2, 16, 16, 1))
+  stem = models.create("Ti/4", depth=1, width=32, num_heads=2, num_classes=3, stem="conv", stem_depth=3)
+  variables = stem.init(jax.random.key(0), x)
+  v = variables["params"]["conv_stem"]
+  # 16 -> 8 at 16 channels (conv_0, then conv_0_1, conv_0_2 at 8x8), 8 -> 4 at 32 channels (conv_1, conv_1_*), 1x1
+  convs = ["conv_0", "conv_0_1", "conv_0_2", "conv_1", "conv_1_1", "conv_1_2"]
+  assert sorted(k for k in v if k.startswith("conv")) == convs
+  assert v["conv_0"]["kernel"].shape == (3, 3, 1, 16) and v["conv_0_2"]["kernel"].shape == (3, 3, 16, 16)
+  assert v["conv_1_1"]["kernel"].shape == (3, 3, 32, 32) and v["proj"]["kernel"].shape == (1, 1, 32, 32)
+  _, inter = stem.apply(variables, x)
+  assert inter["encoded"].shape == (2, 1 + 16, 32)  # the token grid is the same as depth 1's
+  swin = _tiny_swin(stem="conv", stem_depth=2)
+  assert "conv_0_1" in swin.init(jax.random.key(0), jnp.ones((1, 16, 16, 3)))["params"]["conv_stem"]
+  with pytest.raises(ValueError, match="depth >= 1"):
+    models.create("Ti/4", depth=1, width=32, num_heads=2, stem="conv", stem_depth=0).init(jax.random.key(0), x)
+
+
 def test_swin_training_mode_is_stochastic_and_evaluation_is_not():
   model = _tiny_swin(drop_path_rate=0.5)
   x = jax.random.normal(jax.random.key(0), (4, 16, 16, 3))

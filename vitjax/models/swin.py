@@ -163,6 +163,7 @@ class Swin(nn.Module):
     patch_size: side of the square patch partition (4).
     stem: "patch" (a p x p stride-p convolution, the paper's) or "conv" (the ViT's ConvStem, Xiao et al.
       2021: 3x3 stride-2 convolutions with BatchNorm, which helps on small images).
+    stem_depth: with stem "conv", the 3x3 convolutions at each of its resolutions (ConvStem.depth).
     embed_dim, depths, num_heads: the architecture (see VARIANTS).
     window_size: attention window (7 at 224 px, 12 at 384 px); shifts are window // 2 on odd blocks.
     act: the MLP activation, "gelu" (exact, as Microsoft's and timm's Swin), "gelu_tanh" or "relu".
@@ -173,6 +174,7 @@ class Swin(nn.Module):
   num_classes: int | None = 1000
   patch_size: int = 4
   stem: str = "patch"
+  stem_depth: int = 1
   embed_dim: int = 96
   depths: Sequence[int] = (2, 2, 6, 2)
   num_heads: Sequence[int] = (3, 6, 12, 24)
@@ -216,7 +218,9 @@ class Swin(nn.Module):
     if self.stem == "patch":
       x = nn.Conv(self.embed_dim, p, strides=p, padding="VALID", dtype=self.dtype, name="patch_embed")(images)
     elif self.stem == "conv":
-      x = ConvStem(self.embed_dim, self.patch_size, train=train, dtype=self.dtype, name="conv_stem")(images)
+      x = ConvStem(self.embed_dim, self.patch_size, self.stem_depth, train=train, dtype=self.dtype, name="conv_stem")(
+        images
+      )
     else:
       raise ValueError(f"unknown stem {self.stem!r}; use 'patch' or 'conv'")
     x = nn.LayerNorm(epsilon=1e-5, dtype=self.dtype, name="patch_norm")(x)

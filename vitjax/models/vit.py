@@ -66,10 +66,13 @@ class ConvStem(nn.Module):
   """Xiao et al. 2021 stem: log2(p) 3x3 stride-2 convs (BatchNorm, ReLU), then a 1x1 conv to the width.
 
   [B, H, W, C] -> [B, H/p, W/p, width]. Channels double up to the width: width/2^(n-1), ..., width.
+  depth: 3x3 convs (BatchNorm, ReLU) at each resolution: the stride-2 one ("conv_{i}", "bn_{i}"), then depth - 1
+  that keep the size ("conv_{i}_{j}", "bn_{i}_{j}", j = 1 .. depth - 1), a small CNN before the tokens.
   """
 
   width: int
   patch: int
+  depth: int = 1
   train: bool = False
   dtype: Any = None
 
@@ -78,18 +81,22 @@ class ConvStem(nn.Module):
     n = int(math.log2(self.patch))
     if 2**n != self.patch:
       raise ValueError(f"the convolutional stem needs a power-of-two patch size, got {self.patch}")
+    if self.depth < 1:
+      raise ValueError(f"the convolutional stem needs depth >= 1 (convolutions per resolution), got {self.depth}")
     for i in range(n):
-      x = nn.Conv(
-        max(self.width // 2 ** (n - 1 - i), 8),
-        (3, 3),
-        strides=2,
-        padding=1,
-        use_bias=False,
-        dtype=self.dtype,
-        name=f"conv_{i}",
-      )(x)
-      x = nn.BatchNorm(use_running_average=not self.train, dtype=self.dtype, name=f"bn_{i}")(x)
-      x = nn.relu(x)
+      for j in range(self.depth):
+        suffix = f"{i}" if j == 0 else f"{i}_{j}"
+        x = nn.Conv(
+          max(self.width // 2 ** (n - 1 - i), 8),
+          (3, 3),
+          strides=2 if j == 0 else 1,
+          padding=1,
+          use_bias=False,
+          dtype=self.dtype,
+          name=f"conv_{suffix}",
+        )(x)
+        x = nn.BatchNorm(use_running_average=not self.train, dtype=self.dtype, name=f"bn_{suffix}")(x)
+        x = nn.relu(x)
     return nn.Conv(self.width, (1, 1), dtype=self.dtype, name="proj")(x)
 
 
@@ -124,6 +131,7 @@ class ViT(nn.Module):
       the head's kernel [N*D, classes] fixes the number of tokens, so the image size, to the one it was built for).
     posemb: "learn" (a learned table covering the class token too, as the original ViT) or "sincos2d".
     stem: "patch" (a p x p stride-p convolution) or "conv" (ConvStem).
+    stem_depth: with stem "conv", the 3x3 convolutions at each of its resolutions (ConvStem.depth).
     norm: where each block's LayerNorms sit (vitjax.layers.NORMS): "pre" x + F(LN(x)) (the ViT's), "post"
       LN(x + F(x)) (the 2017 Transformer's) or "respost" x + LN(F(x)) (Swin V2's res-post-norm). "pre" and
       "respost" end the encoder in a LayerNorm ("encoder/final_norm", unless fc_norm); "post" has none: its
@@ -158,6 +166,7 @@ class ViT(nn.Module):
   pool_type: str = "tok"
   posemb: str = "learn"
   stem: str = "patch"
+  stem_depth: int = 1
   norm: str = "pre"
   embed_norm: bool = False
   rel_pos_bias: bool = False
@@ -212,7 +221,7 @@ class ViT(nn.Module):
     elif self.stem == "conv":
       if patch[0] != patch[1]:
         raise ValueError(f"the convolutional stem needs a square patch, got {patch}")
-      x = ConvStem(self.width, patch[0], train=train, dtype=self.dtype, name="conv_stem")(x)
+      x = ConvStem(self.width, patch[0], self.stem_depth, train=train, dtype=self.dtype, name="conv_stem")(x)
     else:
       raise ValueError(f"unknown stem {self.stem!r}; use 'patch' or 'conv'")
     b, h, w, d = x.shape

@@ -32,6 +32,7 @@ class ImageClassification:
   def __init__(self, config, workdir: str, described: dict | None = None):
     # described: a trained run's WORKDIR/task.json (vitjax.load): the task then needs no dataset.
     self.config, self.workdir, self._described = config, workdir, described
+    self._preprocess = None  # preprocess(), built on first use
 
   # -- splits
   def _holdout(self):
@@ -73,7 +74,7 @@ class ImageClassification:
     an init_from='timm:NAME:FILE' model, else the defaults (augment.Preprocess); a loaded run's from its task.json."""
     if self._described is not None:
       return augment.Preprocess.from_described(self._described)
-    if getattr(self, "_preprocess", None) is None:
+    if self._preprocess is None:
       given = self.config.data.get("preprocess") or {}
       fields = {k: given.get(k) for k in ("mean", "std", "crop_fraction", "interpolation")}
       init = self.config.get("init_from") or ""

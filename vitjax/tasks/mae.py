@@ -39,18 +39,18 @@ class MaskedImageModeling(ImageClassification):
 
   batch_keys = ("image",)
 
-  def _mae(self):
-    """The configured MAE (for its patch grid), built without parameters."""
+  @functools.cached_property
+  def _patch(self) -> tuple[int, int]:
+    """The patch size (height, width) of the configured MAE's encoder, built once, without parameters."""
     kw = {k: v for k, v in self.config.model.to_dict().items() if k != "name" and v is not None}
-    return models.create(self.config.model.name, **{**kw, **self.model_overrides()})
+    options = dict(models.create(self.config.model.name, **{**kw, **self.model_overrides()}).encoder)
+    return models.create(options.pop("name"), **options).patch_hw
 
+  @property
   def _grid(self) -> tuple[int, int]:
-    h, w = self.describe()["image_size"]
-    mae = self._mae()
-    options = dict(mae.encoder)
-    vit = models.create(options.pop("name"), **options)
-    p = vit.patch_size if not isinstance(vit.patch_size, int) else (vit.patch_size,) * 2
-    return h // p[0], w // p[1]
+    """The patch grid (rows, columns) at the data's image size."""
+    (h, w), (ph, pw) = self.describe()["image_size"], self._patch
+    return h // ph, w // pw
 
   # -- interface
   def check(self):
@@ -66,7 +66,7 @@ class MaskedImageModeling(ImageClassification):
       raise ConfigError("best_metric eval/loss is a loss: set --config.best_mode=min")
     self._check_split(c.data.eval_split, "data.eval_split")
     try:
-      self._grid()
+      self._grid  # noqa: B018 (builds the model: a bad config.model raises here)
     except ValueError as e:
       raise ConfigError(f"config.model: {e}") from None
 
@@ -78,34 +78,29 @@ class MaskedImageModeling(ImageClassification):
 
   def example_inputs(self):
     (images,) = super().example_inputs()
-    gh, gw = self._grid()
+    gh, gw = self._grid
     return images, jnp.zeros((1, gh * gw), jnp.float32)
 
   def device_batch(self, batch, key):
     """Normalises the images and draws the masking noise [B, N] from the step's key."""
     pre = self.preprocess()
     images = device_ops.to_float(batch["image"], pre.mean, pre.std)
-    gh, gw = self._grid()
+    gh, gw = self._grid
     return {"image": images, "noise": jax.random.uniform(key, (images.shape[0], gh * gw))}
 
   def model_inputs(self, batch):
     return batch["image"], batch["noise"]
 
   def loss(self, output, batch):
-    per_patch = _patch_errors(output["pred"], batch["image"], self._patch())
+    per_patch = _patch_errors(output["pred"], batch["image"], self._patch)
     mask = output["mask"]
     loss = jnp.sum(per_patch * mask) / jnp.maximum(jnp.sum(mask), 1.0)
     return loss, {"visible_mse": jnp.sum(per_patch * (1 - mask)) / jnp.maximum(jnp.sum(1 - mask), 1.0)}
 
-  def _patch(self) -> tuple[int, int]:
-    h, w = self.describe()["image_size"]
-    gh, gw = self._grid()
-    return h // gh, w // gw
-
   def evaluate(self, model, variables, split, sharding, limit=None, stop=None, step=None) -> dict:
     it, info = self._input(split, False)
     progress = Progress(f"eval {split}", info.steps_per_epoch, unit="images")
-    gh, gw = self._grid()
+    gh, gw = self._grid
     key = jax.random.key(self.config.seed + 4)  # the same masks at every evaluation
     sums, drawn = None, None
     for i, batch in enumerate(it):
@@ -113,7 +108,7 @@ class MaskedImageModeling(ImageClassification):
       batch = mesh_lib.to_global(batch, sharding, ("image", "mask"))
       pre = self.preprocess()
       step_key = jax.random.fold_in(key, i)
-      out, pred = _eval_step(model, variables, batch, step_key, self._patch(), gh * gw, pre.mean, pre.std)
+      out, pred = _eval_step(model, variables, batch, step_key, self._patch, gh * gw, pre.mean, pre.std)
       sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
       if drawn is None:
         drawn = (mesh_lib.gather(batch["image"])[:SHOWN], mesh_lib.gather(pred["pred"])[:SHOWN])
@@ -130,7 +125,7 @@ class MaskedImageModeling(ImageClassification):
     """Rows of (original, visible patches only, reconstruction with the visible patches pasted back)."""
     import PIL.Image  # pylint: disable=g-import-not-at-top
 
-    patch = self._patch()
+    patch = self._patch
     channels = images.shape[-1]
     images = device_ops.to_float(jnp.asarray(images))  # drawn in [-1, 1] (the targets are per-patch normalised)
     target = patchify(images, patch)

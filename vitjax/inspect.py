@@ -136,9 +136,8 @@ def swin_blocks(model, weights: dict, intermediates: dict, patch: tuple[int, int
 
 
 def _grid_of(model, image_hw) -> tuple[int, int]:
-  p = model.patch_size
-  p = tuple(p) if not isinstance(p, int) else (p, p)
-  return image_hw[0] // p[0], image_hw[1] // p[1]
+  ph, pw = model.patch_hw
+  return image_hw[0] // ph, image_hw[1] // pw
 
 
 def _show(ax, image, overlay=None, title=None):

@@ -100,8 +100,7 @@ class MAE(nn.Module):
       dtype=self.dtype,
     )
     self.decoder = Stack(EncoderBlock, self.decoder_depth, tuple(block_kwargs.items()), dtype=self.dtype)
-    p = self.vit.patch_size
-    self.patch = tuple(p) if not isinstance(p, int) else (p, p)
+    self.patch = self.vit.patch_hw
     self.decoder_pred = nn.Dense(self.patch[0] * self.patch[1] * self.channels, dtype=self.dtype)
 
   def __call__(self, images: Array, noise: Array, train: bool = False) -> tuple[dict, dict]:

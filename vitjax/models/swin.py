@@ -189,6 +189,11 @@ class Swin(nn.Module):
   dtype: Any = None
 
   @property
+  def patch_hw(self) -> tuple[int, int]:
+    """patch_size as (height, width)."""
+    return (self.patch_size, self.patch_size)
+
+  @property
   def num_layers(self) -> int:
     """All stages' blocks: what layer-wise learning-rate decay counts (see layer_index)."""
     return sum(self.depths)
@@ -211,7 +216,7 @@ class Swin(nn.Module):
       raise ValueError(f"Swin takes images [B, H, W, C], got shape {images.shape}")
     if len(self.depths) != len(self.num_heads):
       raise ValueError(f"depths {self.depths} and num_heads {self.num_heads} must have the same length")
-    p = (self.patch_size, self.patch_size)
+    p = self.patch_hw
     check_divisible(images.shape[1:3], p)
     window = tuple(self.window_size) if isinstance(self.window_size, Sequence) else (self.window_size,) * 2
     images = images.astype(self.dtype or images.dtype)

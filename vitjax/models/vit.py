@@ -185,6 +185,12 @@ class ViT(nn.Module):
   dtype: Any = None
 
   @property
+  def patch_hw(self) -> tuple[int, int]:
+    """patch_size as (height, width)."""
+    p = self.patch_size
+    return tuple(p) if isinstance(p, Sequence) else (p, p)
+
+  @property
   def num_layers(self) -> int:
     """The encoder's blocks: what layer-wise learning-rate decay counts (see layer_index)."""
     return self.depth
@@ -213,7 +219,7 @@ class ViT(nn.Module):
       raise ValueError(f"unknown pool_type {self.pool_type!r}; use one of {', '.join(map(repr, POOL_TYPES))}")
     if self.norm not in NORMS:
       raise ValueError(f"unknown norm {self.norm!r}; use one of {', '.join(map(repr, NORMS))}")
-    patch = tuple(self.patch_size) if isinstance(self.patch_size, Sequence) else (self.patch_size,) * 2
+    patch = self.patch_hw
     check_divisible(images.shape[1:3], patch)
     x = images.astype(self.dtype or images.dtype)
     if self.stem == "patch":

@@ -2,8 +2,6 @@
 Swin, as PNGs, from the reference attention path (which changes no result)."""
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import jax.numpy as jnp
@@ -72,28 +70,14 @@ def test_vit_attention_rollout_and_positions(runs):
 
   # the command line: its PNGs, one path a line
   out = root / "vit_out"
-  proc = subprocess.run(
-    [sys.executable, "-m", "vitjax.inspect", f"--workdir={vit}", f"--out={out}", "--example=5", "--split=test"],
-    cwd=th.ROOT,
-    env=th.env(),
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
+  proc = th.run_module("inspect", f"--workdir={vit}", f"--out={out}", "--example=5", "--split=test")
   assert proc.returncode == 0, proc.stderr[-2000:]
   names = ["input.png", "attention.png", "rollout.png", "posemb_similarity.png"]
   assert proc.stdout.split() == [str(out / n) for n in names]
   from PIL import Image
 
   assert all(Image.open(out / n).size[0] > 50 for n in names)
-  proc = subprocess.run(
-    [sys.executable, "-m", "vitjax.inspect", f"--workdir={vit}", f"--out={out}", "--example=300"],
-    cwd=th.ROOT,
-    env=th.env(),
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
+  proc = th.run_module("inspect", f"--workdir={vit}", f"--out={out}", "--example=300")
   assert proc.returncode == 2 and proc.stderr.count("error:") == 1 and "examples 0 to 299" in proc.stderr
 
 

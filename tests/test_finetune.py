@@ -2,8 +2,6 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -164,7 +162,8 @@ def test_ema_run_evaluates_checkpoints_loads_and_exports_its_average(tmp_path, d
 
   workdir = str(tmp_path / "ema")
   common = [*th.TINY, f"--config.data.data_dir={data_dir}"]
-  th.check_ok(th.run_main(workdir, *common, "--config.ema_decay=0.8", "--config.best_metric=eval_ema/accuracy"))
+  proc = th.check_ok(th.run_main(workdir, *common, "--config.ema_decay=0.8", "--config.best_metric=eval_ema/accuracy"))
+  assert "covers the parameters only" not in proc.stderr  # no BatchNorm here, so no warning
   rows = [r for r in th.read_metrics(workdir) if "eval/accuracy" in r and "source" not in r]
   assert [r["step"] for r in rows] == [10, 20, 30]
   assert all({"eval_ema/accuracy", "eval_ema/top5", "eval_ema/loss"} <= set(r) for r in rows)
@@ -181,20 +180,23 @@ def test_ema_run_evaluates_checkpoints_loads_and_exports_its_average(tmp_path, d
   raw, ema = vitjax.load(workdir, "latest"), vitjax.load(workdir, "latest", weights="ema")
   assert not np.allclose(raw.variables["params"]["head"]["kernel"], ema.variables["params"]["head"]["kernel"])
   out = str(tmp_path / "ema.npz")
-  # (a subprocess: vitjax.export's absl flags would clash with another command line's imported in this process)
-  export = [sys.executable, "-m", "vitjax.export", f"--workdir={workdir}", "--format=npz", f"--out={out}"]
-  proc = subprocess.run(
-    [*export, "--checkpoint=latest", "--weights=ema"],
-    cwd=th.ROOT,
-    env=th.env(),
-    text=True,
-    capture_output=True,
-    timeout=300,
+  proc = th.run_module(
+    "export", f"--workdir={workdir}", "--format=npz", f"--out={out}", "--checkpoint=latest", "--weights=ema"
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
   np.testing.assert_array_equal(np.load(out)["head/kernel"], np.asarray(ema.variables["params"]["head"]["kernel"]))
   best = max(rows, key=lambda r: (r["eval_ema/accuracy"], r["step"]))["step"]
   assert vitjax.load(workdir, "best").step == best
+
+  # a model with BatchNorm statistics (the conv stem) is warned that its average leaves them out
+  config = tmp_path / "conv_stem.py"
+  config.write_text(
+    "from vitjax.config import load_module\n\n\ndef get_config():\n"
+    f"  c = load_module({th.CONFIG!r}).get_config()\n  c.model.stem = 'conv'\n  return c\n"
+  )
+  stem = [*common, "--config.ema_decay=0.8", "--config.total_steps=2", "--config.checkpoint_every=2"]
+  proc = th.check_ok(th.run_main(str(tmp_path / "bn"), *stem, config=str(config)))
+  assert "covers the parameters only; this model's batch_stats (BatchNorm statistics)" in proc.stderr
 
   # a run without an average: one line naming the fix, exit 2
   plain = str(tmp_path / "plain")

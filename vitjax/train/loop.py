@@ -198,6 +198,12 @@ def _train(config, workdir, task, data, total, exp, state, start, data_state, ck
       "compute_dtype=bfloat16 on a CPU: XLA's CPU matmuls are no faster in bfloat16 than in float32 without AMX or "
       "AVX512-BF16 (experiments/README.md); --config.compute_dtype=float32 is the CPU's setting"
     )
+  if config.get("ema_decay") and jax.tree.leaves(exp.abstract_state.model_state):
+    logging.warning(
+      "ema_decay: the moving average covers the parameters only; this model's %s (BatchNorm statistics) stay the "
+      "raw model's, so eval_ema/... can lag the raw weights: compare them before choosing best by eval_ema",
+      "/".join(exp.abstract_state.model_state),
+    )
 
   deadline = time.time() + 60 * config.max_train_minutes if config.get("max_train_minutes") else None
   reporter = Reporter(workdir, total, config.log_every, data.examples_per_step, deadline, purge_step=start + 1)

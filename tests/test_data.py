@@ -469,3 +469,25 @@ def test_a_jpeg_dataset_reads_through_the_pipeline(jpeg_dir):
   b = _take(make_input("jpeg_toy", "train", train=True, seed=3, augment=aug, **common)[0], 4)
   assert _all_equal(a, b) and a[0]["image"].shape == (4, 24, 32, 3)
   assert len({x["image"].tobytes() for x in a}) == 4
+
+
+def test_the_cache_gives_the_same_batches_and_holds_pngs_decoded_and_jpegs_encoded(data_dir, jpeg_dir, monkeypatch):
+  from vitjax.data import images
+
+  made = []
+  monkeypatch.setattr(images, "_cache", lambda *a: made.append(images._InMemory(*a)) or made[-1])
+  crops = {"random_resized_crop": {"scale": (0.5, 1.0)}, "flip": True}
+  for name, path, size, subset in (
+    ("digits", data_dir, 8, np.arange(0, 1400, 2)),  # training beside a validation split reads a subset
+    ("jpeg_toy", jpeg_dir, (24, 32), None),
+  ):
+    common = dict(data_dir=path, image_size=size, process_index=0, process_count=1, read_threads=0)
+    for train in (True, False):
+      kw = dict(common, global_batch_size=4, train=train, seed=5, augment=crops, subset=subset)
+      plain, _ = make_input(name, "train", **kw)
+      cached, _ = make_input(name, "train", cache=True, **kw)
+      a, b = (_take(it, 6) if train else list(it) for it in (plain, cached))
+      assert _all_equal(a, b), (name, train)
+      image = made[-1][2 if subset is None else int(subset[3])]["image"]
+      assert isinstance(image, bytes if name == "jpeg_toy" else np.ndarray), (name, type(image))
+  assert len(made) == 4 and len(made[0]._images) == 700

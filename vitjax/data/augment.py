@@ -142,8 +142,11 @@ def resize(
   return _from_pil(pil)
 
 
-def encoded_shape(data: bytes) -> tuple[int, int]:
-  """(height, width) of an encoded image (JPEG, PNG, ...), read from its header without decoding it."""
+def encoded_shape(data: bytes | np.ndarray) -> tuple[int, int]:
+  """(height, width) of an encoded image (JPEG, PNG, ...), read from its header without decoding it (or of an
+  image already decoded, uint8 [H, W, C])."""
+  if isinstance(data, np.ndarray):
+    return data.shape[0], data.shape[1]
   if data[:2] == b"\xff\xd8":
     try:
       height, width, _, _ = simplejpeg.decode_jpeg_header(data)
@@ -155,7 +158,7 @@ def encoded_shape(data: bytes) -> tuple[int, int]:
 
 
 def decode(
-  data: bytes, channels: int, box: Box | None = None, size: tuple[int, int] | None = None
+  data: bytes | np.ndarray, channels: int, box: Box | None = None, size: tuple[int, int] | None = None
 ) -> tuple[np.ndarray, Box | None]:
   """Decodes an encoded image to uint8 [H, W, channels] (channels 1 or 3).
 
@@ -165,9 +168,13 @@ def decode(
   at least ``size`` pixels: a crop twice its target or more then costs less to decode and to resize. Other formats
   (PNG, ...) and JPEGs libjpeg-turbo cannot read go through PIL at full size.
 
+  An image already decoded (uint8 [H, W, channels]: images.make_input's ``cache``) comes back as it is.
+
   Returns:
     (image, box): the box in the decoded image's pixels (``box`` unchanged when nothing was scaled).
   """
+  if isinstance(data, np.ndarray):
+    return data, box
   if data[:2] == b"\xff\xd8":
     try:
       return _decode_jpeg(data, channels, box, size)

@@ -153,7 +153,13 @@ class ImageClassification:
   def train_input(self) -> TrainInput:
     c, d = self.config, self.config.data
     it, info = self._input(
-      d.train_split, True, batch=c.batch_size, seed=c.seed, augment=d.augment, worker_count=d.worker_count
+      d.train_split,
+      True,
+      batch=c.batch_size,
+      seed=c.seed,
+      augment=d.augment,
+      worker_count=d.worker_count,
+      cache=bool(d.get("cache")),
     )
     return TrainInput(it, info.num_examples, max(info.num_examples // c.batch_size, 1), c.batch_size)
 

@@ -50,6 +50,7 @@ BOOKKEEPING = (
   "sharding_rules",
   "data.data_dir",
   "data.read_threads",
+  "data.cache",
   "data.eval_split",
   "data.eval_batch_size",
   "data.eval_examples",

@@ -8,6 +8,7 @@ checkout before a change, with PYTHONPATH pointing at it):
     python -m vitjax.data.prepare --dataset=fashion_mnist --data_dir=/work/runs/tfds
     taskset -c 0 python experiments/bench_input.py --data_dir=/work/runs/tfds --workers=0 --tag=after
     taskset -c 0,1 python experiments/bench_input.py --data_dir=/work/runs/tfds --workers=2 --tag=after
+    taskset -c 1 python experiments/bench_input.py --data_dir=/work/runs/tfds --workers=0 --cache --tag=cache
 
 Rows (JSON lines appended to experiments/results/bench_input.jsonl):
   fashion_mnist: the Fashion-MNIST ViT config's input (28 px, batch 128) with random-resized crop, flip,
@@ -53,6 +54,7 @@ def fashion_mnist(args) -> dict:
     augment=AUG,
     worker_count=args.workers,
     read_threads=args.read_threads,
+    **({"cache": True} if args.cache else {}),
   )
   for _ in range(args.warmup):
     batch = next(it)
@@ -150,6 +152,7 @@ def main():
   p.add_argument("--data_dir", required=True)
   p.add_argument("--workers", type=int, default=0, help="grain worker processes")
   p.add_argument("--read_threads", type=int, default=0)
+  p.add_argument("--cache", action="store_true", help="data.cache: the split read into memory first")
   p.add_argument("--batch", type=int, default=128)
   p.add_argument("--batches", type=int, default=40)
   p.add_argument("--warmup", type=int, default=5)
@@ -163,11 +166,12 @@ def main():
     "cores": cores,
     "workers": args.workers,
     "read_threads": args.read_threads,
+    "cache": args.cache,
     "cpu": platform.processor() or platform.machine(),
     "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
   }
   rows = [{"row": "fashion_mnist", "batch": args.batch, **fashion_mnist(args)}]
-  if args.workers == 0:  # per image, in this process: independent of the worker count
+  if args.workers == 0 and not args.cache:  # per image, in this process: independent of the worker count
     rows += [{"row": "jpeg", **r} for r in jpeg(args)]
   with open(args.out, "a") as f:
     for row in rows:

@@ -476,18 +476,28 @@ def test_the_cache_gives_the_same_batches_and_holds_pngs_decoded_and_jpegs_encod
 
   made = []
   monkeypatch.setattr(images, "_cache", lambda *a: made.append(images._InMemory(*a)) or made[-1])
-  crops = {"random_resized_crop": {"scale": (0.5, 1.0)}, "flip": True}
+  crops = {"random_resized_crop": {"scale": (0.5, 1.0)}, "flip": True, "randaugment": True}
   for name, path, size, subset in (
     ("digits", data_dir, 8, np.arange(0, 1400, 2)),  # training beside a validation split reads a subset
     ("jpeg_toy", jpeg_dir, (24, 32), None),
   ):
-    common = dict(data_dir=path, image_size=size, process_index=0, process_count=1, read_threads=0)
-    for train in (True, False):
-      kw = dict(common, global_batch_size=4, train=train, seed=5, augment=crops, subset=subset)
+    for train, batch, process in ((True, 4, (1, 2)), (False, 6, (1, 2)), (False, 5, (0, 1))):
+      kw = dict(data_dir=path, image_size=size, process_index=process[0], process_count=process[1], read_threads=0)
+      kw.update(global_batch_size=batch, train=train, seed=5, augment=crops, subset=subset)
       plain, _ = make_input(name, "train", **kw)
       cached, _ = make_input(name, "train", cache=True, **kw)
-      a, b = (_take(it, 6) if train else list(it) for it in (plain, cached))
-      assert _all_equal(a, b), (name, train)
-      image = made[-1][2 if subset is None else int(subset[3])]["image"]
+      a, b = (_take(it, 6) if train else list(it) for it in (plain, cached))  # eval: a padded last batch
+      assert _all_equal(a, b), (name, train, batch)
+      image = made[-1][int(np.flatnonzero(made[-1]._rows >= 0)[-1])]["image"]
       assert isinstance(image, bytes if name == "jpeg_toy" else np.ndarray), (name, type(image))
-  assert len(made) == 4 and len(made[0]._images) == 700
+    # The flag may change on resume: a cached iterator set to a plain one's state goes on with the same batches.
+    kw = dict(data_dir=path, image_size=size, process_index=0, process_count=1, read_threads=0, subset=subset)
+    kw.update(global_batch_size=4, train=True, seed=5, augment=crops)
+    plain, _ = make_input(name, "train", **kw)
+    _take(plain, 3)
+    cached, _ = make_input(name, "train", cache=True, **kw)
+    cached.set_state(plain.get_state())
+    assert _all_equal(_take(plain, 4), _take(cached, 4)), name
+  assert made[0]._images.shape == (700, 8, 8, 1) and isinstance(made[4]._images, list)  # PNGs of one shape: stacked
+  with pytest.raises(ValueError, match="uint8"):  # a decoded image of the wrong layout is refused
+    augment.decode(np.zeros((8, 8, 3), np.uint8), 1)

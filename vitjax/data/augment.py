@@ -174,6 +174,8 @@ def decode(
     (image, box): the box in the decoded image's pixels (``box`` unchanged when nothing was scaled).
   """
   if isinstance(data, np.ndarray):
+    if data.ndim != 3 or data.shape[-1] != channels or data.dtype != np.uint8:
+      raise ValueError(f"a decoded image must be uint8 [H, W, {channels}], got {data.dtype} {data.shape}")
     return data, box
   if data[:2] == b"\xff\xd8":
     try:

@@ -120,38 +120,42 @@ class _Examples:
 
 
 class _InMemory:
-  """The examples at ``positions`` of a tfds source, read once into memory: ``source[pos]`` as the source gives it,
-  except that images other than JPEGs (PNG, ...) come decoded, uint8 [H, W, channels], so that the preprocessing
-  skips their decoding. JPEGs stay encoded: how one is decoded depends on its crop (``augment.decode``). Batches
-  are those of the source itself; only the time to make them changes."""
+  """The examples at ``positions`` of a tfds source (and example 0, which pads a shard with none: ``-1``), read
+  once into memory: ``source[pos]`` as the source gives it, except that images other than JPEGs (PNG, ...) come
+  decoded, uint8 [H, W, channels], so that the preprocessing skips their decoding. JPEGs stay encoded: how one is
+  decoded depends on its crop (``augment.decode``). Batches are those of the source itself; only the time to make
+  them changes. Images of one shape are held as one [N, H, W, C] array (one buffer for grain workers to copy)."""
 
   def __init__(self, source, image_key: str, label_key: str, positions: np.ndarray, channels: int):
-    self._source, self._keys = source, (image_key, label_key)
-    self._rows = dict.fromkeys(int(p) for p in positions if p >= 0)
-    self._images, self.nbytes = [], 0
-    labels = []
-    wanted = list(self._rows)
+    self._keys, self._len = (image_key, label_key), len(source)
+    positions = np.asarray(positions, np.int64)
+    wanted = np.unique(np.concatenate([positions[positions >= 0], [0] if (positions < 0).any() else []]))
+    self._rows = np.full(len(source), -1, np.int64)
+    self._rows[wanted.astype(np.int64)] = np.arange(len(wanted))
+    images, labels = [], np.zeros(len(wanted), np.int64)
     for start in range(0, len(wanted), 1024):
-      chunk = wanted[start : start + 1024]
-      for pos, example in zip(chunk, source.__getitems__(chunk), strict=True):
+      chunk = [int(p) for p in wanted[start : start + 1024]]
+      for i, example in enumerate(source.__getitems__(chunk), start):
         image = bytes(example[image_key])
-        if image[:2] != b"\xff\xd8":
-          image = decode(image, channels)[0]
-        self._rows[pos] = len(self._images)
-        self._images.append(image)
-        labels.append(int(example[label_key]))
-        self.nbytes += image.nbytes if isinstance(image, np.ndarray) else len(image)
-    self._labels = np.asarray(labels, np.int64)
+        images.append(image if image[:2] == b"\xff\xd8" else decode(image, channels)[0])
+        labels[i] = int(example[label_key])
+    shapes = {x.shape if isinstance(x, np.ndarray) else None for x in images}
+    self._images = np.stack(images) if images and None not in shapes and len(shapes) == 1 else images
+    self._labels = labels
+    self.nbytes = sum(x.nbytes if isinstance(x, np.ndarray) else len(x) for x in images)
+    self.count = len(images)
 
   def __len__(self) -> int:
-    return len(self._source)
+    return self._len
 
   def __getitem__(self, pos: int) -> dict[str, Any]:
     row = self._rows[pos]
+    if row < 0:
+      raise KeyError(f"position {pos} was not read into memory (data.cache)")
     return {self._keys[0]: self._images[row], self._keys[1]: self._labels[row]}
 
   def __repr__(self) -> str:
-    return f"_InMemory({self._source!r}, {len(self._images)} examples, {self.nbytes / 2**20:.1f} MiB)"
+    return f"_InMemory({self.count} of {self._len} examples, {self.nbytes / 2**20:.1f} MiB)"
 
 
 def _finish(example: dict[str, Any], image: np.ndarray) -> dict[str, Any]:
@@ -290,7 +294,7 @@ def _cache(source, image_key, label_key, positions, channels) -> _InMemory:
   cached = _InMemory(source, image_key, label_key, positions, channels)
   logging.info(
     "data.cache: %s examples in memory (%.1f MiB) after %.0f s",
-    f"{len(cached._images):,}",
+    f"{cached.count:,}",
     cached.nbytes / 2**20,
     time.perf_counter() - start,
   )

@@ -142,12 +142,17 @@ def resize(
   return _from_pil(pil)
 
 
+def is_jpeg(data: bytes) -> bool:
+  """Whether encoded image bytes start with a JPEG's start-of-image marker."""
+  return data[:2] == b"\xff\xd8"
+
+
 def encoded_shape(data: bytes | np.ndarray) -> tuple[int, int]:
   """(height, width) of an encoded image (JPEG, PNG, ...), read from its header without decoding it (or of an
   image already decoded, uint8 [H, W, C])."""
   if isinstance(data, np.ndarray):
     return data.shape[0], data.shape[1]
-  if data[:2] == b"\xff\xd8":
+  if is_jpeg(data):
     try:
       height, width, _, _ = simplejpeg.decode_jpeg_header(data)
       return height, width
@@ -177,7 +182,7 @@ def decode(
     if data.ndim != 3 or data.shape[-1] != channels or data.dtype != np.uint8:
       raise ValueError(f"a decoded image must be uint8 [H, W, {channels}], got {data.dtype} {data.shape}")
     return data, box
-  if data[:2] == b"\xff\xd8":
+  if is_jpeg(data):
     try:
       return _decode_jpeg(data, channels, box, size)
     except ValueError:

@@ -50,6 +50,7 @@ from vitjax.data.augment import (
   Preprocess,
   decode,
   encoded_shape,
+  is_jpeg,
   parse_augment,
   preprocess_eval,
   randaugment,
@@ -109,7 +110,7 @@ class _Examples:
     pos = int(i if self._positions is None else self._positions[i])
     real = pos >= 0
     if not real:  # Padding: any real example, masked out.
-      pos = int(self._positions[0]) if self._positions[0] >= 0 else 0
+      pos = _padding_position(self._positions)
     example = self._source[pos]
     image = example[self._image_key]
     image = image if isinstance(image, np.ndarray) else bytes(image)
@@ -119,8 +120,13 @@ class _Examples:
     return f"_Examples({self._source!r}, n={len(self)})"
 
 
+def _padding_position(positions: np.ndarray) -> int:
+  """The example that pads a shard (``-1`` in ``positions``): the shard's first, or example 0 for an empty shard."""
+  return int(positions[0]) if positions[0] >= 0 else 0
+
+
 class _InMemory:
-  """The examples at ``positions`` of a tfds source (and example 0, which pads a shard with none: ``-1``), read
+  """The examples at ``positions`` of a tfds source (and the one that pads it: ``_padding_position``), read
   once into memory: ``source[pos]`` as the source gives it, except that images other than JPEGs (PNG, ...) come
   decoded, uint8 [H, W, channels], so that the preprocessing skips their decoding. JPEGs stay encoded: how one is
   decoded depends on its crop (``augment.decode``). Batches are those of the source itself; only the time to make
@@ -129,7 +135,8 @@ class _InMemory:
   def __init__(self, source, image_key: str, label_key: str, positions: np.ndarray, channels: int):
     self._keys, self._len = (image_key, label_key), len(source)
     positions = np.asarray(positions, np.int64)
-    wanted = np.unique(np.concatenate([positions[positions >= 0], [0] if (positions < 0).any() else []]))
+    padding = [_padding_position(positions)] if (positions < 0).any() else []
+    wanted = np.unique(np.concatenate([positions[positions >= 0], padding]))
     self._rows = np.full(len(source), -1, np.int64)
     self._rows[wanted.astype(np.int64)] = np.arange(len(wanted))
     images, labels = [], np.zeros(len(wanted), np.int64)
@@ -137,7 +144,7 @@ class _InMemory:
       chunk = [int(p) for p in wanted[start : start + 1024]]
       for i, example in enumerate(source.__getitems__(chunk), start):
         image = bytes(example[image_key])
-        images.append(image if image[:2] == b"\xff\xd8" else decode(image, channels)[0])
+        images.append(image if is_jpeg(image) else decode(image, channels)[0])
         labels[i] = int(example[label_key])
     shapes = {x.shape if isinstance(x, np.ndarray) else None for x in images}
     self._images = np.stack(images) if images and None not in shapes and len(shapes) == 1 else images

@@ -159,7 +159,7 @@ class ImageClassification:
       seed=c.seed,
       augment=d.augment,
       worker_count=d.worker_count,
-      cache=bool(d.get("cache")),
+      cache=d.cache,
     )
     return TrainInput(it, info.num_examples, max(info.num_examples // c.batch_size, 1), c.batch_size)
 

@@ -8,7 +8,7 @@ Run (from the repository root):
     python -m vitjax.main --mode=eval --workdir=workdirs/vit_fashion_mnist_long --split=test
 
 Expected: 93.32% test accuracy (9,332 of 10,000) for the best checkpoint by validation accuracy (the last, step
-16,840; 93.77% on validation); 2 h 10 min of training on two cores (`taskset -c 0,1`, 2.1-2.4 steps/s) with
+16,840; 93.77% on validation); 2 h 10 min of training on two cores (`taskset -c 0,1`, 2.0-2.5 steps/s) with
 nothing else training, in two parts (one SIGTERM stop and resume; experiments/README.md, "Towards 93%", round 4).
 The same config at 30 epochs reached 92.95% test (93.40% validation) in 2 h 31 min on one core, at 19 epochs
 92.54% test (92.70% validation) in 1 h 45 min.

@@ -203,7 +203,7 @@ def test_safetensors_export_feeds_init_from(tmp_path):
 def test_export_command_writes_what_timm_and_from_vit_npz_load(finished_run, tmp_path):
   import vitjax
 
-  out = str(tmp_path / "digits.safetensors")
+  out = str(tmp_path / "new" / "folder" / "digits.safetensors")  # export creates the folder
   env = th.env()
   cmd = [sys.executable, "-m", "vitjax.export", f"--workdir={finished_run}"]
   th.check_ok(
@@ -227,8 +227,10 @@ def test_export_command_writes_what_timm_and_from_vit_npz_load(finished_run, tmp
   want, _ = trained.model.apply(trained.variables, x)
   from safetensors.numpy import load_file
 
-  with open(str(tmp_path / "digits.json")) as f:
+  with open(str(tmp_path / "new" / "folder" / "digits.json")) as f:
     cfg = json.load(f)
+  for path in (out, tmp_path / "new" / "folder" / "digits.json", tmp_path / "digits.npz"):  # as any file, not 0600
+    assert os.stat(path).st_mode & 0o777 == 0o666 & ~_umask(), path
   assert _rel(_timm_logits(load_file(out), cfg, x), want) <= TOL
   back, back_vars = convert.from_vit_npz(str(tmp_path / "digits.npz"), act=trained.model.act)
   _same_params(jax.device_get(trained.variables["params"]), back_vars["params"])
@@ -237,6 +239,12 @@ def test_export_command_writes_what_timm_and_from_vit_npz_load(finished_run, tmp
     bad.returncode == 2
     and th.error_lines(bad) == "error: --out=x.bin: a --format=npz export is a .npz file (e.g. --out=model.npz)"
   )
+
+
+def _umask() -> int:
+  mask = os.umask(0)
+  os.umask(mask)
+  return mask
 
 
 @pytest.mark.parametrize("spec,case", [("npz:{}", "big_vision_scan_gap_sincos"), ("timm:swin_tiny:{}", "swin_3stage")])

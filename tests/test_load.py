@@ -81,6 +81,19 @@ def test_load_in_process_latest_and_a_step(run_without_data):
   assert acc(latest) == pytest.approx(logged[30], abs=1e-6) and acc(at_20) == pytest.approx(logged[20], abs=1e-6)
   with pytest.raises(TypeError, match=r"classification run: use .predict"):
     latest.translate(["hello"])
+  # the input contract: uint8 [N, H, W, C] (or [N, H, W] for one channel), 0..255; anything else is one line
+  assert np.array_equal(latest.predict(images[..., 0]), latest.predict(images.astype(np.int64)))
+  digits16 = images.astype(np.float32) * 16 / 255  # sklearn's digits as they come: floats 0..16
+  for bad, said in [
+    (digits16, r"got float32 with values 0\.\.16: convert them"),
+    (images / 255.0, r"got float64 with values 0\.\.1: convert them, e\.g\. np\.round\(x \* 255\)"),
+    (images.astype(np.int32) * 2, r"got int32 with values 0\.\.510$"),
+    (images[0], r"got shape \[8, 8, 1\]"),
+    (np.repeat(images, 3, axis=-1), r"uint8 images \[N, H, W, 1\] with values 0\.\.255.*got shape \[150, 8, 8, 3\]"),
+  ]:
+    with pytest.raises(ValueError, match=said) as err:
+      latest.predict(bad)
+    assert "\n" not in str(err.value)
   with pytest.raises(vitjax.errors.ConfigError, match=r"no checkpoint for step 7 .* there are \[.*20, 25, 30\]"):
     vitjax.load(workdir, 7)
   with pytest.raises(vitjax.errors.ConfigError, match="config.json not found"):

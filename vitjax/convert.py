@@ -699,6 +699,15 @@ def save_safetensors(path: str, state_dict: Mapping[str, Any], metadata: dict[st
   arrays = {k: np.ascontiguousarray(_to_numpy(v), dtype=np.float32) for k, v in state_dict.items()}
   tmp = f"{path}.tmp{os.getpid()}"
   save_file(arrays, tmp, metadata=metadata)
+  publish(tmp, path)
+
+
+def publish(tmp: str, path: str) -> None:
+  """Moves a finished temporary file onto `path` (atomically) with an ordinary file's mode, 0666 less the umask
+  (0644 by default), since some writers (safetensors) create theirs readable by the owner only."""
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(tmp, 0o666 & ~umask)
   os.replace(tmp, path)
 
 

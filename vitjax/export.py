@@ -45,6 +45,11 @@ def export(workdir: str, fmt: str, out: str, checkpoint: str = "best", weights: 
   if not out.endswith(suffix):
     raise ConfigError(f"--out={out}: a --format={fmt} export is a {suffix} file (e.g. --out=model{suffix})")
   trained = vitjax.load(workdir, checkpoint, weights)
+  folder = os.path.dirname(os.path.abspath(out))
+  try:
+    os.makedirs(folder, exist_ok=True)
+  except OSError as e:
+    raise ConfigError(f"--out={out}: cannot create its folder {folder} ({e.strerror}); choose another --out") from None
   image = tuple(trained.task.example_inputs()[0].shape[1:3])  # [B, H, W, C] for the image models
   try:
     if fmt == "timm":
@@ -54,12 +59,12 @@ def export(workdir: str, fmt: str, out: str, checkpoint: str = "best", weights: 
       side = out[: -len(suffix)] + ".json"
       with open(side + ".tmp", "w") as f:
         json.dump(cfg, f, indent=1)
-      os.replace(side + ".tmp", side)
+      convert.publish(side + ".tmp", side)
       return [out, side]
     arrays = convert.to_vit_npz(trained.model, trained.variables)
     tmp = out + ".tmp.npz"
     np.savez(tmp, **arrays)
-    os.replace(tmp, out)
+    convert.publish(tmp, out)
     return [out]
   except ValueError as e:  # a model the format cannot express
     raise ConfigError(f"--format={fmt}: {e}") from None

@@ -207,12 +207,8 @@ class ImageClassification:
     The images go through the evaluation preprocessing (resize to the model's size, normalise); every process
     passes the same images and gets all the probabilities.
     """
-    images = np.asarray(images)
-    if images.ndim == 3:
-      images = images[..., None]
     info = self.describe()
-    if images.ndim != 4 or images.shape[-1] != info["channels"]:
-      raise ValueError(f"predict takes uint8 images [N, H, W, {info['channels']}], got {images.shape}")
+    images = check_images(images, info["channels"])
     size = tuple(info["image_size"])
     n_dev = jax.device_count()
     batch_size = -(-batch_size // n_dev) * n_dev
@@ -229,6 +225,29 @@ class ImageClassification:
       probs = _predict_step(model, variables, local, pre.mean, pre.std)
       out.append(mesh_lib.gather(probs)[:rows])
     return np.concatenate(out) if out else np.zeros((0, info["num_classes"]), np.float32)
+
+
+def check_images(images, channels: int) -> np.ndarray:
+  """The images predict() takes, as uint8 [N, H, W, channels] (one channel may be left out: [N, H, W]);
+  anything else is a ValueError of one line that says what was given and what to do. Integer arrays with values
+  in 0..255 are taken as they are; floats are refused, since their range (0..1, -1..1, 0..16) cannot be told apart
+  from a mistake."""
+  images = np.asarray(images)
+  want = f"predict takes uint8 images [N, H, W, {channels}] with values 0..255, as the dataset stores them"
+  if images.ndim == 3 and channels == 1 and images.shape[-1] != 1:  # [N, H, W]; a lone [H, W, 1] is refused
+    images = images[..., None]
+  if images.ndim != 4 or images.shape[-1] != channels:
+    raise ValueError(f"{want}; got shape {list(images.shape)}")
+  if images.dtype == np.uint8:
+    return images
+  if np.issubdtype(images.dtype, np.integer) or images.dtype == bool:
+    lo, hi = (int(images.min()), int(images.max())) if images.size else (0, 0)
+    if 0 <= lo and hi <= 255:
+      return images.astype(np.uint8)
+    raise ValueError(f"{want}; got {images.dtype} with values {lo}..{hi}")
+  lo, hi = (float(images.min()), float(images.max())) if images.size else (0.0, 0.0)
+  hint = "np.round(x * 255).astype(np.uint8)" if 0 <= lo and hi <= 1 else "x.astype(np.uint8) after rescaling to 0..255"
+  raise ValueError(f"{want}; got {images.dtype} with values {lo:g}..{hi:g}: convert them, e.g. {hint}")
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3, 4))

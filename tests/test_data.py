@@ -215,11 +215,15 @@ print(json.dumps({"devices": jax.device_count(), "diff": diff}))
 
 
 def test_device_mixing_does_not_depend_on_how_many_devices_hold_the_batch():
+  """The same pairs, draw and weights on 1 and 8 devices. Not bitwise: XLA compiles the per-device shapes with
+  other vector loops, and on some CPUs (AVX-512) one contracts w * a + (1 - w) * b into a fused multiply-add, which
+  moves a pixel in [-1, 1] by one float32 ulp (5.96e-8); a wrong pair or draw moves it by up to 2."""
   proc = subprocess.run(
     [sys.executable, "-c", MIX_ON_DEVICES], env=th.env(devices=8), capture_output=True, text=True, timeout=300
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
-  assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"devices": 8, "diff": 0.0}
+  got = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert got["devices"] == 8 and got["diff"] <= 4 * 2.0**-23, got  # a few ulps of 1.0
 
 
 def test_eval_padding_counts_each_example_once(data_dir):

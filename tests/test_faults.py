@@ -124,7 +124,13 @@ def test_a_good_run_resumed_at_a_bad_learning_rate_keeps_its_good_checkpoints(fi
   skip = th.run_main(workdir, *run_args, *args, "--config.on_nonfinite=skip", "--config.max_nonfinite_skips=3")
   assert skip.returncode == 3, skip.stderr[-2000:]
   assert "more than max_nonfinite_skips=3 non-finite steps in a row" in skip.stderr
-  assert skip.stderr.count("update skipped") == 3
+  # at lr 1e4 a finite step may come between two skipped ones (how often depends on the CPU's rounding), so the
+  # run's last streak is what must hold: skips 1, 2, 3 on consecutive steps, then the stop
+  skipped = [
+    tuple(map(int, m)) for m in re.findall(r"step (\d+) is not finite .*?update skipped \((\d+) in a row", skip.stderr)
+  ]
+  assert [n for _, n in skipped[-3:]] == [1, 2, 3], skipped
+  assert [s for s, _ in skipped[-3:]] == list(range(skipped[-3][0], skipped[-3][0] + 3)), skipped
   assert all(_all_finite(workdir).values())
 
 

@@ -186,10 +186,18 @@ def test_eval_mode_reproduces_training_eval(finished_run, tmp_path):
   # Training evaluates on the validation split: 150 of digits' 1,497 training scans, held out by a seed.
   assert all(r["eval/examples"] == 150 for r in train_evals)
 
-  # The config comes from WORKDIR/config.json; the split defaults to the config's (valid).
-  th.check_ok(th.run_main(workdir, "--mode=eval", "--checkpoint=latest", config=None))
+  # The config comes from WORKDIR/config.json; the split defaults to the config's (valid). The result is stdout's
+  # one line (the log is stderr's), or with --json one JSON object: the row written to eval_SPLIT_STEP.json.
+  proc = th.check_ok(th.run_main(workdir, "--mode=eval", "--checkpoint=latest", config=None))
   result = th.read_metrics(workdir)[-1]
   assert result["step"] == 30 and result["split"] == "valid" and result["source"] == "evaluate"
+  assert re.fullmatch(
+    r"checkpoint latest \(step 30\) \| valid: loss [\d.]+, accuracy [\d.]+, top5 [\d.]+ \(150 examples\)\n", proc.stdout
+  )
+  assert "checkpoint latest (step 30)" not in proc.stderr
+  as_json = th.check_ok(th.run_main(workdir, "--mode=eval", "--checkpoint=latest", "--json", config=None))
+  with open(os.path.join(workdir, "eval_valid_30.json")) as f:
+    assert json.loads(as_json.stdout) == json.load(f) == {k: v for k, v in result.items() if k != "source"}
   assert result["eval/accuracy"] == pytest.approx(train_evals[-1]["eval/accuracy"], abs=1e-6)
   assert result["eval/loss"] == pytest.approx(train_evals[-1]["eval/loss"], rel=1e-5)
   assert os.path.exists(os.path.join(workdir, "eval_valid_30.json"))
@@ -205,6 +213,16 @@ def test_eval_mode_reproduces_training_eval(finished_run, tmp_path):
   assert os.path.exists(path), (os.listdir(workdir), proc.stderr[-2000:])
   with open(path) as f:
     assert json.load(f)["eval/accuracy"] == row["eval/accuracy"]
+
+  # A rerun of the finished training needs no --config either (config.json); it trains nothing and prints the
+  # run's result: the best step and its validation metrics.
+  again = th.check_ok(th.run_main(workdir, config=None))
+  assert "is complete (step 30 of 30): nothing to train" in again.stderr
+  best = [r for r in train_evals if r["step"] == best_step][0]
+  assert again.stdout.startswith(f"checkpoint best (step {best_step}) | valid: loss {best['eval/loss']:.4f}, ")
+  new = th.run_main(str(tmp_path / "new"), config=None)
+  assert new.returncode == 2 and th.error_lines(new).startswith("error: training needs --config=configs/NAME.py")
+  assert not os.path.exists(tmp_path / "new")
 
 
 # ---------------------------------------------------------------------------------------- metrics

@@ -5,8 +5,8 @@
     python -m vitjax.main --config=configs/vit.py:variant=S/16,dataset=fashion_mnist --workdir=...
     python -m vitjax.main --mode=eval --workdir=workdirs/vit_digits [--checkpoint=best|latest|STEP] [--split=test]
 
-Training resumes from the workdir's latest checkpoint. In eval mode the config defaults to the one saved in the
-workdir, and --checkpoint=best is the kept step with the best validation metric.
+Training resumes from the workdir's latest checkpoint. Without --config, a resume and an evaluation take the config
+saved in the workdir (config.json). In eval mode --checkpoint=best is the kept step with the best validation metric.
 
 Several processes (hosts): the same command on each, with --multihost --coordinator_address=HOST0:PORT
 --num_processes=N --process_id=I (or --multihost alone under SLURM, Open MPI, Kubernetes or on TPU pods, where
@@ -18,8 +18,10 @@ seed, batch size, steps) is refused unless --allow_config_change, which records 
 bookkeeping fields (log/eval/checkpoint cadence, max_train_minutes, ...) change freely. One run per workdir: a
 second one stops at once, naming the first.
 
-Output: progress, evaluations and one closing line at the default --verbosity=0; --verbosity=1 adds the
-libraries' INFO lines (orbax, grain, tfds), --verbosity=-1 keeps warnings and errors only (see vitjax.logs).
+Output: the result on stdout, one line (or one JSON object with --json): training's best checkpoint with its
+validation metrics, or the evaluated checkpoint with its metrics. The log goes to stderr: progress, evaluations
+during training and one closing line at the default --verbosity=0; --verbosity=1 adds the libraries' INFO lines
+(orbax, grain, tfds), --verbosity=-1 keeps warnings and errors only (see vitjax.logs).
 
 Exit status: 0 done; 2 a problem you can fix (one "error: ..." line naming the fix; the workdir is left as it
 was); 3 the loss or parameters stopped being finite (nothing non-finite saved); 75 stopped by SIGTERM/SIGINT
@@ -27,6 +29,7 @@ after checkpointing the step in flight, or another process was lost (rerun to re
 (see vitjax.errors).
 """
 
+import json
 import os
 import sys
 
@@ -60,14 +63,35 @@ flags.DEFINE_bool(
   False,
   "resume even though the config changes the experiment; the change is recorded in WORKDIR/config_history.jsonl",
 )
+flags.DEFINE_bool("json", False, "print the result on stdout as one JSON object instead of one line of text")
 FLAGS = flags.FLAGS
 
 
-def _saved_config(workdir):
-  """The workdir's config: config.json with the changes recorded in config_history.jsonl."""
+def _config(workdir):
+  """--config, or else the workdir's: config.json with the changes recorded in config_history.jsonl (a resume or
+  an evaluation needs no --config); a new workdir without --config is a ConfigError."""
+  from absl import logging
+
+  from vitjax.errors import ConfigError
   from vitjax.train.workdir import read_config
 
-  return read_config(os.path.abspath(workdir))
+  if FLAGS.config is not None:
+    return FLAGS.config
+  if not os.path.exists(os.path.join(workdir, "config.json")):
+    what = "training" if FLAGS.mode == "train" else "evaluating a workdir without config.json"
+    raise ConfigError(f"{what} needs --config=configs/NAME.py ({workdir} has no config.json to take it from)")
+  logging.info("config: %s", os.path.join(workdir, "config.json"))
+  return read_config(workdir)
+
+
+def _print_result(result: dict) -> None:
+  """The result on stdout, from process 0 only (logs go to stderr): one line, or JSON with --json."""
+  import jax
+
+  from vitjax.train.reporting import format_result
+
+  if jax.process_index() == 0:
+    print(json.dumps(result) if FLAGS.json else format_result(result), flush=True)
 
 
 def main(argv):
@@ -76,19 +100,18 @@ def main(argv):
 
   logs.setup()
   from vitjax import distributed, train
-  from vitjax.errors import USER_ERRORS, ConfigError, Diverged, Preempted, one_line
+  from vitjax.errors import USER_ERRORS, Diverged, Preempted, one_line
 
   try:
     if FLAGS.multihost:
       distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.peer_timeout)
     with distributed.PeerWatch(FLAGS.peer_timeout):  # a lost process: one line, exit 75
-      config = FLAGS.config if FLAGS.config is not None else _saved_config(FLAGS.workdir)
+      config = _config(os.path.abspath(FLAGS.workdir))
       if FLAGS.mode == "train":
-        if FLAGS.config is None:
-          raise ConfigError("training needs --config=configs/NAME.py")
-        train.train(config, FLAGS.workdir, allow_config_change=FLAGS.allow_config_change)
+        result = train.train(config, FLAGS.workdir, allow_config_change=FLAGS.allow_config_change)
       else:
-        train.evaluate(config, FLAGS.workdir, FLAGS.checkpoint, FLAGS.split, FLAGS.weights)
+        result = train.evaluate(config, FLAGS.workdir, FLAGS.checkpoint, FLAGS.split, FLAGS.weights)
+    _print_result(result)
   except (*USER_ERRORS, FileNotFoundError) as e:
     print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
     sys.exit(2)

@@ -29,7 +29,7 @@ from vitjax.train import optim
 from vitjax.train import state as state_lib
 from vitjax.train import workdir as workdir_lib
 from vitjax.train.preemption import StopRequest
-from vitjax.train.reporting import Profiler, Reporter, format_evaluation
+from vitjax.train.reporting import Profiler, Reporter
 from vitjax.train.step import make_train_step
 
 
@@ -88,8 +88,8 @@ def _finite(metrics: dict) -> bool:
 
 
 def train(config: mlc.ConfigDict, workdir: str, allow_config_change: bool = False) -> dict:
-  """Trains (resuming from WORKDIR's newest intact checkpoint if any), evaluates, checkpoints. Returns the last
-  evaluation's metrics. Raises ConfigError / DatasetNotPreparedError before writing anything if the config, data
+  """Trains (resuming from WORKDIR's newest intact checkpoint if any), evaluates, checkpoints. Returns the result
+  as evaluate() does: {"step", "checkpoint": "best", "split", "weights", **the best step's metrics}. Raises ConfigError / DatasetNotPreparedError before writing anything if the config, data
   or workdir cannot work; Preempted or Diverged when it stops early (see the module docstring)."""
   with StopRequest() as stop:  # from the start: a signal during setup or compilation stops cleanly too
     return _checked_train(config, os.path.abspath(workdir), allow_config_change, stop)
@@ -132,7 +132,7 @@ def _checked_train(config, workdir, allow_config_change, stop) -> dict:
       raise
     if start >= total:
       logging.info("the run in %s is complete (step %d of %d): nothing to train", workdir, start, total)
-      return ckpts.metrics(start) or {}
+      return _best_result(config, ckpts)
     if stop.requested():
       raise Preempted(f"{stop.name} before the first step: nothing new to checkpoint; rerun the same command")
     return _train(config, workdir, task, data, total, exp, state, start, data_state, ckpts, changes, lock, stop)
@@ -212,12 +212,11 @@ def _train(config, workdir, task, data, total, exp, state, start, data_state, ck
   best = ckpts.best_step()
   best_value = (ckpts.metrics(best) or {}).get(config.best_metric) if best is not None else None
   sign = 1 if config.best_mode == "max" else -1
-  final = {}
 
   def evaluate_and_save(step, state, data_state, resave=False):
     """Evaluates `step`, then saves it with its metrics (a candidate for best); an interrupted evaluation saves
     the step without them (it runs again on resume)."""
-    nonlocal best_value, final
+    nonlocal best_value
     try:
       metrics = task.evaluate(
         exp.model, _variables(state), split, exp.batch_sharding, limit, stop=interrupted, step=step
@@ -240,14 +239,13 @@ def _train(config, workdir, task, data, total, exp, state, start, data_state, ck
     if resave:
       ckpts.wait()
     value = metrics.get(config.best_metric)
+    name = config.best_metric.removeprefix("eval/").replace("eval_ema/", "ema ", 1)
     note = ""
     if value is not None and value == value and (best_value is None or sign * value > sign * best_value):
-      best_value, note = (
-        value,
-        f" | best {config.best_metric.removeprefix('eval/').replace('eval_ema/', 'ema ', 1)} so far",
-      )
+      best_value, note = value, f" | best {name} so far"
+    elif value is not None and value == best_value:  # orbax keeps the later of equal steps as best
+      note = f" | ties the best {name}: this later step becomes best"
     reporter.evaluation(step, split, metrics, note)
-    final = metrics
 
   def interrupted() -> bool:  # asked between evaluation batches
     lock.touch()
@@ -298,7 +296,14 @@ def _train(config, workdir, task, data, total, exp, state, start, data_state, ck
     reporter.close()
   ckpts.wait()
   logging.info("done: checkpoints in %s (best: step %s)", ckpts.directory, ckpts.best_step())
-  return final
+  return _best_result(config, ckpts)
+
+
+def _best_result(config, ckpts) -> dict:
+  """The run's result: the best kept step and its evaluation, in evaluate()'s layout."""
+  best = ckpts.best_step()
+  metrics = (ckpts.metrics(best) if best is not None else None) or {}
+  return {"step": best, "checkpoint": "best", "split": config.data.eval_split, "weights": "params", **metrics}
 
 
 def _preempted(stop: StopRequest, step: int, ckpts) -> str:
@@ -368,14 +373,12 @@ def evaluate(config, workdir: str, checkpoint: str = "best", split: str | None =
     step, params, model_state = ckpts.restore_variables(str(checkpoint), exp.abstract_state, weights)
   with jax.set_mesh(exp.mesh):
     result = task.evaluate(exp.model, {"params": params, **model_state}, split, exp.batch_sharding, step=step)
-  what = f"checkpoint {checkpoint} (step {step}{', EMA weights' if weights == 'ema' else ''})"
-  logging.info("%s | %s", what, format_evaluation(split, result))
-  row = {"step": step, "checkpoint": checkpoint, "split": split, "weights": weights, **result}
+  row = {"step": step, "checkpoint": str(checkpoint), "split": split, "weights": weights, **result}
   workdir_lib.write_json(workdir, f"eval_{split}_{step}{'_ema' if weights == 'ema' else ''}.json", row)
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
       f.write(json.dumps({**row, "source": "evaluate"}) + "\n")
-  return {"step": step, **result}
+  return row
 
 
 def _evaluate_imported(config, workdir: str, split: str, weights: str) -> dict:
@@ -390,10 +393,9 @@ def _evaluate_imported(config, workdir: str, split: str, weights: str) -> dict:
   state = state_lib.initial_state(exp)
   with jax.set_mesh(exp.mesh):
     result = task.evaluate(exp.model, _variables(state), split, exp.batch_sharding)
-  logging.info("imported weights (init_from=%s), no training | %s", config.init_from, format_evaluation(split, result))
   row = {"step": 0, "init_from": config.init_from, "split": split, "weights": weights, **result}
   workdir_lib.write_json(workdir, f"eval_{split}_imported.json", row)
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
       f.write(json.dumps({**row, "source": "evaluate"}) + "\n")
-  return {"step": 0, **result}
+  return row

@@ -125,6 +125,17 @@ def format_evaluation(split: str, metrics: dict) -> str:
   return f"{split}: {shown}{count}"
 
 
+def format_result(row: dict) -> str:
+  """A result (train()'s or evaluate()'s) on one line: 'checkpoint best (step 1600) | test: accuracy 0.9833, ...';
+  imported weights: 'imported weights (init_from=...), no training | test: ...'."""
+  metrics = {k: v for k, v in row.items() if k.startswith(("eval/", "eval_ema/"))}
+  if "init_from" in row:
+    what = f"imported weights (init_from={row['init_from']}), no training"
+  else:
+    what = f"checkpoint {row['checkpoint']} (step {row['step']}{', EMA weights' if row['weights'] == 'ema' else ''})"
+  return f"{what} | {format_evaluation(row['split'], metrics)}"
+
+
 class Profiler:
   """A jax.profiler trace of steps [first, last] (1-based, inclusive) into WORKDIR/tb/plugins/profile/RUN/,
   where `tensorboard --logdir WORKDIR` (or a parent) shows it in the profile tab (needs the

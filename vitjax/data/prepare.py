@@ -50,18 +50,25 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
     The prepared builder (``builder.as_data_source()`` reads it back).
     Preparing an already prepared dataset is a no-op.
   """
+  return _prepare(name, data_dir, manual_dir)[0]
+
+
+def _prepare(name: str, data_dir: str | None, manual_dir: str | None) -> tuple[tfds.core.DatasetBuilder, bool]:
+  """prepare(), and whether the dataset was prepared already."""
   data_dir = os.path.expanduser(data_dir or builders.default_data_dir())
   if builders.resolve_name(name) == builders.FashionMnistDeb.name:
     manual_dir = manual_dir or builders.DEBIAN_FASHION_MNIST_DIR
     if not builders.fashion_mnist_available(os.path.expanduser(manual_dir)):
       raise FileNotFoundError(builders.fashion_mnist_missing_message(manual_dir))
   builder = builders.get_builder(name, data_dir)
+  if os.path.exists(os.path.join(builder.data_dir, "dataset_info.json")):  # is_prepared(), without its warning
+    return builder, True
   config = tfds.download.DownloadConfig(manual_dir=os.path.expanduser(manual_dir) if manual_dir else None)
   # tfds prints "Downloading and preparing dataset ..." even when nothing downloads: shown at --verbosity=1
   quiet = logging.get_verbosity() < 1
   with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
     builder.download_and_prepare(download_config=config)
-  return builder
+  return builder, False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,14 +81,16 @@ def main(argv: list[str] | None = None) -> int:
   logs.setup(args.verbosity)
   start = time.time()
   try:
-    builder = prepare(args.dataset, args.data_dir, args.manual_dir)
+    builder, was_prepared = _prepare(args.dataset, args.data_dir, args.manual_dir)
   except (FileNotFoundError, tfds.core.DatasetNotFoundError) as e:
     print(f"error: {str(e).strip().splitlines()[0]}", file=sys.stderr, flush=True)
     return 2
   splits = {k: v.num_examples for k, v in builder.info.splits.items()}
-  logging.info(
-    "prepared %s (%s) in %s: %s in %.1fs", args.dataset, builder.name, builder.data_dir, splits, time.time() - start
-  )
+  if was_prepared:
+    logging.info("%s (%s) is already prepared in %s: %s", args.dataset, builder.name, builder.data_dir, splits)
+  else:
+    took = time.time() - start
+    logging.info("prepared %s (%s) in %s: %s in %.1fs", args.dataset, builder.name, builder.data_dir, splits, took)
   return 0
 
 

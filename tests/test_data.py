@@ -76,6 +76,12 @@ def test_digits_prepared_counts_and_disjoint_splits(data_dir):
   assert ids["test"] == set(builders.digits_split_indices()["test"].tolist())
 
 
+def test_a_second_prepare_says_the_dataset_is_already_there(data_dir, caplog):
+  with caplog.at_level("INFO"):
+    assert prepare_lib.main(["--dataset=digits", f"--data_dir={data_dir}"]) == 0
+  assert "digits (digits) is already prepared in" in caplog.text and "prepared digits" not in caplog.text
+
+
 def test_name_resolution():
   assert builders.resolve_name("digits") == "digits"
   assert builders.resolve_name("fashion_mnist") == "fashion_mnist_deb"
@@ -503,5 +509,17 @@ def test_the_cache_gives_the_same_batches_and_holds_pngs_decoded_and_jpegs_encod
     cached.set_state(plain.get_state())
     assert _all_equal(_take(plain, 4), _take(cached, 4)), name
   assert made[0]._images.shape == (700, 8, 8, 1) and isinstance(made[4]._images, list)  # PNGs of one shape: stacked
+  # cache=None (the config's default): small data is cached, unless its copies (1 + worker_count) pass the limit
+  made.clear()
+  _input(data_dir, cache=None)  # 1,497 digits
+  assert len(made) == 1 and made[0].count == 1497
+  _, builder = images.open_split("digits", "train", data_dir)
+  mib = images._cache_estimate(builder, "image", 1497) / 2**20
+  assert 1497 * 64 <= mib * 2**20 <= made[0].nbytes * 4  # at least the decoded pixels, and near what it holds
+  _input(data_dir, cache=None, cache_max_mb=3 * mib, worker_count=2)  # 3 copies: exactly the limit
+  assert len(made) == 2
+  _input(data_dir, cache=None, cache_max_mb=mib * (1 - 1e-6))  # a little too much
+  _input(data_dir, cache=False)
+  assert len(made) == 2
   with pytest.raises(ValueError, match="uint8"):  # a decoded image of the wrong layout is refused
     augment.decode(np.zeros((8, 8, 3), np.uint8), 1)

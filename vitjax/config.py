@@ -58,7 +58,10 @@ def default_config() -> mlc.ConfigDict:
   )
   c.data.worker_count = 0  # grain worker processes; keep fixed across a resume
   c.data.read_threads = 0
-  c.data.cache = False  # read the training split into memory first, PNGs decoded: same batches, faster (small data)
+  # Read the training split into memory first, PNGs decoded: the same batches, made faster. None (auto): when its
+  # estimated size, times 1 + worker_count copies, is at most cache_max_mb; True / False: always / never.
+  c.data.cache = mlc.FieldReference(None, field_type=bool)
+  c.data.cache_max_mb = 1024
 
   c.batch_size = 128  # global, over all devices of all processes
   c.num_epochs = mlc.FieldReference(None, field_type=float)  # either epochs ...

@@ -308,6 +308,17 @@ def _cache(source, image_key, label_key, positions, channels) -> _InMemory:
   return cached
 
 
+def _cache_estimate(builder, image_key: str, num_examples: int) -> float:
+  """Bytes that ``num_examples`` examples take in memory (_InMemory): the larger of the decoded image (when the
+  dataset's image shape is fixed) and the stored example (the prepared files' size per example)."""
+  info = builder.info
+  total = sum(s.num_examples for s in info.splits.values())
+  stored = info.dataset_size / total if total else 0.0
+  shape = info.features[image_key].shape
+  decoded = float(np.prod(shape)) if shape and None not in shape else 0.0
+  return num_examples * max(stored, decoded)
+
+
 def _mix_seed(seed: int) -> int:
   """Spreads a user seed over 31 bits (grain derives per-record rngs as
   ``seed + index``, so nearby user seeds would otherwise share streams)."""
@@ -335,7 +346,8 @@ def make_input(
   read_threads: int | None = None,
   subset: np.ndarray | None = None,
   preprocess: Preprocess | None = None,
-  cache: bool = False,
+  cache: bool | None = False,
+  cache_max_mb: float = 1024,
 ) -> tuple[Iterator[dict[str, np.ndarray]], DatasetInfo]:
   """Builds the grain input pipeline of one split on this process.
 
@@ -369,7 +381,10 @@ def make_input(
       used when ``train`` is False).
     cache: read the examples this process needs into memory first, with
       non-JPEG images decoded (:class:`_InMemory`): the same batches, made
-      faster, for datasets that fit in memory (Fashion-MNIST: 40 MiB).
+      faster, for datasets that fit in memory (Fashion-MNIST: 40 MiB). None:
+      when :func:`_cache_estimate` times (1 + worker_count) copies is at most
+      ``cache_max_mb``.
+    cache_max_mb: the limit for ``cache=None``.
 
   Returns:
     (iterator, info): the iterator yields the batches described in the module
@@ -403,6 +418,16 @@ def make_input(
     if len(subset) and (subset.min() < 0 or subset.max() >= len(source)):
       raise ValueError(f"subset positions must lie in [0, {len(source)})")
   num_examples = len(source) if subset is None else len(subset)
+  if cache is None:
+    estimate = _cache_estimate(builder, image_key, num_examples) * (1 + worker_count)
+    cache = estimate <= cache_max_mb * 2**20
+    if not cache:
+      logging.info(
+        "data.cache: not cached (about %.0f MiB for %d copies, over data.cache_max_mb=%g)",
+        estimate / 2**20,
+        1 + worker_count,
+        cache_max_mb,
+      )
 
   if train:
     shard = grain.sharding.NoSharding()  # GlobalOrder gives each process its rows

@@ -159,7 +159,8 @@ class ImageClassification:
       seed=c.seed,
       augment=d.augment,
       worker_count=d.worker_count,
-      cache=d.cache,
+      cache=d.get("cache"),
+      cache_max_mb=d.get("cache_max_mb", 1024),
     )
     return TrainInput(it, info.num_examples, max(info.num_examples // c.batch_size, 1), c.batch_size)
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue
+import threading
 import time
 from collections import deque
 
@@ -68,15 +70,42 @@ def check_config(config) -> None:
 def _prefetch(data: tasks.TrainInput, task: tasks.Task, sharding, size: int = 2):
   """Yields (global batch, data position after it) with `size` batches already on their way to the devices.
 
-  Each batch carries the iterator's position taken right after it was read, so a checkpoint saves the position of
-  the last batch consumed, not of the ones prefetched: a resumed run sees exactly the same batches.
+  A background thread reads the host batches (the per-image work: decoding, crops, augmentation), so that it
+  overlaps the device steps instead of taking turns with them; the main thread only hands each batch to the
+  devices. Each batch carries the iterator's position taken right after it was read, so a checkpoint saves the
+  position of the last batch consumed, not of the ones prefetched: a resumed run sees exactly the same batches.
+  Closing the generator stops the thread.
   """
-  queue = deque()
-  while True:
-    while len(queue) < size:
-      batch = next(data.batches)
-      queue.append((to_global(batch, sharding, task.batch_keys), data.state()))
-    yield queue.popleft()
+  ready, done = queue.Queue(maxsize=size), threading.Event()
+
+  def read():
+    try:
+      while not done.is_set():
+        item = (next(data.batches), data.state())
+        while not done.is_set():
+          try:
+            ready.put(item, timeout=0.1)
+            break
+          except queue.Full:
+            pass
+    except BaseException as e:  # noqa: BLE001 -- raised again in the consumer's thread
+      ready.put(e)
+
+  reader = threading.Thread(target=read, name="vitjax-input", daemon=True)
+  reader.start()
+  on_device = deque()
+  try:
+    while True:
+      while len(on_device) < size:
+        item = ready.get()
+        if isinstance(item, BaseException):
+          raise item
+        batch, state = item
+        on_device.append((to_global(batch, sharding, task.batch_keys), state))
+      yield on_device.popleft()
+  finally:
+    done.set()
+    reader.join(timeout=10)
 
 
 def _variables(state) -> dict:
@@ -252,6 +281,7 @@ def _train(config, workdir, task, data, total, exp, state, start, data_state, ck
     return stop.requested()
 
   guard = _NonfiniteGuard(config, ckpts)
+  batches = None
   try:
     with jax.set_mesh(exp.mesh):
       if start and start % config.eval_every == 0 and ckpts.metrics(start) is None:
@@ -293,6 +323,8 @@ def _train(config, workdir, task, data, total, exp, state, start, data_state, ck
         if out_of_time:
           break
   finally:
+    if batches is not None:
+      batches.close()  # stops the input thread
     reporter.close()
   ckpts.wait()
   logging.info("done: checkpoints in %s (best: step %s)", ckpts.directory, ckpts.best_step())

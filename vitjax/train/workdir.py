@@ -51,6 +51,7 @@ BOOKKEEPING = (
   "data.data_dir",
   "data.read_threads",
   "data.cache",
+  "data.cache_max_mb",
   "data.eval_split",
   "data.eval_batch_size",
   "data.eval_examples",

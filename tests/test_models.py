@@ -205,6 +205,8 @@ def test_transformer_default_parameter_tree_is_unchanged():
 def test_vit_refuses_images_not_divisible_by_the_patch():
   with pytest.raises(ValueError, match=r"not divisible by the patch size \(16, 16\).*230 -> 224 or 240"):
     models.create("vit_ti16").init(jax.random.key(0), jnp.zeros((1, 230, 224, 3)))
+  with pytest.raises(ValueError, match=r"\(15, 15\); resize or crop to a multiple \(8 -> 15, 8 -> 15\)"):  # not 0
+    models.create("vit_s15").init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
 
 
 def test_registry_names_and_errors():

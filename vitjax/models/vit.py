@@ -55,7 +55,8 @@ def check_divisible(image_hw: Sequence[int], patch: Sequence[int], what: str = "
   """Raises a ValueError naming the nearest working sizes when the image is not a multiple of `patch`."""
   bad = [(s, p) for s, p in zip(image_hw, patch) if s % p]
   if bad:
-    hints = ", ".join(f"{s} -> {(s // p) * p} or {(s // p + 1) * p}" for s, p in bad)
+    sizes = lambda s, p: " or ".join(str(m) for m in ((s // p) * p, (s // p + 1) * p) if m > 0)  # never 0
+    hints = ", ".join(f"{s} -> {sizes(s, p)}" for s, p in bad)
     raise ValueError(
       f"image size {tuple(image_hw)} is not divisible by the {what} {tuple(patch)}; "
       f"resize or crop to a multiple ({hints})"

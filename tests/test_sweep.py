@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import glob
+import importlib.util
 import json
 import os
 import pwd
@@ -199,10 +200,10 @@ def test_sweep_end_to_end(tmp_path, run_args):
   th.check_ok(proc)
   rows = _csv(sweep_dir)
   assert len(rows) == 4
-  states = {int(r["trial"]): r["state"] for r in rows}
-  assert states == {0: "complete", 1: "complete", 2: "fail", 3: "complete"}, rows
-  assert "not finite" in next(r["error"] for r in rows if r["trial"] == "2")
-  assert "trial 2 failed: step" in proc.stderr
+  states = {float(r["optim.lr"]): r["state"] for r in rows}  # the slots take the grid in a shuffled order
+  assert sorted(states.values()) == ["complete"] * 3 + ["fail"] and states[1e30] == "fail", rows
+  failed = next(r for r in rows if r["state"] == "fail")
+  assert "not finite" in failed["error"] and f"trial {failed['trial']} failed: step" in proc.stderr
   complete = [r for r in rows if r["state"] == "complete"]
   assert [float(r["objective"]) for r in complete] == sorted((float(r["objective"]) for r in complete), reverse=True)
   for r in complete:  # an ordinary run: its config, checkpoints and metrics, the trial's value in its config
@@ -350,7 +351,7 @@ def test_stale_heartbeat_is_retried(tmp_path):
   run = runner.Runner(s, study, store, str(tmp_path), [], [("cpu", [0])], s.size, heartbeat=1, grace=2)
   trial = run._claim()
   assert trial is not None and runner.slot(trial) == 0
-  trial.suggest_categorical("optim.lr", [1e-3, 2e-3])
+  trial.suggest_categorical("optim.lr", [1e-3, 2e-3])  # what _suggest does with the slot's fixed point
   trial.report(0.5, 10)
   store.set_trial_system_attr(trial._trial_id, runner.OWNER, {"host": "another-machine", "pid": 1})
   run._recover()
@@ -360,7 +361,7 @@ def test_stale_heartbeat_is_retried(tmp_path):
   trials = study.get_trials()
   assert [t.state.name for t in trials] == ["FAIL", "WAITING", "WAITING"]
   retry = trials[2]
-  assert runner.slot(retry) == 0 and retry.params == {"optim.lr": 1e-3} and retry.intermediate_values == {10: 0.5}
+  assert runner.slot(retry) == 0 and retry.params == s.point(0) and retry.intermediate_values == {10: 0.5}
   assert run._claim()._trial_id == retry._trial_id  # the retry is claimed first (same slot, same directory)
 
 
@@ -376,10 +377,47 @@ def test_changed_sweep_and_max_trials(tmp_path):
   for _ in range(2):  # a rerun with the whole sweep adds the third, once
     study, _ = runner.open_study(url, "capped", s, 3)
   assert sorted(runner.slot(t) for t in study.get_trials()) == [0, 1, 2]
-  assert [t.system_attrs["fixed_params"] for t in study.get_trials()] == [{"optim.lr": v} for v in (1e-3, 2e-3, 3e-3)]
+  points = [t.system_attrs["fixed_params"] for t in study.get_trials()]
+  assert points == [s.point(i) for i in range(3)] and sorted(p["optim.lr"] for p in points) == [1e-3, 2e-3, 3e-3]
   changed = sweep.load(_sweep_config(tmp_path, [1e-3, 5e-3]), get_config())
   with pytest.raises(ConfigError, match="made by a different get_sweep"):
     runner.open_study(url, "capped", changed, 2)
+
+
+def test_a_capped_grid_takes_points_spread_over_it(tmp_path):
+  """vit_digits' 12-point grid (lr x weight decay x depth) capped at 3 trials: the slots take a seeded shuffled
+  order, the same on every opener, so the 3 trials do not all share the first learning rate (in the grid's own
+  order they did); the report names the points that did not run. A study made before the shuffle (no grid_order
+  in its record) keeps the grid's order."""
+  from vitjax.sweep import report, runner
+
+  config = os.path.join(th.ROOT, "configs", "vit_digits.py")
+  s = sweep.load(config, _vit_digits_config())
+  study, _ = runner.open_study(f"sqlite:///{tmp_path / 'a.db'}", "capped", s, 3)
+  points = [t.system_attrs["fixed_params"] for t in study.get_trials()]
+  assert points == [s.grid[i] for i in (9, 2, 7)], points  # numpy's PCG64 permutation of 12, seed 0
+  assert len({p["optim.lr"] for p in points}) > 1 and study.user_attrs["sweep"]["grid_order"] == "shuffled, seed 0"
+  again = sweep.load(config, _vit_digits_config())
+  assert [again.point(i) for i in range(3)] == points  # another machine, or a rerun
+  table = [{"params": p} for p in points]
+  [line] = report._grid_lines(study.user_attrs["sweep"]["grid"], study.user_attrs["sweep"]["grid_order"], table)
+  assert line.startswith("- grid: 3 of 12 points, taken in shuffled, seed 0 (--max_trials); not run: ")
+  assert line.count(";") == 9 and "optim.lr=0.001, optim.weight_decay=0.05, model.depth=2" in line
+  legacy_url = f"sqlite:///{tmp_path / 'b.db'}"
+  old, _ = runner.open_study(legacy_url, "old", s, 1)
+  old.set_user_attr("sweep", {k: v for k, v in old.user_attrs["sweep"].items() if k != "grid_order"})
+  for t in old.get_trials():
+    old._storage.set_trial_system_attr(t._trial_id, "fixed_params", s.grid[0])  # as the old code queued slot 0
+  legacy = sweep.load(config, _vit_digits_config())
+  old, _ = runner.open_study(legacy_url, "old", legacy, 3)
+  assert [t.system_attrs["fixed_params"] for t in old.get_trials()] == s.grid[:3]
+
+
+def _vit_digits_config():
+  spec = importlib.util.spec_from_file_location("vit_digits_cfg", os.path.join(th.ROOT, "configs", "vit_digits.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
 
 
 # ------------------------------------------------------------------ many machines: PostgreSQL

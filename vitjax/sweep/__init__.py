@@ -176,6 +176,19 @@ class Sweep:
   sampler: str = "tpe"
   seed: int | None = None
 
+  in_order: bool = False  # a study made before grids were shuffled keeps its slots' points in the grid's order
+
+  def point(self, slot: int) -> dict:
+    """Trial slot's grid point. The slots take the grid in a shuffled order seeded by `seed` (0 if none), the
+    same on every machine and rerun, so that a sweep capped by --max_trials runs points spread over the grid
+    rather than its first ones (which vary the first axes least)."""
+    if self.in_order:
+      return self.grid[slot]
+    import numpy as np
+
+    order = np.random.default_rng(0 if self.seed is None else self.seed).permutation(len(self.grid))
+    return self.grid[int(order[slot])]
+
   @property
   def size(self) -> int:
     """How many trials the sweep has: the grid's points, or the search space's `trials`."""
@@ -193,7 +206,10 @@ class Sweep:
 
   def describe(self) -> dict:
     """What the study records of the sweep (to recognise a changed get_sweep() on a rerun)."""
-    what = {"grid": self.grid} if self.grid is not None else {"space": {k: d.describe() for k, d in self.space.items()}}
+    if self.grid is not None:
+      what = {"grid": self.grid, **({} if self.in_order else {"grid_order": f"shuffled, seed {self.seed or 0}"})}
+    else:
+      what = {"space": {k: d.describe() for k, d in self.space.items()}}
     return {**what, "objective": self.objective, "direction": self.direction}
 
 

@@ -92,6 +92,7 @@ def write(study, sweep_dir: str, record: dict) -> str:
     f"- storage: `{record['storage']}`, study `{record['study']}`",
     f"- objective: {direction} `{objective}` (a trial's best evaluation during training)",
     f"- trials: {len(table)} ({', '.join(f'{v} {k}' for k, v in sorted(counts.items()))})",
+    *_grid_lines(described.get("grid"), described.get("grid_order"), table),
     "",
     "| trial | state | " + " | ".join(f"`{p}`" for p in params) + f" | {objective} | best step | steps | wall | note |",
     "|" + " --- |" * (len(params) + 7),
@@ -131,6 +132,21 @@ def write(study, sweep_dir: str, record: dict) -> str:
   summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
   top = f"; best trial {best['trial']}: {objective} {best['objective']:.4f}" if best else ""
   return f"{os.path.join(sweep_dir, 'report.md')} ({len(table)} trials: {summary}{top})"
+
+
+def _grid_lines(grid: list | None, order: str | None, table: list[dict]) -> list[str]:
+  """For a grid of which only some points ran (--max_trials): how many, in which order, and the points left."""
+  if not grid:
+    return []
+  ran = [r["params"] for r in table]
+  left = [p for p in grid if not any(all(q.get(k) == v for k, v in p.items()) for q in ran)]
+  if not left:
+    return [f"- grid: all {len(grid)} points"]
+  fmt = lambda p: ", ".join(f"{k}={_fmt(v)}" for k, v in p.items())
+  return [
+    f"- grid: {len(grid) - len(left)} of {len(grid)} points, taken in {order or 'the grid order'} (--max_trials); "
+    f"not run: {'; '.join(fmt(p) for p in left)}"
+  ]
 
 
 def _num(v) -> str:

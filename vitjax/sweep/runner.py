@@ -134,7 +134,6 @@ def open_study(url: str, name: str, sweep, target: int, heartbeat: int | None = 
   made by the same sweep; tops its slots up to `target` (a rerun with a larger --max_trials)."""
   optuna = _optuna()
   store = storage(url, heartbeat, grace)
-  described = json.loads(json.dumps(sweep.describe()))
   try:
     study = optuna.create_study(
       storage=store, study_name=name, direction=sweep.direction, sampler=make_sampler(sweep), pruner=make_pruner(sweep)
@@ -143,12 +142,16 @@ def open_study(url: str, name: str, sweep, target: int, heartbeat: int | None = 
   except optuna.exceptions.DuplicatedStudyError:
     study = optuna.load_study(study_name=name, storage=store, sampler=make_sampler(sweep), pruner=make_pruner(sweep))
     created = False
+  described = json.loads(json.dumps(sweep.describe()))
   if not created:
     waited = 0.0
     while "sweep" not in study.user_attrs and waited < 30:  # its creator is queueing the trials
       time.sleep(0.5)
       waited += 0.5
     recorded = study.user_attrs.get("sweep")
+    if recorded is not None and sweep.grid is not None and "grid_order" not in recorded:  # made before shuffling
+      sweep.in_order = True
+      described = json.loads(json.dumps(sweep.describe()))
     if recorded is not None and recorded != described:
       raise ConfigError(
         f"the study {name!r} in {masked(url)} was made by a different get_sweep() ({_difference(recorded, described)}); "
@@ -161,7 +164,7 @@ def open_study(url: str, name: str, sweep, target: int, heartbeat: int | None = 
   have = {slot(t) for t in study.get_trials(deepcopy=False)}
   for i in range(target):
     if i not in have:
-      fixed = sweep.grid[i] if sweep.grid is not None else {}
+      fixed = sweep.point(i) if sweep.grid is not None else {}
       study.add_trial(
         optuna.trial.create_trial(
           state=optuna.trial.TrialState.WAITING, user_attrs={SLOT: i}, system_attrs={"fixed_params": fixed}

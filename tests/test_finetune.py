@@ -174,7 +174,7 @@ def test_ema_run_evaluates_checkpoints_loads_and_exports_its_average(tmp_path, d
   got = json.load(open(os.path.join(workdir, "eval_valid_30_ema.json")))
   assert got["weights"] == "ema" and got["eval/loss"] == pytest.approx(rows[-1]["eval_ema/loss"], rel=1e-6)
   assert got["eval/accuracy"] == pytest.approx(rows[-1]["eval_ema/accuracy"], abs=1e-6)
-  assert "EMA weights" in proc.stderr
+  assert proc.stdout.startswith("checkpoint latest (step 30, EMA weights) | valid: ")  # the result: stdout
 
   # vitjax.load and export take the average too; best is chosen by eval_ema/accuracy
   raw, ema = vitjax.load(workdir, "latest"), vitjax.load(workdir, "latest", weights="ema")
@@ -219,7 +219,7 @@ def test_eval_mode_evaluates_imported_weights_without_training(tmp_path, data_di
   assert got["init_from"] == source and got["step"] == 0
   assert got["eval/accuracy"] == pytest.approx(logged["eval/accuracy"], abs=1e-6)
   assert got["eval/loss"] == pytest.approx(logged["eval/loss"], rel=1e-5)
-  assert "imported weights" in proc.stderr
+  assert proc.stdout.startswith(f"imported weights (init_from={source}), no training | valid: ")
   assert not os.path.exists(os.path.join(target, "checkpoints"))  # nothing trained, nothing saved
   # without init_from, an empty workdir is still an error naming the fix
   proc = th.run_main(str(tmp_path / "empty"), *common, "--mode=eval")

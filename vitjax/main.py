@@ -77,11 +77,11 @@ def _config(workdir):
 
   if FLAGS.config is not None:
     return FLAGS.config
-  if not os.path.exists(os.path.join(workdir, "config.json")):
-    what = "training" if FLAGS.mode == "train" else "evaluating a workdir without config.json"
-    raise ConfigError(f"{what} needs --config=configs/NAME.py ({workdir} has no config.json to take it from)")
+  if FLAGS.mode == "train" and not os.path.exists(os.path.join(workdir, "config.json")):
+    raise ConfigError(f"training needs --config=configs/NAME.py ({workdir} has no config.json to take it from)")
+  config = read_config(workdir)  # evaluating where no run is: one line naming config.json
   logging.info("config: %s", os.path.join(workdir, "config.json"))
-  return read_config(workdir)
+  return config
 
 
 def _print_result(result: dict) -> None:

@@ -80,10 +80,13 @@ def run(seed: int, cores: str | None, isa: str | None, workdir: str) -> dict:
     "train_s": round(t1 - t0, 1),
     "eval_s": round(time.time() - t1, 1),
     "data_wait_median": sorted(waits)[len(waits) // 2] if waits else None,
-    "command": " ".join(train[len(pin) :]).replace(workdir, "W")
-    + " && "
-    + " ".join(evaluate[len(pin) :]).replace(workdir, "W"),
+    "command": " && ".join(_shown(c[len(pin) :], workdir) for c in (train, evaluate)),
   }
+
+
+def _shown(cmd: list[str], workdir: str) -> str:
+  """A command as a user would type it: `python`, the workdir as W."""
+  return " ".join("python" if a == sys.executable else a for a in cmd).replace(workdir, "W")
 
 
 def summary() -> None:

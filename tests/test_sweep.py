@@ -401,7 +401,8 @@ def test_a_capped_grid_takes_points_spread_over_it(tmp_path):
   assert [again.point(i) for i in range(3)] == points  # another machine, or a rerun
   table = [{"params": p} for p in points]
   [line] = report._grid_lines(study.user_attrs["sweep"]["grid"], study.user_attrs["sweep"]["grid_order"], table)
-  assert line.startswith("- grid: 3 of 12 points, taken in shuffled, seed 0 (--max_trials); not run: ")
+  assert line.startswith("- grid: 3 of 12 points tried (all of them unless --max_trials caps the sweep), taken in ")
+  assert "shuffled, seed 0; not tried: " in line
   assert line.count(";") == 9 and "optim.lr=0.001, optim.weight_decay=0.05, model.depth=2" in line
   legacy_url = f"sqlite:///{tmp_path / 'b.db'}"
   old, _ = runner.open_study(legacy_url, "old", s, 1)

@@ -144,8 +144,8 @@ def _grid_lines(grid: list | None, order: str | None, table: list[dict]) -> list
     return [f"- grid: all {len(grid)} points"]
   fmt = lambda p: ", ".join(f"{k}={_fmt(v)}" for k, v in p.items())
   return [
-    f"- grid: {len(grid) - len(left)} of {len(grid)} points, taken in {order or 'the grid order'} (--max_trials); "
-    f"not run: {'; '.join(fmt(p) for p in left)}"
+    f"- grid: {len(grid) - len(left)} of {len(grid)} points tried (all of them unless --max_trials caps the sweep), "
+    f"taken in {order or 'the grid order'}; not tried: {'; '.join(fmt(p) for p in left)}"
   ]
 
 

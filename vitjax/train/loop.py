@@ -78,18 +78,19 @@ def _prefetch(data: tasks.TrainInput, task: tasks.Task, sharding, size: int = 2)
   """
   ready, done = queue.Queue(maxsize=size), threading.Event()
 
+  def offer(item) -> None:  # waits for room, unless the consumer has gone
+    while not done.is_set():
+      try:
+        return ready.put(item, timeout=0.1)
+      except queue.Full:
+        pass
+
   def read():
     try:
       while not done.is_set():
-        item = (next(data.batches), data.state())
-        while not done.is_set():
-          try:
-            ready.put(item, timeout=0.1)
-            break
-          except queue.Full:
-            pass
+        offer((next(data.batches), data.state()))
     except BaseException as e:  # noqa: BLE001 -- raised again in the consumer's thread
-      ready.put(e)
+      offer(e)
 
   reader = threading.Thread(target=read, name="vitjax-input", daemon=True)
   reader.start()

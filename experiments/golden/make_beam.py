@@ -7,17 +7,28 @@ the params ('/'-joined keys), the model config (JSON), the sources [N, S], flax'
 tokens [N, max_len] (without flax's leading start token) and scores [N], and the measured float32 noise floor of
 those scores. tests/test_beam_golden.py checks vitjax's beam_search against them.
 
-The model is chosen by its conditioning. The first fixture (all weights x 3, decoder positions ~ N(0, 2)) sat at the
-float32 noise floor: moving its weights by half an ulp moved flax's scores by 1.6e-3 to 8e-3, so another CPU
-(AVX-512 vs AVX2) missed the stored scores by 1.5e-3, against the test's 1e-5. Here every candidate model is run by
-flax's search on its own weights and on weights moved by float32 rounding noise (each leaf x (1 + k 2^-24) for
-k in ULP_SCALES, rounded to float32, and each nonzero weight moved one ulp up or down at random, ULP_NOISE_SEEDS),
-which stands in for another CPU's or thread count's rounding. A candidate must keep every best beam under all of
-them and under noise AMPLIFY times larger, keep the best beam's score far (GAP_FACTOR x) above the runner-up's,
-and cover the cases (EOS at many lengths, some beams unfinished at max_len). Of those, --search takes the one
-with the smallest noise floor: the largest score movement under the ulp perturbations, relative to max(1, |score|).
-The default run rebuilds the chosen model (the constants below), measures it again, refuses to write if a
-criterion fails, and stores the floor as "noise_floor"; the test's bound is a stated multiple of it.
+The model is chosen by its conditioning. The first fixture (all weights x 3, decoder positions ~ N(0, 2), seed 6)
+sat at the float32 noise floor: its attention logits grow as scale^4, and moving its weights by 1-3 ulps moved
+flax's scores by up to 5.6e-3 (relative, as below), more than the 9.1e-4 by which its closest best beam led the
+runner-up, and another CPU (AVX-512; this one is AVX2) missed the stored scores by 1.6e-3 against the test's 1e-5.
+Here each candidate model is run by flax's search on its own weights and on weights moved by float32 rounding
+noise: each leaf x (1 + k 2^-24) for k in ULP_SCALES (in float64, rounded to float32), and each nonzero weight one
+ulp up or down at random (ULP_NOISE_SEEDS), which stands in for another CPU's or thread count's rounding. A
+candidate must keep every best beam under all of them and under noise AMPLIFY times larger, lead the runner-up
+(flax returns all beams, worst first; beam sizes 2-4) by GAP_FACTOR x the noise floor, and cover the cases (EOS at
+>= 10 lengths, >= 10 best beams unfinished at max_len). Of those, --search takes the one with the smallest noise
+floor: the largest movement of a best beam's score under the ulp perturbations, relative to max(1, |score|) (the
+chosen model's scores run from -3.1 to -17.3, so this is the relative error). The default run rebuilds the chosen
+model (the constants below), measures it again, refuses to write if a criterion fails, and stores the floor as
+"noise_floor"; tests/test_beam_golden.py allows 20 x that floor.
+
+Measured (jax 0.10.2, flax 0.12.8, AMD EPYC with AVX2, 2 cores): over seeds 0-9, positions' std 1-3, the median
+floor grows with SCALE (8e-7 at 1, 2e-6 at 1.25, 7e-6 at 1.5; TEMP 1) and with TEMP (peakier distributions,
+smaller scores: TEMP 6 is 8x TEMP 1), and only SCALE >= 1.25 gave beams ending at 10 lengths. GRID keeps the
+init's own scale and searches 100 seeds: two candidates pass. The chosen one, seed 21, SCALE 1, TEMP 1, decoder
+positions ~ N(0, 1): floor 7.5e-7 (1.1e-5 absolute), no best beam changed under any perturbation nor under the
+1024x noise (which moved scores by up to 2.4e-4), every best beam leads its runner-up by >= 3.3e-3 relative
+(4400x the floor), EOS at 11 lengths (1-10, 12), 171 of 288 unfinished. Two runs write the same bytes.
 
     # flax's decode.py at the commit the fixture was made with (any clone of github.com/google/flax will do):
     mkdir -p /work/runs/beam/flax_wmt
@@ -63,14 +74,14 @@ ALPHAS = (0.0, 0.6, 1.0)
 MAX_LEN = 12  # generated tokens at most
 NUM_SOURCES = 24
 
-# The chosen model (--search): init weights x SCALE, the decoder's learned positions ~ N(0, POS_STD), and the
-# decoder's last LayerNorm (scale and bias) x TEMP, which scales the logits linearly: peaky distributions without
-# blowing up the attention logits and the residual stream.
-SEED = 0
+# The chosen model (--search over GRID): init weights x SCALE, the decoder's learned positions ~ N(0, POS_STD), and
+# the decoder's last LayerNorm (scale and bias) x TEMP, which scales the logits linearly (peakier distributions
+# without blowing up the attention logits, which grow as SCALE^4).
+SEED = 21
 SCALE = 1.0
 POS_STD = 1.0
 TEMP = 1.0
-GRID = dict(seed=range(10), scale=(0.75, 1.0, 1.25, 1.5), pos_std=(1.0, 2.0, 3.0), temp=(1.0, 2.0, 3.0, 4.0, 6.0))
+GRID = dict(seed=range(100), scale=(1.0,), pos_std=(1.0, 2.0, 3.0), temp=(1.0, 2.0))
 
 # The conditioning measurement (see the module docstring).
 ULP_SCALES = (-3, -2, -1, 1, 2, 3)  # each leaf x (1 + k 2^-24), computed in float64, rounded to float32
@@ -78,7 +89,6 @@ ULP_NOISE_SEEDS = (0, 1, 2, 3)  # each nonzero weight one float32 ulp up or down
 AMPLIFY = 1024  # best beams must also survive relative noise of AMPLIFY 2^-24 on every weight
 GAP_FACTOR = 1000  # best - runner-up score >= GAP_FACTOR x the noise floor (where the search returns a runner-up)
 MIN_LENGTHS, MIN_UNFINISHED = 10, 10  # what tests/test_beam_golden.py::test_fixture_covers_the_cases asks
-FIXED_TIME = 946684800.0  # 2000-01-01: the npz's zip member timestamps, so that a rerun writes the same bytes
 
 
 def sources(rng: np.random.Generator, n: int, vocab: int, width: int = 10) -> np.ndarray:
@@ -92,7 +102,8 @@ def sources(rng: np.random.Generator, n: int, vocab: int, width: int = 10) -> np
 
 
 def init_params(model: Transformer, seed: int, scale: float, pos_std: float, temp: float) -> dict:
-  """model.init's weights x scale, decoder positions ~ N(0, pos_std), the decoder's last LayerNorm x temp (numpy)."""
+  """model.init's weights x scale, decoder positions ~ N(0, pos_std), the decoder's last LayerNorm x temp:
+  {'/'-joined name: float32 array}."""
   params = model.init(jax.random.key(seed), jnp.ones((1, 5), jnp.int32), jnp.ones((1, 4), jnp.int32))["params"]
   params = jax.tree.map(lambda p: p * scale, params)
   pos = params["decoder"]["pos_embedding"]
@@ -175,16 +186,17 @@ class FlaxSearch:
   def __call__(self, flat: dict) -> dict:
     """{(beam size, alpha): (tokens [N, K, L], scores [N, K])}, worst beam first."""
     params = unflatten(flat)
-    return {
-      (k, a): tuple(map(np.asarray, self.fns[k](params, self.src, a))) for k in BEAM_SIZES for a in ALPHAS
-    }
+    return {(k, a): tuple(map(np.asarray, self.fns[k](params, self.src, a))) for k in BEAM_SIZES for a in ALPHAS}
 
 
 def ulp_perturbations(flat: dict):
   """(name, weights) moved by float32 rounding noise: every leaf x (1 + k 2^-24), and every nonzero weight one ulp
   up or down at random."""
   for k in ULP_SCALES:
-    yield f"x(1{k:+d}*2^-24)", {n: (v.astype(np.float64) * (1 + k * 2.0**-24)).astype(np.float32) for n, v in flat.items()}
+    yield (
+      f"x(1{k:+d}*2^-24)",
+      {n: (v.astype(np.float64) * (1 + k * 2.0**-24)).astype(np.float32) for n, v in flat.items()},
+    )
   for seed in ULP_NOISE_SEEDS:
     rng = np.random.default_rng(seed)
     out = {}

@@ -83,6 +83,22 @@ def test_resume_after_sigkill_is_bitwise_exact(finished_run, run_args, tmp_path)
   # The last logged training loss is the same float too.
   last = lambda w: [r for r in _train_rows(w) if r["step"] == 30][-1]["train/loss"]
   assert last(workdir) == last(finished_run)
+  # TensorBoard's own reader shows each step once: the killed run's events past the resume step are purged.
+  resumed_curve, whole_curve = (
+    _tensorboard_scalars(workdir, "train/loss"),
+    _tensorboard_scalars(finished_run, "train/loss"),
+  )
+  assert [s for s, _ in resumed_curve] == list(range(1, 31))
+  np.testing.assert_allclose([v for _, v in resumed_curve], [v for _, v in whole_curve], rtol=1e-6)
+
+
+def _tensorboard_scalars(workdir: str, tag: str) -> list[tuple[int, float]]:
+  """(step, value) of one scalar as TensorBoard reads it from WORKDIR/tb."""
+  from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+  acc = EventAccumulator(os.path.join(workdir, "tb"))
+  acc.Reload()
+  return [(e.step, e.value) for e in acc.Scalars(tag)]
 
 
 # ------------------------------------------------------------------------------------ 1 vs 8 devices
@@ -242,7 +258,13 @@ def test_metrics_config_and_tensorboard_are_written(finished_run):
     saved = json.load(f)
   assert saved["model"]["width"] == 16 and saved["total_steps"] == 30
   events = [n for n in os.listdir(os.path.join(finished_run, "tb")) if n.startswith("events.out.tfevents")]
-  assert events and all(os.path.getsize(os.path.join(finished_run, "tb", n)) > 0 for n in events)
+  assert len(events) == 1
+  # TensorBoard reads the same scalars the metrics file holds (float32 in the event file)
+  for key in ("train/loss", "eval/accuracy"):
+    logged = [(r["step"], r[key]) for r in rows if key in r]
+    shown = _tensorboard_scalars(finished_run, key)
+    assert [s for s, _ in shown] == [s for s, _ in logged], key
+    np.testing.assert_allclose([v for _, v in shown], [v for _, v in logged], rtol=1e-6)
 
 
 # ------------------------------------------------------------------------------ trainer pieces (unit)

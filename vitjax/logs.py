@@ -27,7 +27,6 @@ _HARMLESS = (
   "OpenCV is not installed",
   "Given directory is read only",
   "Requested `tracked_metric`; did not provide metrics",  # a step saved between evaluations
-  "NaN or Inf found in input tensor",  # tensorboardX; vitjax reports non-finite steps itself
 )
 
 

@@ -34,10 +34,7 @@ class Reporter:
     self.main = jax.process_index() == 0
     self.tb = None
     if self.main:
-      from tensorboardX import SummaryWriter
-
-      # purge_step: TensorBoard drops the events a killed run wrote past the step it resumes from
-      self.tb = SummaryWriter(os.path.join(workdir, "tb"), purge_step=purge_step)
+      self.tb = _EventWriter(os.path.join(workdir, "tb"), purge_step)
     self.t0 = self.s0 = None
     self.created = self.last_line = time.time()
     self.wait = 0.0  # seconds spent waiting for the input pipeline since the last progress line
@@ -63,10 +60,7 @@ class Reporter:
     row = {"step": int(step), **{k: float(v) for k, v in metrics.items()}}
     with open(os.path.join(self.workdir, "metrics.jsonl"), "a") as f:
       f.write(json.dumps(row) + "\n")
-    for k, v in row.items():
-      if k != "step":
-        self.tb.add_scalar(k, v, step)
-    self.tb.flush()
+    self.tb.scalars(int(step), {k: v for k, v in row.items() if k != "step"})
 
   def progress(self, step: int, metrics: dict) -> None:
     now, since = time.time(), self.last_line
@@ -115,6 +109,33 @@ class Reporter:
   def close(self) -> None:
     if self.tb:
       self.tb.close()
+
+
+class _EventWriter:
+  """Scalars in a TensorBoard event file, written with tensorboard's own writer (tensorboardX's would import torch
+  where it is installed: 2-4 s at every start).
+
+  purge_step: the first step this run writes; TensorBoard drops the events an earlier, killed run left at or past it
+  (a SessionLog START event, as tf.summary and tensorboardX write on a resume)."""
+
+  def __init__(self, logdir: str, purge_step: int | None):
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    self._event, self._summary = event_pb2, summary_pb2
+    self._writer = EventFileWriter(logdir)
+    if purge_step is not None:
+      start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+      self._writer.add_event(event_pb2.Event(step=purge_step, wall_time=time.time(), session_log=start))
+
+  def scalars(self, step: int, values: dict) -> None:
+    value = [self._summary.Summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()]
+    summary = self._summary.Summary(value=value)
+    self._writer.add_event(self._event.Event(step=step, wall_time=time.time(), summary=summary))
+    self._writer.flush()
+
+  def close(self) -> None:
+    self._writer.close()
 
 
 def format_evaluation(split: str, metrics: dict) -> str:

@@ -13,6 +13,10 @@ if ROOT not in sys.path:
 
 import train_helpers as th  # noqa: E402  (tests/ is on sys.path: pytest's default import mode)
 
+# before any test imports jax: the tests' XLA flags (train_helpers.XLA_TEST_FLAGS) for this process and the
+# subprocesses that inherit its environment
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {th.XLA_TEST_FLAGS}".strip()
+
 
 @pytest.fixture
 def rng():

@@ -1,7 +1,7 @@
 """Several local processes (jax.distributed on 127.0.0.1, CPU devices).
 
-The same curve on any topology: the tiny digits run gives the same losses on 1 process x 4 devices, 2 processes
-x 2 devices and 4 processes x 1 device, and so does a tiny translation run. Faults: SIGTERM to one process of
+The same curve on any topology: the tiny digits run gives the same losses on 1 process x 1 device (the session's
+finished run), 2 processes x 2 devices and 4 processes x 1 device, and so does a tiny translation run. Faults: SIGTERM to one process of
 two stops both at one checkpoint, which resumes on one process and continues the curve (and a one-process
 checkpoint on two); SIGKILL to both and a restart ends bit for bit where an uninterrupted run ends; SIGKILL to one
 makes the other stop with one line.
@@ -68,14 +68,6 @@ def _losses(workdir, steps=30):
 
 
 @pytest.fixture(scope="module")
-def one_by_four(run_args, tmp_path_factory):
-  """The tiny digits run on 1 process x 4 devices: its workdir."""
-  workdir = str(tmp_path_factory.mktemp("mp") / "one")
-  th.check_ok(th.run_main(workdir, *run_args, devices=4))
-  return workdir
-
-
-@pytest.fixture(scope="module")
 def two_by_two(run_args, tmp_path_factory):
   """The same run on 2 processes x 2 devices: its workdir."""
   workdir = str(tmp_path_factory.mktemp("mp") / "two")
@@ -84,9 +76,9 @@ def two_by_two(run_args, tmp_path_factory):
 
 
 def test_two_processes_follow_the_one_process_curve_and_a_sigterm_to_one_stops_both(
-  one_by_four, two_by_two, run_args, tmp_path
+  finished_run, two_by_two, run_args, tmp_path
 ):
-  ref = _losses(one_by_four)
+  ref = _losses(finished_run)
   np.testing.assert_allclose(_losses(two_by_two), ref, rtol=1e-5)
 
   cut = str(tmp_path / "cut")
@@ -127,14 +119,14 @@ def test_a_process_that_loses_its_peer_stops_with_one_line(run_args, tmp_path):
 
 
 @pytest.mark.slow
-def test_four_processes_of_one_device_follow_the_same_curve(one_by_four, run_args, tmp_path):
+def test_four_processes_of_one_device_follow_the_same_curve(finished_run, run_args, tmp_path):
   workdir = str(tmp_path / "four")
   _run(workdir, 4, 1, run_args)
-  np.testing.assert_allclose(_losses(workdir), _losses(one_by_four), rtol=1e-5)
+  np.testing.assert_allclose(_losses(workdir), _losses(finished_run), rtol=1e-5)
 
 
 @pytest.mark.slow
-def test_a_one_process_checkpoint_resumes_on_two_processes(one_by_four, run_args, tmp_path):
+def test_a_one_process_checkpoint_resumes_on_two_processes(finished_run, run_args, tmp_path):
   workdir = str(tmp_path / "grow")
   proc = th.start_main(workdir, *run_args, devices=4)
   for line in proc.stdout:
@@ -146,7 +138,7 @@ def test_a_one_process_checkpoint_resumes_on_two_processes(one_by_four, run_args
   step = max(th.finished_steps(workdir))
   outs = _run(workdir, 2, 2, run_args)
   assert f"at step {step}" in outs[0]
-  np.testing.assert_allclose(_losses(workdir), _losses(one_by_four), rtol=1e-5)
+  np.testing.assert_allclose(_losses(workdir), _losses(finished_run), rtol=1e-5)
 
 
 @pytest.mark.slow

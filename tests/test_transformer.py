@@ -129,7 +129,8 @@ def test_padding_does_not_change_outputs():
   src_pad = jnp.pad(SRC, ((0, 0), (0, 5)))
   tgt_pad = jnp.pad(tgt, ((0, 0), (0, 4)))
   logits2, _ = model.apply({"params": params}, src_pad, tgt_pad)
-  np.testing.assert_allclose(logits2[:, :3], logits, rtol=1e-5, atol=1e-5)  # masked keys: other float sums
+  # masked keys change only the order of float sums: differences of a few ulps of the largest logit
+  np.testing.assert_allclose(logits2[:, :3], logits, rtol=0, atol=1e-5 * np.abs(logits).max())
   np.testing.assert_array_equal(
     decode.greedy(model, params, src_pad, max_len=8), decode.greedy(model, params, SRC, max_len=8)
   )

@@ -206,14 +206,15 @@ def get_config():
   c = translation_config("tsv:PAIRS", "xx", "yy", size="tiny")
   c.data.update(dict(vocab_size=40, tokenizer_sentences=2000, max_len=32, tokens_per_batch=512, num_valid=40,
                      num_test=40, eval_examples=16, eval_batch_size=8))
-  c.update(dict(total_steps=20, log_every=1, eval_every=10, checkpoint_every=5))
+  c.update(dict(total_steps=20, log_every=1, eval_every=20, checkpoint_every=5))
   c.schedule.warmup_steps = 5
   c.optim.lr = 3e-3
   return c
 '''
 
 
-def test_sigterm_and_resume_of_a_translation_run_is_bitwise_exact(run, tmp_path):
+def test_sigterm_and_resume_of_a_translation_run_is_bitwise_exact(run, compile_cache, tmp_path):
+  """Three runs of one config (whole, cut, resumed) share the session's compilation cache."""
   import re
   import signal
 

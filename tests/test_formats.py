@@ -84,8 +84,9 @@ def test_golden_fixtures_are_well_conditioned(name):
     step = np.where(rng.random(v.shape) < 0.5, -np.inf, np.inf).astype(v.dtype)
     return np.where(v == 0, v, np.nextafter(v, step)) if v.dtype == np.float32 else v
 
-  base, _ = module.apply(variables, images)
-  moved, _ = module.apply(jax.tree.map(one_ulp, variables), images)
+  apply = jax.jit(module.apply)
+  base, _ = apply(variables, images)
+  moved, _ = apply(jax.tree.map(one_ulp, variables), images)
   assert _rel(moved, base) <= TOL / 4
 
 
@@ -94,10 +95,10 @@ def test_golden_logits_of_the_original_code(name):
   case = _manifest()[name]
   module, variables = _load_weights(case)
   expected = np.load(os.path.join(GOLDEN, case["expected"]))
-  got, _ = module.apply(variables, expected["images"])
+  got, _ = jax.jit(module.apply)(variables, expected["images"])
   assert _rel(got, expected["logits"]) <= TOL
   if case["weights"].endswith(".npz"):  # the activation matters: exact GELU is visibly off the original
-    other, _ = module.clone(act="gelu").apply(variables, expected["images"])
+    other, _ = jax.jit(module.clone(act="gelu").apply)(variables, expected["images"])
     assert _rel(other, expected["logits"]) > 10 * TOL
 
 
@@ -150,9 +151,9 @@ TINY_VIT = dict(num_classes=5, patch_size=(4, 4), width=24, depth=2, mlp_dim=40,
 def test_vit_to_timm_loads_strictly_and_round_trips(options):
   module = models.ViT(**TINY_VIT, **options)
   x = _images((16, 16))
-  variables = _randomised(module.init(jax.random.key(0), x))
+  variables = _randomised(jax.jit(module.init)(jax.random.key(0), x))
   state_dict, cfg = convert.to_timm(module, variables, 16)
-  want, _ = module.apply(variables, x)
+  want, _ = jax.jit(module.apply)(variables, x)
   assert _rel(_timm_logits(state_dict, cfg, x), want) <= TOL
   if options.get("posemb") == "sincos2d":
     return  # timm learns the table: it comes back as posemb="learn"
@@ -164,9 +165,9 @@ def test_vit_to_timm_loads_strictly_and_round_trips(options):
 def test_swin_to_timm_loads_strictly_and_round_trips():
   module = models.Swin(num_classes=5, embed_dim=16, depths=(2, 2), num_heads=(2, 4), window_size=4)
   x = _images((32, 32))
-  variables = _randomised(module.init(jax.random.key(0), x))
+  variables = _randomised(jax.jit(module.init)(jax.random.key(0), x))
   state_dict, cfg = convert.to_timm(module, variables, 32)
-  want, _ = module.apply(variables, x)
+  want, _ = jax.jit(module.apply)(variables, x)
   assert _rel(_timm_logits(state_dict, cfg, x), want) <= TOL
   back, back_vars = convert.from_timm("swin_tiny_patch4_window4_32", state_dict)
   _same_params(variables, back_vars)
@@ -190,7 +191,7 @@ def test_export_refuses_what_the_format_cannot_express():
 def test_vit_npz_round_trip_and_timm_reads_it(tmp_path):
   module = models.ViT(**TINY_VIT, representation_size=None)
   x = _images((16, 16))
-  variables = _randomised(module.init(jax.random.key(0), x))
+  variables = _randomised(jax.jit(module.init)(jax.random.key(0), x))
   path = str(tmp_path / "vit.npz")
   np.savez(path, **convert.to_vit_npz(module, variables))
   back, back_vars = convert.from_vit_npz(path, act=module.act)
@@ -205,12 +206,12 @@ def test_vit_npz_round_trip_and_timm_reads_it(tmp_path):
   _load_weights(ref, path)
   with torch.no_grad():
     got = ref(torch.from_numpy(x.transpose(0, 3, 1, 2))).numpy()
-  assert _rel(got, module.apply(variables, x)[0]) <= TOL
+  assert _rel(got, jax.jit(module.apply)(variables, x)[0]) <= TOL
 
 
 def test_safetensors_export_feeds_init_from(tmp_path):
   module = models.Swin(num_classes=5, embed_dim=16, depths=(2, 2), num_heads=(2, 4), window_size=4)
-  variables = _randomised(module.init(jax.random.key(0), _images((32, 32))))
+  variables = _randomised(jax.jit(module.init)(jax.random.key(0), _images((32, 32))))
   path = str(tmp_path / "swin.safetensors")
   convert.save_safetensors(path, convert.to_timm(module, variables, 32)[0])
   _same_params(variables["params"], convert.load_params(f"timm:swin_t:{path}"))
@@ -243,7 +244,7 @@ def test_export_command_writes_what_timm_and_from_vit_npz_load(finished_run, tmp
   trained = vitjax.load(finished_run)
   _, h, w, c = trained.task.example_inputs()[0].shape
   x = _images((h, w), channels=c)
-  want, _ = trained.model.apply(trained.variables, x)
+  want, _ = jax.jit(trained.model.apply)(trained.variables, x)
   from safetensors.numpy import load_file
 
   with open(str(tmp_path / "new" / "folder" / "digits.json")) as f:

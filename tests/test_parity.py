@@ -7,6 +7,7 @@ Needs torch + timm (see README, 'Tests'); skipped cleanly without them.
 import os
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -38,7 +39,7 @@ def _compare(model, module, variables, hw):
   x = np.random.RandomState(1).randn(2, 3, *hw).astype(np.float32)
   with torch.no_grad():
     want = model(torch.from_numpy(x)).numpy()
-  got, _ = module.apply(variables, x.transpose(0, 2, 3, 1))
+  got, _ = jax.jit(module.apply)(variables, x.transpose(0, 2, 3, 1))
   rel = np.abs(np.asarray(got) - want).max() / np.abs(want).max()
   print(f"relative max error {rel:.2e}")
   assert got.shape == want.shape and rel <= TOL
@@ -192,7 +193,7 @@ def test_imported_timm_weights_are_evaluated_with_their_own_preprocessing():
   x = np.asarray(device_ops.to_float(image[None], pre.mean, pre.std))
   np.testing.assert_allclose(x[0].transpose(2, 0, 1), want_x, atol=1e-6)  # the same input
   module, variables = convert.from_timm(name, {k: v.numpy() for k, v in model.state_dict().items()})
-  got, _ = module.apply(variables, x)
+  got, _ = jax.jit(module.apply)(variables, x)
   assert np.abs(np.asarray(got) - want).max() <= TOL * np.abs(want).max()
   # the config's own fields win; without init_from the rest are the defaults ([-1, 1], bilinear)
   config.data.preprocess.crop_fraction = 0.875

@@ -92,7 +92,7 @@ def _cases():
   return c
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # not "module": xdist may interleave modules, and a module fixture is rebuilt
 def places(tmp_path_factory, finished_run):
   """Files the cases refer to, and one copy of the finished run shared by the cases (each leaves it untouched)."""
   root = tmp_path_factory.mktemp("bad")

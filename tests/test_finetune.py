@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -157,7 +158,7 @@ def test_ema_is_the_moving_average_of_the_parameters_each_step_produces():
   assert optim.ema_params(jax.jit(optim.make_optimizer(default_config(), lambda s: 1e-3).init)(params)) is None
 
 
-def test_ema_run_evaluates_checkpoints_loads_and_exports_its_average(tmp_path, data_dir):
+def test_ema_run_evaluates_checkpoints_loads_and_exports_its_average(tmp_path, data_dir, finished_run):
   import vitjax
 
   workdir = str(tmp_path / "ema")
@@ -199,8 +200,7 @@ def test_ema_run_evaluates_checkpoints_loads_and_exports_its_average(tmp_path, d
   assert "covers the parameters only; this model's batch_stats (BatchNorm statistics)" in proc.stderr
 
   # a run without an average: one line naming the fix, exit 2
-  plain = str(tmp_path / "plain")
-  th.check_ok(th.run_main(plain, *common, "--config.total_steps=5", "--config.eval_every=5"))
+  plain = str(shutil.copytree(finished_run, tmp_path / "plain"))  # a finished run without an average
   proc = th.run_main(plain, "--mode=eval", "--weights=ema", config=None)
   assert proc.returncode == 2 and "error: weights='ema'" in proc.stderr and "--config.ema_decay" in proc.stderr
   assert "Traceback" not in proc.stderr

@@ -27,7 +27,7 @@ SWIN_CONFIG = textwrap.dedent("""
 SHORT = ["--config.total_steps=20", "--config.eval_every=20", "--config.checkpoint_every=20"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # not "module": xdist may interleave modules, and a module fixture is rebuilt
 def runs(tmp_path_factory, data_dir):
   root = tmp_path_factory.mktemp("inspect")
   vit = str(root / "vit")

@@ -19,7 +19,7 @@ from vitjax import data as data_lib
 pytestmark = pytest.mark.xdist_group("load")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # not "module": xdist may interleave modules, and a module fixture is rebuilt
 def run_without_data(tmp_path_factory, data_dir):
   """A tiny digits run trained on a private copy of the dataset, which is then deleted; returns (root, workdir,
   the validation images and labels read before the deletion)."""

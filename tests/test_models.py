@@ -1,3 +1,5 @@
+import functools
+
 import flax
 import jax
 import jax.numpy as jnp
@@ -51,12 +53,12 @@ def _tiny_vit(**kw):
 def test_vit_options_run_on_non_square_images(kw):
   model = _tiny_vit(**kw)
   x = jnp.ones((2, 16, 24, 3))
-  variables = model.init(jax.random.key(0), x)
-  logits, inter = model.apply(variables, x)
+  variables = _init(model, x)
+  logits, inter = _apply(model, variables, x)
   assert logits.shape == (2, 5) and np.isfinite(np.asarray(logits)).all()
   assert inter["encoded"].shape[1] == 4 * 6 + (kw.get("pool_type", "tok") == "tok")
   if kw.get("stem") == "conv":  # BatchNorm statistics update in training mode
-    _, upd = model.apply(variables, x, train=True, mutable=["batch_stats"], rngs={"dropout": jax.random.key(1)})
+    _, upd = _apply(model, variables, x, train=True, mutable=("batch_stats",), rngs={"dropout": jax.random.key(1)})
     assert "batch_stats" in upd
 
 
@@ -123,14 +125,14 @@ def test_vit_embed_norm_and_flatten_head_match_float64(rng):
   x = _ln(x + q["posembed"]["pos_embedding"][0], q["encoder"]["final_norm"])
   want = x.reshape(2, 6 * 8) @ q["head"]["kernel"] + q["head"]["bias"]  # Flatten + Linear
   assert q["head"]["kernel"].shape == (48, 3)
-  np.testing.assert_allclose(model.apply({"params": p}, jnp.asarray(images, jnp.float32))[0], want, atol=1e-5)
+  np.testing.assert_allclose(_apply(model, {"params": p}, jnp.asarray(images, jnp.float32))[0], want, atol=1e-5)
   # with a class token: the norm comes before it (the class token is not normalised)
   model = models.create("Ti/4", pool_type="tok", fc_norm=True, **kw)  # fc_norm: no final norm on "encoded"
   p = _random_params(model, jnp.asarray(images, jnp.float32))
   q = f64(p)
   x = _ln(patches @ q["embedding"]["kernel"].reshape(48, 8) + q["embedding"]["bias"], q["embed_norm"])
   want = np.concatenate([np.broadcast_to(q["cls"], (2, 1, 8)), x], 1) + q["posembed"]["pos_embedding"]
-  got = model.apply({"params": p}, jnp.asarray(images, jnp.float32))[1]["encoded"]
+  got = _apply(model, {"params": p}, jnp.asarray(images, jnp.float32))[1]["encoded"]
   np.testing.assert_allclose(got, want, atol=1e-5)
   with pytest.raises(ValueError, match="unknown pool_type 'cls'; use one of 'tok', 'gap', 'map', 'none', 'flatten'"):
     _shapes(models.create("Ti/4", pool_type="cls", **kw), jnp.zeros((1, 8, 12, 3)))
@@ -259,13 +261,23 @@ def test_window_partition_roundtrip_and_effective_window():
   assert effective_window((4, 14), (7, 7), (3, 3)) == ((4, 7), (0, 3))
 
 
+def _init(model, x, key=0):
+  """model.init, jitted: op by op, a Swin's init or apply is 5-10x slower."""
+  return jax.jit(model.init)(jax.random.key(key), x)
+
+
+def _apply(model, variables, x, train=False, mutable=False, **kw):
+  """model.apply, jitted (train and mutable are static)."""
+  return jax.jit(functools.partial(model.apply, train=train, mutable=mutable))(variables, x, **kw)
+
+
 def _tiny_swin(**kw):
   return models.create("swin_t", embed_dim=16, depths=(2, 2), num_heads=(2, 4), window_size=4, num_classes=3, **kw)
 
 
 def test_swin_window_shrinks_to_small_maps():
   model = _tiny_swin()
-  variables = model.init(jax.random.key(0), jnp.zeros((1, 24, 24, 3)))  # maps 6x6 then 3x3
+  variables = _init(model, jnp.zeros((1, 24, 24, 3)))  # maps 6x6 then 3x3
   p = variables["params"]
   assert p["stage_0_block_1"]["rel_pos"]["relative_position_bias_table"].shape == (7 * 7, 2)  # window 4
   assert p["stage_1_block_1"]["rel_pos"]["relative_position_bias_table"].shape == (5 * 5, 4)  # shrunk to 3
@@ -274,8 +286,8 @@ def test_swin_window_shrinks_to_small_maps():
 def test_swin_pads_maps_the_window_does_not_divide_and_refuses_bad_patches():
   model = _tiny_swin()
   x = jax.random.normal(jax.random.key(0), (2, 20, 28, 3))  # maps 5x7 (padded to 8x8) then 3x4
-  variables = model.init(jax.random.key(0), x)
-  logits, inter = model.apply(variables, x)
+  variables = _init(model, x)
+  logits, inter = _apply(model, variables, x)
   assert logits.shape == (2, 3) and np.isfinite(np.asarray(logits)).all()
   assert inter["stage_0"].shape == (2, 5, 7, 16) and inter["stage_1"].shape == (2, 3, 4, 32)
   with pytest.raises(ValueError, match=r"not divisible by the patch size \(4, 4\).*30 -> 28 or 32"):
@@ -285,9 +297,9 @@ def test_swin_pads_maps_the_window_does_not_divide_and_refuses_bad_patches():
 def test_swin_conv_stem_replaces_the_patch_embedding():
   model = _tiny_swin(stem="conv")
   x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
-  v = model.init(jax.random.key(0), x)
+  v = _init(model, x)
   assert "conv_stem" in v["params"] and "patch_embed" not in v["params"]
-  (logits, inter), upd = model.apply(v, x, train=True, mutable=["batch_stats"], rngs={"dropout": jax.random.key(1)})
+  (logits, inter), upd = _apply(model, v, x, train=True, mutable=("batch_stats",), rngs={"dropout": jax.random.key(1)})
   assert inter["stage_0"].shape == (2, 4, 4, 16) and logits.shape == (2, 3)
   assert not np.allclose(upd["batch_stats"]["conv_stem"]["bn_0"]["mean"], 0)
   with pytest.raises(ValueError, match="unknown stem 'cnn'"):
@@ -297,17 +309,17 @@ def test_swin_conv_stem_replaces_the_patch_embedding():
 def test_conv_stem_depth_adds_same_size_convolutions_at_each_resolution():
   x = jnp.ones((2, 16, 16, 1))
   stem = models.create("Ti/4", depth=1, width=32, num_heads=2, num_classes=3, stem="conv", stem_depth=3)
-  variables = stem.init(jax.random.key(0), x)
+  variables = _init(stem, x)
   v = variables["params"]["conv_stem"]
   # 16 -> 8 at 16 channels (conv_0, then conv_0_1, conv_0_2 at 8x8), 8 -> 4 at 32 channels (conv_1, conv_1_*), 1x1
   convs = ["conv_0", "conv_0_1", "conv_0_2", "conv_1", "conv_1_1", "conv_1_2"]
   assert sorted(k for k in v if k.startswith("conv")) == convs
   assert v["conv_0"]["kernel"].shape == (3, 3, 1, 16) and v["conv_0_2"]["kernel"].shape == (3, 3, 16, 16)
   assert v["conv_1_1"]["kernel"].shape == (3, 3, 32, 32) and v["proj"]["kernel"].shape == (1, 1, 32, 32)
-  _, inter = stem.apply(variables, x)
+  _, inter = _apply(stem, variables, x)
   assert inter["encoded"].shape == (2, 1 + 16, 32)  # the token grid is the same as depth 1's
   swin = _tiny_swin(stem="conv", stem_depth=2)
-  assert "conv_0_1" in swin.init(jax.random.key(0), jnp.ones((1, 16, 16, 3)))["params"]["conv_stem"]
+  assert "conv_0_1" in _init(swin, jnp.ones((1, 16, 16, 3)))["params"]["conv_stem"]
   with pytest.raises(ValueError, match="depth >= 1"):
     models.create("Ti/4", depth=1, width=32, num_heads=2, stem="conv", stem_depth=0).init(jax.random.key(0), x)
 
@@ -315,16 +327,16 @@ def test_conv_stem_depth_adds_same_size_convolutions_at_each_resolution():
 def test_swin_training_mode_is_stochastic_and_evaluation_is_not():
   model = _tiny_swin(drop_path_rate=0.5)
   x = jax.random.normal(jax.random.key(0), (4, 16, 16, 3))
-  v = model.init(jax.random.key(0), x)
-  a, _ = model.apply(v, x, train=True, rngs={"dropout": jax.random.key(1)})
-  b, _ = model.apply(v, x, train=True, rngs={"dropout": jax.random.key(2)})
+  v = _init(model, x)
+  a, _ = _apply(model, v, x, train=True, rngs={"dropout": jax.random.key(1)})
+  b, _ = _apply(model, v, x, train=True, rngs={"dropout": jax.random.key(2)})
   assert not np.allclose(a, b)
-  np.testing.assert_array_equal(model.apply(v, x)[0], model.apply(v, x)[0])
+  np.testing.assert_array_equal(_apply(model, v, x)[0], _apply(model, v, x)[0])
 
 
 @pytest.mark.parametrize("name", ["vit", "swin"])
 def test_fast_and_reference_attention_agree_in_models(name):
   mk = _tiny_vit if name == "vit" else _tiny_swin
   x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
-  v = mk().init(jax.random.key(0), x)
-  np.testing.assert_allclose(mk().apply(v, x)[0], mk(implementation="reference").apply(v, x)[0], atol=1e-5)
+  v = _init(mk(), x)
+  np.testing.assert_allclose(_apply(mk(), v, x)[0], _apply(mk(implementation="reference"), v, x)[0], atol=1e-5)

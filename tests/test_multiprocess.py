@@ -67,7 +67,7 @@ def _losses(workdir, steps=30):
   return [got[s] for s in range(1, steps + 1)]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # not "module": xdist may interleave modules, and a module fixture is rebuilt
 def two_by_two(run_args, tmp_path_factory):
   """The same run on 2 processes x 2 devices: its workdir."""
   workdir = str(tmp_path_factory.mktemp("mp") / "two")

@@ -288,6 +288,7 @@ def _saved(workdir) -> bool:
   return os.path.isdir(ckpts) and any(name.isdigit() for name in os.listdir(ckpts))
 
 
+@pytest.mark.slow  # 50 s; the default run has SIGTERM and requeue, and a lost worker's trial taken over
 def test_sweep_sigkill_and_rerun(tmp_path, run_args):
   """SIGKILL to the sweep and its running trial, mid-trial; the same command again: the interrupted trial resumes
   from its checkpoint (its steps continue), the finished one is not rerun."""

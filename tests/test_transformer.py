@@ -17,7 +17,7 @@ def tiny(**kw):
 
 def init(model, seed=0, scale=1.0):
   src, tgt = jnp.ones((1, 5), jnp.int32), jnp.ones((1, 4), jnp.int32)
-  params = model.init(jax.random.key(seed), src, tgt)["params"]
+  params = jax.jit(model.init)(jax.random.key(seed), src, tgt)["params"]  # jitted: op by op is 10x slower
   if scale != 1.0:  # sharper distributions make search differences visible
     params = jax.tree.map(lambda p: p * scale, params)
   return params
@@ -51,7 +51,7 @@ def test_cached_greedy_equals_uncached_greedy(kw):
 def sequence_scores(model, params, src, tokens, alpha):
   """Teacher-forced log p(tokens | src) / length_penalty(n) of rows ending in EOS (None for the others)."""
   tgt = jnp.asarray(tokens)
-  logits, _ = model.apply({"params": params}, src, tgt)
+  logits, _ = jax.jit(model.apply)({"params": params}, src, tgt)
   lp = np.asarray(jax.nn.log_softmax(logits))
   out = []
   for r, row in enumerate(np.asarray(tokens).tolist()):
@@ -95,7 +95,7 @@ def test_wide_beam_finds_the_exhaustive_best(alpha):
     for prefix in itertools.product(non_eos, repeat=n - 1)
   ]
   tgt = jnp.asarray([s + [PAD] * (max_len - len(s)) for s in seqs], jnp.int32)
-  logits, _ = model.apply({"params": params}, jnp.repeat(src, len(seqs), 0), tgt)  # one teacher-forced pass
+  logits, _ = jax.jit(model.apply)({"params": params}, jnp.repeat(src, len(seqs), 0), tgt)  # one teacher-forced pass
   lp = np.asarray(jax.nn.log_softmax(logits))
   scores = [
     sum(lp[j, i, t] for i, t in enumerate(s)) / decode.length_penalty(len(s), alpha) for j, s in enumerate(seqs)
@@ -125,10 +125,10 @@ def test_padding_does_not_change_outputs():
   model = tiny()
   params = init(model, scale=2.0)
   tgt = jnp.array([[3, 4, EOS], [5, EOS, PAD]], jnp.int32)
-  logits, _ = model.apply({"params": params}, SRC, tgt)
+  logits, _ = jax.jit(model.apply)({"params": params}, SRC, tgt)
   src_pad = jnp.pad(SRC, ((0, 0), (0, 5)))
   tgt_pad = jnp.pad(tgt, ((0, 0), (0, 4)))
-  logits2, _ = model.apply({"params": params}, src_pad, tgt_pad)
+  logits2, _ = jax.jit(model.apply)({"params": params}, src_pad, tgt_pad)
   # masked keys change only the order of float sums: differences of a few ulps of the largest logit
   np.testing.assert_allclose(logits2[:, :3], logits, rtol=0, atol=1e-5 * np.abs(logits).max())
   np.testing.assert_array_equal(
@@ -144,8 +144,8 @@ def test_future_target_tokens_do_not_change_earlier_outputs():
   model = tiny()
   params = init(model)
   tgt = jnp.array([[3, 4, 5, 6, 3, EOS]], jnp.int32)
-  logits, _ = model.apply({"params": params}, SRC[:1], tgt)
-  logits2, _ = model.apply({"params": params}, SRC[:1], tgt.at[0, 3:].set(4))
+  logits, _ = jax.jit(model.apply)({"params": params}, SRC[:1], tgt)
+  logits2, _ = jax.jit(model.apply)({"params": params}, SRC[:1], tgt.at[0, 3:].set(4))
   np.testing.assert_allclose(logits[:, :4], logits2[:, :4], atol=1e-6)  # position t sees tgt[:t]
   assert not np.allclose(logits[:, 4:], logits2[:, 4:])
 
@@ -157,6 +157,7 @@ def test_errors():
     models.create("transformer_huge", vocab_size=5)
 
 
+@pytest.mark.slow  # 45 s; the default run trains the Transformer through the trainer (tests/test_translation.py)
 def test_learns_to_reverse_random_sequences():
   """3 special ids + 8 symbols, lengths 2-6: reversal learnt to 100% exact match (greedy) on new sequences."""
   model = tiny(vocab_size=11, d_model=64, num_heads=4, d_ff=128, num_layers=2, max_len=8)

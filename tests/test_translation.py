@@ -22,7 +22,7 @@ pytestmark = pytest.mark.xdist_group("translation")
 WORDS = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # not "module": xdist may interleave modules, and a module fixture is rebuilt
 def run(tmp_path_factory):
   """A 40-step run on 'x y z' -> 'Z Y X' pairs; returns (config, workdir)."""
   root = tmp_path_factory.mktemp("tr")
@@ -213,6 +213,7 @@ def get_config():
 '''
 
 
+@pytest.mark.slow  # 80 s; the default run resumes classification runs bit for bit (tests/test_faults.py)
 def test_sigterm_and_resume_of_a_translation_run_is_bitwise_exact(run, compile_cache, tmp_path):
   """Three runs of one config (whole, cut, resumed) share the session's compilation cache."""
   import re

@@ -71,7 +71,7 @@ def abstract_params(name: str, image: int = 224, classes: int = 1000):
 def per_device_params(params, preset: str) -> float:
   """Parameters held by one device (elements), from each parameter's PartitionSpec under the preset."""
   shape = MESH_SHAPES[preset]
-  specs = mesh_lib.param_specs(params, shape, preset)
+  specs = mesh_lib.param_specs(params, shape, preset, tp_rules=models.registry.tp_rules(models.ViT))
   total = 0.0
   for leaf, spec in zip(jax.tree.leaves(params), jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, P))):
     split = 1

@@ -77,7 +77,9 @@ def test_tp_splits_scanned_blocks_like_unscanned_ones():
   def split(scan, block):
     model = models.create("Ti/2", width=32, depth=2, num_heads=4, mlp_dim=64, num_classes=10, scan=scan)
     params = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1))))["params"]
-    specs = mesh_lib.param_specs(params, {"data": 2, "fsdp": 1, "tensor": 4}, "tp")
+    specs = mesh_lib.param_specs(
+      params, {"data": 2, "fsdp": 1, "tensor": 4}, "tp", tp_rules=models.registry.tp_rules(model)
+    )
     leaves = jax.tree_util.tree_leaves_with_path(specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
     return {mesh_lib.path_name(p).split(block)[-1]: tuple(s) for p, s in leaves if block in mesh_lib.path_name(p)}
 

@@ -340,3 +340,51 @@ def test_fast_and_reference_attention_agree_in_models(name):
   x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
   v = _init(mk(), x)
   np.testing.assert_allclose(_apply(mk(), v, x)[0], _apply(mk(implementation="reference"), v, x)[0], atol=1e-5)
+
+
+def test_a_new_family_is_one_registration_that_creation_decay_sharding_and_adapters_follow():
+  import flax.linen as nn
+
+  from vitjax import convert, mesh
+  from vitjax.models import registry
+  from vitjax.train import optim
+
+  def grow(k, v, t):  # an adapter of the family's own: a longer 'table' keeps its first rows
+    return (np.asarray(t), f"grew {k}") if k.endswith("table") else None
+
+  @registry.register(
+    lambda name: {"features": 4} if name == "toy_mlp" else None,
+    examples=("toy_mlp",),
+    no_decay=("table",),
+    tp_rules=((r"dense/kernel$", (None, "tensor")),),
+    adapters=(grow,),
+  )
+  class Toy(nn.Module):
+    features: int = 2
+    rows: int = 3
+
+    @nn.compact
+    def __call__(self, x):
+      table = self.param("table", nn.initializers.ones, (self.rows, x.shape[-1]))
+      return nn.Dense(self.features, name="dense")(x @ table.T @ table), {}
+
+  try:
+    model = models.create("toy_mlp", rows=5)
+    assert (model.features, model.rows) == (4, 5)
+    with pytest.raises(ValueError, match="Toy has no option 'featurs'. Did you mean 'features'"):
+      models.create("toy_mlp", featurs=3)
+    params = model.init(jax.random.key(0), jnp.ones((1, 8)))["params"]
+    mask = optim.decay_mask(params, model)
+    assert mask == {"table": False, "dense": {"kernel": True, "bias": False}}
+    assert not optim.decay_mask(params)["table"]  # without a model: every family's names
+    specs = mesh.param_specs(params, {"data": 1, "fsdp": 1, "tensor": 2}, "tp", tp_rules=registry.tp_rules(model))
+    assert tuple(specs["dense"]["kernel"]) == (None, "tensor") and "tensor" not in tuple(specs["table"])
+    small = Toy(features=4, rows=3).init(jax.random.key(1), jnp.ones((1, 8)))["params"]
+    _, changes = adapt_params(small, params, model)
+    assert changes == ["grew table"]
+    with pytest.raises(ValueError, match="to_timm converts a ViT or a Swin, not a Toy"):
+      convert.to_timm(model, {"params": params}, 8)
+  finally:
+    registry.FAMILIES.remove(registry.family_of(Toy))
+  with pytest.raises(ValueError, match="unknown model 'toy_mlp'"):
+    models.create("toy_mlp")

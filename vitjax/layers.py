@@ -33,6 +33,19 @@ ACTIVATIONS = {
 NORMS = ("pre", "post", "respost")
 
 
+# Megatron-style tensor parallelism over this module's blocks (attention "attn" / "cross_attn", FeedForward "mlp"):
+# (regex on parameter paths, mesh axis per dimension, aligned right); model families add their own (registry).
+TP_RULES = (
+  (r"(query|key|value)/kernel$", (None, "tensor", None)),  # [d, heads, head_dim]: column-parallel
+  (r"(query|key|value)/bias$", ("tensor", None)),  # [heads, head_dim]
+  (r"attn/out/kernel$", ("tensor", None, None)),  # [heads, head_dim, d]: row-parallel
+  (r"mlp/fc1/kernel$", (None, "tensor")),  # [d, hidden]: column-parallel
+  (r"mlp/fc1/bias$", ("tensor",)),  # [hidden]
+  (r"mlp/fc2/kernel$", ("tensor", None)),  # [hidden, d]: row-parallel
+)
+BIAS_TABLE_TP_RULE = (r"relative_position_bias_table$", (None, "tensor"))  # [positions, heads]
+
+
 def check_norm(norm: str) -> str:
   if norm not in NORMS:
     raise ValueError(f"unknown norm placement {norm!r}; use one of {', '.join(repr(n) for n in NORMS)}")

@@ -12,12 +12,13 @@ paths that take precedence over it):
     dp       every parameter replicated
     fsdp     every parameter of at least FSDP_MIN_SIZE elements sharded over `fsdp` on its largest dimension
              that the axis divides (none: replicated); smaller ones replicated
-    tp       attention heads (query/key/value kernels and biases, the output projection's input, Swin's relative
-             position bias table) and the MLP hidden dimension (fc1 out, fc2 in) split over `tensor`:
-             column-parallel in, row-parallel out; a dimension the axis does not divide stays replicated
+    tp       the model family's tensor-parallel rules (vitjax.models.registry; vitjax.layers.TP_RULES for the
+             blocks every family shares: attention heads and the MLP hidden dimension, column-parallel in,
+             row-parallel out; ViT and Swin add their relative position bias tables) split over `tensor`; a
+             dimension the axis does not divide stays replicated
     fsdp_tp  tp, then fsdp on each parameter's largest remaining dimension
 
-The names are the ones every model family here uses (ViT, Swin, the translation Transformer). Optimizer state
+Optimizer state
 follows its parameter exactly, by tree position (a moment of `query/kernel` gets `query/kernel`'s spec, whatever
 other parameter shares its shape). Nothing here knows which task runs.
 """
@@ -40,17 +41,6 @@ AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 PRESETS = ("dp", "fsdp", "tp", "fsdp_tp")
 FSDP_MIN_SIZE = 1024  # elements: smaller parameters (biases, norms) stay replicated under fsdp
-
-# Megatron-style tensor parallelism: (regex, spec) on parameter paths
-TP_RULES = (
-  (r"(query|key|value)/kernel$", (None, "tensor", None)),  # [d, heads, head_dim]: column-parallel
-  (r"(query|key|value)/bias$", ("tensor", None)),  # [heads, head_dim]
-  (r"attn/out/kernel$", ("tensor", None, None)),  # [heads, head_dim, d]: row-parallel
-  (r"mlp/fc1/kernel$", (None, "tensor")),  # [d, hidden]: column-parallel
-  (r"mlp/fc1/bias$", ("tensor",)),  # [hidden]
-  (r"mlp/fc2/kernel$", ("tensor", None)),  # [hidden, d]: row-parallel
-  (r"relative_position_bias_table$", (None, "tensor")),  # [positions, heads] (Swin)
-)
 
 
 def mesh_sizes(mesh=(("data", -1),), num_devices: int | None = None) -> dict[str, int]:
@@ -139,11 +129,14 @@ def _check_rules(rules) -> list:
   return compiled
 
 
-def param_specs(params, mesh_shape: dict, sharding: str = "dp", rules=(), min_size: int = FSDP_MIN_SIZE) -> Any:
-  """PartitionSpec per parameter: the first matching rule, else the preset (see the module docstring)."""
+def param_specs(
+  params, mesh_shape: dict, sharding: str = "dp", rules=(), min_size: int = FSDP_MIN_SIZE, tp_rules=()
+) -> Any:
+  """PartitionSpec per parameter: the first matching rule, else the preset (see the module docstring). tp_rules:
+  the model family's tensor-parallel rules, for the 'tp' presets (vitjax.models.registry.tp_rules(model))."""
   if sharding not in PRESETS:
     raise ConfigError(f"config.sharding={sharding!r}: use one of {', '.join(PRESETS)} (see vitjax.mesh)")
-  rules, tp = _check_rules(rules), _check_rules(TP_RULES)
+  rules, tp = _check_rules(rules), _check_rules(tp_rules)
   left_whole = []
 
   def spec(path, leaf):
@@ -191,9 +184,9 @@ def param_specs(params, mesh_shape: dict, sharding: str = "dp", rules=(), min_si
   return specs
 
 
-def param_shardings(mesh: Mesh, params, sharding: str = "dp", rules=()) -> Any:
+def param_shardings(mesh: Mesh, params, sharding: str = "dp", rules=(), tp_rules=()) -> Any:
   """NamedSharding per parameter (see param_specs)."""
-  specs = param_specs(params, dict(mesh.shape), sharding, rules)
+  specs = param_specs(params, dict(mesh.shape), sharding, rules, tp_rules=tp_rules)
   return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
 
 

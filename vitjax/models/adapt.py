@@ -1,9 +1,9 @@
 """Fitting loaded parameters to a model of other shapes, for fine-tuning (`config.init_from`).
 
-It knows the parameter names of vitjax's models: the classifier `head/...`, learned position embeddings
-`.../pos_embedding` ([1, N, D] for the ViT, [max_len, D] for the Transformer) and relative position bias tables
-`.../relative_position_bias_table` ([(2W-1)^2, heads]; [layers, ...] when scanned): Swin's windows and the ViT's
-patch grid (rel_pos_bias), both assumed square here.
+What every model shares is handled here: the classifier `head/...` and layer stacks scanned or not
+(vitjax.layers.Stack). The rest are adapters, one function per kind of parameter, that each model family lists
+in its registration (vitjax.models.registry): learned position embeddings resampled or extended, relative
+position bias tables resized.
 """
 
 from __future__ import annotations
@@ -16,16 +16,20 @@ import numpy as np
 
 from vitjax import posenc
 from vitjax.errors import ConfigError
+from vitjax.models import registry
 
 
-def adapt_params(loaded, target) -> tuple[dict, list[str]]:
+def adapt_params(loaded, target, model=None) -> tuple[dict, list[str]]:
   """(parameters of the target's shapes, one line per change) from loaded parameters.
 
   The classifier head is replaced (kept at the target's initialisation) when the number of classes differs or
-  the checkpoint has none; learned position embeddings are resampled (ViT) or truncated / extended (Transformer),
-  relative-position bias tables resized, to a new resolution or window; a stack scanned over layers on one side
-  and not on the other is restacked. Anything else that differs raises a ConfigError listing every mismatch.
+  the checkpoint has none; a stack scanned over layers on one side and not on the other is restacked; any other
+  parameter whose shape differs goes to the adapters of `model`'s family (vitjax.models.registry; every
+  family's when None): position embeddings resampled or truncated / extended, relative-position bias tables
+  resized, to a new resolution, window or length. What no adapter takes raises a ConfigError listing every
+  mismatch.
   """
+  fits = registry.adapters(model)
   flat_l = flax.traverse_util.flatten_dict(flax.core.unfreeze(loaded), sep="/")
   flat_t = flax.traverse_util.flatten_dict(flax.core.unfreeze(target), sep="/")
   out, problems, changes = {}, [], []
@@ -44,25 +48,9 @@ def adapt_params(loaded, target) -> tuple[dict, list[str]]:
     elif k.startswith("head/"):
       changes.append(f"new head {k} {v.shape} -> {t.shape}")
       out[k] = t
-    elif k.endswith("pos_embedding") and v.ndim == 2 and v.shape[-1] == t.shape[-1]:  # [max_len, D]
-      out[k] = np.concatenate([v[: t.shape[0]], np.asarray(t)[v.shape[0] :]], axis=0)
-      changes.append(f"{k} {v.shape} -> {out[k].shape} (truncated, or extended with its initialisation)")
-    elif k.endswith("pos_embedding") and v.ndim == 3 and v.shape[-1] == t.shape[-1]:
-      prefix = 1 if _is_square(v.shape[1] - 1) and not _is_square(v.shape[1]) else 0
-      out[k] = posenc.resample_posemb(v, _grid(t.shape[1] - prefix), num_prefix_tokens=prefix)
-      changes.append(f"resampled {k} {v.shape} -> {out[k].shape}")
-    elif (
-      k.endswith("relative_position_bias_table")
-      and v.shape[:-2] + v.shape[-1:] == t.shape[:-2] + t.shape[-1:]
-      and _odd_square(v.shape[-2])
-      and _odd_square(t.shape[-2])
-    ):
-      old, new = (math.isqrt(v.shape[-2]) + 1) // 2, (math.isqrt(t.shape[-2]) + 1) // 2
-      # A ViT's patch offset keeps its meaning at another resolution: shared offsets keep their bias ("clip").
-      # Swin's window is resampled (bicubic), as the reference implementation does.
-      method = "clip" if k.startswith("encoder/") else "bicubic"
-      out[k] = posenc.resize_relative_bias_table(v, (old, old), (new, new), method=method)
-      changes.append(f"resized {k} {v.shape} -> {out[k].shape} ({method})")
+    elif fitted := next((r for fit in fits if (r := fit(k, v, t)) is not None), None):
+      out[k] = fitted[0]
+      changes.append(fitted[1])
     else:
       problems.append(f"  {k}: model {t.shape}, checkpoint {v.shape}")
   if problems:
@@ -73,6 +61,49 @@ def adapt_params(loaded, target) -> tuple[dict, list[str]]:
       + more
     )
   return flax.traverse_util.unflatten_dict({tuple(k.split("/")): v for k, v in out.items()}), changes
+
+
+# Adapters: (key, loaded value, target value or its shape) -> (new value, one line saying what changed), or None if
+# not theirs.
+
+
+def extend_positions(k: str, v: np.ndarray, t: np.ndarray):
+  """A learned position table [max_len, D] (the Transformer): truncated, or extended with its initialisation."""
+  if k.endswith("pos_embedding") and v.ndim == 2 and v.shape[-1] == t.shape[-1]:
+    new = np.concatenate([v[: t.shape[0]], np.asarray(t)[v.shape[0] :]], axis=0)
+    return new, f"{k} {v.shape} -> {new.shape} (truncated, or extended with its initialisation)"
+  return None
+
+
+def resample_patch_positions(k: str, v: np.ndarray, t: np.ndarray):
+  """A learned position embedding [1, N, D] over a square patch grid (the ViT), with or without a class token's
+  row: resampled to the target's grid."""
+  if k.endswith("pos_embedding") and v.ndim == 3 and v.shape[-1] == t.shape[-1]:
+    prefix = 1 if _is_square(v.shape[1] - 1) and not _is_square(v.shape[1]) else 0
+    new = posenc.resample_posemb(v, _grid(t.shape[1] - prefix), num_prefix_tokens=prefix)
+    return new, f"resampled {k} {v.shape} -> {new.shape}"
+  return None
+
+
+def bias_table_resizer(method: str, under: str = ""):
+  """An adapter for relative position bias tables [(2W-1)^2, heads] ([layers, ...] when scanned) under the path
+  prefix `under`, square windows, resized by posenc.resize_relative_bias_table's `method`."""
+
+  def fit(k: str, v: np.ndarray, t: np.ndarray):
+    if (
+      k.startswith(under)
+      and k.endswith("relative_position_bias_table")
+      and v.shape[:-2] + v.shape[-1:] == t.shape[:-2] + t.shape[-1:]
+      and _odd_square(v.shape[-2])
+      and _odd_square(t.shape[-2])
+    ):
+      old, new = (math.isqrt(v.shape[-2]) + 1) // 2, (math.isqrt(t.shape[-2]) + 1) // 2
+      out = posenc.resize_relative_bias_table(v, (old, old), (new, new), method=method)
+      return out, f"resized {k} {v.shape} -> {out.shape} ({method})"
+    return None
+
+  fit.__name__ = fit.__qualname__ = f"resize_bias_table_{method}"
+  return fit
 
 
 _SCANNED = "/blocks/block/"  # vitjax.layers.Stack's scanned parameters: [layers, ...] under STACK/blocks/block/

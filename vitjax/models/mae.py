@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from vitjax.layers import EncoderBlock, Stack
+from vitjax.models import registry, vit
 from vitjax.posenc import sincos_2d
 
 Array = jax.Array
@@ -54,6 +55,29 @@ def unpatchify(patches: Array, grid: tuple[int, int], patch: tuple[int, int], ch
   return x.reshape(b, gh * p, gw * q, channels)
 
 
+def _frozen(value):
+  """dicts -> sorted (key, value) tuples, lists -> tuples, recursively: hashable, as a jit static argument must be."""
+  if isinstance(value, dict):
+    return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+  if isinstance(value, (list, tuple)):
+    return tuple(_frozen(v) for v in value)
+  return value
+
+
+def _overrides(kw: dict) -> dict:
+  if isinstance(kw.get("encoder"), dict):
+    kw["encoder"] = _frozen(kw["encoder"])
+  return kw
+
+
+@registry.register(
+  lambda name: {} if name == "mae" else None,
+  examples=("mae",),
+  no_decay=vit.NO_DECAY,  # the encoder is a ViT, named as one; the decoder's blocks are the shared ones
+  tp_rules=registry.family_of(vit.ViT).tp_rules,
+  adapters=vit.ADAPTERS,
+  overrides=_overrides,
+)
 class MAE(nn.Module):
   """__call__(images [B, H, W, C], noise [B, N], train) -> ({"pred": [B, N, p p C] float32, "mask": [B, N]
   (1 = dropped)}, {"encoded": [B, P + K, D], the encoder's tokens (P prefix tokens, K kept patches)}).
@@ -79,16 +103,14 @@ class MAE(nn.Module):
   dtype: Any = None
 
   def setup(self):
-    from vitjax import models  # pylint: disable=g-import-not-at-top  (the registry imports this module)
-
     options = dict(self.encoder)
     if "name" not in options:
       raise ValueError("MAE needs encoder={'name': a ViT such as 'Ti/4', ...}")
     name = options.pop("name")
-    vit = models.create(name, **{**options, "num_classes": None})
-    if not isinstance(vit, models.ViT):
-      raise ValueError(f"MAE's encoder must be a ViT, got {type(vit).__name__} ({name!r})")
-    self.vit = vit.clone(dtype=self.dtype)
+    encoder = registry.create(name, **{**options, "num_classes": None})
+    if not isinstance(encoder, vit.ViT):
+      raise ValueError(f"MAE's encoder must be a ViT, got {type(encoder).__name__} ({name!r})")
+    self.vit = encoder.clone(dtype=self.dtype)
     nn.share_scope(self, self.vit)  # the encoder's parameters at the top level, named as the ViT's
     self.decoder_embed = nn.Dense(self.decoder_width, dtype=self.dtype)
     self.mask_token = self.param("mask_token", nn.initializers.normal(0.02), (1, 1, self.decoder_width))

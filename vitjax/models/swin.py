@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from vitjax.attention import MultiHeadAttention
-from vitjax.layers import DropPath, FeedForward, drop_path_rates
+from vitjax.layers import BIAS_TABLE_TP_RULE, TP_RULES, DropPath, FeedForward, drop_path_rates
+from vitjax.models import adapt, registry
 from vitjax.models.vit import ConvStem, check_divisible
 from vitjax.posenc import RelativePositionBias
 
@@ -155,6 +156,22 @@ class PatchMerging(nn.Module):
     return nn.Dense(2 * c, use_bias=False, dtype=self.dtype, name="reduction")(x)
 
 
+def parse_name(name: str) -> dict | None:
+  """ "swin_t" -> the Swin's keyword arguments; None for another family's name."""
+  if m := re.match(r"^swin_(t|s|b|l)$", name):
+    embed, depths, heads = VARIANTS[m[1].upper()]
+    return dict(embed_dim=embed, depths=depths, num_heads=heads)
+  return None
+
+
+@registry.register(
+  parse_name,
+  examples=("swin_t", "swin_s", "swin_b", "swin_l"),
+  no_decay=("relative_position_bias_table",),
+  tp_rules=(*TP_RULES, BIAS_TABLE_TP_RULE),
+  adapters=(adapt.bias_table_resizer("bicubic"),),  # the window resampled, as Microsoft's code does
+  formats={"timm": "vitjax.models.swin_timm", "msft": "vitjax.models.swin_msft"},  # msft: read through swin_timm
+)
 class Swin(nn.Module):
   """Swin Transformer. __call__(images [B, H, W, C], train) -> (logits [B, classes], intermediates).
 

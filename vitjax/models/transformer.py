@@ -18,7 +18,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vitjax.layers import DecoderBlock, EncoderBlock, Stack, check_norm
+from vitjax.layers import TP_RULES, DecoderBlock, EncoderBlock, Stack, check_norm
+from vitjax.models import adapt, registry
 from vitjax.posenc import sinusoidal_1d
 
 Array = jax.Array
@@ -87,6 +88,22 @@ class _Side(nn.Module):
     )(x, *args)
 
 
+def parse_name(name: str) -> dict | None:
+  """ "transformer_base" -> the Transformer's keyword arguments (the paper's sizes); None for another name."""
+  size = name.removeprefix("transformer_") if name.startswith("transformer_") else None
+  if size not in SIZES:
+    return None
+  d, h, ff, layers, drop = SIZES[size]
+  return dict(d_model=d, num_heads=h, d_ff=ff, num_layers=layers, dropout_rate=drop)
+
+
+@registry.register(
+  parse_name,
+  examples=tuple(f"transformer_{s}" for s in ("base", "big", "small", "tiny")),
+  no_decay=("pos_embedding",),
+  tp_rules=TP_RULES,
+  adapters=(adapt.extend_positions,),
+)
 class Transformer(nn.Module):
   """Encoder-decoder Transformer. __call__(src, tgt, train) -> (logits [B, T, V], intermediates).
 
@@ -192,6 +209,4 @@ def create(size: str = "base", **overrides) -> Transformer:
   """A Transformer of a named size ("base" and "big" from the paper; "small", "tiny" for CPUs)."""
   if size not in SIZES:
     raise ValueError(f"unknown Transformer size {size!r}; use one of {list(SIZES)}")
-  d, h, ff, layers, drop = SIZES[size]
-  kwargs = dict(d_model=d, num_heads=h, d_ff=ff, num_layers=layers, dropout_rate=drop)
-  return Transformer(**{**kwargs, **overrides})
+  return Transformer(**{**parse_name(f"transformer_{size}"), **overrides})

@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from vitjax.attention import MultiHeadAttention
-from vitjax.layers import NORMS, EncoderBlock, FeedForward, Stack
+from vitjax.layers import BIAS_TABLE_TP_RULE, NORMS, TP_RULES, EncoderBlock, FeedForward, Stack
+from vitjax.models import adapt, registry
 from vitjax.posenc import LearnedPositionEmbedding, sincos_2d
 
 Array = jax.Array
@@ -121,6 +122,40 @@ class MAPHead(nn.Module):
     return x[:, 0]
 
 
+_NAME = re.compile(r"^vit_(ti|s|m|b|l|h)(\d+)$")
+
+
+def parse_name(name: str) -> dict | None:
+  """ "vit_s16" or "S/16" -> the ViT's keyword arguments; None for another family's name."""
+  if "/" in name:
+    return parse_variant(name)
+  if m := _NAME.match(name):
+    size = "Ti" if m[1] == "ti" else m[1].upper()
+    return parse_variant(f"{size}/{m[2]}")
+  return None
+
+
+def _overrides(kw: dict) -> dict:
+  if isinstance(kw.get("patch_size"), int):
+    kw["patch_size"] = (kw["patch_size"],) * 2
+  return kw
+
+
+# The ViT's parameters that weight decay leaves alone (besides biases and norm scales), and how loaded weights
+# fit another resolution. They are shared with every model built on the ViT (MAE).
+NO_DECAY = ("pos_embedding", "relative_position_bias_table", "cls", "probe")
+ADAPTERS = (adapt.resample_patch_positions, adapt.bias_table_resizer("clip", under="encoder/"))
+
+
+@registry.register(
+  parse_name,
+  examples=("vit_ti16", "vit_s16", "vit_b16", "vit_l16", "vit_h14"),
+  no_decay=NO_DECAY,
+  tp_rules=(*TP_RULES, BIAS_TABLE_TP_RULE),
+  adapters=ADAPTERS,
+  formats={"timm": "vitjax.models.vit_timm", "npz": "vitjax.models.vit_npz"},
+  overrides=_overrides,
+)
 class ViT(nn.Module):
   """Vision Transformer. __call__(images [B, H, W, C], train) -> (logits [B, classes], intermediates).
 

@@ -5,7 +5,7 @@ decay.
 
 from __future__ import annotations
 
-import re
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -13,15 +13,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from vitjax import models
 from vitjax.errors import ConfigError
 
-NO_DECAY = re.compile(r"(bias|scale|pos_embedding|relative_position_bias_table|cls|probe)$")
 
-
-def decay_mask(params):
-  """True where weight decay applies: kernels and embeddings, not biases, norms, positions or bias tables."""
+def decay_mask(params, model=None):
+  """True where weight decay applies: kernels and embeddings, not biases, norms, nor what the model's family
+  names in its `no_decay` (positions, bias tables, class tokens, ...; every family's when `model` is None)."""
+  no_decay = models.registry.no_decay_pattern(model)
   return jax.tree_util.tree_map_with_path(
-    lambda path, x: not NO_DECAY.search(str(getattr(path[-1], "key", path[-1]))) and x.ndim > 1, params
+    lambda path, x: not no_decay.search(str(getattr(path[-1], "key", path[-1]))) and x.ndim > 1, params
   )
 
 
@@ -112,11 +113,12 @@ def make_optimizer(config, schedule, model=None) -> optax.GradientTransformation
   """The config's optimizer; ``model`` is needed for optim.layer_decay (the layer of each parameter)."""
   check(config)
   o = config.optim
+  decay_mask_fn = functools.partial(decay_mask, model=model)
   if o.name == "adamw":
-    tx = optax.adamw(schedule, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=decay_mask)
+    tx = optax.adamw(schedule, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=decay_mask_fn)
   elif o.name == "sgd":
     tx = optax.chain(
-      optax.add_decayed_weights(o.weight_decay, mask=decay_mask),
+      optax.add_decayed_weights(o.weight_decay, mask=decay_mask_fn),
       optax.sgd(schedule, momentum=o.momentum, nesterov=o.nesterov),
     )
   else:

@@ -89,7 +89,9 @@ def setup(config, task: Task, total_steps: int | None = None, steps_per_epoch: i
     abstract = jax.eval_shape(init_state)
   except ValueError as e:  # impossible shapes (image size vs patch, widths vs heads): say which setting
     raise ConfigError(f"{e} (the model's input comes from config.data; e.g. set --config.data.image_size)") from None
-  params = mesh_lib.param_shardings(mesh, abstract.params, config.get("sharding", "dp"), config.sharding_rules)
+  params = mesh_lib.param_shardings(
+    mesh, abstract.params, config.get("sharding", "dp"), config.sharding_rules, models.registry.tp_rules(model)
+  )
   replicated = NamedSharding(mesh, jax.sharding.PartitionSpec())
   sharding = TrainState(
     replicated,
@@ -115,7 +117,7 @@ def initial_state(exp: Experiment) -> TrainState:
     loaded, loaded_ms = convert.load_params(config.init_from), {}
   else:
     loaded, loaded_ms = checkpoints.load_params(config.init_from)
-  params, changes = adapt_params(loaded, jax.device_get(state.params))
+  params, changes = adapt_params(loaded, jax.device_get(state.params), exp.model)
   for line in changes:
     logging.info("init_from: %s", line)
   params = jax.device_put(params, exp.state_sharding.params)

@@ -1,0 +1,203 @@
+"""What the weight converters beside each model family share (vitjax/models/*_timm.py, vit_npz.py): a reader
+that remembers which source keys were used, the flax <-> torch layouts of linear, norm, convolution, attention and
+MLP parameters, and the shape check every importer ends with."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vitjax.models import registry
+
+TIMM_BUFFERS = re.compile(r"(relative_position_index|attn_mask)$")
+
+
+class Reader:
+  """Reads a flat mapping of numpy arrays and remembers which keys were used."""
+
+  def __init__(self, mapping: Mapping[str, Any]):
+    self.arrays = {k: np.asarray(to_numpy(v), np.float32) for k, v in mapping.items()}
+    self.used: set[str] = set()
+
+  def __contains__(self, key):
+    return key in self.arrays
+
+  def __call__(self, key: str) -> np.ndarray:
+    if key not in self.arrays:
+      raise KeyError(f"checkpoint has no {key!r}; is it the right model family?")
+    self.used.add(key)
+    return self.arrays[key]
+
+  def unused(self, ignore: re.Pattern | None = None) -> list[str]:
+    return sorted(k for k in self.arrays if k not in self.used and not (ignore and ignore.search(k)))
+
+  def check_all_used(self, what: str, ignore: re.Pattern | None = None) -> None:
+    """A key the conversion did not read is an error, so an unsupported variant never loads half-converted."""
+    unused = self.unused(ignore)
+    if unused:
+      raise ValueError(
+        f"{what}: the checkpoint has parameters this conversion does not know: "
+        f"{unused[:8]}{' ...' if len(unused) > 8 else ''}"
+      )
+
+
+def to_numpy(v):
+  if hasattr(v, "detach"):  # a torch tensor
+    return v.detach().cpu().float().numpy()
+  return v
+
+
+def nest(flat: dict[str, np.ndarray]) -> dict:
+  return flax.traverse_util.unflatten_dict({tuple(k.split("/")): v for k, v in flat.items()})
+
+
+def flat_params(params) -> dict[str, np.ndarray]:
+  flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/")
+  return {k: np.asarray(jax.device_get(v), np.float32) for k, v in flat.items()}
+
+
+def is_square(n: int) -> bool:
+  return n > 0 and math.isqrt(n) ** 2 == n
+
+
+def check_shapes(module, params: dict, image_shape: tuple[int, ...]) -> None:
+  """Raises ValueError listing every parameter whose shape differs from what `module` expects."""
+  expected = jax.eval_shape(lambda: module.init(jax.random.key(0), jnp.zeros(image_shape)))["params"]
+  exp = flax.traverse_util.flatten_dict(flax.core.unfreeze(expected), sep="/")
+  got = flax.traverse_util.flatten_dict(params, sep="/")
+  problems = [
+    f"  {k}: model {exp[k].shape}, checkpoint {got[k].shape}"
+    for k in sorted(exp)
+    if k in got and exp[k].shape != got[k].shape
+  ]
+  problems += [f"  {k}: missing from checkpoint (model {exp[k].shape})" for k in sorted(set(exp) - set(got))]
+  problems += [f"  {k}: not in the model" for k in sorted(set(got) - set(exp))]
+  if problems:
+    raise ValueError("checkpoint does not match the model:\n" + "\n".join(problems[:20]))
+
+
+def finish(module, flat: dict[str, np.ndarray], image_hw: tuple[int, int]):
+  params = nest(flat)
+  channels = next(v.shape[2] for k, v in flat.items() if k in ("embedding/kernel", "patch_embed/kernel"))
+  check_shapes(module, params, (1, *image_hw, channels))
+  return module, {"params": jax.tree.map(jnp.asarray, params)}
+
+
+def unwrap(state_dict: Mapping[str, Any]) -> Mapping[str, Any]:
+  """A training checkpoint {'model': sd, 'optimizer': ...} (Microsoft's Swin) or {'state_dict': sd} -> sd."""
+  for key in ("model", "state_dict", "model_ema"):
+    if isinstance(state_dict.get(key), Mapping):
+      return state_dict[key]
+  return state_dict
+
+
+def layout_modules() -> list:
+  """Every registered family's converter modules, each with LAYOUTS {id: description} and detect(keys)."""
+  names = dict.fromkeys(m for f in registry.FAMILIES for m in f.formats.values())
+  return [importlib.import_module(m) for m in names]
+
+
+def detect_layout(state_dict: Mapping[str, Any]) -> str | None:
+  """The layout id of a state dict ("timm-vit", "timm-swin", "swin-official", "vit-npz", ...), None if unknown."""
+  keys = set(unwrap(state_dict))
+  return next((layout for m in layout_modules() if (layout := m.detect(keys))), None)
+
+
+def unknown_layout(state_dict: Mapping[str, Any], what: str) -> ValueError:
+  first = sorted(unwrap(state_dict))[:4]
+  known = "; ".join(d for m in layout_modules() for d in m.LAYOUTS.values())
+  return ValueError(
+    f"{what}: weights of another model family or an unknown layout (first keys {first}); known: {known}"
+  )
+
+
+def linear(r: Reader, src: str, dst: str, out: dict, bias: bool = True) -> None:
+  out[f"{dst}/kernel"] = r(f"{src}.weight").T
+  if bias:
+    out[f"{dst}/bias"] = r(f"{src}.bias")
+
+
+def norm(r: Reader, src: str, dst: str, out: dict) -> None:
+  out[f"{dst}/scale"], out[f"{dst}/bias"] = r(f"{src}.weight"), r(f"{src}.bias")
+
+
+def conv(r: Reader, src: str, dst: str, out: dict) -> None:
+  out[f"{dst}/kernel"] = r(f"{src}.weight").transpose(2, 3, 1, 0)  # OIHW -> HWIO
+  out[f"{dst}/bias"] = r(f"{src}.bias")
+
+
+def split_heads(w: np.ndarray, heads: int) -> np.ndarray:
+  """torch Linear weight [D_out, D_in] -> flax DenseGeneral kernel [D_in, H, D_out / H]."""
+  return w.T.reshape(w.shape[1], heads, w.shape[0] // heads)
+
+
+def timm_attention(r: Reader, src: str, dst: str, heads: int, out: dict) -> None:
+  """timm's fused qkv [3D, D] and proj [D, D] -> query/key/value [D, H, K] and out [H, K, D]."""
+  w, b = r(f"{src}.qkv.weight"), r(f"{src}.qkv.bias") if f"{src}.qkv.bias" in r else None
+  d = w.shape[1]
+  for i, name in enumerate(("query", "key", "value")):
+    out[f"{dst}/{name}/kernel"] = split_heads(w[i * d : (i + 1) * d], heads)
+    if b is not None:
+      out[f"{dst}/{name}/bias"] = b[i * d : (i + 1) * d].reshape(heads, d // heads)
+  out[f"{dst}/out/kernel"] = r(f"{src}.proj.weight").T.reshape(heads, d // heads, d)
+  out[f"{dst}/out/bias"] = r(f"{src}.proj.bias")
+
+
+def timm_mlp(r: Reader, src: str, dst: str, out: dict) -> None:
+  linear(r, f"{src}.fc1", f"{dst}/fc1", out)
+  linear(r, f"{src}.fc2", f"{dst}/fc2", out)
+
+
+def copy_tree(r: Reader, src: str, dst: str, out: dict, subs=(None,), new_subs=None) -> None:
+  """Copies every parameter under src/SUB to dst/NEW_SUB (flax names on both sides: kernel, bias, scale)."""
+  for sub, new in zip(subs, new_subs or subs):
+    s, d = f"{src}/{sub}" if sub else src, f"{dst}/{new}" if new else dst
+    keys = [k for k in r.arrays if k.startswith(s + "/") and "/" not in k[len(s) + 1 :]]
+    if not keys:
+      raise KeyError(f"checkpoint has no {s}/*; is it the right model family?")
+    for k in keys:
+      out[f"{d}/{k[len(s) + 1 :]}"] = r(k)
+
+
+def unsupported(module, what: str, **allowed) -> None:
+  """ValueError naming every attribute of `module` whose value is not among those `allowed` for the format."""
+  bad = {k: getattr(module, k) for k, ok in allowed.items() if getattr(module, k) not in ok}
+  if bad:
+    raise ValueError(f"{what} has no equivalent for " + ", ".join(f"{k}={v!r}" for k, v in bad.items()))
+
+
+def put_linear(p: dict, src: str, dst: str, out: dict) -> None:
+  out[f"{dst}.weight"] = p[f"{src}/kernel"].T
+  if f"{src}/bias" in p:
+    out[f"{dst}.bias"] = p[f"{src}/bias"]
+
+
+def put_norm(p: dict, src: str, dst: str, out: dict) -> None:
+  out[f"{dst}.weight"], out[f"{dst}.bias"] = p[f"{src}/scale"], p[f"{src}/bias"]
+
+
+def merge_heads(kernel: np.ndarray) -> np.ndarray:
+  """flax kernel [D_in, H, K] -> torch Linear weight [H*K, D_in] (inverse of split_heads)."""
+  return kernel.reshape(kernel.shape[0], -1).T
+
+
+def put_attention(p: dict, src: str, dst: str, out: dict) -> None:
+  out[f"{dst}.qkv.weight"] = np.concatenate([merge_heads(p[f"{src}/{n}/kernel"]) for n in ("query", "key", "value")])
+  if f"{src}/query/bias" in p:
+    out[f"{dst}.qkv.bias"] = np.concatenate([p[f"{src}/{n}/bias"].reshape(-1) for n in ("query", "key", "value")])
+  w = p[f"{src}/out/kernel"]
+  out[f"{dst}.proj.weight"] = w.reshape(-1, w.shape[-1]).T
+  out[f"{dst}.proj.bias"] = p[f"{src}/out/bias"]
+
+
+def put_mlp(p: dict, src: str, dst: str, out: dict) -> None:
+  put_linear(p, f"{src}/fc1", f"{dst}.fc1", out)
+  put_linear(p, f"{src}/fc2", f"{dst}.fc2", out)

@@ -1,0 +1,154 @@
+"""The ViT in timm's layout (VisionTransformer: patch_embed.proj, blocks.N.attn.qkv, ...), both ways.
+
+read(name, state_dict) -> (module, variables); write(module, params, image_size) -> (state_dict, timm config).
+The name gives the heads, the weights the rest; activation: exact GELU, as timm builds these models.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from vitjax import posenc
+from vitjax.models import convert_util as u
+from vitjax.models import vit as vit_lib
+
+NAMES = re.compile(r"^vit_(tiny|small|medium|base|large|huge)_patch(\d+)_(?:clip_|gap_|siglip_)*(\d+)")
+_SIZES = {"tiny": "Ti", "small": "S", "medium": "M", "base": "B", "large": "L", "huge": "H"}
+LAYOUTS = {"timm-vit": "timm ViT (patch_embed.proj, blocks.N.attn.qkv, ...)"}
+READS = ("timm-vit",)  # the layouts read() takes
+
+
+def detect(keys: set[str]) -> str | None:
+  return "timm-vit" if "blocks.0.attn.qkv.weight" in keys else None
+
+
+def read(state_dict, layout: str, timm_name: str):
+  """(module, variables) of timm ViT `timm_name` ("vit_base_patch16_224") from its (unwrapped) state dict."""
+  del layout
+  m = NAMES.match(timm_name.split(".")[0])
+  r = u.Reader(state_dict)
+  module, flat, hw = _read(m, r)
+  r.check_all_used(timm_name, u.TIMM_BUFFERS)
+  return u.finish(module, flat, hw)
+
+
+def _timm_attention_pool(r: u.Reader, heads: int, out: dict) -> None:
+  """timm's AttentionPoolLatent (latent, q, fused kv, proj, norm, mlp) -> vitjax's MAPHead."""
+  out["map_head/probe"] = r("attn_pool.latent")
+  w, b = r("attn_pool.kv.weight"), r("attn_pool.kv.bias")
+  d = w.shape[1]
+  q_w, q_b = r("attn_pool.q.weight"), r("attn_pool.q.bias")
+  for name, (wi, bi) in {"query": (q_w, q_b), "key": (w[:d], b[:d]), "value": (w[d:], b[d:])}.items():
+    out[f"map_head/attn/{name}/kernel"] = u.split_heads(wi, heads)
+    out[f"map_head/attn/{name}/bias"] = bi.reshape(heads, d // heads)
+  out["map_head/attn/out/kernel"] = r("attn_pool.proj.weight").T.reshape(heads, d // heads, d)
+  out["map_head/attn/out/bias"] = r("attn_pool.proj.bias")
+  u.norm(r, "attn_pool.norm", "map_head/norm", out)
+  u.timm_mlp(r, "attn_pool.mlp", "map_head/mlp", out)
+
+
+def _read(m: re.Match, r: u.Reader):
+  variant = vit_lib.parse_variant(f"{_SIZES[m[1]]}/{m[2]}")
+  heads = variant["num_heads"]
+  variant["width"] = r.arrays["patch_embed.proj.weight"].shape[0]
+  variant["mlp_dim"] = r.arrays["blocks.0.mlp.fc1.weight"].shape[0]
+  depth = len({k.split(".")[1] for k in r.arrays if k.startswith("blocks.")})
+  pool = "map" if "attn_pool.latent" in r else "tok" if "cls_token" in r else "gap"
+  cfg = dict(
+    variant,
+    depth=depth,
+    pool_type=pool,
+    fc_norm="fc_norm.weight" in r,
+    num_classes=r.arrays["head.weight"].shape[0] if "head.weight" in r else 0,
+    qkv_bias="blocks.0.attn.qkv.bias" in r,
+    act="gelu",
+  )
+  if "pre_logits.fc.weight" in r:
+    cfg["representation_size"] = r.arrays["pre_logits.fc.weight"].shape[0]
+  out: dict[str, np.ndarray] = {}
+  u.conv(r, "patch_embed.proj", "embedding", out)
+  if "cls_token" in r:
+    out["cls"] = r("cls_token")
+  out["posembed/pos_embedding"] = r("pos_embed")
+  for i in range(depth):
+    s, d = f"blocks.{i}", f"encoder/block_{i}"
+    u.norm(r, f"{s}.norm1", f"{d}/norm1", out)
+    u.timm_attention(r, f"{s}.attn", f"{d}/attn", heads, out)
+    u.norm(r, f"{s}.norm2", f"{d}/norm2", out)
+    u.timm_mlp(r, f"{s}.mlp", f"{d}/mlp", out)
+  u.norm(r, "fc_norm" if cfg["fc_norm"] else "norm", "fc_norm" if cfg["fc_norm"] else "encoder/final_norm", out)
+  if pool == "map":
+    _timm_attention_pool(r, heads, out)
+  if "representation_size" in cfg:
+    u.linear(r, "pre_logits.fc", "pre_logits", out)
+  if cfg["num_classes"]:
+    u.linear(r, "head", "head", out)
+  return vit_lib.ViT(**cfg), out, (int(m[3]), int(m[3]))  # the name's image size, as timm builds it
+
+
+def write(module, p: dict, image_size) -> tuple[dict, dict]:
+  u.unsupported(
+    module,
+    "timm's VisionTransformer",
+    stem=("patch",),
+    representation_size=(None, 0),
+    scan=(False,),
+    pool_type=("tok", "gap", "map"),
+    norm=("pre",),
+    embed_norm=(False,),
+    rel_pos_bias=(False,),
+  )
+  out: dict[str, np.ndarray] = {}
+  k = p["embedding/kernel"]  # [p, p, C, D]
+  out["patch_embed.proj.weight"], out["patch_embed.proj.bias"] = k.transpose(3, 2, 0, 1), p["embedding/bias"]
+  grid = (image_size[0] // k.shape[0], image_size[1] // k.shape[1])
+  if "cls" in p:
+    out["cls_token"] = p["cls"]
+  if module.posemb == "learn":
+    out["pos_embed"] = p["posembed/pos_embedding"]
+  else:  # a fixed sin-cos table becomes timm's (learned) table: same values, same logits
+    pe = posenc.sincos_2d(*grid, k.shape[-1])[None]
+    out["pos_embed"] = np.concatenate([np.zeros_like(pe[:, :1]), pe], 1) if "cls" in p else pe
+  for i in range(module.depth):
+    s, d = f"encoder/block_{i}", f"blocks.{i}"
+    u.put_norm(p, f"{s}/norm1", f"{d}.norm1", out)
+    u.put_attention(p, f"{s}/attn", f"{d}.attn", out)
+    u.put_norm(p, f"{s}/norm2", f"{d}.norm2", out)
+    u.put_mlp(p, f"{s}/mlp", f"{d}.mlp", out)
+  if module.fc_norm:
+    u.put_norm(p, "fc_norm", "fc_norm", out)
+  else:
+    u.put_norm(p, "encoder/final_norm", "norm", out)
+  if module.pool_type == "map":
+    out["attn_pool.latent"] = p["map_head/probe"]
+    out["attn_pool.q.weight"] = u.merge_heads(p["map_head/attn/query/kernel"])
+    out["attn_pool.q.bias"] = p["map_head/attn/query/bias"].reshape(-1)
+    out["attn_pool.kv.weight"] = np.concatenate(
+      [u.merge_heads(p[f"map_head/attn/{n}/kernel"]) for n in ("key", "value")]
+    )
+    out["attn_pool.kv.bias"] = np.concatenate([p[f"map_head/attn/{n}/bias"].reshape(-1) for n in ("key", "value")])
+    w = p["map_head/attn/out/kernel"]
+    out["attn_pool.proj.weight"], out["attn_pool.proj.bias"] = w.reshape(-1, w.shape[-1]).T, p["map_head/attn/out/bias"]
+    u.put_norm(p, "map_head/norm", "attn_pool.norm", out)
+    u.put_mlp(p, "map_head/mlp", "attn_pool.mlp", out)
+  if "head/kernel" in p:
+    u.put_linear(p, "head", "head", out)
+  width = k.shape[-1]
+  args = dict(
+    img_size=tuple(image_size),
+    in_chans=k.shape[2],
+    patch_size=tuple(k.shape[:2]),
+    embed_dim=width,
+    depth=module.depth,
+    num_heads=module.num_heads,
+    mlp_ratio=(module.mlp_dim or 4 * width) / width,
+    qkv_bias=module.qkv_bias,
+    class_token="cls" in p,
+    global_pool={"tok": "token", "gap": "avg", "map": "map"}[module.pool_type],
+    fc_norm=bool(module.fc_norm),
+    num_classes=int(out["head.weight"].shape[0]) if "head.weight" in out else 0,
+    act_layer=module.act,
+  )
+  return out, {"model": "vit", "kwargs": args}

@@ -191,11 +191,13 @@ def _study_trials(sweep_dir, storage=None) -> list:
 
 
 def test_sweep_end_to_end(tmp_path, run_args):
-  """Four trials on two workers; the one with a huge learning rate diverges and is recorded as failed with its
-  error line while the others complete; a rerun runs nothing again."""
+  """Four trials on two workers (one where the process may use one core only: a worker per core); the one with a
+  huge learning rate diverges and is recorded as failed with its error line while the others complete; a rerun
+  runs nothing again."""
   config = _sweep_config(tmp_path, lrs=[2e-3, 2e-3, 1e30, 2e-3], seeds=[0, 1, 2, 3])
   sweep_dir = str(tmp_path / "sweep")
-  cmd = _sweep_cmd(config, sweep_dir, [*run_args, *LIGHT], "--workers=2")
+  workers = min(2, len(os.sched_getaffinity(0)))
+  cmd = _sweep_cmd(config, sweep_dir, [*run_args, *LIGHT], f"--workers={workers}")
   proc = subprocess.run(cmd, cwd=th.ROOT, env=th.env(), capture_output=True, text=True, timeout=600)
   th.check_ok(proc)
   rows = _csv(sweep_dir)

@@ -170,3 +170,32 @@ def test_bad_input_is_one_line_exit_2_and_leaves_the_workdir_alone(kind, args, w
   for word in words:
     assert word in errors[0], f"{word!r} not in {errors[0]!r}"
   assert after == before, "the workdir changed"
+
+
+def test_every_command_line_goes_through_the_one_runner():
+  """The flags, the log, one error line and the exit statuses are cli.run's: no entry point writes its own."""
+  root = os.path.join(os.path.dirname(__file__), "..", "vitjax")
+  entry_points = []
+  for folder, _, files in os.walk(root):
+    for name in files:
+      if not name.endswith(".py"):
+        continue
+      path = os.path.join(folder, name)
+      text = open(path, encoding="utf-8").read()
+      rel = os.path.relpath(path, root)
+      assert "app.run(" not in text or rel == "cli.py", rel
+      assert "import argparse" not in text, rel
+      if '\nif __name__ == "__main__":' in text:
+        entry_points.append(rel)
+        assert "cli.run(main)" in text.split('\nif __name__ == "__main__":')[1], rel
+  assert sorted(entry_points) == sorted(
+    [
+      "main.py",
+      "export.py",
+      "attention_maps.py",
+      "translate.py",
+      os.path.join("sweep", "__main__.py"),
+      os.path.join("data", "prepare.py"),
+      os.path.join("data", "text", "__main__.py"),
+    ]
+  ), entry_points

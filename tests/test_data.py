@@ -24,10 +24,15 @@ AUG = dict(
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-  """A data dir with digits prepared through the CLI entry point."""
+  """A data dir with digits prepared through the command line."""
   path = str(tmp_path_factory.mktemp("tfds"))
-  assert prepare_lib.main(["--dataset=digits", f"--data_dir={path}"]) == 0
+  _prepare_command("--dataset=digits", f"--data_dir={path}")
   return path
+
+
+def _prepare_command(*args: str) -> subprocess.CompletedProcess:
+  cmd = [sys.executable, "-m", "vitjax.data.prepare", *args]
+  return subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=120)
 
 
 def _input(data_dir, split="train", **kw):
@@ -76,10 +81,9 @@ def test_digits_prepared_counts_and_disjoint_splits(data_dir):
   assert ids["test"] == set(builders.digits_split_indices()["test"].tolist())
 
 
-def test_a_second_prepare_says_the_dataset_is_already_there(data_dir, caplog):
-  with caplog.at_level("INFO"):
-    assert prepare_lib.main(["--dataset=digits", f"--data_dir={data_dir}"]) == 0
-  assert "digits (digits) is already prepared in" in caplog.text and "prepared digits" not in caplog.text
+def test_a_second_prepare_says_the_dataset_is_already_there(data_dir):
+  log = _prepare_command("--dataset=digits", f"--data_dir={data_dir}").stderr
+  assert "digits (digits) is already prepared in" in log and "prepared digits" not in log, log
 
 
 def test_name_resolution():

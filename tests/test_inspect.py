@@ -1,4 +1,4 @@
-"""vitjax.inspect: attention maps, rollout and position similarity of a trained ViT, window attention of a trained
+"""vitjax.attention_maps: attention maps, rollout and position similarity of a trained ViT, window attention of a trained
 Swin, as PNGs, from the reference attention path (which changes no result)."""
 
 import os
@@ -10,7 +10,7 @@ import pytest
 import train_helpers as th
 
 import vitjax
-from vitjax import inspect as inspect_lib
+from vitjax import attention_maps as inspect_lib
 
 pytestmark = pytest.mark.xdist_group("inspect")
 
@@ -70,14 +70,14 @@ def test_vit_attention_rollout_and_positions(runs):
 
   # the command line: its PNGs, one path a line
   out = root / "vit_out"
-  proc = th.run_module("inspect", f"--workdir={vit}", f"--out={out}", "--example=5", "--split=test")
+  proc = th.run_module("attention_maps", f"--workdir={vit}", f"--out={out}", "--example=5", "--split=test")
   assert proc.returncode == 0, proc.stderr[-2000:]
   names = ["input.png", "attention.png", "rollout.png", "posemb_similarity.png"]
   assert proc.stdout.split() == [str(out / n) for n in names]
   from PIL import Image
 
   assert all(Image.open(out / n).size[0] > 50 for n in names)
-  proc = th.run_module("inspect", f"--workdir={vit}", f"--out={out}", "--example=300")
+  proc = th.run_module("attention_maps", f"--workdir={vit}", f"--out={out}", "--example=300")
   assert proc.returncode == 2 and proc.stderr.count("error:") == 1 and "examples 0 to 299" in proc.stderr
 
 

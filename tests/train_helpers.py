@@ -73,7 +73,7 @@ def run_main(workdir, *args, devices: int = 1, config=CONFIG, timeout: float = 3
 
 
 def run_module(module: str, *args: str, devices: int = 1, timeout: float = 300) -> subprocess.CompletedProcess:
-  """Runs `python -m vitjax.MODULE ARGS` (export, inspect, ...) to completion, as run_main does. A subprocess, since
+  """Runs `python -m vitjax.MODULE ARGS` (export, attention_maps, ...) to completion, as run_main does. A subprocess, since
   those command lines' absl flags clash with each other's when one test process imports several."""
   return subprocess.run(
     [sys.executable, "-m", f"vitjax.{module}", *args],

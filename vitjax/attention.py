@@ -313,7 +313,7 @@ class MultiHeadAttention(nn.Module):
     if (
       self.implementation == "reference" and self.is_mutable_collection("intermediates") and not self.is_initializing()
     ):
-      # what vitjax.inspect draws: the reference path's weights, before any attention dropout; only computed when
+      # what vitjax.attention_maps draws: the reference path's weights, before any attention dropout; only computed when
       # a caller of apply asks for intermediates (init, where every collection is mutable, must not add them)
       self.sow("intermediates", "attention_weights", attention_weights(q, k, bias=bias, mask=mask))
     x = dot_product_attention(

@@ -1,7 +1,7 @@
 """Looking inside a trained image model: attention maps, attention rollout, position-embedding similarity.
 
-    python -m vitjax.inspect --workdir=W --out=DIR --example=N [--split=test] [--patch=ROW,COL] [--checkpoint=best]
-    python -m vitjax.inspect --workdir=W --out=DIR --image=FILE
+    python -m vitjax.attention_maps --workdir=W --out=DIR --example=N [--split=test] [--patch=ROW,COL] [--checkpoint=best]
+    python -m vitjax.attention_maps --workdir=W --out=DIR --image=FILE
 
 writes PNGs into DIR:
   input.png                 the image as the model sees it (after the evaluation's resize)
@@ -23,14 +23,13 @@ so the model's results do not change.
 from __future__ import annotations
 
 import os
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 
-from vitjax.cli import parse_flags
+from vitjax import cli
 
 flags.DEFINE_string("workdir", None, "the trained run to look into", required=True)
 flags.DEFINE_string("out", None, "the directory the PNGs go to", required=True)
@@ -172,7 +171,7 @@ def inspect(trained, image: np.ndarray, out_dir: str, patch: tuple[int, int] | N
   from vitjax.errors import ConfigError  # pylint: disable=g-import-not-at-top
 
   if not isinstance(trained.model, (models.ViT, models.Swin)):
-    raise ConfigError(f"vitjax.inspect draws ViT and Swin models, not {type(trained.model).__name__}")
+    raise ConfigError(f"vitjax.attention_maps draws ViT and Swin models, not {type(trained.model).__name__}")
 
   os.makedirs(out_dir, exist_ok=True)
   model = trained.model
@@ -278,31 +277,22 @@ def _image(trained, path: str | None, example: int | None, split: str) -> np.nda
   return augment.preprocess_eval(image, size, trained.task.preprocess())
 
 
-def main(argv):
-  del argv
-  from vitjax import logs  # pylint: disable=g-import-not-at-top
-
-  logs.setup()
+def main() -> None:
   import vitjax  # pylint: disable=g-import-not-at-top
-  from vitjax.errors import USER_ERRORS, ConfigError, one_line  # pylint: disable=g-import-not-at-top
+  from vitjax.errors import ConfigError  # pylint: disable=g-import-not-at-top
 
-  try:
-    trained = vitjax.load(FLAGS.workdir, FLAGS.checkpoint)
-    image = _image(trained, FLAGS.image, FLAGS.example, FLAGS.split)
-    patch = None
-    if FLAGS.patch:
-      try:
-        patch = tuple(int(v) for v in FLAGS.patch.split(","))
-        assert len(patch) == 2
-      except (ValueError, AssertionError):
-        raise ConfigError(f"--patch={FLAGS.patch}: give ROW,COL, e.g. --patch=3,4") from None
-    written = inspect(trained, image, FLAGS.out, patch)
-  except (*USER_ERRORS, FileNotFoundError) as e:
-    print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
-    sys.exit(2)
-  for path in written:
+  trained = vitjax.load(FLAGS.workdir, FLAGS.checkpoint)
+  image = _image(trained, FLAGS.image, FLAGS.example, FLAGS.split)
+  patch = None
+  if FLAGS.patch:
+    try:
+      patch = tuple(int(v) for v in FLAGS.patch.split(","))
+      assert len(patch) == 2
+    except (ValueError, AssertionError):
+      raise ConfigError(f"--patch={FLAGS.patch}: give ROW,COL, e.g. --patch=3,4") from None
+  for path in inspect(trained, image, FLAGS.out, patch):
     print(path)
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  cli.run(main)

@@ -1,11 +1,20 @@
-"""What the command lines (vitjax.main, vitjax.sweep) share: absl flag parsing that turns a bad flag, a missing or
-broken config file, or a misspelt --config.FIELD into one "error: ..." line and exit status 2."""
+"""The one runner every command line uses (vitjax.main, export, inspect, translate, sweep, data.prepare):
+
+    if __name__ == "__main__":
+      cli.run(main)          # main() -> exit status (None: 0), reading its absl FLAGS
+
+It parses the flags (a bad flag, a missing or broken config file, or a misspelt --config.FIELD: one "error: ..."
+line and exit status 2), sets up the log at --verbosity (vitjax.logs: stderr; results go to stdout), runs main()
+and turns how it ended into the exit statuses of vitjax.errors: a problem the user can fix is one "error: ..."
+line and 2; Preempted 75 and Diverged 3, already logged; anything else is a bug and keeps its traceback.
+"""
 
 import os
 import re
 import sys
+from collections.abc import Callable
 
-from absl import flags
+from absl import app, flags
 
 
 def _unknown_field_message(e: BaseException, argv) -> str | None:
@@ -74,3 +83,30 @@ def parse_flags(argv):
         problem = f"{flag.group(1) + ': ' if flag else ''}{_root_message(e)}"
   print(f"error: {problem}", file=sys.stderr, flush=True)
   sys.exit(2)
+
+
+def run(main: Callable[[], int | None]) -> None:
+  """Runs a command line's main() under absl with vitjax's flag parsing, log and exit statuses (see above)."""
+
+  def entry(argv):
+    del argv
+    from vitjax import logs  # pylint: disable=g-import-not-at-top  (after the flags: --verbosity)
+
+    logs.setup()
+    sys.exit(guarded(main))
+
+  app.run(entry, flags_parser=parse_flags)
+
+
+def guarded(main: Callable[[], int | None]) -> int:
+  """main()'s exit status, with a user error printed as one "error: ..." line (2) and a run stopped by a signal
+  or a divergence given its status (already logged)."""
+  from vitjax.errors import USER_ERRORS, Diverged, Preempted, one_line  # pylint: disable=g-import-not-at-top
+
+  try:
+    return main() or 0
+  except (*USER_ERRORS, FileNotFoundError) as e:
+    print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
+    return 2
+  except (Preempted, Diverged) as e:
+    return e.exit_code

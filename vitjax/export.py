@@ -18,11 +18,10 @@ no equivalent for); the workdir is only read.
 
 import json
 import os
-import sys
 
-from absl import app, flags
+from absl import flags
 
-from vitjax.cli import parse_flags
+from vitjax import cli
 
 flags.DEFINE_string("workdir", None, "the run to export", required=True)
 flags.DEFINE_enum("format", None, ["timm", "npz"], "timm (.safetensors + .json) or npz (the original ViT layout)")
@@ -70,20 +69,10 @@ def export(workdir: str, fmt: str, out: str, checkpoint: str = "best", weights: 
     raise ConfigError(f"--format={fmt}: {e}") from None
 
 
-def main(argv):
-  del argv
-  from vitjax import logs
-
-  logs.setup()
-  from vitjax.errors import USER_ERRORS, one_line
-
-  try:
-    written = export(FLAGS.workdir, FLAGS.format, FLAGS.out, FLAGS.checkpoint, FLAGS.weights)
-  except (*USER_ERRORS, FileNotFoundError) as e:
-    print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
-    sys.exit(2)
+def main() -> None:
+  written = export(FLAGS.workdir, FLAGS.format, FLAGS.out, FLAGS.checkpoint, FLAGS.weights)
   print("wrote " + ", ".join(written))
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  cli.run(main)

@@ -31,12 +31,11 @@ after checkpointing the step in flight, or another process was lost (rerun to re
 
 import json
 import os
-import sys
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
-from vitjax.cli import parse_flags
+from vitjax import cli
 
 config_flags.DEFINE_config_file("config", None, "experiment config file (configs/*.py), with :args", lock_config=True)
 flags.DEFINE_string("workdir", None, "where checkpoints, metrics and summaries go", required=True)
@@ -94,30 +93,19 @@ def _print_result(result: dict) -> None:
     print(json.dumps(result) if FLAGS.json else format_result(result), flush=True)
 
 
-def main(argv):
-  del argv
-  from vitjax import logs
-
-  logs.setup()
+def main() -> None:
   from vitjax import distributed, train
-  from vitjax.errors import USER_ERRORS, Diverged, Preempted, one_line
 
-  try:
-    if FLAGS.multihost:
-      distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.peer_timeout)
-    with distributed.PeerWatch(FLAGS.peer_timeout):  # a lost process: one line, exit 75
-      config = _config(os.path.abspath(FLAGS.workdir))
-      if FLAGS.mode == "train":
-        result = train.train(config, FLAGS.workdir, allow_config_change=FLAGS.allow_config_change)
-      else:
-        result = train.evaluate(config, FLAGS.workdir, FLAGS.checkpoint, FLAGS.split, FLAGS.weights)
-    _print_result(result)
-  except (*USER_ERRORS, FileNotFoundError) as e:
-    print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
-    sys.exit(2)
-  except (Preempted, Diverged) as e:  # already logged, with what to do
-    sys.exit(e.exit_code)
+  if FLAGS.multihost:
+    distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.peer_timeout)
+  with distributed.PeerWatch(FLAGS.peer_timeout):  # a lost process: one line, exit 75
+    config = _config(os.path.abspath(FLAGS.workdir))
+    if FLAGS.mode == "train":
+      result = train.train(config, FLAGS.workdir, allow_config_change=FLAGS.allow_config_change)
+    else:
+      result = train.evaluate(config, FLAGS.workdir, FLAGS.checkpoint, FLAGS.split, FLAGS.weights)
+  _print_result(result)
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  cli.run(main)

@@ -10,7 +10,9 @@ the line. --method=greedy or --method=sample (with --temperature, --top_k) repla
 
 import sys
 
-from absl import app, flags
+from absl import flags
+
+from vitjax import cli
 
 flags.DEFINE_string("workdir", None, "a workdir of a translation run", required=True)
 flags.DEFINE_string("input", None, "file of source lines (default: stdin)")
@@ -44,24 +46,16 @@ def _read_lines(path: str | None) -> list[str]:
   return lines
 
 
-def main(argv):
-  del argv
-  from vitjax import logs
-
-  logs.setup()
+def main() -> None:
   import vitjax
-  from vitjax.errors import USER_ERRORS, ConfigError, one_line
+  from vitjax.errors import ConfigError
   from vitjax.train.workdir import read_config
 
-  try:
-    task = read_config(FLAGS.workdir).get("task")
-    if task != "translation":
-      raise ConfigError(f"{FLAGS.workdir} is a {task} run, not a translation run")
-    trained = vitjax.load(FLAGS.workdir, FLAGS.checkpoint)
-    lines = _read_lines(FLAGS.input)
-  except USER_ERRORS as e:
-    print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
-    sys.exit(2)
+  task = read_config(FLAGS.workdir).get("task")
+  if task != "translation":
+    raise ConfigError(f"{FLAGS.workdir} is a {task} run, not a translation run")
+  trained = vitjax.load(FLAGS.workdir, FLAGS.checkpoint)
+  lines = _read_lines(FLAGS.input)
   if lines and lines[-1] == "":
     lines.pop()  # a final newline ends the last line; it is not an extra empty line
   decode_args = {k: getattr(FLAGS, k) for k in ("method", "beam_size", "alpha", "temperature", "top_k")}
@@ -72,4 +66,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -14,18 +14,17 @@ whose image encoding may need TensorFlow); ``tfds build NAME
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import os
-import sys
 import time
 
 import tensorflow_datasets as tfds
-from absl import logging
+from absl import flags, logging
 
-from vitjax import logs
+from vitjax import cli
 from vitjax.data import builders
+from vitjax.errors import DatasetNotPreparedError
 
 
 def prepare_command(name: str, data_dir: str | None = None, manual_dir: str | None = None) -> str:
@@ -71,28 +70,29 @@ def _prepare(name: str, data_dir: str | None, manual_dir: str | None) -> tuple[t
   return builder, False
 
 
-def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m vitjax.data.prepare", description=__doc__.split("\n")[0])
-  parser.add_argument("--dataset", required=True, help="'digits', 'fashion_mnist' or a stock tfds name")
-  parser.add_argument("--data_dir", default=None, help="default: $TFDS_DATA_DIR or ~/tensorflow_datasets")
-  parser.add_argument("--manual_dir", default=None, help="source files (fashion_mnist: Debian dir)")
-  parser.add_argument("--verbosity", type=int, default=0, help="-1 warnings only, 0 default, 1 the libraries' INFO too")
-  args = parser.parse_args(argv)
-  logs.setup(args.verbosity)
+def define_flags() -> None:
+  """The command line's flags (defined by `python -m vitjax.data.prepare` only, not by importing this module)."""
+  flags.DEFINE_string("dataset", None, "'digits', 'fashion_mnist' or a stock tfds name", required=True)
+  flags.DEFINE_string("data_dir", None, "default: $TFDS_DATA_DIR or ~/tensorflow_datasets")
+  flags.DEFINE_string("manual_dir", None, "source files (fashion_mnist: Debian dir)")
+
+
+def main() -> None:
+  """python -m vitjax.data.prepare (vitjax.cli.run): prepares --dataset, or says it is already prepared."""
+  f = flags.FLAGS
   start = time.time()
   try:
-    builder, was_prepared = _prepare(args.dataset, args.data_dir, args.manual_dir)
+    builder, was_prepared = _prepare(f.dataset, f.data_dir, f.manual_dir)
   except (FileNotFoundError, tfds.core.DatasetNotFoundError) as e:
-    print(f"error: {str(e).strip().splitlines()[0]}", file=sys.stderr, flush=True)
-    return 2
+    raise DatasetNotPreparedError(str(e).strip().splitlines()[0]) from None
   splits = {k: v.num_examples for k, v in builder.info.splits.items()}
   if was_prepared:
-    logging.info("%s (%s) is already prepared in %s: %s", args.dataset, builder.name, builder.data_dir, splits)
+    logging.info("%s (%s) is already prepared in %s: %s", f.dataset, builder.name, builder.data_dir, splits)
   else:
     took = time.time() - start
-    logging.info("prepared %s (%s) in %s: %s in %.1fs", args.dataset, builder.name, builder.data_dir, splits, took)
-  return 0
+    logging.info("prepared %s (%s) in %s: %s in %.1fs", f.dataset, builder.name, builder.data_dir, splits, took)
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  define_flags()
+  cli.run(main)

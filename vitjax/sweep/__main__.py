@@ -29,10 +29,10 @@ import shlex
 import signal
 import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
-from vitjax.cli import parse_flags
+from vitjax import cli
 
 config_flags.DEFINE_config_file(
   "config", None, "experiment config file with a get_sweep() (configs/*.py)", lock_config=True
@@ -222,17 +222,9 @@ def _report(argv) -> int:
   return 0
 
 
-def main(argv):
-  from vitjax import logs
-  from vitjax.errors import USER_ERRORS, one_line
-
-  logs.setup()
-  try:
-    sys.exit(_run(sys.argv) if FLAGS.mode == "run" else _report(sys.argv))
-  except (*USER_ERRORS, FileNotFoundError) as e:
-    print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
-    sys.exit(2)
+def main() -> int:
+  return _run(sys.argv) if FLAGS.mode == "run" else _report(sys.argv)
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  cli.run(main)

@@ -37,7 +37,7 @@ sequence in a batch ends with EOS and is right-padded with pad.
 One job per module: ``sources`` (load_pairs and the readers), ``splits``
 (split_pairs), ``tokenizer`` (Tokenizer), ``batching`` (make_batches, the
 resumable BatchIterator), ``eval_batches`` (make_eval_batches);
-``python -m vitjax.data.text SOURCE SRC TGT [VOCAB]`` prints a source's
+``python -m vitjax.data.text --source=SOURCE --src=LANG --tgt=LANG`` prints a source's
 statistics.
 """
 

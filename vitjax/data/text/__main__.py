@@ -1,21 +1,27 @@
-"""`python -m vitjax.data.text SOURCE SRC TGT [VOCAB]`: counts, lengths, tokenizer time and padding efficiency."""
+"""`python -m vitjax.data.text --source=SOURCE --src=LANG --tgt=LANG [--vocab=8000]`: counts, lengths, tokenizer
+time and padding efficiency of a text source."""
 
 import os
-import sys
+import tempfile
 import time
 
 import numpy as np
+from absl import flags
 
+from vitjax import cli
 from vitjax.data.text import EncodedPairs, Tokenizer, load_pairs, make_batches, split_pairs
 
 
-def main(argv: list[str]) -> None:
-  """``python -m vitjax.data.text SOURCE SRC TGT [VOCAB]``: counts, lengths,
-  tokenizer time and padding efficiency."""
-  import tempfile  # pylint: disable=g-import-not-at-top
+def define_flags() -> None:
+  flags.DEFINE_string("source", None, "a text source (vitjax.data.text.sources), e.g. bible", required=True)
+  flags.DEFINE_string("src", None, "source language", required=True)
+  flags.DEFINE_string("tgt", None, "target language", required=True)
+  flags.DEFINE_integer("vocab", 8000, "the tokenizer's vocabulary size")
 
-  source, src_lang, tgt_lang = argv[:3]
-  vocab = int(argv[3]) if len(argv) > 3 else 8000
+
+def main() -> None:
+  f = flags.FLAGS
+  source, src_lang, tgt_lang, vocab = f.source, f.src, f.tgt, f.vocab
   t = time.time()
   pairs = load_pairs(source, src_lang=src_lang, tgt_lang=tgt_lang)
   words = np.asarray([max(len(a.split()), len(b.split())) for a, b in pairs])
@@ -37,4 +43,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  main(sys.argv[1:])
+  define_flags()
+  cli.run(main)

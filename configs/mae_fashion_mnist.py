@@ -40,6 +40,6 @@ def get_config():
   c.best_metric = "eval/loss"
   c.best_mode = "min"
   c.log_every = 100
-  c.eval_every = 844
-  c.checkpoint_every = 422
+  c.eval_every = "2 epochs"
+  c.checkpoint_every = "1 epoch"
   return c

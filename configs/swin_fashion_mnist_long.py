@@ -42,6 +42,6 @@ def get_config():
       "cutmix_alpha": 0.0,
     }
   )
-  c.eval_every = 1688  # 4 epochs of 422 steps
-  c.checkpoint_every = 844
+  c.eval_every = "4 epochs"
+  c.checkpoint_every = "2 epochs"
   return c

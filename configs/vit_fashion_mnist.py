@@ -46,6 +46,6 @@ def get_config():
   c.schedule.warmup_epochs = 0.5
   c.label_smoothing = 0.1
   c.log_every = 100
-  c.eval_every = 938
-  c.checkpoint_every = 469
+  c.eval_every = "2 epochs"
+  c.checkpoint_every = "1 epoch"
   return c

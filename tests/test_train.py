@@ -501,3 +501,26 @@ def test_a_model_built_from_config_json_is_hashable(name):
   reloaded = mlc.ConfigDict(json.loads(c.to_json_best_effort()))
   overrides = {"vocab_size": 100, "max_len": 32} if c.task == "translation" else {}
   assert hash(build_model(reloaded, overrides)) == hash(build_model(c, overrides))
+
+
+def test_durations_in_steps_epochs_or_examples_resolve_once_into_steps():
+  from vitjax.config import default_config
+  from vitjax.errors import ConfigError
+  from vitjax.train import durations
+
+  c = default_config()
+  c.total_steps, c.schedule.warmup_steps = "10 epochs", "0.5 epoch"
+  c.log_every, c.eval_every, c.checkpoint_every = "6400 examples", "2ep", 421
+  assert durations.resolve(c, steps_per_epoch=421, examples_per_step=128) == durations.Durations(
+    total=4210, warmup=210, log_every=50, eval_every=842, checkpoint_every=421
+  )
+  c.total_steps, c.num_epochs = None, 1.5
+  assert durations.resolve(c, 421, 128).total == 632  # epochs round up to whole steps
+  c.log_every = "100 examples"
+  assert durations.resolve(c, 421, 128).log_every == 1  # a cadence is at least one step
+  with pytest.raises(ConfigError, match="no fixed number of examples; give steps or epochs"):
+    durations.resolve(c, 421, None)  # translation: batches by tokens
+  for bad, why in (("2 weeks", "with a unit"), ("1.5", "whole number"), (0, "at least 1 step")):
+    c.eval_every = bad
+    with pytest.raises(ConfigError, match=why):
+      durations.check(c)

@@ -23,7 +23,7 @@ def load_module(path: str):
 
 def default_config() -> mlc.ConfigDict:
   c = mlc.ConfigDict()
-  c.task = "classification"  # 'classification' | 'translation' (see vitjax.tasks)
+  c.task = "classification"  # 'classification' | 'translation' | 'mae' (vitjax.tasks.TASKS)
   c.seed = 0
   # Model: `name` goes to vitjax.models.create; every other field overrides a model attribute.
   c.model = mlc.ConfigDict({"name": "vit_ti16", "num_classes": 10})
@@ -64,8 +64,9 @@ def default_config() -> mlc.ConfigDict:
   c.data.cache_max_mb = 1024
 
   c.batch_size = 128  # global, over all devices of all processes
-  c.num_epochs = mlc.FieldReference(None, field_type=float)  # either epochs ...
-  c.total_steps = mlc.FieldReference(None, field_type=int)  # ... or steps
+  # Durations (vitjax.train.durations): steps, or a string with a unit, "500 steps", "2 epochs", "60000 examples".
+  c.num_epochs = mlc.FieldReference(None, field_type=float)  # the run's length: either epochs ...
+  c.total_steps = mlc.FieldReference(None, field_type=object)  # ... or a duration (steps, epochs, examples)
   # A wall-clock budget for this process's training: when it runs out, the run evaluates, checkpoints and
   # stops at that step (the schedule still follows total_steps). None: no budget.
   c.max_train_minutes = mlc.FieldReference(None, field_type=float)
@@ -87,7 +88,7 @@ def default_config() -> mlc.ConfigDict:
   c.optim.layer_decay = mlc.FieldReference(None, field_type=float)
 
   c.schedule = mlc.ConfigDict()
-  c.schedule.warmup_steps = mlc.FieldReference(None, field_type=int)
+  c.schedule.warmup_steps = mlc.FieldReference(None, field_type=object)  # a duration, or warmup_epochs
   c.schedule.warmup_epochs = mlc.FieldReference(None, field_type=float)
   c.schedule.decay = "cosine"  # 'cosine' | 'linear' | 'rsqrt' | 'constant'
   c.schedule.end_lr_factor = 0.0  # final lr = factor * peak (cosine, linear)
@@ -116,9 +117,11 @@ def default_config() -> mlc.ConfigDict:
   c.on_nonfinite = "stop"
   c.max_nonfinite_skips = 10
 
-  c.log_every = 50  # steps; a progress line also comes at least every 30 s
-  c.eval_every = 500  # steps; evaluation also runs at the end
-  c.checkpoint_every = 500
+  # Cadences, durations as above (an int is steps): a progress line (also at least every 30 s), an evaluation (also
+  # at the end), a checkpoint.
+  c.log_every = mlc.FieldReference(50, field_type=object)
+  c.eval_every = mlc.FieldReference(500, field_type=object)
+  c.checkpoint_every = mlc.FieldReference(500, field_type=object)
   c.keep_checkpoints = 3  # the latest N steps, plus the best evaluated one by best_metric (one orbax manager)
   c.best_metric = "eval/accuracy"
   c.best_mode = "max"

@@ -1,6 +1,6 @@
 """The task interface, and the pieces every task shares (loss, batch checks).
 
-A task is what differs between image classification and translation: its data, the model's inputs and the
+A task is what differs between image classification, masked-image pre-training (MAE) and translation: its data, the model's inputs and the
 attributes the data decides, the loss, the evaluation, and what prediction needs. The trainer (vitjax.train)
 holds the rest and never asks which task it runs.
 """
@@ -40,12 +40,14 @@ class TrainInput:
   num_examples: training examples in the split (all processes).
   steps_per_epoch: global batches per pass over the data.
   examples_per_step: the global batch size, or None when batches are sized by tokens.
+  name: what the log calls the data ("digits", "bible en-es").
   """
 
   batches: Iterator[dict]
   num_examples: int
   steps_per_epoch: int
   examples_per_step: int | None = None
+  name: str = ""
 
   def state(self) -> str:
     """The iterator's position as text (for the checkpoint): the batch after it is the next one read."""

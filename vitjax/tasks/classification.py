@@ -162,7 +162,7 @@ class ImageClassification:
       cache=d.get("cache"),
       cache_max_mb=d.get("cache_max_mb", 1024),
     )
-    return TrainInput(it, info.num_examples, max(info.num_examples // c.batch_size, 1), c.batch_size)
+    return TrainInput(it, info.num_examples, max(info.num_examples // c.batch_size, 1), c.batch_size, c.data.name)
 
   def device_batch(self, batch, key):
     """Normalises the uint8 images and applies Mixup/CutMix (labels become soft) on the device."""

@@ -154,7 +154,7 @@ class Translation:
       process_count=jax.process_count(),
       pad_multiple=mesh_lib.batch_shards(c.mesh) * c.optim.accum_steps,  # empty rows, no weight in the loss
     )
-    return TrainInput(it, len(self.splits["train"]), it.steps_per_epoch, None)
+    return TrainInput(it, len(self.splits["train"]), it.steps_per_epoch, None, f"{d.source} {d.src_lang}-{d.tgt_lang}")
 
   def device_batch(self, batch, key):
     return batch

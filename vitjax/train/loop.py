@@ -9,6 +9,7 @@ evaluate(): restore a checkpoint and evaluate it on a split.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -27,26 +28,12 @@ from vitjax.errors import ConfigError, Diverged, Preempted
 from vitjax.mesh import agree, to_global
 from vitjax.tasks.base import EvaluationInterrupted
 from vitjax.train import checkpoints as ckpt_lib
-from vitjax.train import optim
+from vitjax.train import durations, optim
 from vitjax.train import state as state_lib
 from vitjax.train import workdir as workdir_lib
 from vitjax.train.preemption import StopRequest
 from vitjax.train.reporting import Profiler, Reporter
 from vitjax.train.step import make_train_step
-
-
-def _total_steps(config, steps_per_epoch: int) -> int:
-  if config.total_steps is None and config.num_epochs is None:
-    raise ConfigError("set config.total_steps or config.num_epochs")
-  if config.total_steps is not None:
-    if config.num_epochs is not None:
-      logging.info("total_steps=%d takes precedence over num_epochs=%g", config.total_steps, config.num_epochs)
-    total = config.total_steps
-  else:
-    total = int(math.ceil(config.num_epochs * steps_per_epoch))
-  if total < 1:
-    raise ConfigError(f"the run has {total} steps: set --config.total_steps or --config.num_epochs above 0")
-  return total
 
 
 def check_config(config) -> None:
@@ -55,7 +42,8 @@ def check_config(config) -> None:
   mesh_lib.check_mesh(config.mesh)
   if config.sharding not in mesh_lib.PRESETS:
     raise ConfigError(f"config.sharding={config.sharding!r}: use one of {', '.join(mesh_lib.PRESETS)}")
-  for key in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints", "max_nonfinite_skips"):
+  durations.check(config)
+  for key in ("keep_checkpoints", "max_nonfinite_skips"):
     if config[key] < 1:
       raise ConfigError(f"{key}={config[key]} must be at least 1 (e.g. --config.{key}=500)")
   p = config.get("profile_steps")
@@ -140,8 +128,9 @@ def _checked_train(config, workdir, allow_config_change, stop) -> dict:
       resuming = ckpt_lib.has_checkpoints(workdir)
       changes = workdir_lib.check_config_change(workdir, config, allow_config_change) if resuming else {}
       data = task.train_input()
-      total = _total_steps(config, data.steps_per_epoch)
-      exp = state_lib.setup(config, task, total, data.steps_per_epoch)
+      plan = durations.resolve(config, data.steps_per_epoch, data.examples_per_step)
+      total = plan.total
+      exp = state_lib.setup(config, task, total, data.steps_per_epoch, warmup=plan.warmup)
       if resuming:
         ckpts = _checkpoints(config, workdir)
         start, state, data_state = ckpts.restore("latest", exp.abstract_state)
@@ -165,7 +154,8 @@ def _checked_train(config, workdir, allow_config_change, stop) -> dict:
       return _best_result(config, ckpts)
     if stop.requested():
       raise Preempted(f"{stop.name} before the first step: nothing new to checkpoint; rerun the same command")
-    return _train(config, workdir, task, data, total, exp, state, start, data_state, ckpts, changes, lock, stop)
+    run = _Run(config, workdir, task, data, exp, plan, ckpts, lock, stop)
+    return _train(run, state, start, data_state, changes)
   except Preempted as e:
     logging.info("%s", e)
     raise
@@ -191,35 +181,72 @@ def _checkpoints(config, workdir: str) -> ckpt_lib.Checkpoints:
   return ckpt_lib.Checkpoints(workdir, config.best_metric, config.best_mode, keep=config.keep_checkpoints)
 
 
-def _train(config, workdir, task, data, total, exp, state, start, data_state, ckpts, changes, lock, stop) -> dict:
+@dataclasses.dataclass
+class _Run:
+  """What the training phases share, once every check has passed and the workdir is locked."""
+
+  config: mlc.ConfigDict
+  workdir: str
+  task: tasks.Task
+  data: tasks.TrainInput
+  exp: state_lib.Experiment
+  plan: durations.Durations
+  ckpts: ckpt_lib.Checkpoints
+  lock: workdir_lib.Lock
+  stop: StopRequest
+
+
+def _train(run: _Run, state, start: int, data_state, changes: dict) -> dict:
   """train() after every check: the workdir is locked and from here on written."""
+  config, exp, ckpts, plan = run.config, run.exp, run.ckpts, run.plan
   train_step = jax.jit(
-    make_train_step(exp.model, exp.tx, exp.schedule, config, task, exp.state_sharding.params),
+    make_train_step(exp.model, exp.tx, exp.schedule, config, run.task, exp.state_sharding.params),
     in_shardings=(exp.state_sharding, exp.batch_sharding),
     out_shardings=(exp.state_sharding, None),
     donate_argnums=0,
   )
+  _begin(run, state, start, changes)
+  deadline = time.time() + 60 * config.max_train_minutes if config.get("max_train_minutes") else None
+  reporter = Reporter(
+    run.workdir, plan.total, plan.log_every, run.data.examples_per_step, deadline, purge_step=start + 1
+  )
+  evaluations = _Evaluations(run, reporter)
+  try:
+    with jax.set_mesh(exp.mesh):
+      if start and start % plan.eval_every == 0 and ckpts.metrics(start) is None:
+        logging.info("step %d was saved without its evaluation (interrupted): evaluating it now", start)
+        evaluations.run(start, state, data_state, resave=True)
+      _steps(run, train_step, state, start, reporter, evaluations, deadline)
+  finally:
+    reporter.close()
+  ckpts.wait()
+  logging.info("done: checkpoints in %s (best: step %s)", ckpts.directory, ckpts.best_step())
+  return _best_result(config, ckpts)
+
+
+def _begin(run: _Run, state, start: int, changes: dict) -> None:
+  """The workdir's bookkeeping (a resume's record, or a fresh start) and the run's opening lines."""
+  config, exp, data = run.config, run.exp, run.data
   if start:
-    dropped = workdir_lib.drop_metrics_after(workdir, start)
-    workdir_lib.record_config_change(workdir, start, changes)
+    dropped = workdir_lib.drop_metrics_after(run.workdir, start)
+    workdir_lib.record_config_change(run.workdir, start, changes)
     logging.info(
       "resumed from %s at step %d%s",
-      ckpts.directory,
+      run.ckpts.directory,
       start,
       f" ({dropped} metrics rows past it dropped)" if dropped else "",
     )
   else:
-    workdir_lib.start_fresh(workdir, config)
-  workdir_lib.write_json(workdir, "task.json", task.describe())
-  data_name = config.data.get("name") or config.data.get("source")
+    workdir_lib.start_fresh(run.workdir, config)
+  workdir_lib.write_json(run.workdir, "task.json", run.task.describe())
   logging.info(
     "%s: %s parameters | %s: %d training examples, %d steps/epoch | %d steps | %d devices, %d processes",
     config.model.name,
     f"{state_lib.num_params(state):,}",
-    data_name,
+    data.name,
     data.num_examples,
     data.steps_per_epoch,
-    total,
+    run.plan.total,
     jax.device_count(),
     jax.process_count(),
   )
@@ -235,31 +262,87 @@ def _train(config, workdir, task, data, total, exp, state, start, data_state, ck
       "/".join(exp.abstract_state.model_state),
     )
 
-  deadline = time.time() + 60 * config.max_train_minutes if config.get("max_train_minutes") else None
-  reporter = Reporter(workdir, total, config.log_every, data.examples_per_step, deadline, purge_step=start + 1)
-  profiler = Profiler(workdir, config.get("profile_steps"))
-  split, limit = config.data.eval_split, config.data.get("eval_examples")
-  best = ckpts.best_step()
-  best_value = (ckpts.metrics(best) or {}).get(config.best_metric) if best is not None else None
-  sign = 1 if config.best_mode == "max" else -1
 
-  def evaluate_and_save(step, state, data_state, resave=False):
-    """Evaluates `step`, then saves it with its metrics (a candidate for best); an interrupted evaluation saves
-    the step without them (it runs again on resume)."""
-    nonlocal best_value
-    try:
-      metrics = task.evaluate(
-        exp.model, _variables(state), split, exp.batch_sharding, limit, stop=interrupted, step=step
+def _steps(run: _Run, train_step, state, start: int, reporter: Reporter, evaluations, deadline) -> None:
+  """The training steps from start + 1: progress, evaluations, checkpoints; Preempted on a signal."""
+  config, plan, ckpts, stop = run.config, run.plan, run.ckpts, run.stop
+  profiler = Profiler(run.workdir, config.get("profile_steps"))
+  guard = _NonfiniteGuard(config, ckpts)
+  total = plan.total
+  batches = _prefetch(run.data, run.task, run.exp.batch_sharding)
+  try:
+    for step in range(start + 1, total + 1):
+      waiting = time.perf_counter()
+      batch, data_state = next(batches)
+      reporter.waited(time.perf_counter() - waiting)
+      profiler.before(step)
+      state, metrics = profiler.run(step, train_step, state, batch)
+      profiler.after(step, state)
+      run.lock.touch()
+      guard.check_lagged(step, metrics)  # the previous step's flag: no wait for this one
+      # this step's decisions, the same on every process: a signal on any; process 0's clock
+      stopping, out_of_time, heartbeat = agree(
+        stop.asked, deadline is not None and step < total and time.time() > deadline, reporter.heartbeat_due()
       )
-      ema = optim.ema_params(state.opt_state)
-      if ema is not None:  # config.ema_decay: the average too, as eval_ema/...
-        variables = {"params": ema, **state.model_state}
-        averaged = task.evaluate(exp.model, variables, split, exp.batch_sharding, limit, stop=interrupted)
-        metrics.update({k.replace("eval/", "eval_ema/", 1): v for k, v in averaged.items() if k != "eval/examples"})
+      if out_of_time:
+        logging.info("max_train_minutes=%g reached at step %d: evaluating and stopping", config.max_train_minutes, step)
+        total = reporter.total = step  # this step is the last: evaluate and checkpoint below
+      evaluating = step % plan.eval_every == 0 or step == total
+      saving = evaluating or step % plan.checkpoint_every == 0
+      if saving or stopping:
+        guard.check_now(step, metrics)  # never save past a non-finite step unnoticed
+      if reporter.due(step, heartbeat):
+        guard.check_now(step, metrics)
+        reporter.progress(step, {**jax.device_get(metrics), "train/skipped_steps": guard.skipped})
+      if stopping:
+        ckpts.save(step, state, data_state)
+        raise Preempted(_preempted(stop, step, ckpts))
+      if evaluating:
+        evaluations.run(step, state, data_state)
+      elif saving:
+        ckpts.save(step, state, data_state)
+      if out_of_time:
+        break
+  finally:
+    batches.close()  # stops the input thread
+
+
+class _Evaluations:
+  """Evaluates a step and saves it with its metrics (a candidate for best), reporting the best so far."""
+
+  def __init__(self, run: _Run, reporter: Reporter):
+    self.run_, self.reporter = run, reporter
+    config, ckpts = run.config, run.ckpts
+    best = ckpts.best_step()
+    self.best_value = (ckpts.metrics(best) or {}).get(config.best_metric) if best is not None else None
+    self.sign = 1 if config.best_mode == "max" else -1
+
+  def _interrupted(self) -> bool:  # asked between evaluation batches
+    self.run_.lock.touch()
+    return self.run_.stop.requested()
+
+  def _metrics(self, step: int, state) -> dict:
+    run = self.run_
+    split, limit = run.config.data.eval_split, run.config.data.get("eval_examples")
+    sharding, stop = run.exp.batch_sharding, self._interrupted
+    metrics = run.task.evaluate(run.exp.model, _variables(state), split, sharding, limit, stop=stop, step=step)
+    ema = optim.ema_params(state.opt_state)
+    if ema is not None:  # config.ema_decay: the average too, as eval_ema/...
+      averaged = run.task.evaluate(
+        run.exp.model, {"params": ema, **state.model_state}, split, sharding, limit, stop=stop
+      )
+      metrics.update({k.replace("eval/", "eval_ema/", 1): v for k, v in averaged.items() if k != "eval/examples"})
+    return metrics
+
+  def run(self, step: int, state, data_state, resave: bool = False) -> None:
+    """An interrupted evaluation saves the step without metrics (it runs again on resume) and raises Preempted."""
+    config, ckpts = self.run_.config, self.run_.ckpts
+    try:
+      metrics = self._metrics(step, state)
     except EvaluationInterrupted:
       if not resave:
         ckpts.save(step, state, data_state)
-      raise Preempted(_preempted(stop, step, ckpts)) from None
+      raise Preempted(_preempted(self.run_.stop, step, ckpts)) from None
     if not _finite(metrics):
       logging.warning("step %d: the evaluation is not finite (%s): not a candidate for best", step, metrics)
     if resave:  # the step is saved already, without metrics: save it again with them
@@ -271,65 +354,15 @@ def _train(config, workdir, task, data, total, exp, state, start, data_state, ck
     value = metrics.get(config.best_metric)
     name = config.best_metric.removeprefix("eval/").replace("eval_ema/", "ema ", 1)
     note = ""
-    if value is not None and value == value and (best_value is None or sign * value > sign * best_value):
-      best_value, note = value, f" | best {name} so far"
-    elif value is not None and value == best_value:  # orbax keeps the later of equal steps as best
+    if (
+      value is not None
+      and value == value
+      and (self.best_value is None or self.sign * value > self.sign * self.best_value)
+    ):
+      self.best_value, note = value, f" | best {name} so far"
+    elif value is not None and value == self.best_value:  # orbax keeps the later of equal steps as best
       note = f" | ties the best {name}: this later step becomes best"
-    reporter.evaluation(step, split, metrics, note)
-
-  def interrupted() -> bool:  # asked between evaluation batches
-    lock.touch()
-    return stop.requested()
-
-  guard = _NonfiniteGuard(config, ckpts)
-  batches = None
-  try:
-    with jax.set_mesh(exp.mesh):
-      if start and start % config.eval_every == 0 and ckpts.metrics(start) is None:
-        logging.info("step %d was saved without its evaluation (interrupted): evaluating it now", start)
-        evaluate_and_save(start, state, data_state, resave=True)
-      batches = _prefetch(data, task, exp.batch_sharding)
-      for step in range(start + 1, total + 1):
-        waiting = time.perf_counter()
-        batch, data_state = next(batches)
-        reporter.waited(time.perf_counter() - waiting)
-        profiler.before(step)
-        state, metrics = profiler.run(step, train_step, state, batch)
-        profiler.after(step, state)
-        lock.touch()
-        guard.check_lagged(step, metrics)  # the previous step's flag: no wait for this one
-        # this step's decisions, the same on every process: a signal on any; process 0's clock
-        stopping, out_of_time, heartbeat = agree(
-          stop.asked, deadline is not None and step < total and time.time() > deadline, reporter.heartbeat_due()
-        )
-        if out_of_time:
-          logging.info(
-            "max_train_minutes=%g reached at step %d: evaluating and stopping", config.max_train_minutes, step
-          )
-          total = reporter.total = step  # this step is the last: evaluate and checkpoint below
-        evaluating = step % config.eval_every == 0 or step == total
-        saving = evaluating or step % config.checkpoint_every == 0
-        if saving or stopping:
-          guard.check_now(step, metrics)  # never save past a non-finite step unnoticed
-        if reporter.due(step, heartbeat):
-          guard.check_now(step, metrics)
-          reporter.progress(step, {**jax.device_get(metrics), "train/skipped_steps": guard.skipped})
-        if stopping:
-          ckpts.save(step, state, data_state)
-          raise Preempted(_preempted(stop, step, ckpts))
-        if evaluating:
-          evaluate_and_save(step, state, data_state)
-        elif saving:
-          ckpts.save(step, state, data_state)
-        if out_of_time:
-          break
-  finally:
-    if batches is not None:
-      batches.close()  # stops the input thread
-    reporter.close()
-  ckpts.wait()
-  logging.info("done: checkpoints in %s (best: step %s)", ckpts.directory, ckpts.best_step())
-  return _best_result(config, ckpts)
+    self.reporter.evaluation(step, config.data.eval_split, metrics, note)
 
 
 def _best_result(config, ckpts) -> dict:

@@ -15,6 +15,7 @@ import optax
 
 from vitjax import models
 from vitjax.errors import ConfigError
+from vitjax.train import durations
 
 
 def decay_mask(params, model=None):
@@ -26,9 +27,11 @@ def decay_mask(params, model=None):
   )
 
 
-def make_schedule(config, total_steps: int, steps_per_epoch: int) -> optax.Schedule:
+def make_schedule(config, total_steps: int, steps_per_epoch: int, warmup: int | None = None) -> optax.Schedule:
+  """Warm-up then decay over total_steps; warmup in steps (None: from the config, vitjax.train.durations)."""
   s, lr = config.schedule, config.optim.lr
-  warmup = s.warmup_steps if s.warmup_steps is not None else int(round((s.warmup_epochs or 0) * steps_per_epoch))
+  if warmup is None:
+    warmup = durations.warmup_steps(config, total_steps, steps_per_epoch)
   warmup = min(warmup, total_steps)
   rest = max(total_steps - warmup, 1)
   if s.decay == "cosine":
@@ -68,7 +71,7 @@ def check(config) -> None:
     ("schedule.end_lr_factor", s.end_lr_factor, 0 <= s.end_lr_factor <= 1, "in [0, 1]"),
     ("label_smoothing", config.label_smoothing, 0 <= config.label_smoothing < 1, "in [0, 1)"),
   ]
-  for name in ("warmup_steps", "warmup_epochs", "rsqrt_timescale"):
+  for name in ("warmup_epochs", "rsqrt_timescale"):  # warmup_steps: vitjax.train.durations
     value = s[name]
     rules.append((f"schedule.{name}", value, value is None or value >= 0, "0 or more"))
   for name, value, ok, want in rules:

@@ -25,7 +25,7 @@ from vitjax import mesh as mesh_lib
 from vitjax.errors import ConfigError
 from vitjax.models.adapt import adapt_params
 from vitjax.tasks import Task
-from vitjax.train import optim
+from vitjax.train import checkpoints, optim
 
 
 @flax.struct.dataclass
@@ -71,12 +71,15 @@ class Experiment:
   tx: optax.GradientTransformation
 
 
-def setup(config, task: Task, total_steps: int | None = None, steps_per_epoch: int = 1) -> Experiment:
-  """The Experiment of a config. Raises ConfigError for a model the config cannot build."""
+def setup(
+  config, task: Task, total_steps: int | None = None, steps_per_epoch: int = 1, warmup: int | None = None
+) -> Experiment:
+  """The Experiment of a config (total_steps and warmup in steps, vitjax.train.durations). Raises ConfigError for
+  a model the config cannot build."""
   mesh = mesh_lib.make_mesh(config.get("mesh", (("data", -1),)))
   model = build_model(config, task.model_overrides())
   inputs = task.example_inputs()
-  schedule = optim.make_schedule(config, total_steps or 1, steps_per_epoch)
+  schedule = optim.make_schedule(config, total_steps or 1, steps_per_epoch, warmup)
   tx = optim.make_optimizer(config, schedule, model)
 
   def init_state():
@@ -107,8 +110,6 @@ def setup(config, task: Task, total_steps: int | None = None, steps_per_epoch: i
 
 def initial_state(exp: Experiment) -> TrainState:
   """The initialised TrainState, with parameters from config.init_from if set (ConfigError if they do not fit)."""
-  from vitjax.train import checkpoints  # (checkpoints imports this module)
-
   config = exp.config
   state = jax.jit(exp.init_state, out_shardings=exp.state_sharding)()
   if not config.init_from:

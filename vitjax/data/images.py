@@ -329,6 +329,90 @@ def _mix_seed(seed: int) -> int:
 # The pipeline.
 
 
+def _process_shard(process_index: int | None, process_count: int | None, train: bool) -> tuple[int, int]:
+  """(this process's index, the number of processes): as given, or jax's."""
+  if (process_index is None) != (process_count is None):
+    raise ValueError("Give both process_index and process_count, or neither.")
+  if process_count is None:
+    shard = grain.sharding.ShardByJaxProcess(drop_remainder=train)
+    process_index, process_count = shard.shard_index, shard.shard_count
+  if not 0 <= process_index < process_count:
+    raise ValueError(f"process_index={process_index} not in [0, process_count={process_count})")
+  return process_index, process_count
+
+
+class _Split:
+  """One prepared split (or the `subset` of its positions): its source, keys and sizes."""
+
+  def __init__(self, name: str, split: str, data_dir: str | None, subset: np.ndarray | None):
+    self.label = f"{name}[{split}]"
+    self.source, self.builder = open_split(name, split, data_dir, encoded_images=True)
+    self.image_key, self.label_key = _supervised_keys(self.builder)
+    self.num_classes = self.builder.info.features[self.label_key].num_classes
+    self.channels = self.builder.info.features[self.image_key].shape[-1] or 3
+    if subset is not None:
+      subset = np.asarray(subset, np.int64)
+      if len(subset) and (subset.min() < 0 or subset.max() >= len(self.source)):
+        raise ValueError(f"subset positions must lie in [0, {len(self.source)})")
+    self.subset = subset
+    self.num_examples = len(self.source) if subset is None else len(subset)
+
+  def examples(self, positions: np.ndarray | None, cache: bool) -> _Examples:
+    """The examples at `positions` (None: all, or the subset), read into memory first when `cache`."""
+    source = self.source
+    if cache:
+      wanted = positions if positions is not None else np.arange(len(source))
+      source = _cache(source, self.image_key, self.label_key, wanted, self.channels)
+    return _Examples(source, self.image_key, self.label_key, positions)
+
+
+def _fits_in_memory(split: _Split, worker_count: int, cache_max_mb: float) -> bool:
+  """cache=None: whether (1 + worker_count) copies of the split's decoded examples fit in cache_max_mb."""
+  estimate = _cache_estimate(split.builder, split.image_key, split.num_examples) * (1 + worker_count)
+  if estimate <= cache_max_mb * 2**20:
+    return True
+  logging.info(
+    "data.cache: not cached (about %.0f MiB for %d copies, over data.cache_max_mb=%g)",
+    estimate / 2**20,
+    1 + worker_count,
+    cache_max_mb,
+  )
+  return False
+
+
+def _train_order(split: _Split, shards, size, aug: Augment, seed: int, num_epochs):
+  """Training: (positions read, the GlobalOrder sampler, the operations): a seeded global shuffle of which each
+  process takes its rows, augmentation, whole batches."""
+  process_index, process_count, local_batch = shards
+  global_batch = local_batch * process_count
+  if aug.mixes and local_batch % 2:
+    raise ValueError(
+      f"Mixup/CutMix pairs neighbouring examples: the batch per process ({local_batch}) must be even; use a "
+      f"global batch size that is a multiple of {2 * process_count}"
+    )
+  sampler = GlobalOrder(split.num_examples, global_batch, process_index, process_count, seed, num_epochs=num_epochs)
+  if sampler.steps_per_epoch == 0:
+    raise ValueError(f"{split.label} has {split.num_examples} examples, fewer than one batch of {global_batch}.")
+  operations = [_TrainPreprocess(size, split.channels, aug), grain.transforms.Batch(local_batch, drop_remainder=True)]
+  return split.subset, sampler, operations
+
+
+def _eval_order(split: _Split, shards, size, preprocess: Preprocess | None):
+  """Evaluation: (positions read, the operations): this process's contiguous share in order, padded to whole
+  batches with -1 (masked), resized / cropped, no augmentation."""
+  process_index, process_count, local_batch = shards
+  n = split.num_examples
+  start, end = n * process_index // process_count, n * (process_index + 1) // process_count
+  steps = math.ceil(math.ceil(n / process_count) / local_batch)
+  positions = np.full(steps * local_batch, -1, np.int64)
+  positions[: end - start] = np.arange(start, end) if split.subset is None else split.subset[start:end]
+  operations = [
+    _EvalPreprocess(size, split.channels, preprocess),
+    grain.transforms.Batch(local_batch, drop_remainder=False),
+  ]
+  return positions, operations
+
+
 def make_input(
   name: str,
   split: str,
@@ -352,115 +436,54 @@ def make_input(
   """Builds the grain input pipeline of one split on this process.
 
   Args:
-    name: config name: ``'digits'``, ``'fashion_mnist'``, or a stock tfds name
-      prepared as array_record in ``data_dir``.
-    split: tfds split string (``'train'``, ``'test'``, ``'train[90%:]'``...).
-    global_batch_size: batch size summed over processes.
-    image_size: output (H, W), or one int for square images.
-    train: True: shard with remainder dropped, seeded shuffle, augment, drop
-      the last partial batch, repeat ``num_epochs`` (None = forever). False:
-      in order, no augmentation, padded last batch with ``'mask'``, one epoch
-      (or ``num_epochs``).
-    seed: shuffling and augmentation seed (only used when ``train``).
-    data_dir: tfds data dir (default ``$TFDS_DATA_DIR`` or
-      ``~/tensorflow_datasets``).
-    augment: dict/ConfigDict of :class:`Augment` fields; ignored (but
-      validated) when ``train`` is False.
-    num_epochs: passes over the split (train default: forever; eval: 1).
-    process_index, process_count: this process's shard; default
-      ``jax.process_index()`` / ``jax.process_count()``.
-    worker_count: grain worker processes (0 = read in this process). Batch
-      composition depends on it (each worker builds whole batches from its
-      records): keep it fixed across a resume.
-    read_threads: reader threads per process (grain default 16; 0 reads
-      synchronously, fastest on machines with very few cores).
-    subset: positions in the split to read (e.g. one side of
-      :func:`holdout_split`); None reads all of it. Batches' ``index`` stays
+    name: config name: 'digits', 'fashion_mnist', or a stock tfds name prepared as array_record in `data_dir`.
+    split: tfds split string ('train', 'test', 'train[90%:]', ...).
+    global_batch_size: batch size summed over processes. image_size: output (H, W), or one int for square images.
+    train: True (_train_order): seeded global shuffle, augmentation, the last partial batch dropped, `num_epochs`
+      passes (None: forever). False (_eval_order): in order, no augmentation, the last batch padded (its 'mask'),
+      one pass (or `num_epochs`).
+    seed: shuffling and augmentation seed (train only). data_dir: default $TFDS_DATA_DIR or ~/tensorflow_datasets.
+    augment: a dict / ConfigDict of `Augment` fields; validated, and used when `train`.
+    process_index, process_count: this process's shard; default jax.process_index() / jax.process_count().
+    worker_count: grain worker processes (0: read in this process). Batch composition depends on it (each worker
+      builds whole batches from its records): keep it fixed across a resume.
+    read_threads: reader threads per process (grain default 16; 0 reads synchronously, fastest on few cores).
+    subset: positions in the split to read (e.g. one side of `holdout_split`); None: all. Batches' 'index' stays
       the position in the whole split.
-    preprocess: the evaluation's resize / centre crop (augment.Preprocess;
-      used when ``train`` is False).
-    cache: read the examples this process needs into memory first, with
-      non-JPEG images decoded (:class:`_InMemory`): the same batches, made
-      faster, for datasets that fit in memory (Fashion-MNIST: 40 MiB). None:
-      when :func:`_cache_estimate` times (1 + worker_count) copies is at most
-      ``cache_max_mb``.
-    cache_max_mb: the limit for ``cache=None``.
+    preprocess: the evaluation's resize / centre crop (augment.Preprocess; when `train` is False).
+    cache: read the examples this process needs into memory first, non-JPEG images decoded (`_InMemory`): the
+      same batches, faster, for datasets that fit in memory (Fashion-MNIST: 40 MiB). None: when
+      `_cache_estimate` times (1 + worker_count) copies is at most `cache_max_mb`.
 
   Returns:
-    (iterator, info): the iterator yields the batches described in the module
-    docstring and has ``get_state()`` / ``set_state(state)``.
+    (iterator, info): the iterator yields the batches of the module docstring and has get_state() / set_state().
 
   Raises:
-    DatasetNotPreparedError: the split is not prepared (message has the fix).
+    DatasetNotPreparedError: the split is not prepared (the message has the fix).
     ValueError: bad batch size / sharding / augment keys.
   """
   aug = parse_augment(augment)
-  if (process_index is None) != (process_count is None):
-    raise ValueError("Give both process_index and process_count, or neither.")
-  if process_count is None:
-    shard = grain.sharding.ShardByJaxProcess(drop_remainder=train)
-    process_index, process_count = shard.shard_index, shard.shard_count
-  if not 0 <= process_index < process_count:
-    raise ValueError(f"process_index={process_index} not in [0, process_count={process_count})")
+  process_index, process_count = _process_shard(process_index, process_count, train)
   if global_batch_size <= 0 or global_batch_size % process_count:
     raise ValueError(
       f"global_batch_size={global_batch_size} must be a positive multiple of process_count={process_count}."
     )
   local_batch = global_batch_size // process_count
   size = _pair(image_size)
-
-  source, builder = open_split(name, split, data_dir, encoded_images=True)
-  image_key, label_key = _supervised_keys(builder)
-  num_classes = builder.info.features[label_key].num_classes
-  channels = builder.info.features[image_key].shape[-1] or 3
-  if subset is not None:
-    subset = np.asarray(subset, np.int64)
-    if len(subset) and (subset.min() < 0 or subset.max() >= len(source)):
-      raise ValueError(f"subset positions must lie in [0, {len(source)})")
-  num_examples = len(source) if subset is None else len(subset)
+  split_ = _Split(name, split, data_dir, subset)
   if cache is None:
-    estimate = _cache_estimate(builder, image_key, num_examples) * (1 + worker_count)
-    cache = estimate <= cache_max_mb * 2**20
-    if not cache:
-      logging.info(
-        "data.cache: not cached (about %.0f MiB for %d copies, over data.cache_max_mb=%g)",
-        estimate / 2**20,
-        1 + worker_count,
-        cache_max_mb,
-      )
-
+    cache = _fits_in_memory(split_, worker_count, cache_max_mb)
+  shards = (process_index, process_count, local_batch)
   if train:
-    shard = grain.sharding.NoSharding()  # GlobalOrder gives each process its rows
-    if cache:
-      source = _cache(source, image_key, label_key, np.arange(len(source)) if subset is None else subset, channels)
-    examples = _Examples(source, image_key, label_key, subset)
-    sampler = GlobalOrder(
-      num_examples, global_batch_size, process_index, process_count, _mix_seed(seed), num_epochs=num_epochs
-    )
+    positions, sampler, operations = _train_order(split_, shards, size, aug, _mix_seed(seed), num_epochs)
     steps = sampler.steps_per_epoch
-    if steps == 0:
-      raise ValueError(f"{name}[{split}] has {num_examples} examples, fewer than one batch of {global_batch_size}.")
-    operations = [_TrainPreprocess(size, channels, aug), grain.transforms.Batch(local_batch, drop_remainder=True)]
-    if aug.mixes and local_batch % 2:
-      raise ValueError(
-        f"Mixup/CutMix pairs neighbouring examples: the batch per process ({local_batch}) must be even; use a "
-        f"global batch size that is a multiple of {2 * process_count}"
-      )
   else:
-    start = num_examples * process_index // process_count
-    end = num_examples * (process_index + 1) // process_count
-    steps = math.ceil(math.ceil(num_examples / process_count) / local_batch)
-    positions = np.full(steps * local_batch, -1, np.int64)
-    positions[: end - start] = np.arange(start, end) if subset is None else subset[start:end]
-    if cache:
-      source = _cache(source, image_key, label_key, positions, channels)
-    examples = _Examples(source, image_key, label_key, positions)
-    shard = grain.sharding.NoSharding()  # Sharded by `positions` above.
+    positions, operations = _eval_order(split_, shards, size, preprocess)
+    steps = len(positions) // local_batch
+  examples = split_.examples(positions, cache)
+  shard = grain.sharding.NoSharding()  # sharded by GlobalOrder (train) or by `positions` (eval)
+  if not train:
     sampler = grain.samplers.IndexSampler(len(examples), shard_options=shard, shuffle=False, num_epochs=num_epochs or 1)
-    operations = [
-      _EvalPreprocess(size, channels, preprocess),
-      grain.transforms.Batch(local_batch, drop_remainder=False),
-    ]
 
   if worker_count > 0:
     _ensure_absl_flags_parsed()
@@ -479,9 +502,9 @@ def make_input(
   info = DatasetInfo(
     name=name,
     split=split,
-    num_classes=num_classes,
-    num_examples=num_examples,
-    image_shape=(*size, channels),
+    num_classes=split_.num_classes,
+    num_examples=split_.num_examples,
+    image_shape=(*size, split_.channels),
     local_batch_size=local_batch,
     steps_per_epoch=steps,
   )

@@ -1,5 +1,5 @@
-"""Tasks: what differs between image classification and translation, behind one interface (`Task`, in
-vitjax.tasks.base), so that one trainer serves both. A task knows its data, the model's inputs, its loss, its
+"""Tasks: what differs between image classification, masked-image pre-training and translation, behind one
+interface (`Task`, in vitjax.tasks.base), so that one trainer serves them all. A task knows its data, the model's inputs, its loss, its
 evaluation and what prediction needs; the trainer knows the mesh, the optimizer, checkpoints and reporting.
 
     task = vitjax.tasks.get(config, workdir)   # config.task: "classification" | "translation" | "mae"

@@ -36,6 +36,7 @@ host); per-batch Mixup / CutMix happens on the device.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -413,6 +414,20 @@ def _eval_order(split: _Split, shards, size, preprocess: Preprocess | None):
   return positions, operations
 
 
+def _loader(examples, operations, shard, worker_count: int, read_threads: int | None, sampler) -> grain.DataLoader:
+  if worker_count > 0:
+    _ensure_absl_flags_parsed()
+  read_options = None if read_threads is None else grain.ReadOptions(num_threads=read_threads)
+  return grain.DataLoader(
+    data_source=examples,
+    sampler=sampler,
+    operations=operations,
+    worker_count=worker_count,
+    shard_options=shard,
+    read_options=read_options,
+  )
+
+
 def make_input(
   name: str,
   split: str,
@@ -485,29 +500,8 @@ def make_input(
   if not train:
     sampler = grain.samplers.IndexSampler(len(examples), shard_options=shard, shuffle=False, num_epochs=num_epochs or 1)
 
-  if worker_count > 0:
-    _ensure_absl_flags_parsed()
-  read_options = None if read_threads is None else grain.ReadOptions(num_threads=read_threads)
-
-  def make_loader(sampler):
-    return grain.DataLoader(
-      data_source=examples,
-      sampler=sampler,
-      operations=operations,
-      worker_count=worker_count,
-      shard_options=shard,
-      read_options=read_options,
-    )
-
-  info = DatasetInfo(
-    name=name,
-    split=split,
-    num_classes=split_.num_classes,
-    num_examples=split_.num_examples,
-    image_shape=(*size, split_.channels),
-    local_batch_size=local_batch,
-    steps_per_epoch=steps,
-  )
+  make_loader = functools.partial(_loader, examples, operations, shard, worker_count, read_threads)
+  info = DatasetInfo(name, split, split_.num_classes, split_.num_examples, (*size, split_.channels), local_batch, steps)
   if train:
     return _GlobalBatches(make_loader, sampler), info
   return iter(make_loader(sampler)), info

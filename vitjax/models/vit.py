@@ -245,16 +245,11 @@ class ViT(nn.Module):
       return self.depth + 1
     return 0
 
-  @nn.compact
-  def __call__(self, images: Array, train: bool = False, keep: Array | None = None) -> tuple[Array, dict]:
-    """keep: int [B, K], the patches (row-major positions in the patch grid) that enter the encoder, for masked
-    image modelling (vitjax.models.mae); the class token, if any, stays. None: all of them."""
-    if images.ndim != 4:
-      raise ValueError(f"ViT takes images [B, H, W, C], got shape {images.shape}")
-    if self.pool_type not in POOL_TYPES:
-      raise ValueError(f"unknown pool_type {self.pool_type!r}; use one of {', '.join(map(repr, POOL_TYPES))}")
-    if self.norm not in NORMS:
-      raise ValueError(f"unknown norm {self.norm!r}; use one of {', '.join(map(repr, NORMS))}")
+  # The phases of __call__: the submodules they create belong to the ViT, named as before (a parameter of the ViT's
+  # own, the class token, is made in __call__: Linen makes parameters only in a compact method).
+
+  def _embed(self, images: Array, train: bool) -> tuple[Array, tuple[int, int]]:
+    """images [B, H, W, C] -> (patch embeddings [B, h * w, D], the patch grid (h, w))."""
     patch = self.patch_hw
     check_divisible(images.shape[1:3], patch)
     x = images.astype(self.dtype or images.dtype)
@@ -270,9 +265,12 @@ class ViT(nn.Module):
     x = x.reshape(b, h * w, d)
     if self.embed_norm:
       x = nn.LayerNorm(epsilon=self.layernorm_eps, dtype=self.dtype, name="embed_norm")(x)
+    return x, (h, w)
 
-    if self.pool_type == "tok":
-      cls = self.param("cls", nn.initializers.normal(1e-6), (1, 1, d))
+  def _tokens(self, x: Array, cls: Array | None, h: int, w: int, keep: Array | None, train: bool) -> tuple[Array, int]:
+    """Class token, positions, the kept patches (MAE), dropout: ([B, prefix + patches, D], number of patches)."""
+    b, _, d = x.shape
+    if cls is not None:
       x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (b, 1, d)), x], axis=1)
     if self.posemb == "learn":
       x = LearnedPositionEmbedding(name="posembed")(x)
@@ -288,11 +286,12 @@ class ViT(nn.Module):
       prefix, num_patches = x.shape[1] - h * w, keep.shape[1]
       patches = jnp.take_along_axis(x[:, prefix:], keep[:, :, None].astype(jnp.int32), axis=1)
       x = jnp.concatenate([x[:, :prefix], patches], axis=1)
-    x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
+    return nn.Dropout(self.dropout_rate)(x, deterministic=not train), num_patches
 
+  def _encoder(self, x: Array, grid: tuple[int, int], train: bool) -> Array:
     block_kwargs = dict(
       num_heads=self.num_heads,
-      mlp_dim=self.mlp_dim or 4 * d,
+      mlp_dim=self.mlp_dim or 4 * x.shape[-1],
       norm=self.norm,
       act=self.act,
       dropout_rate=self.dropout_rate,
@@ -304,8 +303,8 @@ class ViT(nn.Module):
       dtype=self.dtype,
     )
     if self.rel_pos_bias:
-      block_kwargs.update(rel_pos_grid=(h, w), rel_pos_cls_token=self.pool_type == "tok")
-    x = Stack(
+      block_kwargs.update(rel_pos_grid=grid, rel_pos_cls_token=self.pool_type == "tok")
+    return Stack(
       EncoderBlock,
       self.depth,
       tuple(block_kwargs.items()),
@@ -317,24 +316,37 @@ class ViT(nn.Module):
       dtype=self.dtype,
       name="encoder",
     )(x)
-    out = {"encoded": x}
 
+  def _pool(self, x: Array, num_patches: int) -> Array:
+    """Encoded tokens [B, N, D] -> the pooled representation (see pool_type)."""
     if self.pool_type == "tok":
-      x = x[:, 0]
-    elif self.pool_type == "gap":
-      x = x[:, -num_patches:].mean(axis=1)
-    elif self.pool_type == "map":
-      x = MAPHead(
-        self.num_heads,
-        self.mlp_dim or 4 * d,
-        act=self.act,
-        layernorm_eps=self.layernorm_eps,
-        implementation=self.implementation,
-        dtype=self.dtype,
-        name="map_head",
-      )(x)
-    elif self.pool_type == "flatten":
-      x = x.reshape(b, -1)
+      return x[:, 0]
+    if self.pool_type == "gap":
+      return x[:, -num_patches:].mean(axis=1)
+    if self.pool_type == "map":
+      mlp_dim = self.mlp_dim or 4 * x.shape[-1]
+      kwargs = dict(act=self.act, layernorm_eps=self.layernorm_eps, implementation=self.implementation)
+      return MAPHead(self.num_heads, mlp_dim, **kwargs, dtype=self.dtype, name="map_head")(x)
+    if self.pool_type == "flatten":
+      return x.reshape(x.shape[0], -1)
+    return x  # "none"
+
+  @nn.compact
+  def __call__(self, images: Array, train: bool = False, keep: Array | None = None) -> tuple[Array, dict]:
+    """keep: int [B, K], the patches (row-major positions in the patch grid) that enter the encoder, for masked
+    image modelling (vitjax.models.mae); the class token, if any, stays. None: all of them."""
+    if images.ndim != 4:
+      raise ValueError(f"ViT takes images [B, H, W, C], got shape {images.shape}")
+    if self.pool_type not in POOL_TYPES:
+      raise ValueError(f"unknown pool_type {self.pool_type!r}; use one of {', '.join(map(repr, POOL_TYPES))}")
+    if self.norm not in NORMS:
+      raise ValueError(f"unknown norm {self.norm!r}; use one of {', '.join(map(repr, NORMS))}")
+    x, (h, w) = self._embed(images, train)
+    cls = self.param("cls", nn.initializers.normal(1e-6), (1, 1, x.shape[-1])) if self.pool_type == "tok" else None
+    x, num_patches = self._tokens(x, cls, h, w, keep, train)
+    x = self._encoder(x, (h, w), train)
+    out = {"encoded": x}
+    x = self._pool(x, num_patches)
     if self.fc_norm:
       x = nn.LayerNorm(epsilon=self.layernorm_eps, dtype=self.dtype, name="fc_norm")(x)
     if self.representation_size:

@@ -92,16 +92,10 @@ def _read_record(path: str) -> dict:
     raise ConfigError(f"{path} cannot be read ({e}); restore it, or give a new --sweep_dir") from None
 
 
-def _run(argv) -> int:
-  from vitjax import sweep as sweep_lib
+def _check_flags(sweep, overrides: list[str]) -> None:
+  """The sweep's own flags, and no override of a swept field (ConfigError naming the fix)."""
   from vitjax.errors import ConfigError
-  from vitjax.sweep import report, runner
 
-  config_arg = _config_arg(argv)
-  if FLAGS.config is None or config_arg is None:
-    raise ConfigError("a sweep needs --config=configs/NAME.py (a config file with a get_sweep())")
-  sweep = sweep_lib.load(config_arg, FLAGS.config)
-  overrides = _overrides(argv)
   swept = [o for o in overrides if o.split("=", 1)[0].removeprefix("--config.") in sweep.fields]
   if swept:
     raise ConfigError(f"{swept[0].split('=', 1)[0]} is swept by get_sweep(): remove the override")
@@ -112,19 +106,13 @@ def _run(argv) -> int:
       f"--heartbeat={FLAGS.heartbeat} --grace={FLAGS.grace}: give a heartbeat of at least 1 s and a grace of at "
       "least twice the heartbeat (a live trial must never look lost)"
     )
-  target = min(sweep.size, FLAGS.max_trials or sweep.size)
-  groups = runner.device_groups(FLAGS.workers, FLAGS.devices_per_worker)
-  sweep_dir = os.path.abspath(FLAGS.sweep_dir)
-  url = FLAGS.storage or f"sqlite:///{os.path.join(sweep_dir, 'study.db')}"
-  name = runner.study_name(config_arg, overrides)
-  record = {
-    "study": name,
-    "storage": runner.masked(url),
-    "config": config_arg,
-    "overrides": overrides,
-    "command": shlex.join(["python", "-m", "vitjax.sweep", *argv[1:]]),
-  }
-  _check_sweep_dir(sweep_dir, record)
+
+
+def _open_study(url: str, name: str, sweep, target: int, sweep_dir: str):
+  """(study, store) of the sweep, creating sweep_dir; bad input leaves nothing behind (only what this process
+  made)."""
+  from vitjax.sweep import runner
+
   existed = os.path.isdir(sweep_dir)
   os.makedirs(sweep_dir, exist_ok=True)
   try:
@@ -137,11 +125,13 @@ def _run(argv) -> int:
     if not existed and os.path.isdir(sweep_dir) and not os.listdir(sweep_dir):
       os.rmdir(sweep_dir)
     raise
-  if not os.path.exists(os.path.join(sweep_dir, "sweep.json")):
-    tmp = os.path.join(sweep_dir, f".sweep.json.{os.getpid()}")  # several machines may write it at once
-    with open(tmp, "w") as f:
-      json.dump(record, f, indent=2)
-    os.replace(tmp, os.path.join(sweep_dir, "sweep.json"))
+  return study, store
+
+
+def _requeue(study, target: int) -> None:
+  """Queues again the interrupted trials whose worker died before it could, and (--retry_failed) the failed."""
+  from vitjax.sweep import runner
+
   for t in runner.latest_attempts(study.get_trials(deepcopy=False)).values():
     if t.state.name != "FAIL" or runner.slot(t) >= target:
       continue
@@ -151,20 +141,13 @@ def _run(argv) -> int:
     elif FLAGS.retry_failed:
       logging.info("trial %d: queued again (--retry_failed; it failed with: %s)", runner.slot(t), t.user_attrs["error"])
       runner.requeue(study, t)
-  base = [sys.executable, "-m", "vitjax.main", f"--config={config_arg}", *overrides]
-  run = runner.Runner(sweep, study, store, sweep_dir, base, groups, target, FLAGS.heartbeat, FLAGS.grace)
-  logging.info(
-    "sweep %r: %d trials (%s), %s %s | storage %s | %d worker%s: %s",
-    name,
-    target,
-    ", ".join(f"{k} {d.describe()}" for k, d in sweep.dims().items()),
-    sweep.direction,
-    sweep.objective,
-    runner.masked(url),
-    len(groups),
-    "s" if len(groups) > 1 else "",
-    ", ".join(runner.describe_devices(g) for g in groups),
-  )
+
+
+def _run_workers(run) -> int:
+  """Runs the trials until done (0) or stopped: a signal (every trial checkpoints; a second one stops at once), a
+  worker that crashed, or three user errors in a row; each stop says how to go on."""
+  from vitjax.sweep import runner
+
   stops = []
 
   def on_signal(signum, frame):
@@ -193,6 +176,57 @@ def _run(argv) -> int:
       file=sys.stderr,
       flush=True,
     )
+    return status
+  return 0
+
+
+def _run(argv) -> int:
+  from vitjax import sweep as sweep_lib
+  from vitjax.errors import ConfigError
+  from vitjax.sweep import report, runner
+
+  config_arg = _config_arg(argv)
+  if FLAGS.config is None or config_arg is None:
+    raise ConfigError("a sweep needs --config=configs/NAME.py (a config file with a get_sweep())")
+  sweep = sweep_lib.load(config_arg, FLAGS.config)
+  overrides = _overrides(argv)
+  _check_flags(sweep, overrides)
+  target = min(sweep.size, FLAGS.max_trials or sweep.size)
+  groups = runner.device_groups(FLAGS.workers, FLAGS.devices_per_worker)
+  sweep_dir = os.path.abspath(FLAGS.sweep_dir)
+  url = FLAGS.storage or f"sqlite:///{os.path.join(sweep_dir, 'study.db')}"
+  name = runner.study_name(config_arg, overrides)
+  record = {
+    "study": name,
+    "storage": runner.masked(url),
+    "config": config_arg,
+    "overrides": overrides,
+    "command": shlex.join(["python", "-m", "vitjax.sweep", *argv[1:]]),
+  }
+  _check_sweep_dir(sweep_dir, record)
+  study, store = _open_study(url, name, sweep, target, sweep_dir)
+  if not os.path.exists(os.path.join(sweep_dir, "sweep.json")):
+    tmp = os.path.join(sweep_dir, f".sweep.json.{os.getpid()}")  # several machines may write it at once
+    with open(tmp, "w") as f:
+      json.dump(record, f, indent=2)
+    os.replace(tmp, os.path.join(sweep_dir, "sweep.json"))
+  _requeue(study, target)
+  base = [sys.executable, "-m", "vitjax.main", f"--config={config_arg}", *overrides]
+  run = runner.Runner(sweep, study, store, sweep_dir, base, groups, target, FLAGS.heartbeat, FLAGS.grace)
+  logging.info(
+    "sweep %r: %d trials (%s), %s %s | storage %s | %d worker%s: %s",
+    name,
+    target,
+    ", ".join(f"{k} {d.describe()}" for k, d in sweep.dims().items()),
+    sweep.direction,
+    sweep.objective,
+    runner.masked(url),
+    len(groups),
+    "s" if len(groups) > 1 else "",
+    ", ".join(runner.describe_devices(g) for g in groups),
+  )
+  status = _run_workers(run)
+  if status:
     return status
   out = report.write(study, sweep_dir, record)
   logging.info("sweep done: %s", out)

@@ -247,7 +247,7 @@ def _report(argv) -> int:
   url = FLAGS.storage or record["storage"]
   if "***" in url:
     raise ConfigError(f"the sweep's storage {url} needs its password: give --storage=URL")
-  optuna = runner._optuna()
+  optuna = runner.optuna_module()
   try:
     study = optuna.load_study(study_name=record["study"], storage=runner.storage(url))
   except KeyError:

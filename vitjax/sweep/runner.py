@@ -21,272 +21,58 @@ A worker with nothing to claim waits while trials run elsewhere, to take over an
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
-import json
-import math
 import os
 import shlex
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
-import warnings
 
 from absl import logging
 
 from vitjax import sweep as sweep_lib
-from vitjax.errors import ConfigError
 from vitjax.logs import fmt_time
+from vitjax.sweep.devices import child_setup, describe_devices, device_groups, owner_gone, owner_record  # noqa: F401
+from vitjax.sweep.metrics import (  # noqa: F401
+  MetricsFollower,
+  at_step,
+  best_row,
+  by_step,
+  error_line,
+  eval_rows,
+  is_eval,
+  metric_names,
+  metric_rows,
+)
+from vitjax.sweep.study import (  # noqa: F401  (re-exported: runner.open_study, ... as before)
+  OWNER,
+  SLOT,
+  difference,
+  first_line,
+  latest_attempts,
+  make_pruner,
+  make_sampler,
+  masked,
+  open_study,
+  optuna_module,
+  requeue,
+  slot,
+  storage,
+  study_name,
+)
 
-SLOT, OWNER = "trial", "vitjax:owner"  # the trial's slot (a user attribute: its directory), its worker
 EXIT_PREEMPTED, EXIT_USER_ERROR = 75, 2
 LOCK_WAIT = 400.0  # > vitjax.train.workdir.Lock.STALE: how long a trial waits for a lost run's workdir lock
-
-
-def _optuna():
-  import optuna
-
-  warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-  warnings.filterwarnings("ignore", message=".*Heartbeat of storage is supposed to be used with Study.optimize.*")
-  optuna.logging.set_verbosity(optuna.logging.WARNING)
-  return optuna
-
-
-def storage(url: str, heartbeat: int | None = None, grace: int | None = None):
-  """Optuna's RDB storage for `url`, with heartbeats (stale trials are queued again) when `heartbeat` is set."""
-  optuna = _optuna()
-  kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
-  for attempt in range(5):
-    try:
-      return optuna.storages.RDBStorage(
-        url,
-        engine_kwargs=kwargs,
-        heartbeat_interval=heartbeat,
-        grace_period=grace,
-        heartbeat_stale_trial_callback=requeue if heartbeat else None,
-      )
-    except Exception as e:  # sqlalchemy's errors: a bad URL, an unreachable server, a missing driver
-      racing = "duplicate key" in str(e) or "already exists" in str(e)
-      if not racing or attempt == 4:  # racing: another worker is creating the tables right now
-        raise ConfigError(f"--storage={masked(url)}: cannot open it ({_first_line(e)})") from None
-      time.sleep(1 + attempt)
-
-
-def masked(url: str) -> str:
-  """The URL without its password."""
-  head, sep, tail = url.partition("://")
-  if "@" in tail and ":" in tail.split("@", 1)[0]:
-    user = tail.split("@", 1)[0].split(":", 1)[0]
-    return f"{head}{sep}{user}:***@{tail.split('@', 1)[1]}"
-  return url
-
-
-def _first_line(e: BaseException) -> str:
-  text = str(e).strip().splitlines()
-  return text[0] if text else type(e).__name__
-
-
-def study_name(config_arg: str, overrides: list[str]) -> str:
-  """The config file's name, its :args and the overrides: 'vit_digits --config.num_epochs=30'."""
-  path, _, args = config_arg.partition(":")
-  name = os.path.splitext(os.path.basename(path))[0] + (f":{args}" if args else "")
-  return " ".join([name, *overrides])
-
-
-def slot(t) -> int:
-  return t.user_attrs.get(SLOT, t.number)
-
-
-def requeue(study, trial) -> None:
-  """Queues a failed-while-running trial again: same slot, parameters and reported evaluations (it resumes from
-  its checkpoint in the same directory). Optuna calls it for stale trials; the runner for interrupted ones."""
-  optuna = _optuna()
-  attrs = {k: v for k, v in trial.system_attrs.items() if k != OWNER}
-  attrs["retry_of"] = attrs.get("retry_of", []) + [trial.number]
-  study.add_trial(
-    optuna.trial.create_trial(
-      state=optuna.trial.TrialState.WAITING,
-      params=trial.params,
-      distributions=trial.distributions,
-      user_attrs={k: v for k, v in trial.user_attrs.items() if k != "error"},
-      system_attrs=attrs,
-      intermediate_values=trial.intermediate_values,
-    )
-  )
-
-
-def latest_attempts(trials) -> dict:
-  """slot -> the slot's newest attempt (retries are new Optuna trials of the same slot)."""
-  out = {}
-  for t in sorted(trials, key=lambda t: t.number):
-    out[slot(t)] = t
-  return out
 
 
 # ------------------------------------------------------------------------------------------------ the study
 
 
-def open_study(url: str, name: str, sweep, target: int, heartbeat: int | None = None, grace: int | None = None):
-  """Creates the study (and queues its trials) or loads it; returns (study, storage). Checks a loaded study was
-  made by the same sweep; tops its slots up to `target` (a rerun with a larger --max_trials)."""
-  optuna = _optuna()
-  store = storage(url, heartbeat, grace)
-  try:
-    study = optuna.create_study(
-      storage=store, study_name=name, direction=sweep.direction, sampler=make_sampler(sweep), pruner=make_pruner(sweep)
-    )
-    created = True
-  except optuna.exceptions.DuplicatedStudyError:
-    study = optuna.load_study(study_name=name, storage=store, sampler=make_sampler(sweep), pruner=make_pruner(sweep))
-    created = False
-  described = json.loads(json.dumps(sweep.describe()))
-  if not created:
-    waited = 0.0
-    while "sweep" not in study.user_attrs and waited < 30:  # its creator is queueing the trials
-      time.sleep(0.5)
-      waited += 0.5
-    recorded = study.user_attrs.get("sweep")
-    if recorded is not None and sweep.grid is not None and "grid_order" not in recorded:  # made before shuffling
-      sweep.in_order = True
-      described = json.loads(json.dumps(sweep.describe()))
-    if recorded is not None and recorded != described:
-      raise ConfigError(
-        f"the study {name!r} in {masked(url)} was made by a different get_sweep() ({_difference(recorded, described)}); "
-        "undo the change, or start a new sweep with another --sweep_dir (and --storage study)"
-      )
-    if study.direction.name.lower() != sweep.direction:
-      raise ConfigError(
-        f"the study {name!r} in {masked(url)} is to {study.direction.name.lower()}, not {sweep.direction}"
-      )
-  have = {slot(t) for t in study.get_trials(deepcopy=False)}
-  for i in range(target):
-    if i not in have:
-      fixed = sweep.point(i) if sweep.grid is not None else {}
-      study.add_trial(
-        optuna.trial.create_trial(
-          state=optuna.trial.TrialState.WAITING, user_attrs={SLOT: i}, system_attrs={"fixed_params": fixed}
-        )
-      )
-  if "sweep" not in study.user_attrs:
-    study.set_user_attr("sweep", described)
-  return study, store
-
-
-def _difference(a: dict, b: dict) -> str:
-  keys = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-  return "it differs in " + ", ".join(keys)
-
-
-def make_sampler(sweep, slot: int | None = None):
-  """The sweep's sampler; with a seed and a slot, seeded by both, so that machines and reruns draw each trial's
-  values from its own stream (the same seed everywhere would draw the same points on every machine)."""
-  optuna = _optuna()
-  seed = sweep.seed if sweep.seed is None or slot is None else sweep.seed * 100_003 + slot
-  if sweep.sampler == "random":
-    return optuna.samplers.RandomSampler(seed=seed)
-  return optuna.samplers.TPESampler(seed=seed)
-
-
-def make_pruner(sweep):
-  optuna = _optuna()
-  return {
-    "none": optuna.pruners.NopPruner,
-    "median": lambda: optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=0),
-    "halving": optuna.pruners.SuccessiveHalvingPruner,
-  }[sweep.pruner]()
-
-
 # ------------------------------------------------------------------------------------------------ devices
 
 
-def device_groups(workers: int, per_worker: int | None) -> list[tuple[str, list[int]]]:
-  """Each worker's devices: ("gpu", CUDA ids) or ("cpu", cores). GPUs are those of CUDA_VISIBLE_DEVICES, or
-  nvidia-smi's; without GPUs (or with JAX_PLATFORMS=cpu) each worker gets its share of this process's cores."""
-  if workers < 1:
-    raise ConfigError(f"--workers={workers}: give at least 1")
-  if per_worker is not None and per_worker < 1:
-    raise ConfigError(f"--devices_per_worker={per_worker}: give at least 1")
-  gpus = _gpus()
-  kind, pool = ("gpu", gpus) if gpus else ("cpu", sorted(os.sched_getaffinity(0)))
-  per = per_worker or max(1, len(pool) // workers)
-  if workers * per > len(pool):
-    what = "GPUs" if kind == "gpu" else "CPU cores"
-    raise ConfigError(
-      f"--workers={workers} x --devices_per_worker={per} needs {workers * per} {what}; this machine has "
-      f"{len(pool)}: lower --workers or --devices_per_worker"
-    )
-  return [(kind, pool[i * per : (i + 1) * per]) for i in range(workers)]
-
-
-def _gpus() -> list[str]:
-  if os.environ.get("JAX_PLATFORMS", "").split(",")[0] in ("cpu", "tpu"):
-    return []
-  visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-  if visible is not None:
-    return [x.strip() for x in visible.split(",") if x.strip() and x.strip() != "-1"]  # indices, GPU-UUIDs, MIG-...
-  try:
-    out = subprocess.run(
-      ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
-    )
-  except (OSError, subprocess.TimeoutExpired):
-    return []
-  return out.stdout.split() if out.returncode == 0 else []
-
-
-def describe_devices(group) -> str:
-  kind, ids = group
-  ints = all(isinstance(i, int) for i in ids)
-  contiguous = ints and ids == list(range(ids[0], ids[-1] + 1))
-  ranges = f"{ids[0]}" if len(ids) == 1 else f"{ids[0]}-{ids[-1]}" if contiguous else ",".join(map(str, ids))
-  return f"{'GPU' if kind == 'gpu' else 'CPU core'}{'s' if len(ids) > 1 else ''} {ranges}"
-
-
-_PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-
-
-def _child_setup(cores):
-  """In the trial's process before exec: SIGTERM when the worker thread's process dies (the trial checkpoints
-  and stops instead of training on, orphaned); pinned to the worker's cores."""
-
-  def setup():
-    if _libc is not None:
-      _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if cores:
-      os.sched_setaffinity(0, cores)
-
-  return setup
-
-
 # ------------------------------------------------------------------------------------------------ owners
-
-
-def _owner() -> dict:
-  return {"host": socket.gethostname(), "pid": os.getpid(), "start": _start_time(os.getpid())}
-
-
-def _start_time(pid: int) -> str | None:
-  try:
-    with open(f"/proc/{pid}/stat") as f:
-      return f.read().rsplit(")", 1)[1].split()[19]
-  except (OSError, IndexError):
-    return None
-
-
-def _owner_gone(owner: dict | None) -> bool:
-  """Whether a trial's worker process, on this host, is gone (other hosts: the heartbeat decides)."""
-  if not owner or owner.get("host") != socket.gethostname() or owner.get("pid") == os.getpid():
-    return False
-  try:
-    os.kill(owner["pid"], 0)
-  except ProcessLookupError:
-    return True
-  except PermissionError:
-    return False
-  return owner.get("start") is not None and _start_time(owner["pid"]) not in (None, owner["start"])
 
 
 # ------------------------------------------------------------------------------------------------ the runner
@@ -317,7 +103,7 @@ class Runner:
     return self.study.get_trials(deepcopy=False, states=states)
 
   def _counts(self) -> dict:
-    optuna = _optuna()
+    optuna = optuna_module()
     latest = latest_attempts(t for t in self._trials() if slot(t) < self.target)
     counts = {s.name.lower(): 0 for s in optuna.trial.TrialState}
     for t in latest.values():
@@ -331,10 +117,10 @@ class Runner:
       self._recover_unguarded()
 
   def _recover_unguarded(self) -> None:
-    optuna = _optuna()
+    optuna = optuna_module()
     optuna.storages.fail_stale_trials(self.study)
     for t in self._trials((optuna.trial.TrialState.RUNNING,)):
-      if _owner_gone(t.system_attrs.get(OWNER)):
+      if owner_gone(t.system_attrs.get(OWNER)):
         try:
           if self.store.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL):
             logging.info("trial %d: its worker (PID %s) is gone: queued again", slot(t), t.system_attrs[OWNER]["pid"])
@@ -347,7 +133,7 @@ class Runner:
       return self._claim_unguarded(study)
 
   def _claim_unguarded(self, study=None):
-    optuna = _optuna()
+    optuna = optuna_module()
     study = study or self.study
     trials = study.get_trials(deepcopy=False)  # through `study`: its storage cache then knows the trial
     newest = latest_attempts(trials)
@@ -369,7 +155,7 @@ class Runner:
           continue
       except optuna.exceptions.UpdateFinishedTrialError:
         continue
-      self.store.set_trial_system_attr(t._trial_id, OWNER, _owner())
+      self.store.set_trial_system_attr(t._trial_id, OWNER, owner_record())
       return optuna.Trial(study, t._trial_id)
     return None
 
@@ -404,7 +190,7 @@ class Runner:
         proc.kill()
 
   def _worker(self, index: int) -> None:
-    optuna = _optuna()
+    optuna = optuna_module()
     study = optuna.load_study(
       study_name=self.study.study_name, storage=self.store, sampler=self.study.sampler, pruner=self.study.pruner
     )
@@ -412,7 +198,7 @@ class Runner:
       try:
         trial = self._claim(study)
       except Exception as e:  # the database went away for a moment: say so, try again
-        logging.warning("worker %d: the storage failed (%s); retrying in 10 s", index, _first_line(e))
+        logging.warning("worker %d: the storage failed (%s); retrying in 10 s", index, first_line(e))
         self.stop.wait(10)
         continue
       if trial is not None:
@@ -445,7 +231,7 @@ class Runner:
       self.stop.wait(max(self.poll, 2.0))
 
   def _run_trial(self, index: int, trial) -> None:
-    optuna = _optuna()
+    optuna = optuna_module()
     frozen = self.store.get_trial(trial._trial_id)
     n = slot(frozen)
     workdir = sweep_lib.trial_dir(self.sweep_dir, n)
@@ -464,7 +250,7 @@ class Runner:
     lock_deadline = time.time() + LOCK_WAIT
     while True:  # a relaunch only while a lost run still holds the workdir's lock
       rc, pruned_at, log_end = self._attempt(index, trial, n, cmd, workdir, log_path, reported)
-      line = _error_line(log_path, log_end) if rc not in (0, None) else ""
+      line = error_line(log_path, log_end) if rc not in (0, None) else ""
       if self.stop.is_set() and rc in (EXIT_USER_ERROR, 128 + signal.SIGTERM, 128 + signal.SIGINT, -signal.SIGTERM):
         rc = EXIT_PREEMPTED  # stopped (or waiting for the lock) as the sweep stops: queued again
       if rc == EXIT_USER_ERROR and "is in use" in line and time.time() < lock_deadline:
@@ -496,10 +282,10 @@ class Runner:
       self._interrupted(trial)
       last = metric_rows(workdir)
       step = last[-1]["step"] if last else None
-      logging.info("trial %d: interrupted%s, queued again (it resumes from its checkpoint)", n, _at(step))
+      logging.info("trial %d: interrupted%s, queued again (it resumes from its checkpoint)", n, at_step(step))
     else:
       if rc == 0:
-        line = f"no {self.sweep.objective} in its evaluations ({', '.join(_metric_names(rows)) or 'none'})"
+        line = f"no {self.sweep.objective} in its evaluations ({', '.join(metric_names(rows)) or 'none'})"
       elif not line:
         line = f"exit status {rc}" if rc >= 0 else f"killed by {signal.Signals(-rc).name}"
       trial.set_user_attr("error", line)
@@ -509,7 +295,7 @@ class Runner:
   def _interrupted(self, trial) -> None:
     """Fails a trial this worker ran and queues a copy (same slot) to resume it; unless another worker took it
     for stale first, in which case that one queued it."""
-    optuna = _optuna()
+    optuna = optuna_module()
     with self.guard:
       try:
         won = self.store.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
@@ -540,13 +326,13 @@ class Runner:
           stdout=log,
           stderr=subprocess.STDOUT,
           env=env,
-          preexec_fn=_child_setup(ids if kind == "cpu" else None),
+          preexec_fn=child_setup(ids if kind == "cpu" else None),
           start_new_session=True,  # a signal to the sweep's group reaches it once, from the sweep
         )
         self.procs[index] = proc
     pruned_at = None
     beat = 0.0
-    follower = _MetricsFollower(workdir)
+    follower = MetricsFollower(workdir)
     try:
       while proc.poll() is None:
         time.sleep(self.poll)
@@ -566,7 +352,7 @@ class Runner:
 
   def _report(self, trial, n, follower, reported, prune=True):
     """Reports new evaluations to Optuna; returns the step to prune at, or None."""
-    for row in _by_step(r for r in follower.new_rows() if _is_eval(r)):
+    for row in by_step(r for r in follower.new_rows() if is_eval(r)):
       step, value = row["step"], row.get(self.sweep.objective)
       if step in reported or value is None:
         continue
@@ -645,82 +431,3 @@ def _suggest(trial, name, d):
   if d.kind == "int":
     return trial.suggest_int(name, int(d.low), int(d.high), log=d.log, step=int(d.step or 1))
   return trial.suggest_categorical(name, list(d.choices))
-
-
-def _at(step) -> str:
-  return f" after step {step}" if step is not None else ""
-
-
-def _metric_names(rows) -> list[str]:
-  return sorted({k for r in rows for k in r if k.startswith("eval/")})
-
-
-def _is_eval(row: dict) -> bool:
-  return "source" not in row and any(k.startswith("eval/") for k in row)  # not a --mode=eval row
-
-
-def metric_rows(workdir: str) -> list[dict]:
-  """WORKDIR/metrics.jsonl's rows (a partly written last line is skipped)."""
-  return _MetricsFollower(workdir).new_rows()
-
-
-def eval_rows(workdir: str) -> list[dict]:
-  """The evaluations during training in WORKDIR/metrics.jsonl, by step."""
-  return _by_step(r for r in metric_rows(workdir) if _is_eval(r))
-
-
-def _by_step(rows) -> list[dict]:
-  out = {r["step"]: r for r in rows}
-  return [out[s] for s in sorted(out)]
-
-
-class _MetricsFollower:
-  """Reads the rows a run appends to its metrics.jsonl since the last call (the file is polled every second, so it
-  is not read again from the start). A resume replaces the file (rows past its checkpoint dropped, a new inode):
-  then it reads the new file from its start."""
-
-  def __init__(self, workdir: str):
-    self.path, self.offset, self.inode = os.path.join(workdir, "metrics.jsonl"), 0, None
-
-  def new_rows(self) -> list[dict]:
-    try:
-      with open(self.path, "rb") as f:
-        st = os.fstat(f.fileno())
-        if st.st_ino != self.inode or st.st_size < self.offset:
-          self.offset, self.inode = 0, st.st_ino
-        f.seek(self.offset)
-        data = f.read()
-    except FileNotFoundError:
-      return []
-    complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next call
-    self.offset += len(complete)
-    rows = []
-    for line in complete.splitlines():
-      try:
-        rows.append(json.loads(line))
-      except ValueError:
-        continue
-    return rows
-
-
-def best_row(rows: list[dict], objective: str, maximize: bool) -> dict | None:
-  """The row with the best finite `objective` (the first of equals), or None."""
-  scored = [r for r in rows if r.get(objective) is not None and math.isfinite(r[objective])]
-  return max(scored, key=lambda r: r[objective] if maximize else -r[objective], default=None)
-
-
-def _error_line(log_path: str, start: int) -> str:
-  """The line that says why a run stopped: its 'error: ...' line, else its last ERROR line, else its last line."""
-  try:
-    with open(log_path, errors="replace") as f:
-      f.seek(start)
-      lines = [ln.strip() for ln in f.read().splitlines() if ln.strip()]
-  except OSError:
-    return ""
-  for ln in reversed(lines):
-    if ln.startswith("error: "):
-      return ln
-  for ln in reversed(lines):
-    if " ERROR " in ln:
-      return ln.split(" ERROR ", 1)[1]
-  return lines[-1] if lines else ""

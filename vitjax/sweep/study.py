@@ -1,0 +1,163 @@
+"""The sweep's Optuna study: its storage (SQLite or PostgreSQL), its name, the queue of trials (slots) that any
+number of workers claim, and the sampler and pruner (vitjax.sweep.runner runs the trials)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+
+from vitjax.errors import ConfigError
+
+SLOT, OWNER = "trial", "vitjax:owner"  # the trial's slot (a user attribute: its directory), its worker
+
+
+def optuna_module():
+  import optuna
+
+  warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+  warnings.filterwarnings("ignore", message=".*Heartbeat of storage is supposed to be used with Study.optimize.*")
+  optuna.logging.set_verbosity(optuna.logging.WARNING)
+  return optuna
+
+
+def storage(url: str, heartbeat: int | None = None, grace: int | None = None):
+  """Optuna's RDB storage for `url`, with heartbeats (stale trials are queued again) when `heartbeat` is set."""
+  optuna = optuna_module()
+  kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+  for attempt in range(5):
+    try:
+      return optuna.storages.RDBStorage(
+        url,
+        engine_kwargs=kwargs,
+        heartbeat_interval=heartbeat,
+        grace_period=grace,
+        heartbeat_stale_trial_callback=requeue if heartbeat else None,
+      )
+    except Exception as e:  # sqlalchemy's errors: a bad URL, an unreachable server, a missing driver
+      racing = "duplicate key" in str(e) or "already exists" in str(e)
+      if not racing or attempt == 4:  # racing: another worker is creating the tables right now
+        raise ConfigError(f"--storage={masked(url)}: cannot open it ({first_line(e)})") from None
+      time.sleep(1 + attempt)
+
+
+def masked(url: str) -> str:
+  """The URL without its password."""
+  head, sep, tail = url.partition("://")
+  if "@" in tail and ":" in tail.split("@", 1)[0]:
+    user = tail.split("@", 1)[0].split(":", 1)[0]
+    return f"{head}{sep}{user}:***@{tail.split('@', 1)[1]}"
+  return url
+
+
+def first_line(e: BaseException) -> str:
+  text = str(e).strip().splitlines()
+  return text[0] if text else type(e).__name__
+
+
+def study_name(config_arg: str, overrides: list[str]) -> str:
+  """The config file's name, its :args and the overrides: 'vit_digits --config.num_epochs=30'."""
+  path, _, args = config_arg.partition(":")
+  name = os.path.splitext(os.path.basename(path))[0] + (f":{args}" if args else "")
+  return " ".join([name, *overrides])
+
+
+def slot(t) -> int:
+  return t.user_attrs.get(SLOT, t.number)
+
+
+def requeue(study, trial) -> None:
+  """Queues a failed-while-running trial again: same slot, parameters and reported evaluations (it resumes from
+  its checkpoint in the same directory). Optuna calls it for stale trials; the runner for interrupted ones."""
+  optuna = optuna_module()
+  attrs = {k: v for k, v in trial.system_attrs.items() if k != OWNER}
+  attrs["retry_of"] = attrs.get("retry_of", []) + [trial.number]
+  study.add_trial(
+    optuna.trial.create_trial(
+      state=optuna.trial.TrialState.WAITING,
+      params=trial.params,
+      distributions=trial.distributions,
+      user_attrs={k: v for k, v in trial.user_attrs.items() if k != "error"},
+      system_attrs=attrs,
+      intermediate_values=trial.intermediate_values,
+    )
+  )
+
+
+def latest_attempts(trials) -> dict:
+  """slot -> the slot's newest attempt (retries are new Optuna trials of the same slot)."""
+  out = {}
+  for t in sorted(trials, key=lambda t: t.number):
+    out[slot(t)] = t
+  return out
+
+
+def open_study(url: str, name: str, sweep, target: int, heartbeat: int | None = None, grace: int | None = None):
+  """Creates the study (and queues its trials) or loads it; returns (study, storage). Checks a loaded study was
+  made by the same sweep; tops its slots up to `target` (a rerun with a larger --max_trials)."""
+  optuna = optuna_module()
+  store = storage(url, heartbeat, grace)
+  try:
+    study = optuna.create_study(
+      storage=store, study_name=name, direction=sweep.direction, sampler=make_sampler(sweep), pruner=make_pruner(sweep)
+    )
+    created = True
+  except optuna.exceptions.DuplicatedStudyError:
+    study = optuna.load_study(study_name=name, storage=store, sampler=make_sampler(sweep), pruner=make_pruner(sweep))
+    created = False
+  described = json.loads(json.dumps(sweep.describe()))
+  if not created:
+    waited = 0.0
+    while "sweep" not in study.user_attrs and waited < 30:  # its creator is queueing the trials
+      time.sleep(0.5)
+      waited += 0.5
+    recorded = study.user_attrs.get("sweep")
+    if recorded is not None and sweep.grid is not None and "grid_order" not in recorded:  # made before shuffling
+      sweep.in_order = True
+      described = json.loads(json.dumps(sweep.describe()))
+    if recorded is not None and recorded != described:
+      raise ConfigError(
+        f"the study {name!r} in {masked(url)} was made by a different get_sweep() ({difference(recorded, described)}); "
+        "undo the change, or start a new sweep with another --sweep_dir (and --storage study)"
+      )
+    if study.direction.name.lower() != sweep.direction:
+      raise ConfigError(
+        f"the study {name!r} in {masked(url)} is to {study.direction.name.lower()}, not {sweep.direction}"
+      )
+  have = {slot(t) for t in study.get_trials(deepcopy=False)}
+  for i in range(target):
+    if i not in have:
+      fixed = sweep.point(i) if sweep.grid is not None else {}
+      study.add_trial(
+        optuna.trial.create_trial(
+          state=optuna.trial.TrialState.WAITING, user_attrs={SLOT: i}, system_attrs={"fixed_params": fixed}
+        )
+      )
+  if "sweep" not in study.user_attrs:
+    study.set_user_attr("sweep", described)
+  return study, store
+
+
+def difference(a: dict, b: dict) -> str:
+  keys = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+  return "it differs in " + ", ".join(keys)
+
+
+def make_sampler(sweep, slot: int | None = None):
+  """The sweep's sampler; with a seed and a slot, seeded by both, so that machines and reruns draw each trial's
+  values from its own stream (the same seed everywhere would draw the same points on every machine)."""
+  optuna = optuna_module()
+  seed = sweep.seed if sweep.seed is None or slot is None else sweep.seed * 100_003 + slot
+  if sweep.sampler == "random":
+    return optuna.samplers.RandomSampler(seed=seed)
+  return optuna.samplers.TPESampler(seed=seed)
+
+
+def make_pruner(sweep):
+  optuna = optuna_module()
+  return {
+    "none": optuna.pruners.NopPruner,
+    "median": lambda: optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=0),
+    "halving": optuna.pruners.SuccessiveHalvingPruner,
+  }[sweep.pruner]()

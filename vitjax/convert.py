@@ -20,6 +20,7 @@ Exporters take `(module, variables)` back out:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -173,6 +174,30 @@ def timm_preprocess(name: str) -> dict | None:
   }
 
 
+@dataclasses.dataclass(frozen=True)
+class WeightSource:
+  """config.init_from, parsed once: nothing (""), a vitjax workdir, 'timm:NAME:FILE' or 'npz:[VARIANT:]FILE'."""
+
+  kind: str  # "none" | "workdir" | "timm" | "npz"
+  path: str = ""
+  name: str = ""  # timm's model name, or the npz's ViT variant ("B/16")
+
+  @classmethod
+  def parse(cls, spec: str | None) -> WeightSource:
+    if not spec:
+      return cls("none")
+    kind, _, rest = spec.partition(":")
+    if kind not in ("timm", "npz"):
+      return cls("workdir", spec)
+    name, _, path = rest.partition(":")
+    return cls(kind, name, "") if kind == "npz" and not path else cls(kind, path, name)
+
+  @property
+  def imported(self) -> bool:
+    """Weights from another codebase (timm, the original ViT / big_vision), not a vitjax run."""
+    return self.kind in ("timm", "npz")
+
+
 def load_params(spec: str) -> dict:
   """Parameters from 'timm:NAME:FILE' (.safetensors, or .pth/.bin with torch; timm's layout or, for Swin,
   Microsoft's) or 'npz:FILE' / 'npz:VARIANT:FILE' (the original ViT or big_vision).
@@ -182,12 +207,10 @@ def load_params(spec: str) -> dict:
   """
   from vitjax.errors import ConfigError
 
-  kind, _, rest = spec.partition(":")
-  if kind not in ("timm", "npz"):
+  source = WeightSource.parse(spec)
+  kind, name, path = source.kind, source.name, source.path
+  if not source.imported:
     raise ConfigError(f"init_from={spec!r}: use a vitjax workdir, 'timm:NAME:FILE' or 'npz:FILE'")
-  name, _, path = rest.partition(":")
-  if kind == "npz" and not path:
-    name, path = "", name
   if not os.path.isfile(path):
     form = "'timm:NAME:FILE'" if kind == "timm" else "'npz:FILE' or 'npz:VARIANT:FILE'"
     raise ConfigError(f"init_from={spec!r}: no such file {path!r} (the form is {form})")

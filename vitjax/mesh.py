@@ -43,7 +43,10 @@ PRESETS = ("dp", "fsdp", "tp", "fsdp_tp")
 FSDP_MIN_SIZE = 1024  # elements: smaller parameters (biases, norms) stay replicated under fsdp
 
 
-def mesh_sizes(mesh=(("data", -1),), num_devices: int | None = None) -> dict[str, int]:
+DEFAULT = (("data", -1),)  # every device on the data axis: plain data parallelism
+
+
+def mesh_sizes(mesh=DEFAULT, num_devices: int | None = None) -> dict[str, int]:
   """{'data': D, 'fsdp': F, 'tensor': T} from config.mesh's (axis, size) pairs; ConfigError if they do not fit."""
   n = num_devices or jax.device_count()
   sizes, rest = {}, None
@@ -86,13 +89,13 @@ def check_mesh(mesh) -> dict[str, int]:
   return sizes
 
 
-def batch_shards(mesh=(("data", -1),)) -> int:
+def batch_shards(mesh=DEFAULT) -> int:
   """How many ways the global batch is split: data x fsdp."""
   sizes = mesh_sizes(mesh)
   return sizes["data"] * sizes["fsdp"]
 
 
-def make_mesh(mesh=(("data", -1),)) -> Mesh:
+def make_mesh(mesh=DEFAULT) -> Mesh:
   """The named Mesh of config.mesh over all devices of all processes (see the module docstring)."""
   sizes = check_mesh(mesh)
   # Auto axes: XLA propagates shardings from the inputs' and parameters' (jax's newer default is Explicit).

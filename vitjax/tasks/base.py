@@ -121,7 +121,7 @@ def cross_entropy(logits, labels, num_classes: int, smoothing: float = 0.0):
   return -jnp.sum(targets * jax.nn.log_softmax(logits.astype(jnp.float32)), axis=-1)
 
 
-def check_batch(batch_size: int, what: str = "batch_size", mesh=(("data", -1),), accum: int = 1) -> None:
+def check_batch(batch_size: int, what: str = "batch_size", mesh=mesh_lib.DEFAULT, accum: int = 1) -> None:
   """A global batch (each of `accum` micro-batches) must split evenly over the mesh's batch axes and processes."""
   shards, procs = mesh_lib.batch_shards(mesh), jax.process_count()
   n = shards * accum
@@ -142,10 +142,15 @@ def check_batch(batch_size: int, what: str = "batch_size", mesh=(("data", -1),),
     raise ConfigError(f"{what}={batch_size} is not divisible by the {procs} processes")
 
 
+def ema_metric(name: str) -> str:
+  """The name under which the EMA's evaluation reports metric `name`: eval/accuracy -> eval_ema/accuracy."""
+  return name.replace("eval/", "eval_ema/", 1)
+
+
 def check_best_metric(config, valid) -> None:
   """best_metric is one of the task's `valid` metrics, or with config.ema_decay one of their eval_ema/ twins."""
   if config.get("ema_decay"):
-    valid = (*valid, *(k.replace("eval/", "eval_ema/", 1) for k in valid))
+    valid = (*valid, *(ema_metric(k) for k in valid))
   if config.best_metric not in valid:
     raise ConfigError(f"best_metric={config.best_metric!r} is not reported by this task; use one of {list(valid)}")
   if config.best_mode not in ("max", "min"):

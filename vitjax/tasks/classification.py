@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vitjax import convert
 from vitjax import data as data_lib
 from vitjax import mesh as mesh_lib
 from vitjax.data import augment, device_ops
@@ -77,11 +78,9 @@ class ImageClassification:
     if self._preprocess is None:
       given = self.config.data.get("preprocess") or {}
       fields = {k: given.get(k) for k in ("mean", "std", "crop_fraction", "interpolation")}
-      init = self.config.get("init_from") or ""
-      if init.startswith("timm:") and any(v is None for v in fields.values()):
-        from vitjax import convert  # pylint: disable=g-import-not-at-top
-
-        known = convert.timm_preprocess(init.split(":")[1]) or {}
+      source = convert.WeightSource.parse(self.config.get("init_from"))
+      if source.kind == "timm" and any(v is None for v in fields.values()):
+        known = convert.timm_preprocess(source.name) or {}
         fields = {k: known.get(k) if v is None else v for k, v in fields.items()}
       try:
         self._preprocess = augment.Preprocess(**{k: v for k, v in fields.items() if v is not None})

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from vitjax import decode
+from vitjax import convert, decode
 from vitjax import mesh as mesh_lib
 from vitjax.data import text
 from vitjax.errors import ConfigError
@@ -65,7 +65,8 @@ class Translation:
     """WORKDIR/tokenizer.model; copied from init_from's workdir, or trained on the training split, if missing."""
     if self._tokenizer is None:
       path = os.path.join(self.workdir, "tokenizer.model")
-      parent = os.path.join(self.config.init_from, "tokenizer.model") if self.config.get("init_from") else ""
+      source = convert.WeightSource.parse(self.config.get("init_from"))
+      parent = os.path.join(source.path, "tokenizer.model") if source.kind == "workdir" else ""
       if not os.path.exists(path) and parent and os.path.exists(parent):
         os.makedirs(self.workdir, exist_ok=True)  # fine-tuning keeps the vocabulary of the weights it starts from
         if jax.process_index() == 0:
@@ -116,7 +117,7 @@ class Translation:
     if c.decode.method not in METHODS:
       raise ConfigError(f"unknown decode.method {c.decode.method!r}; use 'beam', 'greedy' or 'sample'")
     check_best_metric(c, ("eval/bleu", "eval/chrf", "eval/loss"))
-    if c.init_from and c.init_from.startswith(("timm:", "npz:")):
+    if convert.WeightSource.parse(c.init_from).imported:
       raise ConfigError("translation can start only from another translation workdir (init_from=WORKDIR)")
     # reads the data now: a missing source stops the run before anything is written
     if c.data.eval_split not in self.splits:

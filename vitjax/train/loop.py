@@ -26,7 +26,7 @@ from vitjax import mesh as mesh_lib
 from vitjax import tasks
 from vitjax.errors import ConfigError, Diverged, Preempted
 from vitjax.mesh import agree, to_global
-from vitjax.tasks.base import EvaluationInterrupted
+from vitjax.tasks.base import EvaluationInterrupted, ema_metric
 from vitjax.train import checkpoints as ckpt_lib
 from vitjax.train import durations, optim
 from vitjax.train import state as state_lib
@@ -331,7 +331,7 @@ class _Evaluations:
       averaged = run.task.evaluate(
         run.exp.model, {"params": ema, **state.model_state}, split, sharding, limit, stop=stop
       )
-      metrics.update({k.replace("eval/", "eval_ema/", 1): v for k, v in averaged.items() if k != "eval/examples"})
+      metrics.update({ema_metric(k): v for k, v in averaged.items() if k != "eval/examples"})
     return metrics
 
   def run(self, step: int, state, data_state, resave: bool = False) -> None:

@@ -76,7 +76,7 @@ def setup(
 ) -> Experiment:
   """The Experiment of a config (total_steps and warmup in steps, vitjax.train.durations). Raises ConfigError for
   a model the config cannot build."""
-  mesh = mesh_lib.make_mesh(config.get("mesh", (("data", -1),)))
+  mesh = mesh_lib.make_mesh(config.get("mesh", mesh_lib.DEFAULT))
   model = build_model(config, task.model_overrides())
   inputs = task.example_inputs()
   schedule = optim.make_schedule(config, total_steps or 1, steps_per_epoch, warmup)
@@ -114,7 +114,7 @@ def initial_state(exp: Experiment) -> TrainState:
   state = jax.jit(exp.init_state, out_shardings=exp.state_sharding)()
   if not config.init_from:
     return state
-  if config.init_from.startswith(("timm:", "npz:")):
+  if convert.WeightSource.parse(config.init_from).imported:
     loaded, loaded_ms = convert.load_params(config.init_from), {}
   else:
     loaded, loaded_ms = checkpoints.load_params(config.init_from)

@@ -54,6 +54,18 @@ def load_npz(path_or_mapping) -> dict[str, np.ndarray]:
 _POSEMB_KEYS = ("Transformer/posembed_input/pos_embedding", "Transformer/pos_embedding", "pos_embedding")
 
 
+def _check_variant(variant: str, cfg: dict) -> None:
+  """ValueError naming what differs when the weights are not the ViT variant ("B/16") the caller asked for."""
+  want = vit_lib.parse_variant(variant)
+  diff = {k: (want[k], cfg[k]) for k in ("width", "mlp_dim", "num_heads") if want[k] != cfg[k]}
+  if tuple(want["patch_size"]) != cfg["patch_size"]:
+    diff["patch_size"] = (want["patch_size"], cfg["patch_size"])
+  if diff:
+    raise ValueError(
+      f"the checkpoint is not a {variant}: " + ", ".join(f"{k} {a} != {b}" for k, (a, b) in diff.items())
+    )
+
+
 def read(path_or_mapping, variant: str | None = None, act: str = "gelu_tanh"):
   """(module, variables) from an `.npz` of the original JAX ViT release (google-research/vision_transformer) or
   of big_vision (scanned or not; class token, GAP or MAP head; learned or sin-cos 2-D positions; SigLIP's
@@ -84,14 +96,7 @@ def read(path_or_mapping, variant: str | None = None, act: str = "gelu_tanh"):
     act=act,
   )
   if variant is not None:
-    want = vit_lib.parse_variant(variant)
-    diff = {k: (want[k], cfg[k]) for k in ("width", "mlp_dim", "num_heads") if want[k] != cfg[k]}
-    if tuple(want["patch_size"]) != cfg["patch_size"]:
-      diff["patch_size"] = (want["patch_size"], cfg["patch_size"])
-    if diff:
-      raise ValueError(
-        f"the checkpoint is not a {variant}: " + ", ".join(f"{k} {a} != {b}" for k, (a, b) in diff.items())
-      )
+    _check_variant(variant, cfg)
   has_map = any(k.startswith("MAPHead_0/") for k in r.arrays)
   cfg["pool_type"] = "map" if has_map else "tok" if "cls" in r else "gap"
   cfg["num_classes"] = r.arrays["head/kernel"].shape[-1] if "head/kernel" in r else 0

@@ -296,27 +296,22 @@ def make_batches(
 ) -> BatchIterator:
   """Training batches of ``(src, tgt)`` token ids, bucketed by length, in one global order.
 
-  Each pair is tokenized, EOS appended to both sides, and goes to the smallest
-  bucket length ``L >= max(len(src), len(tgt))``; a batch holds pairs of one
-  bucket, padded with the tokenizer's pad id (0) to ``[B, L]`` (src and tgt both). Pairs longer than
-  ``max_len`` tokens (EOS included) are dropped or truncated (``too_long``);
+  Each pair is tokenized, EOS appended to both sides, and goes to the smallest bucket length ``L >= max(len(src),
+  len(tgt))``; a batch holds pairs of one bucket, padded with the tokenizer's pad id (0) to ``[B, L]`` (src and tgt
+  both). Pairs longer than ``max_len`` tokens (EOS included) are dropped or truncated (``too_long``);
   :meth:`BatchIterator.stats` counts them.
 
-  Per epoch ``e``, with ``rng = np.random.default_rng([seed, e])``: going up
-  the buckets, each bucket's pairs (plus those carried up from the bucket
-  below) are permuted and cut into global batches of ``B(L)`` pairs; the
-  remainder is carried up to the next bucket (padded longer), so only the last
-  bucket's remainder is left out of the epoch (a different one each epoch).
-  The list of global batches is then permuted. None of this depends on the
-  number of processes or devices: the sequence of global batches is a function
-  of the pairs, the seed and the batch sizes only.
+  Per epoch ``e``, with ``rng = np.random.default_rng([seed, e])``: going up the buckets, each bucket's pairs (plus
+  those carried up from the bucket below) are permuted and cut into global batches of ``B(L)`` pairs; the
+  remainder is carried up to the next bucket (padded longer), so only the last bucket's remainder is left out of
+  the epoch (a different one each epoch). The list of global batches is then permuted. None of this depends on the
+  number of processes or devices: the sequence of global batches is a function of the pairs, the seed and the
+  batch sizes only.
 
-  A global batch is then completed with empty rows (all padding, no tokens, so
-  no weight in a token-averaged loss) up to a multiple of ``pad_multiple`` (the
-  devices the batch is split over, times accumulation steps), and process
-  ``p`` of ``P`` yields its ``1/P`` slice of the rows: the processes get
-  disjoint pairs and, step by step, batches of the same shape, as multi-host
-  jit needs. Every process must be given the same pairs and arguments except
+  A global batch is then completed with empty rows (all padding, no tokens, so no weight in a token-averaged loss)
+  up to a multiple of ``pad_multiple`` (the devices the batch is split over, times accumulation steps), and process
+  ``p`` of ``P`` yields its ``1/P`` slice of the rows: the processes get disjoint pairs and, step by step, batches
+  of the same shape, as multi-host jit needs. Every process must be given the same pairs and arguments except
   ``process_index``.
 
   Args:

@@ -170,69 +170,86 @@ def inspect(trained, image: np.ndarray, out_dir: str, patch: tuple[int, int] | N
   from vitjax.data import device_ops  # pylint: disable=g-import-not-at-top
   from vitjax.errors import ConfigError  # pylint: disable=g-import-not-at-top
 
-  if not isinstance(trained.model, (models.ViT, models.Swin)):
+  draw = {models.ViT: _draw_vit, models.Swin: _draw_swin}.get(models.family_of(trained.model).cls)
+  if draw is None:
     raise ConfigError(f"vitjax.attention_maps draws ViT and Swin models, not {type(trained.model).__name__}")
-
   os.makedirs(out_dir, exist_ok=True)
-  model = trained.model
   shown = image.astype(np.float32) / 255.0
   pre = trained.task.preprocess()
   x = np.asarray(device_ops.to_float(jnp.asarray(image), pre.mean, pre.std))
-  weights, inter = attention_weights(model, trained.variables, x)
+  weights, inter = attention_weights(trained.model, trained.variables, x)
   fig, ax = plt.subplots(figsize=(2, 2))
   _show(ax, shown)
   written = [_save(fig, os.path.join(out_dir, "input.png"))]
+  return written + draw(trained, image, shown, weights, inter, out_dir, patch)
 
-  if isinstance(model, models.ViT):
-    grid = _grid_of(model, image.shape[:2])
-    layers = vit_layers(weights)
-    prefix = layers[0].shape[-1] - grid[0] * grid[1]
-    if patch is None and prefix:
-      query, what = 0, "class token"
-    else:
-      r, c = patch if patch is not None else (grid[0] // 2, grid[1] // 2)
-      if not (0 <= r < grid[0] and 0 <= c < grid[1]):
-        raise ConfigError(f"--patch={r},{c} is outside the {grid[0]}x{grid[1]} patch grid")
-      query, what = prefix + r * grid[1] + c, f"patch ({r}, {c})"
-    heads = layers[0].shape[0]
-    fig, axes = plt.subplots(len(layers), heads + 1, figsize=(1.6 * (heads + 1), 1.6 * len(layers)), squeeze=False)
-    for i, a in enumerate(layers):
-      _show(axes[i, 0], shown, title=f"layer {i}")
-      for h in range(heads):
-        _show(axes[i, h + 1], shown, a[h, query, prefix:].reshape(grid), title=f"head {h}")
-    fig.suptitle(f"attention from the {what}", fontsize=9)
-    written.append(_save(fig, os.path.join(out_dir, "attention.png")))
-    roll = rollout(layers)
-    fig, axes = plt.subplots(1, 2, figsize=(4, 2))
-    _show(axes[0], shown, title="input")
-    _show(axes[1], shown, roll[query, prefix:].reshape(grid), title=f"rollout from the {what}")
-    written.append(_save(fig, os.path.join(out_dir, "rollout.png")))
-    table = _position_table(model, trained.variables["params"], grid, prefix)
-    sim = posemb_similarity(table, grid)
-    fig, axes = plt.subplots(*grid, figsize=(0.5 * grid[1] + 1, 0.5 * grid[0] + 1), squeeze=False)
-    for r in range(grid[0]):
-      for c in range(grid[1]):
-        axes[r, c].imshow(sim[r, c], cmap="viridis", vmin=-1, vmax=1, interpolation="nearest")
-        axes[r, c].set_xticks([])
-        axes[r, c].set_yticks([])
-    fig.suptitle("position embedding similarity (cosine)", fontsize=9)
-    written.append(_save(fig, os.path.join(out_dir, "posemb_similarity.png")))
-  elif isinstance(model, models.Swin):
-    first = tuple(inter["stage_0"].shape[1:3])
-    patch = patch if patch is not None else (first[0] // 2, first[1] // 2)
-    if not (0 <= patch[0] < first[0] and 0 <= patch[1] < first[1]):
-      raise ConfigError(f"--patch={patch[0]},{patch[1]} is outside stage 0's {first[0]}x{first[1]} grid")
-    blocks = swin_blocks(model, weights, inter, patch)
-    heads = max(m.shape[0] for _, m in blocks)
-    fig, axes = plt.subplots(len(blocks), heads, figsize=(1.6 * heads, 1.6 * len(blocks)), squeeze=False)
-    for i, (name, maps) in enumerate(blocks):
-      for h in range(heads):
-        if h < maps.shape[0]:
-          _show(axes[i, h], shown, maps[h], title=f"{name.replace('stage_', 's').replace('_block_', ' b')} h{h}")
-        else:
-          axes[i, h].axis("off")
-    fig.suptitle(f"window attention of patch {patch} (stage 0 grid)", fontsize=9)
-    written.append(_save(fig, os.path.join(out_dir, "window_attention.png")))
+
+def _draw_vit(trained, image, shown, weights, inter, out_dir, patch) -> list[str]:
+  """attention.png (every layer's and head's attention from the query), rollout.png, posemb_similarity.png."""
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  from vitjax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+
+  model, written = trained.model, []
+  grid = _grid_of(model, image.shape[:2])
+  layers = vit_layers(weights)
+  prefix = layers[0].shape[-1] - grid[0] * grid[1]
+  if patch is None and prefix:
+    query, what = 0, "class token"
+  else:
+    r, c = patch if patch is not None else (grid[0] // 2, grid[1] // 2)
+    if not (0 <= r < grid[0] and 0 <= c < grid[1]):
+      raise ConfigError(f"--patch={r},{c} is outside the {grid[0]}x{grid[1]} patch grid")
+    query, what = prefix + r * grid[1] + c, f"patch ({r}, {c})"
+  heads = layers[0].shape[0]
+  fig, axes = plt.subplots(len(layers), heads + 1, figsize=(1.6 * (heads + 1), 1.6 * len(layers)), squeeze=False)
+  for i, a in enumerate(layers):
+    _show(axes[i, 0], shown, title=f"layer {i}")
+    for h in range(heads):
+      _show(axes[i, h + 1], shown, a[h, query, prefix:].reshape(grid), title=f"head {h}")
+  fig.suptitle(f"attention from the {what}", fontsize=9)
+  written.append(_save(fig, os.path.join(out_dir, "attention.png")))
+  roll = rollout(layers)
+  fig, axes = plt.subplots(1, 2, figsize=(4, 2))
+  _show(axes[0], shown, title="input")
+  _show(axes[1], shown, roll[query, prefix:].reshape(grid), title=f"rollout from the {what}")
+  written.append(_save(fig, os.path.join(out_dir, "rollout.png")))
+  table = _position_table(model, trained.variables["params"], grid, prefix)
+  sim = posemb_similarity(table, grid)
+  fig, axes = plt.subplots(*grid, figsize=(0.5 * grid[1] + 1, 0.5 * grid[0] + 1), squeeze=False)
+  for r in range(grid[0]):
+    for c in range(grid[1]):
+      axes[r, c].imshow(sim[r, c], cmap="viridis", vmin=-1, vmax=1, interpolation="nearest")
+      axes[r, c].set_xticks([])
+      axes[r, c].set_yticks([])
+  fig.suptitle("position embedding similarity (cosine)", fontsize=9)
+  written.append(_save(fig, os.path.join(out_dir, "posemb_similarity.png")))
+  return written
+
+
+def _draw_swin(trained, image, shown, weights, inter, out_dir, patch) -> list[str]:
+  """window_attention.png: each block's window attention of one patch of stage 0's grid (shifted windows too)."""
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  from vitjax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+
+  del image
+  model, written = trained.model, []
+  first = tuple(inter["stage_0"].shape[1:3])
+  patch = patch if patch is not None else (first[0] // 2, first[1] // 2)
+  if not (0 <= patch[0] < first[0] and 0 <= patch[1] < first[1]):
+    raise ConfigError(f"--patch={patch[0]},{patch[1]} is outside stage 0's {first[0]}x{first[1]} grid")
+  blocks = swin_blocks(model, weights, inter, patch)
+  heads = max(m.shape[0] for _, m in blocks)
+  fig, axes = plt.subplots(len(blocks), heads, figsize=(1.6 * heads, 1.6 * len(blocks)), squeeze=False)
+  for i, (name, maps) in enumerate(blocks):
+    for h in range(heads):
+      if h < maps.shape[0]:
+        _show(axes[i, h], shown, maps[h], title=f"{name.replace('stage_', 's').replace('_block_', ' b')} h{h}")
+      else:
+        axes[i, h].axis("off")
+  fig.suptitle(f"window attention of patch {patch} (stage 0 grid)", fontsize=9)
+  written.append(_save(fig, os.path.join(out_dir, "window_attention.png")))
   return written
 
 

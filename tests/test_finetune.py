@@ -163,12 +163,16 @@ def test_ema_run_evaluates_checkpoints_loads_and_exports_its_average(tmp_path, d
 
   workdir = str(tmp_path / "ema")
   common = [*th.TINY, f"--config.data.data_dir={data_dir}"]
-  proc = th.check_ok(th.run_main(workdir, *common, "--config.ema_decay=0.8", "--config.best_metric=eval_ema/accuracy"))
-  assert "covers the parameters only" not in proc.stderr  # no BatchNorm here, so no warning
+  evals = "--config.evals=(('test', 'test', 'task', 15),)"  # one more evaluator (vitjax.train.evaluators)
+  proc = th.run_main(workdir, *common, "--config.ema_decay=0.8", "--config.best_metric=eval_ema/accuracy", evals)
+  assert "covers the parameters only" not in th.check_ok(proc).stderr  # no BatchNorm here, so no warning
   rows = [r for r in th.read_metrics(workdir) if "eval/accuracy" in r and "source" not in r]
   assert [r["step"] for r in rows] == [10, 20, 30]
   assert all({"eval_ema/accuracy", "eval_ema/top5", "eval_ema/loss"} <= set(r) for r in rows)
   assert any(r["eval_ema/loss"] != r["eval/loss"] for r in rows)  # two sets of weights
+  tests = [r for r in th.read_metrics(workdir) if "test/accuracy" in r]
+  assert [(r["step"], r["test/examples"]) for r in tests] == [(15, 300), (30, 300)], tests
+  assert "step 15 | test (test): loss" in proc.stderr and "step 15 | valid" not in proc.stderr
 
   # --mode=eval --weights=ema reproduces the logged eval_ema metrics of the step it restores (from its checkpoint)
   proc = th.check_ok(th.run_main(workdir, "--mode=eval", "--checkpoint=latest", "--weights=ema", config=None))

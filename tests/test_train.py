@@ -524,3 +524,32 @@ def test_durations_in_steps_epochs_or_examples_resolve_once_into_steps():
     c.eval_every = bad
     with pytest.raises(ConfigError, match=why):
       durations.check(c)
+
+
+def test_evaluators_are_planned_from_config_evals_with_one_line_for_a_bad_entry():
+  from vitjax.config import default_config
+  from vitjax.errors import ConfigError
+  from vitjax.train import evaluators
+
+  c = default_config()
+  c.ema_decay, c.evals = 0.9, (("test", "test", "task", "2 epochs"), ("test_ema", "test", "ema", 7))
+  planned = evaluators.plan(c, eval_every=50, steps_per_epoch=11)
+  assert [(e.name, e.split, e.kind, e.every) for e in planned] == [
+    ("eval", "valid", "task", 50),
+    ("eval_ema", "valid", "ema", 50),
+    ("test", "test", "task", 22),
+    ("test_ema", "test", "ema", 7),
+  ]
+  assert [e.name for e in planned if e.due(22, 100)] == ["test"] and all(e.due(100, 100) for e in planned)
+  for evals, why in (
+    ((("t", "test", "probe", 5),), "kinds are task, ema"),
+    ((("eval", "test", "task", 5),), "taken"),
+    ((("t", "test", "task"),), "not a \\(name, split, kind, every\\) entry"),
+    ((("t", "test", "task", "2 weeks"),), "with a unit"),
+  ):
+    c.evals = evals
+    with pytest.raises(ConfigError, match=why):
+      evaluators.plan(c, 50, 11)
+  c.ema_decay, c.evals = None, (("t", "test", "ema", 5),)
+  with pytest.raises(ConfigError, match="set config.ema_decay"):
+    evaluators.plan(c, 50, 11)

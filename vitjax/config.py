@@ -119,6 +119,9 @@ def default_config() -> mlc.ConfigDict:
 
   # Cadences, durations as above (an int is steps): a progress line (also at least every 30 s), an evaluation (also
   # at the end), a checkpoint.
+  # Evaluations beside the primary one (data.eval_split every eval_every, which chooses best): (name, split, kind,
+  # every) entries, e.g. (("test", "test", "task", "5 epochs"),) logs test/accuracy, ... (vitjax.train.evaluators).
+  c.evals = ()
   c.log_every = mlc.FieldReference(50, field_type=object)
   c.eval_every = mlc.FieldReference(500, field_type=object)
   c.checkpoint_every = mlc.FieldReference(500, field_type=object)

@@ -97,6 +97,8 @@ class ImageClassification:
       raise ConfigError(f"data.valid_fraction={c.data.valid_fraction} must be in [0, 1)")
     check_best_metric(c, ("eval/accuracy", "eval/top5", "eval/loss"))
     self._check_split(c.data.eval_split, "data.eval_split")
+    for name, split, *_ in (e for e in c.get("evals") or () if isinstance(e, list | tuple) and len(e) == 4):
+      self._check_split(split, f"evals[{name}] split")
     info = self.describe()
     mean = self.preprocess().mean
     if mean is not None and len(mean) != info["channels"]:

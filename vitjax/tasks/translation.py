@@ -122,6 +122,9 @@ class Translation:
     # reads the data now: a missing source stops the run before anything is written
     if c.data.eval_split not in self.splits:
       raise ConfigError(f"config.data.eval_split={c.data.eval_split!r}: this task has the splits {list(self.splits)}")
+    for name, split, *_ in (e for e in c.get("evals") or () if isinstance(e, list | tuple) and len(e) == 4):
+      if split not in self.splits:
+        raise ConfigError(f"config.evals[{name}]: split {split!r}; this task has the splits {list(self.splits)}")
 
   def describe(self) -> dict:
     d = self.config.data

@@ -26,9 +26,9 @@ from vitjax import mesh as mesh_lib
 from vitjax import tasks
 from vitjax.errors import ConfigError, Diverged, Preempted
 from vitjax.mesh import agree, to_global
-from vitjax.tasks.base import EvaluationInterrupted, ema_metric
+from vitjax.tasks.base import EvaluationInterrupted
 from vitjax.train import checkpoints as ckpt_lib
-from vitjax.train import durations, optim
+from vitjax.train import durations, evaluators, optim
 from vitjax.train import state as state_lib
 from vitjax.train import workdir as workdir_lib
 from vitjax.train.preemption import StopRequest
@@ -154,7 +154,8 @@ def _checked_train(config, workdir, allow_config_change, stop) -> dict:
       return _best_result(config, ckpts)
     if stop.requested():
       raise Preempted(f"{stop.name} before the first step: nothing new to checkpoint; rerun the same command")
-    run = _Run(config, workdir, task, data, exp, plan, ckpts, lock, stop)
+    evals = evaluators.plan(config, plan.eval_every, data.steps_per_epoch, data.examples_per_step)
+    run = _Run(config, workdir, task, data, exp, plan, evals, ckpts, lock, stop)
     return _train(run, state, start, data_state, changes)
   except Preempted as e:
     logging.info("%s", e)
@@ -191,6 +192,7 @@ class _Run:
   data: tasks.TrainInput
   exp: state_lib.Experiment
   plan: durations.Durations
+  evals: tuple[evaluators.Eval, ...]
   ckpts: ckpt_lib.Checkpoints
   lock: workdir_lib.Lock
   stop: StopRequest
@@ -215,7 +217,8 @@ def _train(run: _Run, state, start: int, data_state, changes: dict) -> dict:
     with jax.set_mesh(exp.mesh):
       if start and start % plan.eval_every == 0 and ckpts.metrics(start) is None:
         logging.info("step %d was saved without its evaluation (interrupted): evaluating it now", start)
-        evaluations.run(start, state, data_state, resave=True)
+        primary = tuple(e for e in run.evals if e.name in (evaluators.PRIMARY, evaluators.PRIMARY_EMA))
+        evaluations.run(start, state, data_state, primary, resave=True)
       _steps(run, train_step, state, start, reporter, evaluations, deadline)
   finally:
     reporter.close()
@@ -287,7 +290,8 @@ def _steps(run: _Run, train_step, state, start: int, reporter: Reporter, evaluat
       if out_of_time:
         logging.info("max_train_minutes=%g reached at step %d: evaluating and stopping", config.max_train_minutes, step)
         total = reporter.total = step  # this step is the last: evaluate and checkpoint below
-      evaluating = step % plan.eval_every == 0 or step == total
+      due = tuple(e for e in run.evals if e.due(step, total))
+      evaluating = bool(due)
       saving = evaluating or step % plan.checkpoint_every == 0
       if saving or stopping:
         guard.check_now(step, metrics)  # never save past a non-finite step unnoticed
@@ -298,7 +302,7 @@ def _steps(run: _Run, train_step, state, start: int, reporter: Reporter, evaluat
         ckpts.save(step, state, data_state)
         raise Preempted(_preempted(stop, step, ckpts))
       if evaluating:
-        evaluations.run(step, state, data_state)
+        evaluations.run(step, state, data_state, due)
       elif saving:
         ckpts.save(step, state, data_state)
       if out_of_time:
@@ -321,48 +325,62 @@ class _Evaluations:
     self.run_.lock.touch()
     return self.run_.stop.requested()
 
-  def _metrics(self, step: int, state) -> dict:
+  def _metrics(self, step: int, state, due) -> dict:
     run = self.run_
-    split, limit = run.config.data.eval_split, run.config.data.get("eval_examples")
-    sharding, stop = run.exp.batch_sharding, self._interrupted
-    metrics = run.task.evaluate(run.exp.model, _variables(state), split, sharding, limit, stop=stop, step=step)
-    ema = optim.ema_params(state.opt_state)
-    if ema is not None:  # config.ema_decay: the average too, as eval_ema/...
-      averaged = run.task.evaluate(
-        run.exp.model, {"params": ema, **state.model_state}, split, sharding, limit, stop=stop
-      )
-      metrics.update({ema_metric(k): v for k, v in averaged.items() if k != "eval/examples"})
+    limit = run.config.data.get("eval_examples")
+    metrics = {}
+    for e in due:
+      metrics.update(e.run(run.task, run.exp, state, limit, self._interrupted, step))
     return metrics
 
-  def run(self, step: int, state, data_state, resave: bool = False) -> None:
-    """An interrupted evaluation saves the step without metrics (it runs again on resume) and raises Preempted."""
+  def run(self, step: int, state, data_state, due, resave: bool = False) -> None:
+    """Runs the evaluations `due` at `step` and saves the step: with the metrics, a candidate for best, when the
+    primary evaluation is among them. An interrupted evaluation saves the step without metrics (it runs again on
+    resume) and raises Preempted."""
     config, ckpts = self.run_.config, self.run_.ckpts
     try:
-      metrics = self._metrics(step, state)
+      metrics = self._metrics(step, state, due)
     except EvaluationInterrupted:
       if not resave:
         ckpts.save(step, state, data_state)
       raise Preempted(_preempted(self.run_.stop, step, ckpts)) from None
+    primary = due[0].name == evaluators.PRIMARY
     if not _finite(metrics):
       logging.warning("step %d: the evaluation is not finite (%s): not a candidate for best", step, metrics)
     if resave:  # the step is saved already, without metrics: save it again with them
       ckpts.wait()
       ckpts.manager.delete(step)
-    ckpts.save(step, state, data_state, metrics=metrics)
+    ckpts.save(step, state, data_state, metrics=metrics if primary else None)
     if resave:
       ckpts.wait()
+    self.reporter.write(step, metrics)
+    if primary:
+      self.reporter.evaluation(step, config.data.eval_split, _group(metrics, evaluators.PRIMARY), self._note(metrics))
+    for e in due:
+      if e.name not in (evaluators.PRIMARY, evaluators.PRIMARY_EMA):  # those two share the line above
+        self.reporter.evaluation(step, f"{e.name} ({e.split})", _group(metrics, e.name, rename=True))
+
+  def _note(self, metrics: dict) -> str:
+    config = self.run_.config
     value = metrics.get(config.best_metric)
     name = config.best_metric.removeprefix("eval/").replace("eval_ema/", "ema ", 1)
-    note = ""
     if (
       value is not None
       and value == value
       and (self.best_value is None or self.sign * value > self.sign * self.best_value)
     ):
-      self.best_value, note = value, f" | best {name} so far"
-    elif value is not None and value == self.best_value:  # orbax keeps the later of equal steps as best
-      note = f" | ties the best {name}: this later step becomes best"
-    self.reporter.evaluation(step, config.data.eval_split, metrics, note)
+      self.best_value = value
+      return f" | best {name} so far"
+    if value is not None and value == self.best_value:  # orbax keeps the later of equal steps as best
+      return f" | ties the best {name}: this later step becomes best"
+    return ""
+
+
+def _group(metrics: dict, name: str, rename: bool = False) -> dict:
+  """The primary evaluation's metrics (eval/ and eval_ema/), or another's (name/...) named as eval/... for the log."""
+  if not rename:
+    return {k: v for k, v in metrics.items() if k.startswith(("eval/", "eval_ema/"))}
+  return {k.replace(f"{name}/", "eval/", 1): v for k, v in metrics.items() if k.startswith(f"{name}/")}
 
 
 def _best_result(config, ckpts) -> dict:

@@ -35,6 +35,7 @@ from vitjax.mesh import all_agree
 BOOKKEEPING = (
   "log_every",
   "eval_every",
+  "evals",
   "checkpoint_every",
   "keep_checkpoints",
   "max_train_minutes",

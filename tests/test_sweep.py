@@ -242,13 +242,14 @@ def test_poor_trial_is_pruned(tmp_path, run_args):
   """The median pruner stops a trial whose evaluation is below the median of earlier trials at the same step:
   three finished trials are put in the study first, the fourth (a learning rate too small to learn) runs."""
   from vitjax.sweep import runner
+  from vitjax.sweep import study as study_lib
 
   config = _sweep_config(tmp_path, seeds=[0, 1, 2, 3], pruner="median")
   sweep_dir = str(tmp_path / "sweep")
   os.makedirs(sweep_dir)
   s = sweep.load(config, get_config())
   args = [*run_args, *LIGHT, "--config.total_steps=1000"]  # an evaluation every 10 steps: pruned long before the end
-  study, store = runner.open_study(f"sqlite:///{sweep_dir}/study.db", runner.study_name(config, args), s, 4)
+  study, store = study_lib.open_study(f"sqlite:///{sweep_dir}/study.db", study_lib.study_name(config, args), s, 4)
   run = runner.Runner(s, study, store, sweep_dir, [], [("cpu", [0])], 4, heartbeat=None, grace=None)
   for _ in range(3):
     trial = run._claim()
@@ -347,16 +348,17 @@ def test_stale_heartbeat_is_retried(tmp_path):
   """A RUNNING trial whose worker stopped sending heartbeats (another machine, gone) is failed and queued again
   in the same slot, with its parameters and reported evaluations, by whichever worker notices."""
   from vitjax.sweep import runner
+  from vitjax.sweep import study as study_lib
 
   s = sweep.load(_sweep_config(tmp_path, [1e-3, 2e-3]), get_config())
   url = f"sqlite:///{tmp_path / 'study.db'}"
-  study, store = runner.open_study(url, "stale", s, s.size, heartbeat=1, grace=2)
+  study, store = study_lib.open_study(url, "stale", s, s.size, heartbeat=1, grace=2)
   run = runner.Runner(s, study, store, str(tmp_path), [], [("cpu", [0])], s.size, heartbeat=1, grace=2)
   trial = run._claim()
-  assert trial is not None and runner.slot(trial) == 0
+  assert trial is not None and study_lib.slot(trial) == 0
   trial.suggest_categorical("optim.lr", [1e-3, 2e-3])  # what _suggest does with the slot's fixed point
   trial.report(0.5, 10)
-  store.set_trial_system_attr(trial._trial_id, runner.OWNER, {"host": "another-machine", "pid": 1})
+  store.set_trial_system_attr(trial._trial_id, study_lib.OWNER, {"host": "another-machine", "pid": 1})
   run._recover()
   assert study.get_trials()[0].state.name == "RUNNING"  # its heartbeat is fresh
   time.sleep(3.5)
@@ -364,27 +366,27 @@ def test_stale_heartbeat_is_retried(tmp_path):
   trials = study.get_trials()
   assert [t.state.name for t in trials] == ["FAIL", "WAITING", "WAITING"]
   retry = trials[2]
-  assert runner.slot(retry) == 0 and retry.params == s.point(0) and retry.intermediate_values == {10: 0.5}
+  assert study_lib.slot(retry) == 0 and retry.params == s.point(0) and retry.intermediate_values == {10: 0.5}
   assert run._claim()._trial_id == retry._trial_id  # the retry is claimed first (same slot, same directory)
 
 
 def test_changed_sweep_and_max_trials(tmp_path):
   """A study holds its sweep's slots: --max_trials caps them (a rerun with a larger cap adds the missing ones,
   never more), and a changed get_sweep() on the same study is one error line."""
-  from vitjax.sweep import runner
+  from vitjax.sweep import study as study_lib
 
   url = f"sqlite:///{tmp_path / 'study.db'}"
   s = sweep.load(_sweep_config(tmp_path, [1e-3, 2e-3, 3e-3]), get_config())
-  study, _ = runner.open_study(url, "capped", s, 2)
-  assert sorted(runner.slot(t) for t in study.get_trials()) == [0, 1]
+  study, _ = study_lib.open_study(url, "capped", s, 2)
+  assert sorted(study_lib.slot(t) for t in study.get_trials()) == [0, 1]
   for _ in range(2):  # a rerun with the whole sweep adds the third, once
-    study, _ = runner.open_study(url, "capped", s, 3)
-  assert sorted(runner.slot(t) for t in study.get_trials()) == [0, 1, 2]
+    study, _ = study_lib.open_study(url, "capped", s, 3)
+  assert sorted(study_lib.slot(t) for t in study.get_trials()) == [0, 1, 2]
   points = [t.system_attrs["fixed_params"] for t in study.get_trials()]
   assert points == [s.point(i) for i in range(3)] and sorted(p["optim.lr"] for p in points) == [1e-3, 2e-3, 3e-3]
   changed = sweep.load(_sweep_config(tmp_path, [1e-3, 5e-3]), get_config())
   with pytest.raises(ConfigError, match="made by a different get_sweep"):
-    runner.open_study(url, "capped", changed, 2)
+    study_lib.open_study(url, "capped", changed, 2)
 
 
 def test_a_capped_grid_takes_points_spread_over_it(tmp_path):
@@ -392,11 +394,12 @@ def test_a_capped_grid_takes_points_spread_over_it(tmp_path):
   order, the same on every opener, so the 3 trials do not all share the first learning rate (in the grid's own
   order they did); the report names the points that did not run. A study made before the shuffle (no grid_order
   in its record) keeps the grid's order."""
-  from vitjax.sweep import report, runner
+  from vitjax.sweep import report
+  from vitjax.sweep import study as study_lib
 
   config = os.path.join(th.ROOT, "configs", "vit_digits.py")
   s = sweep.load(config, _vit_digits_config())
-  study, _ = runner.open_study(f"sqlite:///{tmp_path / 'a.db'}", "capped", s, 3)
+  study, _ = study_lib.open_study(f"sqlite:///{tmp_path / 'a.db'}", "capped", s, 3)
   points = [t.system_attrs["fixed_params"] for t in study.get_trials()]
   assert points == [s.grid[i] for i in (9, 2, 7)], points  # numpy's PCG64 permutation of 12, seed 0
   assert len({p["optim.lr"] for p in points}) > 1 and study.user_attrs["sweep"]["grid_order"] == "shuffled, seed 0"
@@ -408,12 +411,12 @@ def test_a_capped_grid_takes_points_spread_over_it(tmp_path):
   assert "shuffled, seed 0; not tried: " in line
   assert line.count(";") == 9 and "optim.lr=0.001, optim.weight_decay=0.05, model.depth=2" in line
   legacy_url = f"sqlite:///{tmp_path / 'b.db'}"
-  old, _ = runner.open_study(legacy_url, "old", s, 1)
+  old, _ = study_lib.open_study(legacy_url, "old", s, 1)
   old.set_user_attr("sweep", {k: v for k, v in old.user_attrs["sweep"].items() if k != "grid_order"})
   for t in old.get_trials():
     old._storage.set_trial_system_attr(t._trial_id, "fixed_params", s.grid[0])  # as the old code queued slot 0
   legacy = sweep.load(config, _vit_digits_config())
-  old, _ = runner.open_study(legacy_url, "old", legacy, 3)
+  old, _ = study_lib.open_study(legacy_url, "old", legacy, 3)
   assert [t.system_attrs["fixed_params"] for t in old.get_trials()] == s.grid[:3]
 
 

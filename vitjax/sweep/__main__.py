@@ -111,12 +111,12 @@ def _check_flags(sweep, overrides: list[str]) -> None:
 def _open_study(url: str, name: str, sweep, target: int, sweep_dir: str):
   """(study, store) of the sweep, creating sweep_dir; bad input leaves nothing behind (only what this process
   made)."""
-  from vitjax.sweep import runner
+  from vitjax.sweep import study as study_lib
 
   existed = os.path.isdir(sweep_dir)
   os.makedirs(sweep_dir, exist_ok=True)
   try:
-    study, store = runner.open_study(url, name, sweep, target, FLAGS.heartbeat, FLAGS.grace)
+    study, store = study_lib.open_study(url, name, sweep, target, FLAGS.heartbeat, FLAGS.grace)
   except BaseException:
     if not existed and not FLAGS.storage:  # bad input leaves nothing behind (only what this process made)
       for name in ("study.db", "study.db.claim-lock"):
@@ -130,17 +130,19 @@ def _open_study(url: str, name: str, sweep, target: int, sweep_dir: str):
 
 def _requeue(study, target: int) -> None:
   """Queues again the interrupted trials whose worker died before it could, and (--retry_failed) the failed."""
-  from vitjax.sweep import runner
+  from vitjax.sweep import study as study_lib
 
-  for t in runner.latest_attempts(study.get_trials(deepcopy=False)).values():
-    if t.state.name != "FAIL" or runner.slot(t) >= target:
+  for t in study_lib.latest_attempts(study.get_trials(deepcopy=False)).values():
+    if t.state.name != "FAIL" or study_lib.slot(t) >= target:
       continue
     if "error" not in t.user_attrs:  # interrupted, and its worker died before it queued the copy
-      logging.info("trial %d: interrupted and not queued again: queued now", runner.slot(t))
-      runner.requeue(study, t)
+      logging.info("trial %d: interrupted and not queued again: queued now", study_lib.slot(t))
+      study_lib.requeue(study, t)
     elif FLAGS.retry_failed:
-      logging.info("trial %d: queued again (--retry_failed; it failed with: %s)", runner.slot(t), t.user_attrs["error"])
-      runner.requeue(study, t)
+      logging.info(
+        "trial %d: queued again (--retry_failed; it failed with: %s)", study_lib.slot(t), t.user_attrs["error"]
+      )
+      study_lib.requeue(study, t)
 
 
 def _run_workers(run) -> int:
@@ -183,7 +185,8 @@ def _run_workers(run) -> int:
 def _run(argv) -> int:
   from vitjax import sweep as sweep_lib
   from vitjax.errors import ConfigError
-  from vitjax.sweep import report, runner
+  from vitjax.sweep import devices, report, runner
+  from vitjax.sweep import study as study_lib
 
   config_arg = _config_arg(argv)
   if FLAGS.config is None or config_arg is None:
@@ -192,13 +195,13 @@ def _run(argv) -> int:
   overrides = _overrides(argv)
   _check_flags(sweep, overrides)
   target = min(sweep.size, FLAGS.max_trials or sweep.size)
-  groups = runner.device_groups(FLAGS.workers, FLAGS.devices_per_worker)
+  groups = devices.device_groups(FLAGS.workers, FLAGS.devices_per_worker)
   sweep_dir = os.path.abspath(FLAGS.sweep_dir)
   url = FLAGS.storage or f"sqlite:///{os.path.join(sweep_dir, 'study.db')}"
-  name = runner.study_name(config_arg, overrides)
+  name = study_lib.study_name(config_arg, overrides)
   record = {
     "study": name,
-    "storage": runner.masked(url),
+    "storage": study_lib.masked(url),
     "config": config_arg,
     "overrides": overrides,
     "command": shlex.join(["python", "-m", "vitjax.sweep", *argv[1:]]),
@@ -220,10 +223,10 @@ def _run(argv) -> int:
     ", ".join(f"{k} {d.describe()}" for k, d in sweep.dims().items()),
     sweep.direction,
     sweep.objective,
-    runner.masked(url),
+    study_lib.masked(url),
     len(groups),
     "s" if len(groups) > 1 else "",
-    ", ".join(runner.describe_devices(g) for g in groups),
+    ", ".join(devices.describe_devices(g) for g in groups),
   )
   status = _run_workers(run)
   if status:
@@ -235,7 +238,8 @@ def _run(argv) -> int:
 
 def _report(argv) -> int:
   from vitjax.errors import ConfigError
-  from vitjax.sweep import report, runner
+  from vitjax.sweep import report
+  from vitjax.sweep import study as study_lib
 
   sweep_dir = os.path.abspath(FLAGS.sweep_dir)
   path = os.path.join(sweep_dir, "sweep.json")
@@ -247,11 +251,11 @@ def _report(argv) -> int:
   url = FLAGS.storage or record["storage"]
   if "***" in url:
     raise ConfigError(f"the sweep's storage {url} needs its password: give --storage=URL")
-  optuna = runner.optuna_module()
+  optuna = study_lib.optuna_module()
   try:
-    study = optuna.load_study(study_name=record["study"], storage=runner.storage(url))
+    study = optuna.load_study(study_name=record["study"], storage=study_lib.storage(url))
   except KeyError:
-    raise ConfigError(f"no study {record['study']!r} in {runner.masked(url)}: give the sweep's --storage") from None
+    raise ConfigError(f"no study {record['study']!r} in {study_lib.masked(url)}: give the sweep's --storage") from None
   logging.info("%s", report.write(study, sweep_dir, record))
   return 0
 

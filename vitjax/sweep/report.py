@@ -16,7 +16,8 @@ import warnings
 
 from vitjax import sweep as sweep_lib
 from vitjax.logs import fmt_time
-from vitjax.sweep.runner import best_row, eval_rows, latest_attempts, slot
+from vitjax.sweep.metrics import best_row, eval_rows
+from vitjax.sweep.study import latest_attempts, slot
 
 COLUMNS = ["trial", "state", "objective", "best_step", "last_step", "wall_s", "attempts", "overrides", "error"]
 

@@ -33,8 +33,8 @@ from absl import logging
 
 from vitjax import sweep as sweep_lib
 from vitjax.logs import fmt_time
-from vitjax.sweep.devices import child_setup, describe_devices, device_groups, owner_gone, owner_record  # noqa: F401
-from vitjax.sweep.metrics import (  # noqa: F401
+from vitjax.sweep.devices import child_setup, describe_devices, owner_gone, owner_record
+from vitjax.sweep.metrics import (
   MetricsFollower,
   at_step,
   best_row,
@@ -45,21 +45,14 @@ from vitjax.sweep.metrics import (  # noqa: F401
   metric_names,
   metric_rows,
 )
-from vitjax.sweep.study import (  # noqa: F401  (re-exported: runner.open_study, ... as before)
+from vitjax.sweep.study import (
   OWNER,
-  SLOT,
-  difference,
   first_line,
   latest_attempts,
-  make_pruner,
   make_sampler,
-  masked,
-  open_study,
   optuna_module,
   requeue,
   slot,
-  storage,
-  study_name,
 )
 
 EXIT_PREEMPTED, EXIT_USER_ERROR = 75, 2

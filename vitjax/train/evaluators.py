@@ -19,6 +19,7 @@ from collections.abc import Callable
 from vitjax.errors import ConfigError
 from vitjax.tasks.base import ema_metric
 from vitjax.train import durations, optim
+from vitjax.train import state as state_lib
 
 PRIMARY = "eval"
 PRIMARY_EMA = ema_metric(PRIMARY + "/").rstrip("/")  # "eval_ema"
@@ -26,8 +27,7 @@ PRIMARY_EMA = ema_metric(PRIMARY + "/").rstrip("/")  # "eval_ema"
 
 def evaluate_params(task, exp, state, split, limit, stop, step) -> dict:
   """The task's evaluation of the parameters (and model state: BatchNorm statistics)."""
-  variables = {"params": state.params, **state.model_state}
-  return task.evaluate(exp.model, variables, split, exp.batch_sharding, limit, stop=stop, step=step)
+  return task.evaluate(exp.model, state_lib.variables(state), split, exp.batch_sharding, limit, stop=stop, step=step)
 
 
 def evaluate_ema(task, exp, state, split, limit, stop, step) -> dict:

@@ -97,10 +97,6 @@ def _prefetch(data: tasks.TrainInput, task: tasks.Task, sharding, size: int = 2)
     reader.join(timeout=10)
 
 
-def _variables(state) -> dict:
-  return {"params": state.params, **state.model_state}
-
-
 def _finite(metrics: dict) -> bool:
   return all(math.isfinite(v) for v in metrics.values())
 
@@ -476,7 +472,7 @@ def _evaluate_imported(config, workdir: str, split: str, weights: str) -> dict:
   exp = state_lib.setup(config, task)
   state = state_lib.initial_state(exp)
   with jax.set_mesh(exp.mesh):
-    result = task.evaluate(exp.model, _variables(state), split, exp.batch_sharding)
+    result = task.evaluate(exp.model, state_lib.variables(state), split, exp.batch_sharding)
   row = {"step": 0, "init_from": config.init_from, "split": split, "weights": weights, **result}
   workdir_lib.write_json(workdir, f"eval_{split}_imported.json", row)
   if jax.process_index() == 0:

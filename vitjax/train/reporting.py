@@ -101,11 +101,8 @@ class Reporter:
     parts += [speed] + ([f"ETA {fmt_time(eta)}{budget}"] if rate == rate else [])
     logging.info(" | ".join(parts))
 
-  def evaluation(self, step: int, split: str, metrics: dict, note: str = "", write: bool = False) -> None:
-    """Logs an evaluation's metrics in one line (and writes them with write=True; the loop writes a step's
-    evaluations once, together)."""
-    if write:
-      self.write(step, metrics)
+  def evaluation(self, step: int, split: str, metrics: dict, note: str = "") -> None:
+    """Logs an evaluation's metrics in one line (the loop writes a step's evaluations once, together)."""
     logging.info("step %d | %s%s", step, format_evaluation(split, metrics), note)
 
   def close(self) -> None:

@@ -131,5 +131,10 @@ def initial_state(exp: Experiment) -> TrainState:
   return state
 
 
+def variables(state: TrainState) -> dict:
+  """What model.apply takes: the parameters and the other collections (BatchNorm statistics)."""
+  return {"params": state.params, **state.model_state}
+
+
 def num_params(state: TrainState) -> int:
   return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))

@@ -89,3 +89,40 @@ def test_tp_splits_scanned_blocks_like_unscanned_ones():
     if "tensor" in spec:
       assert scanned[name] == (None, *spec), name
   assert sum("tensor" in s for s in scanned.values()) == 10  # q/k/v kernels and biases, out, fc1 kernel and bias, fc2
+
+
+def test_layout_resolves_config_mesh_and_names_the_fix():
+  import ml_collections as mlc
+  import pytest
+
+  from vitjax import mesh as mesh_lib
+  from vitjax.errors import ConfigError
+
+  assert mesh_lib.mesh_sizes((("data", -1), ("tensor", 2)), num_devices=8) == {"data": 4, "fsdp": 1, "tensor": 2}
+  assert mesh_lib.mesh_sizes((("fsdp", 2), ("data", -1)), num_devices=8) == {"data": 4, "fsdp": 2, "tensor": 1}
+  layout = mesh_lib.Layout.of(mlc.ConfigDict({}))  # no config.mesh: every device on data
+  assert (layout.data, layout.fsdp, layout.tensor, layout.batch_shards) == (1, 1, 1, 1)
+  assert dict(layout.mesh().shape) == {"data": 1, "fsdp": 1, "tensor": 1}
+  for bad, says in (
+    ((("tensor", 2),), "uses 2 devices"),
+    ((("pipe", -1),), "unknown axis"),
+    ((("data", 0),), "at least 1"),
+  ):
+    with pytest.raises(ConfigError, match=says):
+      mesh_lib.Layout.of(mlc.ConfigDict({"mesh": bad}))
+
+
+def test_a_run_resolves_config_mesh_once(data_dir, tmp_path, monkeypatch):
+  """The trainer resolves config.mesh into one Layout that the task and setup() share (it was parsed five times)."""
+  from vitjax import mesh as mesh_lib
+  from vitjax import train
+  from vitjax.config import load_module
+
+  calls, of = [], mesh_lib.Layout.of.__func__
+  monkeypatch.setattr(mesh_lib.Layout, "of", classmethod(lambda cls, c: calls.append(1) or of(cls, c)))
+  config = load_module(th.CONFIG).get_config()
+  config.model.update(width=16, depth=1, num_heads=2, mlp_dim=32)
+  config.update(batch_size=32, total_steps=2, log_every=1, eval_every=2, checkpoint_every=2)
+  config.data.update(eval_batch_size=64, data_dir=data_dir)
+  assert train.train(config, str(tmp_path / "wd"))["step"] == 2
+  assert len(calls) == 1

@@ -25,6 +25,7 @@ other parameter shares its shape). Nothing here knows which task runs.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -77,29 +78,38 @@ def mesh_sizes(mesh=DEFAULT, num_devices: int | None = None) -> dict[str, int]:
   return {a: sizes.get(a, 1) for a in AXES}
 
 
-def check_mesh(mesh) -> dict[str, int]:
-  """mesh_sizes, and (on several processes) a tensor axis that stays inside each process."""
-  sizes = mesh_sizes(mesh)
-  local = jax.local_device_count()
-  if jax.process_count() > 1 and local % sizes["tensor"]:
-    raise ConfigError(
-      f"config.mesh: tensor={sizes['tensor']} does not divide the {local} devices of each process; tensor "
-      "parallelism stays inside a host (give tensor a size that divides the devices per host)"
-    )
-  return sizes
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """config.mesh resolved once, over this run's devices: the size of each axis. The trainer builds it before
+  anything else and hands it down (the task splits its batches by it, setup() builds the Mesh from it)."""
 
+  data: int = 1
+  fsdp: int = 1
+  tensor: int = 1
 
-def batch_shards(mesh=DEFAULT) -> int:
-  """How many ways the global batch is split: data x fsdp."""
-  sizes = mesh_sizes(mesh)
-  return sizes["data"] * sizes["fsdp"]
+  @classmethod
+  def of(cls, config) -> Layout:
+    """The layout of config.mesh (DEFAULT if the config has none); ConfigError if it does not fit the devices,
+    or (on several processes) if the tensor axis would leave a process."""
+    layout = cls(**mesh_sizes(config.get("mesh", DEFAULT)))
+    local = jax.local_device_count()
+    if jax.process_count() > 1 and local % layout.tensor:
+      raise ConfigError(
+        f"config.mesh: tensor={layout.tensor} does not divide the {local} devices of each process; tensor "
+        "parallelism stays inside a host (give tensor a size that divides the devices per host)"
+      )
+    return layout
 
+  @property
+  def batch_shards(self) -> int:
+    """How many ways the global batch is split: data x fsdp."""
+    return self.data * self.fsdp
 
-def make_mesh(mesh=DEFAULT) -> Mesh:
-  """The named Mesh of config.mesh over all devices of all processes (see the module docstring)."""
-  sizes = check_mesh(mesh)
-  # Auto axes: XLA propagates shardings from the inputs' and parameters' (jax's newer default is Explicit).
-  return jax.make_mesh(tuple(sizes[a] for a in AXES), AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(AXES))
+  def mesh(self) -> Mesh:
+    """The named Mesh over all devices of all processes (see the module docstring)."""
+    # Auto axes: XLA propagates shardings from the inputs' and parameters' (jax's newer default is Explicit).
+    auto = (jax.sharding.AxisType.Auto,) * len(AXES)
+    return jax.make_mesh((self.data, self.fsdp, self.tensor), AXES, axis_types=auto)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

@@ -7,6 +7,7 @@ evaluation and what prediction needs; the trainer knows the mesh, the optimizer,
 
 from __future__ import annotations
 
+from vitjax import mesh as mesh_lib
 from vitjax.errors import ConfigError
 from vitjax.tasks.base import Task, TrainInput, check_batch, cross_entropy
 from vitjax.tasks.classification import ImageClassification
@@ -16,12 +17,13 @@ from vitjax.tasks.translation import Translation
 TASKS = {"classification": ImageClassification, "translation": Translation, "mae": MaskedImageModeling}
 
 
-def get(config, workdir: str, described: dict | None = None) -> Task:
-  """The task named by config.task. described: a trained run's WORKDIR/task.json (prediction without data)."""
+def get(config, workdir: str, described: dict | None = None, layout: mesh_lib.Layout | None = None) -> Task:
+  """The task named by config.task. described: a trained run's WORKDIR/task.json (prediction without data);
+  layout: config.mesh as the caller resolved it (vitjax.mesh.Layout; None: the task resolves it)."""
   name = config.get("task", "classification")
   if name not in TASKS:
     raise ConfigError(f"unknown task {name!r}; use one of {sorted(TASKS)}")
-  return TASKS[name](config, workdir, described)
+  return TASKS[name](config, workdir, described, layout)
 
 
 __all__ = [

@@ -63,12 +63,15 @@ class TrainInput:
 
 @runtime_checkable
 class Task(Protocol):
-  """What the trainer asks of a task. Built as `Task(config, workdir)`; nothing may be written before check().
+  """What the trainer asks of a task. Built as `Task(config, workdir, described, layout)` (vitjax.tasks.get);
+  nothing may be written before check().
 
   batch_keys: keys of a training batch that go to the devices.
+  layout: the devices' layout (vitjax.mesh.Layout, config.mesh resolved once), which batches must split over.
   """
 
   batch_keys: tuple[str, ...]
+  layout: mesh_lib.Layout
 
   def check(self) -> None:
     """Validates the config against the data and the devices (ConfigError); runs once, before any write."""
@@ -121,9 +124,9 @@ def cross_entropy(logits, labels, num_classes: int, smoothing: float = 0.0):
   return -jnp.sum(targets * jax.nn.log_softmax(logits.astype(jnp.float32)), axis=-1)
 
 
-def check_batch(batch_size: int, what: str = "batch_size", mesh=mesh_lib.DEFAULT, accum: int = 1) -> None:
-  """A global batch (each of `accum` micro-batches) must split evenly over the mesh's batch axes and processes."""
-  shards, procs = mesh_lib.batch_shards(mesh), jax.process_count()
+def check_batch(batch_size: int, what: str, layout: mesh_lib.Layout, accum: int = 1) -> None:
+  """A global batch (each of `accum` micro-batches) must split evenly over the layout's batch axes and processes."""
+  shards, procs = layout.batch_shards, jax.process_count()
   n = shards * accum
   if batch_size < 1:
     raise ConfigError(f"{what}={batch_size} must be positive (e.g. --config.{what}={max(n, 8)})")

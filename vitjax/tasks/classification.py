@@ -30,9 +30,10 @@ class ImageClassification:
 
   batch_keys = ("image", "label")
 
-  def __init__(self, config, workdir: str, described: dict | None = None):
+  def __init__(self, config, workdir: str, described: dict | None = None, layout: mesh_lib.Layout | None = None):
     # described: a trained run's WORKDIR/task.json (vitjax.load): the task then needs no dataset.
     self.config, self.workdir, self._described = config, workdir, described
+    self.layout = layout or mesh_lib.Layout.of(config)
     self._preprocess = None  # preprocess(), built on first use
 
   # -- splits
@@ -91,8 +92,8 @@ class ImageClassification:
   # -- interface
   def check(self):
     c = self.config
-    check_batch(c.batch_size, "batch_size", c.mesh, c.optim.accum_steps)
-    check_batch(c.data.eval_batch_size, "data.eval_batch_size", c.mesh)
+    check_batch(c.batch_size, "batch_size", self.layout, c.optim.accum_steps)
+    check_batch(c.data.eval_batch_size, "data.eval_batch_size", self.layout)
     if not 0 <= c.data.valid_fraction < 1:
       raise ConfigError(f"data.valid_fraction={c.data.valid_fraction} must be in [0, 1)")
     check_best_metric(c, ("eval/accuracy", "eval/top5", "eval/loss"))

@@ -57,8 +57,8 @@ class MaskedImageModeling(ImageClassification):
     c = self.config
     if c.model.get("name") != "mae":
       raise ConfigError(f"task 'mae' trains model 'mae' (a masked autoencoder), not {c.model.get('name')!r}")
-    check_batch(c.batch_size, "batch_size", c.mesh, c.optim.accum_steps)
-    check_batch(c.data.eval_batch_size, "data.eval_batch_size", c.mesh)
+    check_batch(c.batch_size, "batch_size", self.layout, c.optim.accum_steps)
+    check_batch(c.data.eval_batch_size, "data.eval_batch_size", self.layout)
     if not 0 <= c.data.valid_fraction < 1:
       raise ConfigError(f"data.valid_fraction={c.data.valid_fraction} must be in [0, 1)")
     check_best_metric(c, ("eval/loss",))

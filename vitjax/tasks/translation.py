@@ -36,9 +36,10 @@ class Translation:
 
   batch_keys = ("src", "tgt")
 
-  def __init__(self, config, workdir: str, described: dict | None = None):
+  def __init__(self, config, workdir: str, described: dict | None = None, layout: mesh_lib.Layout | None = None):
     del described  # everything prediction needs is config.json and WORKDIR/tokenizer.model
     self.config, self.workdir = config, workdir
+    self.layout = layout or mesh_lib.Layout.of(config)
     self._splits = None
     self._tokenizer = None
 
@@ -113,7 +114,7 @@ class Translation:
   # -- interface
   def check(self):
     c = self.config
-    check_batch(c.data.eval_batch_size, "data.eval_batch_size", c.mesh)
+    check_batch(c.data.eval_batch_size, "data.eval_batch_size", self.layout)
     if c.decode.method not in METHODS:
       raise ConfigError(f"unknown decode.method {c.decode.method!r}; use 'beam', 'greedy' or 'sample'")
     check_best_metric(c, ("eval/bleu", "eval/chrf", "eval/loss"))
@@ -156,7 +157,7 @@ class Translation:
       num_epochs=None,
       process_index=jax.process_index(),
       process_count=jax.process_count(),
-      pad_multiple=mesh_lib.batch_shards(c.mesh) * c.optim.accum_steps,  # empty rows, no weight in the loss
+      pad_multiple=self.layout.batch_shards * c.optim.accum_steps,  # empty rows, no weight in the loss
     )
     return TrainInput(it, len(self.splits["train"]), it.steps_per_epoch, None, f"{d.source} {d.src_lang}-{d.tgt_lang}")
 

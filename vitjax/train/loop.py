@@ -39,7 +39,6 @@ from vitjax.train.step import make_train_step
 def check_config(config) -> None:
   """The trainer's own settings (the task checks its data and batch sizes; setup() the model)."""
   optim.check(config)
-  mesh_lib.check_mesh(config.mesh)
   if config.sharding not in mesh_lib.PRESETS:
     raise ConfigError(f"config.sharding={config.sharding!r}: use one of {', '.join(mesh_lib.PRESETS)}")
   durations.check(config)
@@ -112,7 +111,8 @@ def train(config: mlc.ConfigDict, workdir: str, allow_config_change: bool = Fals
 def _checked_train(config, workdir, allow_config_change, stop) -> dict:
   check_config(config)
   workdir_lib.check_path(workdir)
-  task = tasks.get(config, workdir)
+  layout = mesh_lib.Layout.of(config)  # config.mesh, resolved once: the task and setup() share it
+  task = tasks.get(config, workdir, layout=layout)
   task.check()
   untouched = workdir_lib.Untouched(workdir)
   lock = workdir_lib.Lock(workdir)

@@ -74,9 +74,9 @@ class Experiment:
 def setup(
   config, task: Task, total_steps: int | None = None, steps_per_epoch: int = 1, warmup: int | None = None
 ) -> Experiment:
-  """The Experiment of a config (total_steps and warmup in steps, vitjax.train.durations). Raises ConfigError for
-  a model the config cannot build."""
-  mesh = mesh_lib.make_mesh(config.get("mesh", mesh_lib.DEFAULT))
+  """The Experiment of a config (total_steps and warmup in steps, vitjax.train.durations), on the devices of the
+  task's layout (config.mesh as resolved once). Raises ConfigError for a model the config cannot build."""
+  mesh = task.layout.mesh()
   model = build_model(config, task.model_overrides())
   inputs = task.example_inputs()
   schedule = optim.make_schedule(config, total_steps or 1, steps_per_epoch, warmup)

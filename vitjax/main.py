@@ -4,6 +4,7 @@
     python -m vitjax.main --config=configs/vit_digits.py --workdir=workdirs/vit_digits --config.optim.lr=3e-3
     python -m vitjax.main --config=configs/vit.py:variant=S/16,dataset=fashion_mnist --workdir=...
     python -m vitjax.main --mode=eval --workdir=workdirs/vit_digits [--checkpoint=best|latest|STEP] [--split=test]
+    python -m vitjax.main --mode=probe --workdir=workdirs/vit_digits    # linear probe, few-shot, k-NN (valid, test)
 
 Training resumes from the workdir's latest checkpoint. Without --config, a resume and an evaluation take the config
 saved in the workdir (config.json). In eval mode --checkpoint=best is the kept step with the best validation metric.
@@ -39,9 +40,20 @@ from vitjax import cli
 
 config_flags.DEFINE_config_file("config", None, "experiment config file (configs/*.py), with :args", lock_config=True)
 flags.DEFINE_string("workdir", None, "where checkpoints, metrics and summaries go", required=True)
-flags.DEFINE_enum("mode", "train", ["train", "eval"], "train (resumes if possible) or evaluate a checkpoint")
-flags.DEFINE_string("checkpoint", "best", "eval mode: 'best' (best validation metric), 'latest' or a step number")
-flags.DEFINE_string("split", None, "eval mode: split to evaluate (default: config.data.eval_split)")
+flags.DEFINE_enum(
+  "mode",
+  "train",
+  ["train", "eval", "probe"],
+  "train (resumes if possible), evaluate a checkpoint, or probe its frozen encoder (linear, few-shot, k-NN)",
+)
+flags.DEFINE_string(
+  "checkpoint",
+  "best",
+  "eval/probe: 'best' (best validation metric), 'latest' or a step number; probe also 'init' (the initial weights)",
+)
+flags.DEFINE_string(
+  "split", None, "eval: split to evaluate (default: config.data.eval_split); probe: reported beside valid (test)"
+)
 flags.DEFINE_enum(
   "weights",
   "params",
@@ -102,6 +114,8 @@ def main() -> None:
     config = _config(os.path.abspath(FLAGS.workdir))
     if FLAGS.mode == "train":
       result = train.train(config, FLAGS.workdir, allow_config_change=FLAGS.allow_config_change)
+    elif FLAGS.mode == "probe":
+      result = train.probe(config, FLAGS.workdir, FLAGS.checkpoint, FLAGS.split, FLAGS.weights)
     else:
       result = train.evaluate(config, FLAGS.workdir, FLAGS.checkpoint, FLAGS.split, FLAGS.weights)
   _print_result(result)

@@ -20,6 +20,8 @@ from jax.sharding import NamedSharding
 from vitjax import mesh as mesh_lib
 from vitjax.errors import ConfigError
 
+VALID = "valid"  # the validation split's name: held out of the training split, or the dataset's own
+
 
 class EvaluationInterrupted(Exception):
   """An evaluation stopped between batches because training was asked to stop (vitjax.train.preemption)."""

@@ -20,9 +20,7 @@ from vitjax import mesh as mesh_lib
 from vitjax.data import augment, device_ops
 from vitjax.errors import ConfigError
 from vitjax.logs import Progress
-from vitjax.tasks.base import TrainInput, check_batch, check_best_metric, check_stop, cross_entropy
-
-VALID = "valid"
+from vitjax.tasks.base import VALID, TrainInput, check_batch, check_best_metric, check_stop, cross_entropy
 
 
 class ImageClassification:
@@ -203,6 +201,35 @@ class ImageClassification:
       "eval/examples": float(sums["count"]),
     }
 
+  # -- representations (vitjax.probe)
+  def features(self, model, variables, split, sharding, limit=None, stop=None) -> tuple[np.ndarray, np.ndarray]:
+    """(features float32 [N, D], labels int [N]) of a split's images through the evaluation preprocessing: the
+    model's pooled representation, the input of its head (its intermediates["pre_logits"]), computed under jit
+    over the mesh; every process gets all of them. `limit` caps the examples; `stop()` as in evaluate()."""
+    it, info = self._input(split, False)
+    pre = self.preprocess()
+    progress = Progress(f"features {split}", info.steps_per_epoch, unit="images")
+    feats, labels, count = [], [], 0
+    for batch in it:
+      check_stop(stop)
+      batch = mesh_lib.to_global(batch, sharding, ("image", "label", "mask"))
+      out = _features_step(model, self.representation, variables, batch["image"], pre.mean, pre.std)
+      keep = mesh_lib.gather(batch["mask"]).astype(bool)
+      feats.append(mesh_lib.gather(out)[keep])
+      labels.append(mesh_lib.gather(batch["label"])[keep])
+      count += int(keep.sum())
+      progress.update(len(keep))
+      if limit is not None and count >= limit:
+        break
+    if not feats:
+      raise ConfigError(f"config.data ({self.config.data.name}, split {split!r}): no examples to compute features of")
+    return np.concatenate(feats)[:limit], np.concatenate(labels)[:limit]
+
+  @staticmethod
+  def representation(model, images):
+    """Inside model.apply: the pooled features [B, D] of normalised images [B, H, W, C]."""
+    return model(images, train=False)[1]["pre_logits"]
+
   # -- prediction (vitjax.load)
   def predict(self, model, variables, images, sharding, batch_size: int = 256) -> np.ndarray:
     """uint8 [N, H, W, C] images as the dataset stores them -> class probabilities float32 [N, classes].
@@ -271,6 +298,12 @@ def _rank(logits, labels):
   label)."""
   label_logit = jnp.take_along_axis(logits, labels[:, None].astype(jnp.int32), axis=-1)
   return jnp.sum(logits > label_logit, axis=-1)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 4, 5))
+def _features_step(model, representation, variables, images, mean=None, std=None):
+  out = model.apply(variables, device_ops.to_float(images, mean, std), method=representation)
+  return out.reshape(out.shape[0], -1).astype(jnp.float32)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3, 4))

@@ -75,6 +75,11 @@ class MaskedImageModeling(ImageClassification):
   def describe(self) -> dict:
     return {**super().describe(), "task": "mae"}
 
+  @staticmethod
+  def representation(model, images):
+    """The encoder's pooled features [B, D] of all the patches (no masking): what a probe or fine-tuning sees."""
+    return model.vit(images, train=False)[1]["pre_logits"]
+
   def model_overrides(self) -> dict:
     return {"channels": self.describe()["channels"]}
 

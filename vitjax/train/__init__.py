@@ -6,6 +6,9 @@ One concern per module:
     state.py        the model, its sharded TrainState, setup() -> Experiment, init_from
     step.py         the jit-compiled training step (gradient accumulation included)
     optim.py        optimizer and learning-rate schedule
+    durations.py    cadences and lengths in steps, epochs or examples, resolved once
+    evaluators.py   the evaluations a run makes (config.evals), run by the loop without knowing what they are
+    probing.py      linear probe, few-shot and k-NN of a frozen encoder (--mode=probe, the 'probe' evaluator)
     checkpoints.py  one orbax manager (latest N + best), checksums, fallback to the newest intact step
     workdir.py      config.json and its history, the one-writer lock, metrics.jsonl rows, task.json
     preemption.py   SIGTERM / SIGINT: checkpoint the step in flight, then stop
@@ -19,6 +22,7 @@ from vitjax.errors import ConfigError, Diverged, Preempted
 from vitjax.train.checkpoints import Checkpoints
 from vitjax.train.loop import evaluate, train
 from vitjax.train.optim import decay_mask, make_optimizer, make_schedule
+from vitjax.train.probing import probe
 from vitjax.train.state import Experiment, TrainState, build_model, initial_state, setup
 from vitjax.train.step import make_train_step
 
@@ -36,6 +40,7 @@ __all__ = [
   "make_schedule",
   "make_train_step",
   "Preempted",
+  "probe",
   "setup",
   "train",
 ]

@@ -8,7 +8,9 @@ config.evals adds more, each (name, split, kind, every) as big_vision's evaluato
 
 which evaluates the test split every 5 epochs (and at the end) and logs test/accuracy, test/loss, ... to
 metrics.jsonl and TensorBoard. A kind is a function in KINDS: "task" (the task's evaluation of the parameters),
-"ema" (of their moving average). A new kind is one function here (issue 30: probe, few-shot, k-NN).
+"ema" (of their moving average), "probe" (the frozen representation's linear probe, few-shot and k-NN accuracy,
+vitjax.train.probing: ('probe', 'valid', 'probe', '1 epoch') logs probe/linear, probe/knn, probe/10shot, ...).
+A new kind is one function, here or in its own module, entered in KINDS.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Callable
 
 from vitjax.errors import ConfigError
 from vitjax.tasks.base import ema_metric
-from vitjax.train import durations, optim
+from vitjax.train import durations, optim, probing
 from vitjax.train import state as state_lib
 
 PRIMARY = "eval"
@@ -38,7 +40,7 @@ def evaluate_ema(task, exp, state, split, limit, stop, step) -> dict:
   return {k: v for k, v in metrics.items() if k != "eval/examples"}
 
 
-KINDS: dict[str, Callable[..., dict]] = {"task": evaluate_params, "ema": evaluate_ema}
+KINDS: dict[str, Callable[..., dict]] = {"task": evaluate_params, "ema": evaluate_ema, "probe": probing.evaluate_probe}
 
 
 @dataclasses.dataclass(frozen=True)

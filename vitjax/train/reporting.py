@@ -146,14 +146,27 @@ def format_evaluation(split: str, metrics: dict) -> str:
 
 
 def format_result(row: dict) -> str:
-  """A result (train()'s or evaluate()'s) on one line: 'checkpoint best (step 1600) | test: accuracy 0.9833, ...';
-  imported weights: 'imported weights (init_from=...), no training | test: ...'."""
+  """A result (train()'s, evaluate()'s or probe()'s) on one line: 'checkpoint best (step 1600) | test: accuracy
+  0.9833, ...'; imported weights: 'imported weights (init_from=...), no training | test: ...'; a probe's:
+  'checkpoint best (step 1600) | probe valid: linear ... | probe test: ...'."""
   metrics = {k: v for k, v in row.items() if k.startswith(("eval/", "eval_ema/"))}
   if "init_from" in row:
     what = f"imported weights (init_from={row['init_from']}), no training"
+  elif row["checkpoint"] == "init":
+    what = "initial weights (no training)"
   else:
     what = f"checkpoint {row['checkpoint']} (step {row['step']}{', EMA weights' if row['weights'] == 'ema' else ''})"
+  if "probe" in row:
+    return " | ".join([what, *(format_probe(split, r) for split, r in row["probe"].items())])
   return f"{what} | {format_evaluation(row['split'], metrics)}"
+
+
+def format_probe(split: str, row: dict) -> str:
+  """'probe test: linear 91.20%, knn 89.95%, 1-shot 41.2±3.1%, ...' (few-shot: mean ± deviation over draws)."""
+  shots = sorted(int(k[:-4]) for k in row if k.endswith("shot"))
+  parts = [f"linear {100 * row['linear']:.2f}%", f"knn {100 * row['knn']:.2f}%"]
+  parts += [f"{n}-shot {100 * row[f'{n}shot']:.1f}±{100 * row[f'{n}shot_std']:.1f}%" for n in shots]
+  return f"probe {split}: " + ", ".join(parts)
 
 
 class Profiler:

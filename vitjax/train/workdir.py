@@ -57,6 +57,7 @@ BOOKKEEPING = (
   "data.eval_batch_size",
   "data.eval_examples",
   "decode.",
+  "probe.",
 )
 
 

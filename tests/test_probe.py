@@ -1,0 +1,127 @@
+"""Representation evaluation (vitjax.probe, vitjax.train.probing): the closed-form ridge against a direct solve,
+the weighted k-NN against a loop written from its definition, few-shot draws, and --mode=probe / the 'probe'
+evaluator on the tiny digits run, with its bad input."""
+
+import json
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import train_helpers as th
+
+from vitjax import models, probe
+from vitjax.tasks.classification import ImageClassification
+from vitjax.tasks.mae import MaskedImageModeling
+
+
+def _clusters(n, d=6, classes=3, seed=0, spread=1.0):
+  centres = np.random.default_rng(100).normal(size=(classes, d)) * 3  # the same classes in every sample
+  rng = np.random.default_rng(seed)
+  y = rng.integers(0, classes, n)
+  return centres[y] + spread * rng.normal(size=(n, d)), y
+
+
+@pytest.mark.parametrize("n", [40, 4])  # N >= D (eigh of x^T x) and N < D (of x x^T)
+def test_ridge_is_the_regularised_least_squares_solution(n):
+  x, y = _clusters(n)
+  ridge = probe.Ridge(x, y, 3)
+  xs = (x - x.mean(0)) / (x.std(0) + 1e-6)
+  t = 2.0 * np.eye(3)[y] - 1.0
+  for l2 in (0.1, 10.0):
+    w = np.linalg.solve(xs.T @ xs + l2 * np.eye(x.shape[1]), xs.T @ (t - t.mean(0)))
+    test, _ = _clusters(7, seed=1)
+    want = np.argmax((test - x.mean(0)) / (x.std(0) + 1e-6) @ w + t.mean(0), axis=1)
+    np.testing.assert_array_equal(ridge.predict(test, l2), want)
+
+
+def test_linear_probe_chooses_the_regulariser_on_the_selection_split():
+  fit, select, test = _clusters(300, seed=0), _clusters(100, seed=1), _clusters(100, seed=2)
+  out = probe.linear_probe(fit, select, {"test": test}, 3)
+  ridge = probe.Ridge(*fit, 3)
+  best = max(probe.LINEAR_L2, key=lambda a: (ridge.accuracy(*select, a * 300), -a))
+  assert out["l2"] == best * 300 and out["test"] > 0.9
+  # unlearnable labels: chance, not more
+  noise = (fit[0], np.random.default_rng(5).integers(0, 3, 300))
+  assert probe.linear_probe(noise, select, {"test": test}, 3)["test"] < 0.6
+
+
+def test_knn_votes_with_dino_weights():
+  rng = np.random.default_rng(0)
+  bank, bank_y = rng.normal(size=(50, 4)), rng.integers(0, 3, 50)
+  x, y = rng.normal(size=(9, 4)), rng.integers(0, 3, 9)
+  opts = probe.Options(knn_k=5, knn_temperature=0.1)
+  unit = lambda a: a / np.linalg.norm(a, axis=1, keepdims=True)
+  correct = 0
+  for xi, yi in zip(unit(x), y, strict=True):
+    sims = unit(bank) @ xi
+    votes = np.zeros(3)
+    for j in np.argsort(-sims)[:5]:
+      votes[bank_y[j]] += np.exp(sims[j] / 0.1)
+    correct += votes.argmax() == yi
+  assert probe.knn((bank, bank_y), x, y, 3, opts, chunk=4) == correct / 9
+
+
+def test_few_shot_draws_are_fixed_and_spread():
+  fit, test = _clusters(300, spread=3.0), _clusters(200, seed=3, spread=3.0)
+  opts = probe.Options(shots=(1, 10), draws=4)
+  a, b = probe.few_shot(fit, {"test": test}, 3, opts), probe.few_shot(fit, {"test": test}, 3, opts)
+  assert a == b  # the same draws every time (options.seed), so runs are compared on the same shots
+  assert a[1]["test"][1] > 0  # draws differ
+  assert a[10]["test"][0] > a[1]["test"][0]
+
+
+def test_mae_features_are_its_encoders_over_all_patches():
+  """MAE's representation is the encoder's (no masking), exactly the ViT that fine-tuning would start from."""
+  encoder = dict(name="Ti/2", width=16, depth=1, num_heads=2, mlp_dim=32)
+  mae = models.create("mae", encoder=encoder, decoder_width=8, decoder_depth=1, decoder_heads=2, channels=1)
+  images = jax.random.normal(jax.random.key(1), (3, 8, 8, 1))
+  variables = mae.init(jax.random.key(0), images, jnp.zeros((3, 16)))
+  got = mae.apply(variables, images, method=MaskedImageModeling.representation)
+  vit = models.create("Ti/2", **{k: v for k, v in encoder.items() if k != "name"}, num_classes=None)
+  params = {k: v for k, v in variables["params"].items() if not k.startswith(("decoder", "mask_token"))}
+  want = vit.apply({"params": params}, images, method=ImageClassification.representation)
+  assert got.shape == (3, 16)
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------ command line
+
+
+def test_probe_mode_writes_the_three_evaluations(finished_run, tmp_path):
+  workdir = str(tmp_path / "w")
+  shutil.copytree(finished_run, workdir)
+  proc = th.check_ok(th.run_module("main", "--mode=probe", f"--workdir={workdir}"))
+  assert "probe valid: linear" in proc.stdout and "probe test: linear" in proc.stdout
+  for split in ("valid", "test"):
+    row = json.load(open(os.path.join(workdir, f"probe_{split}.json")))
+    assert row["split"] == split and row["checkpoint"] == "best" and row["step"] == 30
+    for key in ("linear", "knn", "1shot", "5shot", "10shot", "25shot", "10shot_std"):
+      assert 0.0 <= row[key] <= 1.0, key
+    assert row["linear"] > 0.2  # 10 classes: a trained encoder's features beat chance (0.1)
+
+
+def test_probe_evaluator_runs_during_training(run_args, tmp_path):
+  workdir = str(tmp_path / "w")
+  args = [*run_args, "--config.total_steps=10", "--config.evals=(('probe', 'test', 'probe', 5),)"]
+  th.check_ok(th.run_main(workdir, *args, "--config.probe.shots=(1, 2)", "--config.probe.draws=2"))
+  rows = [r for r in th.read_metrics(workdir) if "probe/knn" in r]
+  assert [r["step"] for r in rows] == [5, 10]
+  assert {"probe/linear", "probe/1shot", "probe/2shot_std"} <= set(rows[-1]) and "probe/10shot" not in rows[-1]
+
+
+@pytest.mark.parametrize(
+  "args, says",
+  [
+    (["--split=train"], "the split the probes are fitted on"),
+    (["--checkpoint=best"], "has no checkpoints: train first"),
+  ],
+)
+def test_probe_bad_input_is_one_line_and_leaves_the_workdir(run_args, tmp_path, args, says):
+  workdir = str(tmp_path / "w")
+  proc = th.run_module("main", "--mode=probe", f"--workdir={workdir}", f"--config={th.CONFIG}", *run_args, *args)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert says in th.error_lines(proc) and len(th.error_lines(proc).splitlines()) == 1
+  assert not os.path.exists(workdir)

@@ -1,0 +1,97 @@
+"""A frozen encoder judged as papers judge representations (vitjax.probe: linear probe, few-shot, k-NN), during
+training (the evaluator kind 'probe') and on its own (`python -m vitjax.main --mode=probe`).
+
+    python -m vitjax.main --mode=probe --workdir=W                      # W's best checkpoint
+    python -m vitjax.main --mode=probe --workdir=W --checkpoint=latest --config.data.name=fashion_mnist
+    python -m vitjax.main --mode=probe --workdir=NEW --config=C --config.init_from=hf:...   # imported weights
+    python -m vitjax.main --mode=probe --workdir=NEW --config=C --checkpoint=init           # a random encoder
+
+The features of the training split (the probes' fitting set: the examples training used, without the held-out
+'valid'), of 'valid' (where the linear probe chooses its regulariser) and of the reported split are computed
+once, under jit over the mesh; the probes run on the host (vitjax.probe).
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+from absl import logging
+
+from vitjax import probe as probe_lib
+from vitjax import tasks
+from vitjax.errors import ConfigError
+from vitjax.tasks.base import VALID
+from vitjax.train import checkpoints as ckpt_lib
+from vitjax.train import state as state_lib
+from vitjax.train import workdir as workdir_lib
+from vitjax.train.reporting import format_probe
+
+
+def features(config, task, exp, variables, splits, limit=None, stop=None) -> dict:
+  """{split: (features [N, D], labels [N])} for the training split (capped by config.probe.fit_examples) and each
+  of `splits` (capped by `limit`). ConfigError for a task without image features (translation)."""
+  if not hasattr(task, "features"):
+    raise ConfigError(f"the {config.get('task', 'classification')} task has no image features to probe")
+  fit = config.data.train_split
+  caps = {fit: config.get("probe", {}).get("fit_examples"), **{s: limit for s in splits if s != fit}}
+  with jax.set_mesh(exp.mesh):
+    return {s: task.features(exp.model, variables, s, exp.batch_sharding, cap, stop) for s, cap in caps.items()}
+
+
+def check_split(config, split: str) -> None:
+  if split == config.data.train_split:
+    raise ConfigError(f"probe: {split!r} is the split the probes are fitted on; report on '{VALID}' or 'test'")
+
+
+def run(config, task, feats: dict) -> dict:
+  """vitjax.probe.evaluate of computed features: {split: {"linear", "knn", "{N}shot", "{N}shot_std"}, "linear_l2"}."""
+  num_classes = task.describe()["num_classes"]
+  return probe_lib.evaluate(feats, num_classes, probe_lib.Options.of(config), config.data.train_split, VALID)
+
+
+def evaluate_probe(task, exp, state, split, limit, stop, step) -> dict:
+  """The evaluator kind 'probe' (vitjax.train.evaluators): {"probe/linear", "probe/knn", "probe/10shot", ...}
+  of the parameters' representation on `split`."""
+  del step
+  config = exp.config
+  check_split(config, split)
+  feats = features(config, task, exp, state_lib.variables(state), {VALID, split}, limit, stop)
+  return {f"probe/{k}": v for k, v in run(config, task, feats)[split].items()}
+
+
+def probe(config, workdir: str, checkpoint: str = "best", split: str | None = None, weights: str = "params") -> dict:
+  """--mode=probe: the three evaluations of a checkpoint's (or, with checkpoint='init' or imported weights and no
+  checkpoints, the initial) encoder on 'valid' and `split` (default 'test'). Writes WORKDIR/probe_SPLIT.json for
+  each and logs one line each; returns {"step", "checkpoint", "weights", "probe": {split: row}}."""
+  workdir = os.path.abspath(workdir)
+  split = split or "test"
+  check_split(config, split)
+  task = tasks.get(config, workdir)  # the config's data: the workdir's own, or another dataset
+  exp = state_lib.setup(config, task)
+  if checkpoint == "init" or (not ckpt_lib.has_checkpoints(workdir) and config.get("init_from")):
+    if weights != "params":
+      raise ConfigError("--weights=ema: initial weights have no moving average")
+    workdir_lib.check_path(workdir)
+    step, checkpoint = 0, "init"
+    variables = state_lib.variables(state_lib.initial_state(exp))
+    source = f"init_from={config.init_from}" if config.get("init_from") else f"random init (seed {config.seed})"
+    logging.info("probing the initial weights: %s", source)
+  else:
+    if not ckpt_lib.has_checkpoints(workdir):
+      raise ConfigError(
+        f"{workdir} has no checkpoints: train first, give --config.init_from, or probe the initial (random) "
+        "weights with --checkpoint=init"
+      )
+    with ckpt_lib.Checkpoints(workdir, config.best_metric, config.best_mode, read_only=True) as ckpts:
+      step, params, model_state = ckpts.restore_variables(str(checkpoint), exp.abstract_state, weights)
+    variables = {"params": params, **model_state}
+  result = run(config, task, features(config, task, exp, variables, (VALID, split)))
+  rows = {}
+  for s in dict.fromkeys((VALID, split)):
+    rows[s] = result[s]
+    row = {"step": step, "checkpoint": str(checkpoint), "weights": weights, "split": s, "dataset": config.data.name}
+    row = {**row, **result[s], "linear_l2": result["linear_l2"]}
+    workdir_lib.write_json(workdir, f"probe_{s}.json", row)
+    logging.info("%s", format_probe(s, result[s]))
+  return {"step": step, "checkpoint": str(checkpoint), "weights": weights, "probe": rows}

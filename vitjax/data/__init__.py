@@ -3,13 +3,14 @@
 parallel text for translation (`vitjax.data.text`).
 
 Prepare a dataset with ``python -m vitjax.data.prepare --dataset=NAME --data_dir=DIR`` (or ``from
-vitjax.data.prepare import prepare``), then read it with :func:`make_input`.
+vitjax.data.prepare import prepare``), then read it with :func:`make_input`. NAME may be your own images:
+``folder:PATH`` (``PATH/CLASS/*``) or ``csv:FILE`` (``path,label`` rows); see `vitjax.data.folder`.
 """
 
 from vitjax.data.augment import Augment, parse_augment
 from vitjax.data.builders import BUILDERS, default_data_dir, get_builder, resolve_name
 from vitjax.data.images import DatasetInfo, make_input
-from vitjax.data.splits import holdout_split, open_split, split_info
+from vitjax.data.splits import has_split, holdout_split, open_split, split_info
 from vitjax.errors import DatasetNotPreparedError
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
   "DatasetNotPreparedError",
   "default_data_dir",
   "get_builder",
+  "has_split",
   "holdout_split",
   "make_input",
   "open_split",

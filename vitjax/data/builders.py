@@ -11,8 +11,12 @@ config name        registered tfds name    source
 =================  ======================  =====================================
 ``digits``         ``digits``              ``sklearn.datasets.load_digits()``
 ``fashion_mnist``  ``fashion_mnist_deb``   Debian ``dataset-fashion-mnist`` IDX
+``folder:PATH``    ``image_folder/<cfg>``  ``PATH/CLASS/*`` (vitjax.data.folder)
+``csv:FILE``       ``image_folder/<cfg>``  ``path,label`` rows (vitjax.data.folder)
 anything else      unchanged               stock tfds dataset read from data_dir
 =================  ======================  =====================================
+
+``<cfg>`` is the source's base name and a hash of its absolute path (``folder.Source.config_name``).
 """
 
 from __future__ import annotations
@@ -232,16 +236,24 @@ BUILDERS: dict[str, type[tfds.core.DatasetBuilder]] = {
 def resolve_name(name: str) -> str:
   """Maps a config dataset name to the registered tfds name to read.
 
-  ``'digits' -> 'digits'``, ``'fashion_mnist' -> 'fashion_mnist_deb'``; any
-  other name (``'cifar10'``, ``'imagenet2012'``, ...) is returned unchanged.
+  ``'digits' -> 'digits'``, ``'fashion_mnist' -> 'fashion_mnist_deb'``,
+  ``'folder:PATH' -> 'image_folder/<base name>_<hash>'``; any other name
+  (``'cifar10'``, ``'imagenet2012'``, ...) is returned unchanged.
   """
+  from vitjax.data import folder  # pylint: disable=g-import-not-at-top  # (folder imports this module)
+
+  source = folder.parse(name)
+  if source is not None:
+    return source.tfds_name
   cls = BUILDERS.get(name)
   return cls.name if cls is not None else name
 
 
 def is_local(name: str) -> bool:
-  """True for datasets built by vitjax (``python -m vitjax.data.prepare``)."""
-  return name in BUILDERS or name in {c.name for c in BUILDERS.values()}
+  """True for datasets built by vitjax (``python -m vitjax.data.prepare``): ours and ``folder:``/``csv:``."""
+  from vitjax.data import folder  # pylint: disable=g-import-not-at-top
+
+  return folder.is_source(name) or name in BUILDERS or name in {c.name for c in BUILDERS.values()}
 
 
 def get_builder(
@@ -251,7 +263,14 @@ def get_builder(
   """Returns the array_record builder for a config name (ours or stock tfds).
 
   Stock datasets are looked up with ``tfds.builder``; nothing is downloaded.
+  ``folder:PATH`` and ``csv:FILE`` get their ``folder.ImageFolder`` builder
+  (nothing is read from the source until it is prepared).
   """
+  from vitjax.data import folder  # pylint: disable=g-import-not-at-top
+
+  source = folder.parse(name)
+  if source is not None:
+    return folder.get_builder(source, data_dir)
   for cls in BUILDERS.values():
     if resolve_name(name) == cls.name:
       return cls(data_dir=data_dir, file_format=FILE_FORMAT)

@@ -5,6 +5,13 @@ Usage::
   python -m vitjax.data.prepare --dataset=digits --data_dir=~/tensorflow_datasets
   python -m vitjax.data.prepare --dataset=fashion_mnist --data_dir=DIR \
       [--manual_dir=/usr/share/datasets/fashion-mnist]
+  python -m vitjax.data.prepare --dataset=folder:PATH [--workers=N]   # PATH/CLASS/* or PATH/{train,valid,test}/CLASS/*
+  python -m vitjax.data.prepare --dataset=csv:FILE                    # rows path,label[,split]
+
+Your own images (``folder:``/``csv:``, vitjax.data.folder): a relative PATH is resolved against the current
+directory; files are read by ``--workers`` processes (default: the CPUs this process may use); files that are not
+readable images are skipped and listed in ``skipped.txt`` beside the dataset. Preparing again is a no-op: to take
+changed files, delete the dataset's folder (the log names it) and prepare again.
 
 ``--data_dir`` defaults to ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``.
 Other names are handed to the stock tfds builder (which may download, and
@@ -17,44 +24,56 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shlex
 import time
 
 import tensorflow_datasets as tfds
 from absl import flags, logging
 
 from vitjax import cli
-from vitjax.data import builders
+from vitjax.data import builders, folder
 from vitjax.errors import DatasetNotPreparedError
 
 
 def prepare_command(name: str, data_dir: str | None = None, manual_dir: str | None = None) -> str:
   """The shell command that prepares ``name`` into ``data_dir``."""
-  cmd = f"python -m vitjax.data.prepare --dataset={name}"
+  source = folder.parse(name)
+  name = f"{source.kind}:{source.abspath}" if source is not None else name
+  cmd = f"python -m vitjax.data.prepare --dataset={shlex.quote(name)}"
   cmd += f" --data_dir={data_dir or builders.default_data_dir()}"
   if manual_dir:
     cmd += f" --manual_dir={manual_dir}"
   return cmd
 
 
-def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = None) -> tfds.core.DatasetBuilder:
+def prepare(
+  name: str, data_dir: str | None = None, manual_dir: str | None = None, workers: int | None = None
+) -> tfds.core.DatasetBuilder:
   """Builds dataset ``name`` (config name, see ``builders.resolve_name``).
 
   Args:
-    name: ``'digits'``, ``'fashion_mnist'`` or a stock tfds name.
+    name: ``'digits'``, ``'fashion_mnist'``, ``'folder:PATH'``, ``'csv:FILE'`` or a stock tfds name.
     data_dir: output root; files go to ``data_dir/<tfds name>/<version>/``.
     manual_dir: directory with manually obtained source files; for
       ``fashion_mnist`` defaults to Debian's ``/usr/share/datasets/fashion-mnist``.
+    workers: processes that read a folder's or CSV's images (default: the CPUs this process may use).
 
   Returns:
     The prepared builder (``builder.as_data_source()`` reads it back).
     Preparing an already prepared dataset is a no-op.
+
+  Raises:
+    vitjax.errors.ConfigError: a ``folder:``/``csv:`` source that cannot be a dataset (the message says why).
   """
-  return _prepare(name, data_dir, manual_dir)[0]
+  return _prepare(name, data_dir, manual_dir, workers)[0]
 
 
-def _prepare(name: str, data_dir: str | None, manual_dir: str | None) -> tuple[tfds.core.DatasetBuilder, bool]:
+def _prepare(
+  name: str, data_dir: str | None, manual_dir: str | None, workers: int | None = None
+) -> tuple[tfds.core.DatasetBuilder, bool]:
   """prepare(), and whether the dataset was prepared already."""
   data_dir = os.path.expanduser(data_dir or builders.default_data_dir())
+  source = folder.parse(name)
   if builders.resolve_name(name) == builders.FashionMnistDeb.name:
     manual_dir = manual_dir or builders.DEBIAN_FASHION_MNIST_DIR
     if not builders.fashion_mnist_available(os.path.expanduser(manual_dir)):
@@ -62,19 +81,35 @@ def _prepare(name: str, data_dir: str | None, manual_dir: str | None) -> tuple[t
   builder = builders.get_builder(name, data_dir)
   if os.path.exists(os.path.join(builder.data_dir, "dataset_info.json")):  # is_prepared(), without its warning
     return builder, True
+  if source is not None:  # check the source (one error line for a bad one) before tfds makes any folder
+    builder.scan_result, builder.workers = folder.scan(source), workers
   config = tfds.download.DownloadConfig(manual_dir=os.path.expanduser(manual_dir) if manual_dir else None)
   # tfds prints "Downloading and preparing dataset ..." even when nothing downloads: shown at --verbosity=1
   quiet = logging.get_verbosity() < 1
-  with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
-    builder.download_and_prepare(download_config=config)
+  try:
+    with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
+      builder.download_and_prepare(download_config=config)
+  except Exception:
+    if source is not None:  # the empty folder tfds made for the source's config (tfds removes what it wrote)
+      with contextlib.suppress(OSError):
+        os.rmdir(os.path.dirname(builder.data_dir))
+    raise
+  if source is not None:
+    folder.report(builder)
   return builder, False
 
 
 def define_flags() -> None:
   """The command line's flags (defined by `python -m vitjax.data.prepare` only, not by importing this module)."""
-  flags.DEFINE_string("dataset", None, "'digits', 'fashion_mnist' or a stock tfds name", required=True)
+  flags.DEFINE_string(
+    "dataset",
+    None,
+    "'digits', 'fashion_mnist', 'folder:PATH' (PATH/CLASS/* images), 'csv:FILE' (path,label rows) or a stock tfds name",
+    required=True,
+  )
   flags.DEFINE_string("data_dir", None, "default: $TFDS_DATA_DIR or ~/tensorflow_datasets")
   flags.DEFINE_string("manual_dir", None, "source files (fashion_mnist: Debian dir)")
+  flags.DEFINE_integer("workers", None, "folder:/csv: processes reading the images (default: the CPUs available)")
 
 
 def main() -> None:
@@ -82,15 +117,23 @@ def main() -> None:
   f = flags.FLAGS
   start = time.time()
   try:
-    builder, was_prepared = _prepare(f.dataset, f.data_dir, f.manual_dir)
+    builder, was_prepared = _prepare(f.dataset, f.data_dir, f.manual_dir, f.workers)
   except (FileNotFoundError, tfds.core.DatasetNotFoundError) as e:
     raise DatasetNotPreparedError(str(e).strip().splitlines()[0]) from None
   splits = {k: v.num_examples for k, v in builder.info.splits.items()}
   if was_prepared:
-    logging.info("%s (%s) is already prepared in %s: %s", f.dataset, builder.name, builder.data_dir, splits)
+    again = " (delete that folder to prepare it again from changed files)" if folder.is_source(f.dataset) else ""
+    logging.info(
+      "%s (%s) is already prepared in %s: %s%s", f.dataset, _tfds_name(builder), builder.data_dir, splits, again
+    )
   else:
     took = time.time() - start
-    logging.info("prepared %s (%s) in %s: %s in %.1fs", f.dataset, builder.name, builder.data_dir, splits, took)
+    logging.info("prepared %s (%s) in %s: %s in %.1fs", f.dataset, _tfds_name(builder), builder.data_dir, splits, took)
+
+
+def _tfds_name(builder) -> str:
+  config = builder.builder_config
+  return f"{builder.name}/{config.name}" if config is not None else builder.name
 
 
 if __name__ == "__main__":

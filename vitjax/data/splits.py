@@ -5,6 +5,7 @@ without reading its examples, and hold out a seeded subset of it (how vitjax mak
 from __future__ import annotations
 
 import os
+import shlex
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,15 @@ from vitjax.errors import DatasetNotPreparedError
 
 def not_prepared_message(name: str, data_dir: str, builder=None) -> str:
   """Explains how to prepare ``name`` into ``data_dir`` as array_record."""
+  from vitjax.data import folder  # pylint: disable=g-import-not-at-top
+
+  source = folder.parse(name)
+  if source is not None:  # the absolute path: the command then works from any directory
+    return (
+      f"Dataset '{name}' ({source.abspath}) is not prepared in {data_dir}. Prepare it with:\n  python -m "
+      f"vitjax.data.prepare --dataset={shlex.quote(f'{source.kind}:{source.abspath}')} "
+      f"--data_dir={shlex.quote(data_dir)}"
+    )
   if builders.is_local(name):
     return (
       f"Dataset '{name}' is not prepared in {data_dir}. Prepare it "
@@ -53,13 +63,29 @@ def open_split(name: str, split: str, data_dir: str | None = None, encoded_image
   """
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
+  builder = prepared_builder(name, data_dir)
+  decoders = None
+  if encoded_images:
+    features = builder.info.features
+    decoders = {k: tfds.decode.SkipDecoding() for k in features if isinstance(features[k], tfds.features.Image)}
+  return builder.as_data_source(split=split, decoders=decoders), builder
+
+
+def prepared_builder(name: str, data_dir: str | None = None):
+  """The tfds builder of a prepared array_record dataset (open_split's checks, without opening a split).
+
+  Raises:
+    DatasetNotPreparedError: nothing prepared there; the message gives the command that prepares it.
+  """
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
   data_dir = os.path.expanduser(data_dir or builders.default_data_dir())
   try:
     builder = builders.get_builder(name, data_dir)
   except tfds.core.DatasetNotFoundError as e:
     raise DatasetNotPreparedError(
       f"Dataset '{name}' is neither a vitjax dataset "
-      f"({sorted(builders.BUILDERS)}) nor a tfds dataset registered or "
+      f"({', '.join(sorted(builders.BUILDERS))}, folder:PATH, csv:FILE) nor a tfds dataset registered or "
       f"prepared in {data_dir}: check the name, or prepare it with `tfds "
       f"build {name} --file_format=array_record --data_dir={data_dir}`."
     ) from e
@@ -71,11 +97,17 @@ def open_split(name: str, split: str, data_dir: str | None = None, encoded_image
       f"Dataset '{name}' in {builder.data_dir} is stored as {file_format}, "
       "not array_record (needed for random access). " + not_prepared_message(name, data_dir, builder)
     )
-  decoders = None
-  if encoded_images:
-    features = builder.info.features
-    decoders = {k: tfds.decode.SkipDecoding() for k in features if isinstance(features[k], tfds.features.Image)}
-  return builder.as_data_source(split=split, decoders=decoders), builder
+  return builder
+
+
+def has_split(name: str, split: str, data_dir: str | None = None) -> bool:
+  """Whether the prepared dataset has a split of this exact name, e.g. ``has_split("folder:PATH", "valid")`` for a
+  folder with its own ``valid/`` (which a task then reads instead of holding out part of ``train``).
+
+  Raises:
+    DatasetNotPreparedError: the dataset is not prepared (the message gives the command that prepares it).
+  """
+  return split in prepared_builder(name, data_dir).info.splits
 
 
 def _supervised_keys(builder) -> tuple[str, str]:

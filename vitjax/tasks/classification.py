@@ -1,8 +1,10 @@
 """Image classification: images -> class, from tfds datasets read with grain (vitjax.data).
 
 Splits: `config.data.train_split` minus a held-out validation part is what trains; `"valid"` is that part
-(`data.valid_fraction` of the training split, drawn by `data.valid_seed`; see vitjax.data.images.holdout_split);
-any other name is a tfds split read as it is ("test", "train[:10%]", ...). Evaluation during training uses
+(`data.valid_fraction` of the training split, drawn by `data.valid_seed`; see vitjax.data.images.holdout_split),
+unless the dataset has a `valid` split of its own (a `folder:PATH` with `PATH/valid/`): then that split is
+`"valid"`, the whole training split trains and `data.valid_fraction` is not used; any other name is a tfds split
+read as it is ("test", "train[:10%]", ...). Evaluation during training uses
 `data.eval_split` ("valid" by default, so `best` is chosen without looking at the test split).
 """
 
@@ -33,8 +35,16 @@ class ImageClassification:
     self.config, self.workdir, self._described = config, workdir, described
     self.layout = layout or mesh_lib.Layout.of(config)
     self._preprocess = None  # preprocess(), built on first use
+    self._own_valid = None  # own_valid(), asked once
 
   # -- splits
+  def own_valid(self) -> bool:
+    """Whether the dataset has a 'valid' split of its own (read as it is, instead of a held-out part)."""
+    if self._own_valid is None:
+      d = self.config.data
+      self._own_valid = data_lib.has_split(d.name, VALID, d.data_dir)
+    return self._own_valid
+
   def _holdout(self):
     d = self.config.data
     n = data_lib.split_info(d.name, d.train_split, d.data_dir)["num_examples"]
@@ -44,7 +54,7 @@ class ImageClassification:
     """make_input for a split name of this task (see the module docstring)."""
     d = self.config.data
     subset = None
-    if split == VALID or (split == d.train_split and d.valid_fraction):
+    if (split == VALID or (split == d.train_split and d.valid_fraction)) and not self.own_valid():
       if not d.valid_fraction:
         raise ConfigError(
           f"no '{VALID}' split: data.valid_fraction is 0; set --config.data.valid_fraction=0.1 or evaluate another "
@@ -113,7 +123,7 @@ class ImageClassification:
 
   def _check_split(self, split: str, what: str) -> None:
     d = self.config.data
-    if split == VALID:
+    if split == VALID and not self.own_valid():
       if not d.valid_fraction:
         raise ConfigError(
           f"{what}='{VALID}' but data.valid_fraction is 0: set --config.data.valid_fraction=0.1 or --config.{what}=test"

@@ -1,0 +1,526 @@
+"""A user's own images as a tfds dataset: ``folder:PATH`` (one folder per class) or ``csv:FILE`` (``path,label``
+rows), prepared as array_record without TensorFlow by ``python -m vitjax.data.prepare --dataset=folder:PATH``.
+
+Sources:
+
+* ``folder:PATH``: ``PATH/CLASS/**/*`` (every non-hidden file under a class folder, at any depth), all in the
+  ``train`` split; or, when PATH holds split folders, ``PATH/train/CLASS/...``, ``PATH/valid/CLASS/...``
+  (``val/`` and ``validation/`` name it too) and ``PATH/test/CLASS/...``: those are the splits. The classes are
+  the sorted class folder names (over all splits).
+* ``csv:FILE``: rows ``path,label`` or ``path,label,split`` (split ``train``, ``valid`` or ``test``; empty means
+  ``train``); paths are relative to the CSV file's folder (or absolute); a first row ``path,label[,split]`` is a
+  header. The classes are the distinct labels, sorted (numerically when every label is an integer).
+
+A relative PATH or FILE (and ``~``) is resolved against the current directory, when preparing and when training:
+``folder:imgs`` names another dataset from another directory (the not-prepared error shows the absolute path).
+
+In tfds every source is one config of the builder ``image_folder``: ``image_folder/<name>_<hash>``, the sanitised
+base name of the source and 8 hex digits of the SHA-256 of ``folder:/absolute/path`` (or ``csv:...``), so two
+sources never share files: they go to ``DATA_DIR/image_folder/<name>_<hash>/1.0.0/``.
+
+Images: the dataset has 3 channels (RGB) whatever the files hold. The pipeline (``augment.decode``) reads JPEG
+with libjpeg-turbo (simplejpeg, at reduced DCT scales) and everything else with PIL, converting to RGB; so JPEGs in
+RGB or grayscale that libjpeg-turbo decodes without a warning, and PNGs in RGB or grayscale (``L``), are stored as
+their own bytes. Anything else is converted once, here, to RGB: EXIF-rotated images (the pipeline ignores EXIF)
+are turned upright, CMYK, palette, alpha (dropped, as PIL's ``convert("RGB")`` drops it, as timm's and
+torchvision's loaders do), 16-bit and 1-bit images and other formats (BMP, GIF's first frame, TIFF, WebP, ...)
+become RGB; converted JPEGs are stored as JPEG (quality 95), everything else as PNG. Sizes may differ: the image
+feature is ``(None, None, 3)`` and the pipeline resizes or crops to ``config.data.image_size``.
+
+Files that are not readable images (not an image, truncated, ...) are skipped: one log line says how many, and
+``skipped.txt`` in the dataset's version folder lists each with the reason. Files are read and checked in
+parallel worker processes (``workers``: default all the CPUs this process may use).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import csv
+import dataclasses
+import hashlib
+import io
+import multiprocessing
+import os
+import re
+import types
+import warnings
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import PIL.Image
+import PIL.ImageOps
+import simplejpeg
+import tensorflow_datasets as tfds
+from absl import logging
+
+from vitjax.data import builders
+from vitjax.errors import ConfigError
+from vitjax.logs import Progress
+
+KINDS = ("folder", "csv")
+BUILDER_NAME = "image_folder"
+SPLITS = ("train", "valid", "test")
+_SPLIT_ALIASES = {"train": "train", "valid": "valid", "val": "valid", "validation": "valid", "test": "test"}
+SKIPPED_FILE = "skipped.txt"
+_CHUNK = 32  # files per task sent to a worker process (at most)
+_ORIENTATION = 0x0112  # EXIF tag
+_KEPT_MODES = ("RGB", "L")
+
+
+# ----------------------------------------------------------------------------
+# Names: folder:PATH / csv:FILE -> the source and its tfds config.
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """A dataset name ``kind:path``: ``kind`` 'folder' or 'csv', ``path`` as given, ``abspath`` resolved."""
+
+  kind: str
+  path: str
+  abspath: str
+
+  @property
+  def name(self) -> str:
+    return f"{self.kind}:{self.path}"
+
+  @property
+  def config_name(self) -> str:
+    """The tfds config name: the sanitised base name and a hash of the absolute path (``flowers_1a2b3c4d``)."""
+    base = os.path.basename(self.abspath.rstrip(os.sep))
+    if self.kind == "csv":
+      base = os.path.splitext(base)[0] + "_csv"
+    base = re.sub(r"[^a-z0-9]+", "_", base.lower()).strip("_")[:40] or "data"
+    digest = hashlib.sha256(f"{self.kind}:{self.abspath}".encode()).hexdigest()[:8]
+    return f"{base}_{digest}"
+
+  @property
+  def tfds_name(self) -> str:
+    return f"{BUILDER_NAME}/{self.config_name}"
+
+
+def is_source(name: str) -> bool:
+  """Whether a config dataset name is ``folder:...`` or ``csv:...``."""
+  return isinstance(name, str) and name.split(":", 1)[0] in KINDS and ":" in name
+
+
+def parse(name: str) -> Source | None:
+  """``folder:PATH`` / ``csv:FILE`` -> Source (PATH resolved against the current directory); None for other names.
+
+  Raises:
+    ConfigError: the name has no path.
+  """
+  if not is_source(name):
+    return None
+  kind, path = name.split(":", 1)
+  if not path.strip():
+    example = "folder:PATH (PATH/CLASS/*.jpg)" if kind == "folder" else "csv:FILE (rows path,label)"
+    raise ConfigError(f"dataset {name!r} names no {'folder' if kind == 'folder' else 'file'}: use {example}")
+  return Source(kind, path, os.path.abspath(os.path.expanduser(path)))
+
+
+# ----------------------------------------------------------------------------
+# Scanning a source: which files, which class, which split.
+
+
+@dataclasses.dataclass
+class Scan:
+  """What a source holds: the class names and, per split, ``(key, file, label)`` rows (key: unique, readable)."""
+
+  class_names: list[str]
+  splits: dict[str, list[tuple[str, str, int]]]
+  ignored: list[str] = dataclasses.field(default_factory=list)  # files outside class folders
+
+  @property
+  def num_files(self) -> int:
+    return sum(len(v) for v in self.splits.values())
+
+
+def _visible(name: str) -> bool:
+  return not name.startswith(".")
+
+
+def _files_under(directory: str) -> list[str]:
+  """Every non-hidden file under directory (any depth, links followed), sorted, as absolute paths."""
+  out = []
+  for root, dirs, files in os.walk(directory, followlinks=True):
+    dirs[:] = sorted(d for d in dirs if _visible(d))
+    out.extend(os.path.join(root, f) for f in sorted(files) if _visible(f))
+  return out
+
+
+def _subdirs(directory: str) -> tuple[list[str], list[str]]:
+  """(sorted visible subfolder names, visible file names) of a folder."""
+  names = sorted(n for n in os.listdir(directory) if _visible(n))
+  dirs = [n for n in names if os.path.isdir(os.path.join(directory, n))]
+  return dirs, [n for n in names if n not in dirs]
+
+
+def scan(source: Source) -> Scan:
+  """Lists a source's images (without reading them).
+
+  Raises:
+    ConfigError: the path does not exist, a folder has no class folders or an empty one, a CSV row has no label
+      or names a file that does not exist, ... (one line that says what to fix).
+  """
+  return _scan_folder(source) if source.kind == "folder" else _scan_csv(source)
+
+
+def _scan_folder(source: Source) -> Scan:
+  root = source.abspath
+  where = f"{source.name} ({root})" if source.path != root else source.name
+  if not os.path.exists(root):
+    raise ConfigError(
+      f"{where}: no such folder (a relative path is resolved against the current directory); give the folder "
+      "that holds one subfolder per class"
+    )
+  if not os.path.isdir(root):
+    hint = f"; for a CSV list of images use --dataset=csv:{source.path}" if root.endswith(".csv") else ""
+    raise ConfigError(f"{where} is a file, not a folder: give the folder that holds one subfolder per class{hint}")
+  dirs, files = _subdirs(root)
+  split_dirs = [d for d in dirs if d.lower() in _SPLIT_ALIASES]
+  if split_dirs:
+    others = [d for d in dirs if d.lower() not in _SPLIT_ALIASES]
+    if others:
+      raise ConfigError(
+        f"{where} mixes split folders ({', '.join(split_dirs)}) with other folders ({', '.join(others[:5])}): "
+        "put every class folder inside train/ (and valid/, test/), or use no split folders at all (a class "
+        "folder cannot be named train, valid, val, validation or test)"
+      )
+    by_split = collections.defaultdict(list)
+    for d in split_dirs:
+      by_split[_SPLIT_ALIASES[d.lower()]].append(d)
+    twice = {s: ds for s, ds in by_split.items() if len(ds) > 1}
+    if twice:
+      s, ds = next(iter(twice.items()))
+      raise ConfigError(f"{where}: folders {', '.join(ds)} all name the {s!r} split: keep one")
+    if "train" not in by_split:
+      raise ConfigError(
+        f"{where} has {', '.join(d + '/' for d in split_dirs)} but no train/: put the training images in train/CLASS/"
+      )
+    layout = {split: os.path.join(root, ds[0]) for split, ds in by_split.items()}
+  else:
+    layout = {"train": root}
+  ignored = [os.path.join(root, f) for f in files] if split_dirs else []  # else: the loop below finds them
+  per_split: dict[str, dict[str, list[str]]] = {}
+  for split, directory in layout.items():
+    classes, loose = _subdirs(directory)
+    ignored += [os.path.join(directory, f) for f in loose]
+    rel = os.path.relpath(directory, root)
+    inside = "" if rel == "." else f" {rel}/"
+    if not classes:
+      raise ConfigError(
+        f"{where}:{inside or ' the folder'} has no class folders: put each class's images in "
+        f"{os.path.join(source.path, '' if rel == '.' else rel, 'CLASS')}/ (one subfolder per class)"
+      )
+    per_split[split] = {}
+    for c in classes:
+      found = _files_under(os.path.join(directory, c))
+      if not found:
+        raise ConfigError(
+          f"{where}: class folder {os.path.join(rel, c) if rel != '.' else c}/ has no files: add its images or "
+          "remove the folder"
+        )
+      per_split[split][c] = found
+  class_names = sorted({c for split in per_split.values() for c in split})
+  index = {c: i for i, c in enumerate(class_names)}
+  splits = {
+    split: [(os.path.relpath(f, root), f, index[c]) for c, found in classes.items() for f in found]
+    for split, classes in per_split.items()
+  }
+  return Scan(class_names, {s: splits[s] for s in SPLITS if s in splits}, ignored)
+
+
+def _label_order(labels) -> list[str]:
+  """Distinct labels, sorted; numerically when all are integers ('2' before '10')."""
+  distinct = set(labels)
+  if all(re.fullmatch(r"[+-]?\d+", x) for x in distinct):
+    return sorted(distinct, key=lambda x: (int(x), x))
+  return sorted(distinct)
+
+
+def _scan_csv(source: Source) -> Scan:
+  path = source.abspath
+  where = f"{source.name} ({path})" if source.path != path else source.name
+  if not os.path.exists(path):
+    raise ConfigError(
+      f"{where}: no such file (a relative path is resolved against the current directory); give a CSV file of "
+      "path,label rows"
+    )
+  if os.path.isdir(path):
+    raise ConfigError(f"{where} is a folder: for class subfolders use --dataset=folder:{source.path}")
+  base = os.path.dirname(path)
+  rows = []
+  try:
+    with open(path, newline="", encoding="utf-8-sig") as f:
+      for lineno, row in enumerate(csv.reader(f), 1):
+        row = [cell.strip() for cell in row]
+        if not any(row):
+          continue
+        if not rows and lineno == 1 and [c.lower() for c in row[:3]] in (["path", "label"], ["path", "label", "split"]):
+          continue  # the header
+        rows.append((lineno, row))
+  except (UnicodeDecodeError, csv.Error) as e:
+    raise ConfigError(f"{where} is not a UTF-8 CSV file of path,label rows: {e}") from None
+  if not rows:
+    raise ConfigError(f"{where} has no rows: write one path,label row per image")
+  items, missing = [], []
+  for lineno, row in rows:
+    if len(row) < 2 or not row[1]:
+      raise ConfigError(f"{where} line {lineno}: {','.join(row)!r} has no label: each row is path,label[,split]")
+    if len(row) > 3 or not row[0]:
+      raise ConfigError(f"{where} line {lineno}: {','.join(row)!r} is not path,label[,split]")
+    split = row[2].lower() if len(row) == 3 and row[2] else "train"
+    if split not in _SPLIT_ALIASES:
+      raise ConfigError(f"{where} line {lineno}: split {row[2]!r} is not train, valid or test (or empty: train)")
+    file = os.path.join(base, os.path.expanduser(row[0]))
+    if not os.path.isfile(file):
+      missing.append((lineno, row[0]))
+      continue
+    items.append((lineno, row[0], file, row[1], _SPLIT_ALIASES[split]))
+  if missing:
+    lineno, name = missing[0]
+    more = f" and {len(missing) - 1} more rows" if len(missing) > 1 else ""
+    raise ConfigError(
+      f"{where} line {lineno}: no such file {name!r}{more} (paths are relative to the CSV file's folder {base}): "
+      "fix the paths or remove those rows"
+    )
+  class_names = _label_order(label for *_, label, _ in items)
+  if any("\n" in c or "\r" in c for c in class_names):
+    raise ConfigError(f"{where}: a label holds a line break: give labels of one line")
+  index = {c: i for i, c in enumerate(class_names)}
+  splits = collections.defaultdict(list)
+  for lineno, name, file, label, split in items:
+    splits[split].append((f"{name}#{lineno}", file, index[label]))
+  if "train" not in splits:
+    raise ConfigError(f"{where} has no train rows: give train (or empty) in the split column of the training images")
+  return Scan(class_names, {s: splits[s] for s in SPLITS if s in splits})
+
+
+# ----------------------------------------------------------------------------
+# Reading one file: its bytes as they are, converted to RGB, or None (skipped).
+
+
+def read_image(path: str) -> tuple[bytes | None, str]:
+  """The bytes to store for an image file, and what was done: ``(data, 'kept')``, ``(data, 'converted: WHY')``,
+  or ``(None, 'WHY it is skipped')`` for a file that is not a readable image."""
+  try:
+    with open(path, "rb") as f:
+      data = f.read()
+  except OSError as e:
+    return None, f"cannot read the file: {e.strerror or e}"
+  if not data:
+    return None, "empty file"
+  try:
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")  # PIL's palette-transparency and decompression-bomb warnings
+      return _storable(data)
+  except PIL.UnidentifiedImageError:
+    return None, "not an image PIL knows"
+  except Exception as e:  # pylint: disable=broad-except  # PIL raises many kinds on a bad file: each is a skip
+    text = " ".join(str(e).split()) or type(e).__name__
+    return None, text if len(text) < 200 else text[:197] + "..."
+
+
+def _storable(data: bytes) -> tuple[bytes, str]:
+  with PIL.Image.open(io.BytesIO(data)) as pil:
+    fmt, mode = pil.format, pil.mode
+    orientation = pil.getexif().get(_ORIENTATION, 1)
+    upright = orientation not in range(2, 9)  # 2..8: mirrored or rotated
+    is_jpeg = fmt in ("JPEG", "MPO")
+    why = None
+    if is_jpeg and mode in _KEPT_MODES and upright:
+      try:  # decodes every coefficient (at 1/8 scale: a check, not a full decode); a warning is an error
+        simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=1, min_width=1)
+        return data, "kept"
+      except ValueError as e:
+        why = f"libjpeg-turbo: {e}"
+    pil.load()  # a truncated or corrupt file fails here
+    if fmt == "PNG" and mode in _KEPT_MODES and upright:
+      return data, "kept"
+    if why is None:
+      why = f"EXIF orientation {orientation}" if not upright else f"{fmt} {mode}" if mode not in _KEPT_MODES else fmt
+    rgb = _to_rgb(pil, upright)
+  out = io.BytesIO()
+  if is_jpeg:
+    rgb.save(out, format="JPEG", quality=95)
+  else:
+    rgb.save(out, format="PNG", compress_level=3)
+  return out.getvalue(), f"converted: {why}"
+
+
+def _to_rgb(pil: PIL.Image.Image, upright: bool) -> PIL.Image.Image:
+  """An RGB image of a decoded PIL image: turned upright by its EXIF orientation, 16-bit and float levels scaled
+  to 8 bits, alpha dropped."""
+  if not upright:
+    pil = PIL.ImageOps.exif_transpose(pil)
+  if pil.mode.startswith("I") or pil.mode == "F":  # I;16, I;16B, I (32-bit), F: one channel of wide levels
+    levels = np.asarray(pil).astype(np.float64)
+    if pil.mode != "F" and levels.size and levels.max() > 255:
+      levels = levels / 257.0  # 0..65535 -> 0..255
+    pil = PIL.Image.fromarray(np.clip(np.round(levels), 0, 255).astype(np.uint8))
+  return pil if pil.mode == "RGB" else pil.convert("RGB")
+
+
+def _read_chunk(paths: Sequence[str]) -> list[tuple[bytes | None, str]]:
+  return [read_image(p) for p in paths]
+
+
+def default_workers() -> int:
+  """The CPUs this process may run on (``taskset`` counts)."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # not Linux
+    return os.cpu_count() or 1
+
+
+def _map_chunks(chunks: list[list[str]], workers: int) -> Iterator[list[tuple[bytes | None, str]]]:
+  """_read_chunk over chunks, in order; in ``workers`` processes (at most 4 chunks each in flight) when > 1."""
+  if workers <= 1 or len(chunks) < 2:
+    yield from map(_read_chunk, chunks)
+    return
+  methods = multiprocessing.get_all_start_methods()
+  context = multiprocessing.get_context("fork" if "fork" in methods else None)  # fork: nothing to import again
+  with concurrent.futures.ProcessPoolExecutor(min(workers, len(chunks)), mp_context=context) as pool:
+    pending = collections.deque()
+    todo = iter(chunks)
+    for chunk in todo:
+      pending.append(pool.submit(_read_chunk, chunk))
+      if len(pending) >= 4 * workers:
+        break
+    while pending:
+      result = pending.popleft().result()
+      chunk = next(todo, None)
+      if chunk is not None:
+        pending.append(pool.submit(_read_chunk, chunk))
+      yield result
+
+
+# ----------------------------------------------------------------------------
+# The tfds builder.
+
+
+class ImageFolder(builders._LocalBuilder, skip_registration=True):  # pylint: disable=protected-access
+  """Images from a folder of class folders or a CSV list (see vitjax/data/folder.py).
+
+  Features: ``image`` (None, None, 3) stored as JPEG or PNG bytes, ``label`` ClassLabel (the class names). One
+  subclass per source (:func:`builder_class`), whose single config is the source's; ``source`` is the name the
+  user gave (``folder:imgs``), ``scan_result`` what :func:`scan` found (scanned when preparing, if not given).
+  """
+
+  name = BUILDER_NAME
+  VERSION = tfds.core.Version("1.0.0")
+  RELEASE_NOTES = {"1.0.0": "Initial release."}
+
+  def __init__(self, *args, source: Source, scan_result: Scan | None = None, workers: int | None = None, **kwargs):
+    self.source, self.scan_result, self.workers = source, scan_result, workers  # before tfds calls _info()
+    super().__init__(*args, **kwargs)
+    self.counts: collections.Counter = collections.Counter()  # kept / converted (per reason)
+    self.skipped: list[tuple[str, str]] = []  # (path relative to the source, why)
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    names = list(self.scan_result.class_names) if self.scan_result else None
+    return tfds.core.DatasetInfo(
+      builder=self,
+      description=f"Images of {self.source.name} ({self.source.abspath}), prepared by vitjax.data.folder.",
+      features=builders._features((None, None, 3), names=names),  # pylint: disable=protected-access
+      supervised_keys=("image", "label"),
+    )
+
+  def _split_generators(self, dl_manager):
+    del dl_manager  # the files are local
+    if self.scan_result is None:
+      self.scan_result = scan(self.source)
+    label = self.info.features["label"]
+    if label.num_classes is None:
+      label.names = list(self.scan_result.class_names)
+    return {split: self._generate_examples(split, items) for split, items in self.scan_result.splits.items()}
+
+  def _generate_examples(self, split: str, items: list[tuple[str, str, int]]):
+    workers = self.workers or default_workers()
+    size = max(1, min(_CHUNK, len(items) // (4 * workers)))  # small folders: work for every worker too
+    chunks = [items[i : i + size] for i in range(0, len(items), size)]
+    progress = Progress(f"prepare {self.source.name} [{split}]", total=len(chunks), unit="images")
+    stored = 0
+    paths = [[file for _, file, _ in chunk] for chunk in chunks]
+    for chunk, results in zip(chunks, _map_chunks(paths, workers)):
+      for (key, file, label), (data, note) in zip(chunk, results):
+        if data is None:
+          self.skipped.append((os.path.relpath(file, _base(self.source)), note))
+          continue
+        self.counts[note] += 1
+        stored += 1
+        yield key, {"image": data, "label": label}
+      progress.update(items=len(chunk))
+    if not stored:
+      raise ConfigError(
+        f"{self.source.name}: none of the {len(items)} files of the {split!r} split is a readable image (e.g. "
+        f"{self.skipped[-1][0]}: {self.skipped[-1][1]}): give image files (JPEG, PNG, ...)"
+      )
+
+
+def _base(source: Source) -> str:
+  return source.abspath if source.kind == "folder" else os.path.dirname(source.abspath)
+
+
+_CLASSES: dict[str, type[ImageFolder]] = {}  # config name -> class
+
+
+def builder_class(source: Source) -> type[ImageFolder]:
+  """The ImageFolder subclass whose one BuilderConfig is ``source``'s (tfds then reads and writes
+  ``image_folder/<config_name>``); one class per absolute path."""
+  name = source.config_name
+  if name not in _CLASSES:
+    config = tfds.core.BuilderConfig(name=name, description=f"{source.kind}:{source.abspath}")
+
+    def body(ns):
+      ns.update(name=BUILDER_NAME, BUILDER_CONFIGS=[config], __module__=__name__)
+
+    _CLASSES[name] = types.new_class(f"ImageFolder_{name}", (ImageFolder,), {"skip_registration": True}, body)
+  return _CLASSES[name]
+
+
+def get_builder(source: Source, data_dir: str | None = None, **kwargs) -> ImageFolder:
+  """The builder of a source (kwargs: ImageFolder's scan_result, workers)."""
+  cls = builder_class(source)
+  return cls(config=source.config_name, data_dir=data_dir, file_format=builders.FILE_FORMAT, source=source, **kwargs)
+
+
+def report(builder: ImageFolder) -> None:
+  """After preparing: writes ``skipped.txt`` beside the dataset (when files were skipped) and logs one line for
+  the conversions and one for the skipped files."""
+  converted = {k.split(": ", 1)[1]: v for k, v in builder.counts.items() if k.startswith("converted")}
+  if converted:
+    kinds = collections.Counter()
+    for why, n in converted.items():
+      kinds[why.split(":")[0]] += n
+    logging.info(
+      "%s: %d images kept as they are; %d converted to RGB once (%s)",
+      builder.source.name,
+      builder.counts["kept"],
+      sum(converted.values()),
+      ", ".join(f"{n} {why}" for why, n in kinds.most_common(6)),
+    )
+  scanned = builder.scan_result
+  if scanned is not None and scanned.ignored:
+    logging.info(
+      "%s: ignored %d files outside class folders (e.g. %s)",
+      builder.source.name,
+      len(scanned.ignored),
+      os.path.relpath(scanned.ignored[0], _base(builder.source)),
+    )
+  if builder.skipped:
+    path = os.path.join(builder.data_dir, SKIPPED_FILE)
+    with open(path, "w", encoding="utf-8") as f:
+      f.writelines(f"{name}\t{why}\n" for name, why in builder.skipped)
+    total = sum(builder.counts.values()) + len(builder.skipped)
+    first = "; ".join(f"{name}: {why}" for name, why in builder.skipped[:3])
+    logging.warning(
+      "%s: skipped %d of %d files that are not readable images (%s%s); all of them are listed in %s",
+      builder.source.name,
+      len(builder.skipped),
+      total,
+      first,
+      "; ..." if len(builder.skipped) > 3 else "",
+      path,
+    )

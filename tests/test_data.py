@@ -427,7 +427,7 @@ def test_decode_is_pils_pixels_and_a_large_crop_decodes_at_a_reduced_scale(chann
   assert image.shape[:2] == (300, 400) and box == (0, 0, 48, 40)
 
 
-class _JpegToy(builders._LocalBuilder, skip_registration=True):
+class _JpegToy(builders.LocalBuilder, skip_registration=True):
   """12 JPEG photos of 120x160 (two classes), as the stock ImageNet-like tfds datasets store them."""
 
   name = "jpeg_toy"

@@ -8,8 +8,9 @@ vitjax.data.prepare import prepare``), then read it with :func:`make_input`. NAM
 """
 
 from vitjax.data.augment import Augment, parse_augment
-from vitjax.data.builders import BUILDERS, default_data_dir, get_builder, resolve_name
+from vitjax.data.builders import BUILDERS, get_builder, resolve_name
 from vitjax.data.images import DatasetInfo, make_input
+from vitjax.data.local import default_data_dir
 from vitjax.data.splits import has_split, holdout_split, open_split, split_info
 from vitjax.errors import DatasetNotPreparedError
 

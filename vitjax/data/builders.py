@@ -22,16 +22,13 @@ anything else      unchanged               stock tfds dataset read from data_dir
 from __future__ import annotations
 
 import gzip
-import inspect
-import io
 import os
 
 import numpy as np
-import PIL.Image
 import tensorflow_datasets as tfds
-from etils import epath
 
-FILE_FORMAT = "array_record"
+from vitjax.data.local import FILE_FORMAT, LocalBuilder, encode_png, features
+
 DEBIAN_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 
 _FASHION_MNIST_CLASSES = (
@@ -48,48 +45,6 @@ _FASHION_MNIST_CLASSES = (
 )
 
 
-def default_data_dir() -> str:
-  """``$TFDS_DATA_DIR`` if set, else ``~/tensorflow_datasets``."""
-  return os.path.expanduser(os.environ.get("TFDS_DATA_DIR", "~/tensorflow_datasets"))
-
-
-def encode_png(image: np.ndarray) -> bytes:
-  """PNG-encodes a uint8 image of shape [H, W, C] (C in 1, 3, 4) with PIL."""
-  if image.dtype != np.uint8 or image.ndim != 3:
-    raise ValueError(f"Expected uint8 [H, W, C], got {image.dtype} {image.shape}")
-  pil = PIL.Image.fromarray(image[..., 0] if image.shape[-1] == 1 else image)
-  buf = io.BytesIO()
-  pil.save(buf, format="png")
-  return buf.getvalue()
-
-
-def _features(shape: tuple[int, int, int], names=None, num_classes=None):
-  return tfds.features.FeaturesDict(
-    {
-      "image": tfds.features.Image(shape=shape, dtype=np.uint8),
-      "label": tfds.features.ClassLabel(names=names, num_classes=num_classes),
-    }
-  )
-
-
-class _ThisFile:
-  """Descriptor giving a builder's ``code_path`` as the file defining it.
-
-  tfds' default goes through ``importlib_resources`` for packages that are
-  not plain directories (namespace packages, editable installs), a module
-  that is not always installed; the answer is the same.
-  """
-
-  def __get__(self, obj, objtype=None):
-    return epath.Path(inspect.getfile(objtype or type(obj)))
-
-
-class _LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-  """Base of the builders that vitjax prepares itself."""
-
-  code_path = _ThisFile()
-
-
 def digits_split_indices(num_examples: int = 1797, num_test: int = 300, seed: int = 0) -> dict[str, np.ndarray]:
   """Held-out split of ``load_digits``: a seeded plain permutation.
 
@@ -100,7 +55,7 @@ def digits_split_indices(num_examples: int = 1797, num_test: int = 300, seed: in
   return {"test": np.sort(perm[:num_test]), "train": np.sort(perm[num_test:])}
 
 
-class Digits(_LocalBuilder):
+class Digits(LocalBuilder):
   """scikit-learn's 8x8 handwritten digits (1,797 scans) as a tfds dataset.
 
   Features: ``image`` uint8 [8, 8, 1], ``round(v * 255 / 16)`` of the 0..16
@@ -119,7 +74,7 @@ class Digits(_LocalBuilder):
     return tfds.core.DatasetInfo(
       builder=self,
       description=self.__doc__,
-      features=_features((8, 8, 1), num_classes=10),
+      features=features((8, 8, 1), num_classes=10),
       supervised_keys=("image", "label"),
       homepage="https://scikit-learn.org/stable/datasets/toy_dataset.html",
     )
@@ -180,7 +135,7 @@ def fashion_mnist_available(directory: str = DEBIAN_FASHION_MNIST_DIR) -> bool:
   return all(_find_idx(directory, s) for pair in _FASHION_FILES.values() for s in pair)
 
 
-class FashionMnistDeb(_LocalBuilder):
+class FashionMnistDeb(LocalBuilder):
   """Fashion-MNIST (Zalando) read from local IDX files, e.g. Debian's package.
 
   ``manual_dir`` holds ``{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]``;
@@ -201,7 +156,7 @@ class FashionMnistDeb(_LocalBuilder):
     return tfds.core.DatasetInfo(
       builder=self,
       description=self.__doc__,
-      features=_features((28, 28, 1), names=list(_FASHION_MNIST_CLASSES)),
+      features=features((28, 28, 1), names=list(_FASHION_MNIST_CLASSES)),
       supervised_keys=("image", "label"),
       homepage="https://github.com/zalandoresearch/fashion-mnist",
     )

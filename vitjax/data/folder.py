@@ -54,7 +54,7 @@ import simplejpeg
 import tensorflow_datasets as tfds
 from absl import logging
 
-from vitjax.data import builders
+from vitjax.data import local
 from vitjax.errors import ConfigError
 from vitjax.logs import Progress
 
@@ -374,13 +374,29 @@ def default_workers() -> int:
     return os.cpu_count() or 1
 
 
+def _start_method() -> str | None:
+  """fork (nothing to import again), unless JAX's runtime already runs threads in this process (prepare() called
+  from a test or a notebook after a computation): forking those can deadlock, so then forkserver."""
+  methods = multiprocessing.get_all_start_methods()
+  if "fork" not in methods:
+    return None
+  try:
+    from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+
+    started = xla_bridge.backends_are_initialized()
+  except (ImportError, AttributeError):
+    started = True
+  if not started:
+    return "fork"
+  return "forkserver" if "forkserver" in methods else "spawn"
+
+
 def _map_chunks(chunks: list[list[str]], workers: int) -> Iterator[list[tuple[bytes | None, str]]]:
   """_read_chunk over chunks, in order; in ``workers`` processes (at most 4 chunks each in flight) when > 1."""
   if workers <= 1 or len(chunks) < 2:
     yield from map(_read_chunk, chunks)
     return
-  methods = multiprocessing.get_all_start_methods()
-  context = multiprocessing.get_context("fork" if "fork" in methods else None)  # fork: nothing to import again
+  context = multiprocessing.get_context(_start_method())
   with concurrent.futures.ProcessPoolExecutor(min(workers, len(chunks)), mp_context=context) as pool:
     pending = collections.deque()
     todo = iter(chunks)
@@ -400,7 +416,7 @@ def _map_chunks(chunks: list[list[str]], workers: int) -> Iterator[list[tuple[by
 # The tfds builder.
 
 
-class ImageFolder(builders._LocalBuilder, skip_registration=True):  # pylint: disable=protected-access
+class ImageFolder(local.LocalBuilder, skip_registration=True):
   """Images from a folder of class folders or a CSV list (see vitjax/data/folder.py).
 
   Features: ``image`` (None, None, 3) stored as JPEG or PNG bytes, ``label`` ClassLabel (the class names). One
@@ -423,7 +439,7 @@ class ImageFolder(builders._LocalBuilder, skip_registration=True):  # pylint: di
     return tfds.core.DatasetInfo(
       builder=self,
       description=f"Images of {self.source.name} ({self.source.abspath}), prepared by vitjax.data.folder.",
-      features=builders._features((None, None, 3), names=names),  # pylint: disable=protected-access
+      features=local.features((None, None, 3), names=names),
       supervised_keys=("image", "label"),
     )
 
@@ -483,7 +499,7 @@ def builder_class(source: Source) -> type[ImageFolder]:
 def get_builder(source: Source, data_dir: str | None = None, **kwargs) -> ImageFolder:
   """The builder of a source (kwargs: ImageFolder's scan_result, workers)."""
   cls = builder_class(source)
-  return cls(config=source.config_name, data_dir=data_dir, file_format=builders.FILE_FORMAT, source=source, **kwargs)
+  return cls(config=source.config_name, data_dir=data_dir, file_format=local.FILE_FORMAT, source=source, **kwargs)
 
 
 def report(builder: ImageFolder) -> None:

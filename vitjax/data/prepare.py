@@ -31,7 +31,7 @@ import tensorflow_datasets as tfds
 from absl import flags, logging
 
 from vitjax import cli
-from vitjax.data import builders, folder
+from vitjax.data import builders, folder, local
 from vitjax.errors import DatasetNotPreparedError
 
 
@@ -40,7 +40,7 @@ def prepare_command(name: str, data_dir: str | None = None, manual_dir: str | No
   source = folder.parse(name)
   name = f"{source.kind}:{source.abspath}" if source is not None else name
   cmd = f"python -m vitjax.data.prepare --dataset={shlex.quote(name)}"
-  cmd += f" --data_dir={data_dir or builders.default_data_dir()}"
+  cmd += f" --data_dir={data_dir or local.default_data_dir()}"
   if manual_dir:
     cmd += f" --manual_dir={manual_dir}"
   return cmd
@@ -72,7 +72,7 @@ def _prepare(
   name: str, data_dir: str | None, manual_dir: str | None, workers: int | None = None
 ) -> tuple[tfds.core.DatasetBuilder, bool]:
   """prepare(), and whether the dataset was prepared already."""
-  data_dir = os.path.expanduser(data_dir or builders.default_data_dir())
+  data_dir = os.path.expanduser(data_dir or local.default_data_dir())
   source = folder.parse(name)
   if builders.resolve_name(name) == builders.FashionMnistDeb.name:
     manual_dir = manual_dir or builders.DEBIAN_FASHION_MNIST_DIR

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from vitjax.data import builders
+from vitjax.data import builders, local
 from vitjax.errors import DatasetNotPreparedError
 
 
@@ -79,7 +79,7 @@ def prepared_builder(name: str, data_dir: str | None = None):
   """
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
-  data_dir = os.path.expanduser(data_dir or builders.default_data_dir())
+  data_dir = os.path.expanduser(data_dir or local.default_data_dir())
   try:
     builder = builders.get_builder(name, data_dir)
   except tfds.core.DatasetNotFoundError as e:
@@ -92,7 +92,7 @@ def prepared_builder(name: str, data_dir: str | None = None):
   if not builder.is_prepared():
     raise DatasetNotPreparedError(not_prepared_message(name, data_dir, builder))
   file_format = builder.info.file_format
-  if file_format is not None and str(getattr(file_format, "value", file_format)) != builders.FILE_FORMAT:
+  if file_format is not None and str(getattr(file_format, "value", file_format)) != local.FILE_FORMAT:
     raise DatasetNotPreparedError(
       f"Dataset '{name}' in {builder.data_dir} is stored as {file_format}, "
       "not array_record (needed for random access). " + not_prepared_message(name, data_dir, builder)

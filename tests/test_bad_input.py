@@ -60,7 +60,7 @@ def _cases():
   add("config syntax error", "new", ["--config=SYNTAX"], "line 1: SyntaxError")
   add("config argument", "new", ["--config=configs/vit.py:varaint=S/16"], "unknown argument 'varaint'")
   add("train without config", "new", ["--config="], "training needs --config", "has no config.json")
-  add("unknown mode", "new", ["--mode=evaluate"], "--mode", "one of <train|eval>")
+  add("unknown mode", "new", ["--mode=evaluate"], "--mode", "one of <train|eval|probe>")
   add("workdir is a file", "file", [], "is a file, not a directory")
   add("read-only workdir", "readonly", [], "is not writable", "another --workdir")
   # weights to start from

@@ -1,5 +1,6 @@
-"""Weights in and out: timm state dicts (ViT and Swin), Microsoft's Swin `.pth`, the original JAX ViT and
-big_vision `.npz` checkpoints (SigLIP image towers included).
+"""Weights in and out: timm state dicts (ViT and Swin), Microsoft's Swin `.pth`, the `transformers` ViT and Swin,
+the original JAX ViT and big_vision `.npz` checkpoints (SigLIP image towers included), and repositories of the
+Hugging Face hub by name (vitjax.hub: timm's and transformers' layouts).
 
 Importers return `(module, variables)`; `module.apply(variables, images)` then gives the source's logits.
 Images are NHWC for vitjax (timm takes NCHW: transpose (0, 3, 1, 2) to compare). Each importer sets the MLP
@@ -9,7 +10,10 @@ flax's tanh-approximated GELU).
     module, variables = from_timm("vit_base_patch16_224", safetensors.numpy.load_file("model.safetensors"))
     module, variables = from_swin(torch.load("swin_tiny_patch4_window7_224.pth"))   # Microsoft's or timm's
     module, variables = from_vit_npz("ViT-B_16.npz")           # original ViT, big_vision, SigLIP (img tower)
+    module, variables = from_hf(load_file("model.safetensors"), json.load(open("config.json")))  # transformers
+    module, variables, repo = from_hub("hf:google/vit-base-patch16-224")   # by name, through the hub's cache
     params = load_params("timm:vit_base_patch16_224:model.safetensors")   # what config.init_from takes
+    params = load_params("hf:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k")
 
 Exporters take `(module, variables)` back out:
 
@@ -28,12 +32,13 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from vitjax import models
+from vitjax import hub, models
 from vitjax.models import convert_util as u
 from vitjax.models import registry
 
 # Each format's conversions live beside the model family they convert (vitjax/models/vit_timm.py, vit_npz.py,
-# swin_timm.py, swin_msft.py), declared in the family's registration; this module dispatches to them.
+# vit_hf.py, swin_timm.py, swin_msft.py, swin_hf.py), declared in the family's registration; this module
+# dispatches to them.
 check_shapes = u.check_shapes
 detect_layout = u.detect_layout
 
@@ -92,6 +97,72 @@ def from_vit_npz(path_or_mapping, variant: str | None = None, act: str = "gelu_t
   """(module, variables) from an `.npz` of the original JAX ViT release or of big_vision: see
   vitjax.models.vit_npz.read."""
   return registry.family_of(models.ViT).converter("npz").read(path_or_mapping, variant, act)
+
+
+def from_hf(state_dict: Mapping[str, Any], config: Mapping[str, Any]):
+  """(module, variables) of a `transformers` ViT or Swin (ViTForImageClassification, ViTModel,
+  SwinForImageClassification, SwinModel) from its state dict (the hub's model.safetensors, or the model's
+  state_dict()) and its config.json as a dict; see vitjax.models.vit_hf and swin_hf. Options vitjax's models lack
+  are a ValueError naming them; keys the conversion does not use too. Activation: config.json's hidden_act."""
+  state_dict = u.unwrap(state_dict)
+  layout = detect_layout(state_dict)
+  model_type = config.get("model_type")
+  for family in registry.families_with("hf"):
+    converter = family.converter("hf")
+    if layout in converter.READS:
+      if model_type is not None and model_type not in converter.MODEL_TYPES:
+        raise ValueError(
+          f"config.json's model_type is {model_type!r}, but the weights are a transformers {family.name}"
+        )
+      return converter.read(state_dict, layout, dict(config))
+  if layout is None:
+    raise u.unknown_layout(state_dict, f"a transformers {model_type or 'model'}")
+  raise ValueError(f"a transformers model was asked for, but the weights are in the {layout} layout")
+
+
+def from_hub(spec: str):
+  """(module, variables, repo) of a Hugging Face hub repository, 'hf:ORG/NAME[@REVISION]': timm's layout (read by
+  from_timm, with config.json's architecture) or transformers' ViT and Swin (from_hf). repo (vitjax.hub.Repo) says
+  what the repository's config gives: preprocess(), image_size(), class_names(n). Raises ConfigError of one line
+  (vitjax.hub: not cached while offline, another kind of model, ...)."""
+  from vitjax.errors import ConfigError
+
+  repo = hub.open_repo(spec)
+  arch = repo.config.get("architecture", "")
+  if repo.layout == "timm" and not any(f.converter("timm").NAMES.match(arch) for f in registry.families_with("timm")):
+    raise ConfigError(f"{spec}: timm's {arch!r} is not a model vitjax reads (timm's vit_SIZE_patchP_* and swin_*)")
+  path = repo.weights_file()
+  sd = _read_state_dict(spec, path)
+  try:
+    if repo.layout == "timm":
+      module, variables = from_timm(repo.timm_name, sd)
+    else:
+      module, variables = from_hf(sd, {"_name_or_path": repo.repo_id, **repo.config})
+  except (KeyError, ValueError) as e:  # weights of a variant vitjax does not read
+    raise ConfigError(f"{spec}: {str(e).strip(chr(34) + chr(39)).splitlines()[0]}") from None
+  return module, variables, repo
+
+
+def model_config(module) -> dict:
+  """The `config.model` fields that build `module` (a ViT or Swin, e.g. one an importer returned): the family's name
+  that needs the fewest overrides, and those overrides, e.g. {"name": "vit_b16", "layernorm_eps": 1e-12}."""
+  family = registry.family_of(module)
+  fields = sorted(set(family.cls.__dataclass_fields__) - {"parent", "name"})
+  names = list(family.examples)
+  if isinstance(module, models.ViT) and module.patch_hw[0] == module.patch_hw[1]:
+    names = [f"vit_{s}{module.patch_hw[0]}" for s in ("ti", "s", "m", "b", "l", "h")] + names
+  best = None
+  for name in names:
+    base = models.create(name)
+    diff = {f: getattr(module, f) for f in fields if _plain(getattr(module, f)) != _plain(getattr(base, f))}
+    if best is None or len(diff) < len(best[1]):
+      best = (name, diff)
+  return {"name": best[0], **{k: _plain(v) for k, v in best[1].items()}}
+
+
+def _plain(v):
+  """A model attribute as a config holds it (tuples for sequences)."""
+  return tuple(_plain(x) for x in v) if isinstance(v, list | tuple) else v
 
 
 def to_timm(module, variables, image_size) -> tuple[dict[str, np.ndarray], dict]:
@@ -165,28 +236,39 @@ def timm_preprocess(name: str) -> dict | None:
   cfg = get_pretrained_cfg(name)
   if cfg is None:
     return None
-  interpolation = cfg.interpolation if cfg.interpolation in ("bilinear", "bicubic") else "bicubic"
-  return {
-    "mean": tuple(float(m) for m in cfg.mean),
-    "std": tuple(float(s) for s in cfg.std),
-    "crop_fraction": float(cfg.crop_pct),
-    "interpolation": interpolation,
-  }
+  return hub.timm_pretrained_preprocess({k: getattr(cfg, k) for k in ("mean", "std", "crop_pct", "interpolation")})
+
+
+def pretrained_preprocess(source: WeightSource) -> dict | None:
+  """The preprocessing imported weights were trained with, {"mean", "std", "crop_fraction", "interpolation"}
+  (augment.Preprocess's fields): timm's pretrained config for 'timm:NAME:FILE' (timm_preprocess), the hub
+  repository's config for 'hf:...' (timm's pretrained_cfg, or transformers' preprocessor_config.json); None for
+  other sources, or a timm model timm does not know. An hf: repository that cannot be read is a ConfigError."""
+  if source.kind == "timm":
+    return timm_preprocess(source.name)
+  if source.kind == "hf":
+    return hub.open_repo(source.spec).preprocess()
+  return None
 
 
 @dataclasses.dataclass(frozen=True)
 class WeightSource:
-  """config.init_from, parsed once: nothing (""), a vitjax workdir, 'timm:NAME:FILE' or 'npz:[VARIANT:]FILE'."""
+  """config.init_from, parsed once: nothing (""), a vitjax workdir, 'timm:NAME:FILE', 'npz:[VARIANT:]FILE' or
+  'hf:ORG/NAME[@REVISION]' (a Hugging Face hub repository, vitjax.hub)."""
 
-  kind: str  # "none" | "workdir" | "timm" | "npz"
+  kind: str  # "none" | "workdir" | "timm" | "npz" | "hf"
   path: str = ""
-  name: str = ""  # timm's model name, or the npz's ViT variant ("B/16")
+  name: str = ""  # timm's model name, the npz's ViT variant ("B/16"), or the hub repository ("ORG/NAME")
+  revision: str = ""  # hf: the branch, tag or commit after "@" ("": the default branch)
 
   @classmethod
   def parse(cls, spec: str | None) -> WeightSource:
     if not spec:
       return cls("none")
     kind, _, rest = spec.partition(":")
+    if kind == "hf":
+      name, _, revision = rest.partition("@")
+      return cls("hf", "", name, revision)
     if kind not in ("timm", "npz"):
       return cls("workdir", spec)
     name, _, path = rest.partition(":")
@@ -194,46 +276,85 @@ class WeightSource:
 
   @property
   def imported(self) -> bool:
-    """Weights from another codebase (timm, the original ViT / big_vision), not a vitjax run."""
-    return self.kind in ("timm", "npz")
+    """Weights from another codebase (timm, the original ViT / big_vision, the hub), not a vitjax run."""
+    return self.kind in ("timm", "npz", "hf")
+
+  @property
+  def spec(self) -> str:
+    """An hf: source as written: 'hf:ORG/NAME[@REVISION]'."""
+    return f"hf:{self.name}" + (f"@{self.revision}" if self.revision else "")
 
 
 def load_params(spec: str) -> dict:
   """Parameters from 'timm:NAME:FILE' (.safetensors, or .pth/.bin with torch; timm's layout or, for Swin,
-  Microsoft's) or 'npz:FILE' / 'npz:VARIANT:FILE' (the original ViT or big_vision).
+  Microsoft's), 'npz:FILE' / 'npz:VARIANT:FILE' (the original ViT or big_vision) or 'hf:ORG/NAME[@REVISION]' (a
+  Hugging Face hub repository in timm's or transformers' layout, through the hub's cache: from_hub).
 
   (A vitjax workdir as init_from is read by vitjax.train.checkpoints.load_params.) Raises ConfigError naming the
-  problem: a missing or unreadable file, or weights of another model family.
+  problem: a missing or unreadable file, weights of another model family, a hub repository not cached offline.
   """
   from vitjax.errors import ConfigError
 
   source = WeightSource.parse(spec)
   kind, name, path = source.kind, source.name, source.path
   if not source.imported:
-    raise ConfigError(f"init_from={spec!r}: use a vitjax workdir, 'timm:NAME:FILE' or 'npz:FILE'")
+    raise ConfigError(f"init_from={spec!r}: use a vitjax workdir, 'timm:NAME:FILE', 'npz:FILE' or 'hf:ORG/NAME'")
+  if kind == "hf":
+    module, variables, _ = from_hub(spec)
+    fields = ", ".join(f"{k}={v!r}" for k, v in model_config(module).items())
+    logging.info(
+      "init_from %s is %s(%s); config.model with those fields builds the same network (config.model is what trains)",
+      spec,
+      type(module).__name__,
+      fields,
+    )
+    return variables["params"]
   if not os.path.isfile(path):
     form = "'timm:NAME:FILE'" if kind == "timm" else "'npz:FILE' or 'npz:VARIANT:FILE'"
     raise ConfigError(f"init_from={spec!r}: no such file {path!r} (the form is {form})")
-  try:
-    if kind == "npz":
+  if kind == "npz":
+    try:
       return from_vit_npz(path, name or None)[1]["params"]
+    except Exception as e:
+      raise _load_error(spec, path, e) from None
+  sd = _read_state_dict(f"init_from={spec!r}", path)
+  try:
+    return from_timm(name, sd)[1]["params"]
+  except Exception as e:
+    raise _load_error(spec, path, e) from None
+
+
+def _read_state_dict(what: str, path: str) -> dict:
+  """A state dict from .safetensors (numpy), or from .pth / .bin with torch; ConfigError if it is not readable."""
+  from vitjax.errors import ConfigError
+
+  try:
     if path.endswith(".safetensors"):
       from safetensors.numpy import load_file
 
-      sd = load_file(path)
-    else:
-      try:
-        import torch  # a .pth / .bin state dict
-      except ImportError:
-        raise ConfigError(f"reading {path} needs torch (pip install torch), or convert it to .safetensors") from None
-      sd = torch.load(path, map_location="cpu", weights_only=True)
-    return from_timm(name, sd)[1]["params"]
+      return load_file(path)
+    try:
+      import torch  # a .pth / .bin state dict
+    except ImportError:
+      raise ConfigError(f"reading {path} needs torch (pip install torch), or convert it to .safetensors") from None
+    return torch.load(path, map_location="cpu", weights_only=True)
   except ConfigError:
     raise
-  except (KeyError, ValueError) as e:  # weights of another family or variant
-    raise ConfigError(f"init_from={spec!r}: {str(e).strip(chr(34) + chr(39)).splitlines()[0]}") from None
   except Exception as e:  # a truncated or garbage file
     raise ConfigError(
-      f"init_from={spec!r}: {path} is not a readable {os.path.splitext(path)[1] or 'weights'} file "
+      f"{what}: {path} is not a readable {os.path.splitext(path)[1] or 'weights'} file "
       f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
     ) from None
+
+
+def _load_error(spec: str, path: str, e: Exception) -> Exception:
+  from vitjax.errors import ConfigError
+
+  if isinstance(e, ConfigError):
+    return e
+  if isinstance(e, KeyError | ValueError):  # weights of another family or variant
+    return ConfigError(f"init_from={spec!r}: {str(e).strip(chr(34) + chr(39)).splitlines()[0]}")
+  return ConfigError(  # a truncated or garbage file
+    f"init_from={spec!r}: {path} is not a readable {os.path.splitext(path)[1] or 'weights'} file "
+    f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
+  )

@@ -5,11 +5,17 @@
     probs = trained.predict(images_uint8)                # classification: [N, H, W, C] uint8 -> [N, classes]
     trained = vitjax.load("workdirs/bible_en_es")
     trained.translate(["In the beginning God created the heaven and the earth."])
+    trained = vitjax.load("hf:google/vit-base-patch16-224")   # a Hugging Face hub repository (timm's or
+    trained.predict(images_uint8), trained.class_names        # transformers' ViT / Swin), as it was pretrained
 
 It works from any current directory, with a relative or absolute workdir, and without the dataset: the workdir
 holds all that prediction needs (config.json, task.json, tokenizer.model, checkpoints/). Only parameters and
 model state are read, not the optimizer's, and they are verified against their checksums: a corrupt "best" or
 "latest" falls back to the next intact step, with a warning.
+
+A hub repository ('hf:ORG/NAME[@REVISION]', vitjax.hub) loads the same way, through huggingface_hub's cache: its
+config gives the model, the input size, the preprocessing (mean, std, crop, interpolation) and the class names,
+as a workdir's config.json and task.json do; `step` is 0 and `workdir` the spec.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import ml_collections as mlc
+from absl import logging
 from jax.sharding import Mesh, NamedSharding
 
 
@@ -40,6 +47,12 @@ class Trained:
   mesh: Mesh
   sharding: NamedSharding
   task: Any
+
+  @property
+  def class_names(self) -> list[str] | None:
+    """The classes' names by index (a classification run's dataset's, a hub model's config's), None if unknown."""
+    describe = getattr(self.task, "describe", None)
+    return describe().get("class_names") if describe else None
 
   def predict(self, images, batch_size: int = 256):
     """uint8 images [N, H, W, C] as the dataset stores them -> class probabilities, numpy float32 [N, classes].
@@ -62,9 +75,12 @@ class Trained:
 def load(workdir: str, checkpoint: str | int = "best", weights: str = "params") -> Trained:
   """The model of a vitjax workdir at a checkpoint: "best" (the best evaluated kept step), "latest" or a step;
   weights: "params" (the trained parameters) or "ema" (their moving average, for runs with config.ema_decay).
+  workdir may also be a Hugging Face hub repository, 'hf:ORG/NAME[@REVISION]' (load_hub).
 
   Raises vitjax.errors.ConfigError (with what to do) when the workdir or checkpoint is not there.
   """
+  if str(workdir).startswith("hf:"):
+    return load_hub(str(workdir), checkpoint, weights)
   from vitjax import tasks
   from vitjax.train import checkpoints as ckpt_lib
   from vitjax.train import state as state_lib
@@ -78,3 +94,64 @@ def load(workdir: str, checkpoint: str | int = "best", weights: str = "params") 
     step, params, model_state = ckpts.restore_variables(str(checkpoint), exp.abstract_state, weights)
   variables = {"params": params, **model_state}
   return Trained(exp.model, variables, config, step, workdir, exp.mesh, exp.batch_sharding, task)
+
+
+def load_hub(spec: str, checkpoint: str | int = "best", weights: str = "params") -> Trained:
+  """The pretrained classifier of a Hugging Face hub repository, 'hf:ORG/NAME[@REVISION]' (timm's layout, or
+  transformers' ViT and Swin; vitjax.convert.from_hub), as a Trained: its config and the task.json-like
+  description are built from the repository's config (architecture, input size, mean, std, crop, interpolation,
+  class names), so predict() preprocesses as the model was trained and needs no dataset.
+
+  ConfigError (one line) for a repository that cannot be read (not cached while HF_HUB_OFFLINE is set, another
+  kind of model), and for checkpoint or weights other than the defaults: a repository has one set of weights (pin
+  one with @REVISION).
+  """
+  from vitjax import convert, tasks
+  from vitjax.config import default_config
+  from vitjax.data import augment
+  from vitjax.errors import ConfigError
+  from vitjax.models import convert_util
+  from vitjax.train import state as state_lib
+
+  if str(checkpoint) not in ("best", "latest") or weights != "params":
+    raise ConfigError(
+      f"{spec}: a hub repository has one set of weights (checkpoint={checkpoint!r}, weights={weights!r} asked "
+      "for); pin a version with hf:ORG/NAME@REVISION"
+    )
+  module, variables, repo = convert.from_hub(spec)
+  flat = convert_util.flat_params(variables["params"])
+  channels = next(v.shape[2] for k, v in flat.items() if k in ("embedding/kernel", "patch_embed/kernel"))
+  num_classes = int(module.num_classes or 0)
+  if not num_classes:
+    logging.warning(
+      "%s has no classifier head: predict() gives a softmax over its pooled features; model.apply(variables, x) "
+      "returns the features themselves",
+      spec,
+    )
+  h, w = repo.image_size()
+  pre = augment.Preprocess(**{k: v for k, v in repo.preprocess().items() if v is not None})
+  described = {
+    "task": "classification",
+    "dataset": spec,
+    "num_classes": num_classes,
+    "class_names": repo.class_names(num_classes),
+    "channels": channels,
+    "image_size": [h, w],
+    **pre.describe(),
+  }
+  config = default_config()
+  config.model = mlc.ConfigDict(convert.model_config(module))
+  config.data.name = spec
+  if h == w:
+    config.data.image_size = h
+  else:  # the field is an int: a config of its own with (height, width), as a config file may give it
+    config.data = mlc.ConfigDict({**config.data.to_dict(), "image_size": (h, w)})
+  for k in ("mean", "std", "crop_fraction", "interpolation"):
+    config.data.preprocess[k] = getattr(pre, k)
+  config.init_from = spec
+  task = tasks.get(config, spec, described=described)
+  exp = state_lib.setup(config, task)
+  if convert.model_config(exp.model) != config.model.to_dict():  # the config must rebuild the converted module
+    raise RuntimeError(f"{spec}: config.model {config.model.to_dict()} builds {exp.model}, not {module}")
+  params = jax.device_put(variables["params"], exp.state_sharding.params)
+  return Trained(exp.model, {"params": params}, config, 0, spec, exp.mesh, exp.batch_sharding, task)

@@ -151,6 +151,32 @@ def timm_attention(r: Reader, src: str, dst: str, heads: int, out: dict) -> None
   out[f"{dst}/out/bias"] = r(f"{src}.proj.bias")
 
 
+def separate_attention(r: Reader, src: dict[str, str], dst: str, heads: int, out: dict) -> None:
+  """Separate query, key, value and output linears (src: {"query": KEY_PREFIX, "key": ..., "value": ...,
+  "out": ...}, torch [D, D] each, as transformers keeps them) -> query/key/value [D, H, K] and out [H, K, D]."""
+  for name in ("query", "key", "value"):
+    out[f"{dst}/{name}/kernel"] = split_heads(r(f"{src[name]}.weight"), heads)
+    if f"{src[name]}.bias" in r:
+      out[f"{dst}/{name}/bias"] = r(f"{src[name]}.bias").reshape(heads, -1)
+  w = r(f"{src['out']}.weight")
+  out[f"{dst}/out/kernel"] = w.T.reshape(heads, w.shape[1] // heads, w.shape[0])
+  out[f"{dst}/out/bias"] = r(f"{src['out']}.bias")
+
+
+def rename_keys(state_dict: Mapping[str, Any], rules: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+  """The state dict with each key rewritten by the first (regex, replacement) rule that matches it (re.sub), the
+  others unchanged: how a converter reads several namings of one layout."""
+  out = {}
+  for k, v in state_dict.items():
+    for pattern, repl in rules:
+      new, n = re.subn(pattern, repl, k)
+      if n:
+        k = new
+        break
+    out[k] = v
+  return out
+
+
 def timm_mlp(r: Reader, src: str, dst: str, out: dict) -> None:
   linear(r, f"{src}.fc1", f"{dst}/fc1", out)
   linear(r, f"{src}.fc2", f"{dst}/fc2", out)

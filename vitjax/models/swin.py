@@ -170,7 +170,8 @@ def parse_name(name: str) -> dict | None:
   no_decay=("relative_position_bias_table",),
   tp_rules=(*TP_RULES, BIAS_TABLE_TP_RULE),
   adapters=(adapt.bias_table_resizer("bicubic"),),  # the window resampled, as Microsoft's code does
-  formats={"timm": "vitjax.models.swin_timm", "msft": "vitjax.models.swin_msft"},  # msft: read through swin_timm
+  # msft and hf: read through swin_timm
+  formats={"timm": "vitjax.models.swin_timm", "msft": "vitjax.models.swin_msft", "hf": "vitjax.models.swin_hf"},
 )
 class Swin(nn.Module):
   """Swin Transformer. __call__(images [B, H, W, C], train) -> (logits [B, classes], intermediates).

@@ -153,7 +153,7 @@ ADAPTERS = (adapt.resample_patch_positions, adapt.bias_table_resizer("clip", und
   no_decay=NO_DECAY,
   tp_rules=(*TP_RULES, BIAS_TABLE_TP_RULE),
   adapters=ADAPTERS,
-  formats={"timm": "vitjax.models.vit_timm", "npz": "vitjax.models.vit_npz"},
+  formats={"timm": "vitjax.models.vit_timm", "npz": "vitjax.models.vit_npz", "hf": "vitjax.models.vit_hf"},
   overrides=_overrides,
 )
 class ViT(nn.Module):

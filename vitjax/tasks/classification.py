@@ -88,8 +88,8 @@ class ImageClassification:
       given = self.config.data.get("preprocess") or {}
       fields = {k: given.get(k) for k in ("mean", "std", "crop_fraction", "interpolation")}
       source = convert.WeightSource.parse(self.config.get("init_from"))
-      if source.kind == "timm" and any(v is None for v in fields.values()):
-        known = convert.timm_preprocess(source.name) or {}
+      if source.imported and any(v is None for v in fields.values()):
+        known = convert.pretrained_preprocess(source) or {}
         fields = {k: known.get(k) if v is None else v for k, v in fields.items()}
       try:
         self._preprocess = augment.Preprocess(**{k: v for k, v in fields.items() if v is not None})

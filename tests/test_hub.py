@@ -1,0 +1,353 @@
+"""Pretrained models by name from the Hugging Face hub ('hf:ORG/NAME[@REVISION]'): config.init_from, vitjax.load,
+convert.from_hub / from_hf, and their errors.
+
+Never the network: each test writes its repositories into huggingface_hub's cache layout in a temporary HF_HOME
+(blobs, snapshots/COMMIT/FILE links, refs/main; what hf_hub_download leaves behind) and runs with HF_HUB_OFFLINE=1.
+The repositories' files are written by the code that writes them on the hub (transformers' save_pretrained, timm's
+save_for_hf) from random weights, and the models are compared with those implementations on the same input.
+Parity needs torch + transformers (+ timm) (README, 'Tests'); without them those tests are skipped.
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+import train_helpers as th
+
+import vitjax
+from vitjax import convert, hub
+from vitjax.errors import ConfigError
+
+TOL = 1e-5  # max |difference| <= TOL * max |logit|
+
+
+# ------------------------------------------------------------------------------------------------ a local hub
+
+
+def cache_repo(cache: str, repo_id: str, files: dict, revision: str = "main") -> str:
+  """Writes `files` (name -> bytes, or a dict written as JSON) as one commit of `repo_id` into huggingface_hub's
+  cache folder `cache`, with `revision` pointing at it; returns the commit."""
+  folder = os.path.join(cache, "models--" + repo_id.replace("/", "--"))
+  blobs = {n: d if isinstance(d, bytes) else json.dumps(d, indent=2).encode() for n, d in files.items()}
+  commit = hashlib.sha1(b"".join(n.encode() + d for n, d in sorted(blobs.items()))).hexdigest()
+  os.makedirs(os.path.join(folder, "blobs"), exist_ok=True)
+  os.makedirs(os.path.join(folder, "refs"), exist_ok=True)
+  for name, data in blobs.items():
+    blob = os.path.join(folder, "blobs", hashlib.sha256(data).hexdigest())
+    with open(blob, "wb") as f:
+      f.write(data)
+    link = os.path.join(folder, "snapshots", commit, name)
+    os.makedirs(os.path.dirname(link), exist_ok=True)
+    os.symlink(os.path.relpath(blob, os.path.dirname(link)), link)
+  with open(os.path.join(folder, "refs", revision), "w") as f:
+    f.write(commit)
+  return commit
+
+
+def read_dir(path: str) -> dict:
+  return {n: open(os.path.join(path, n), "rb").read() for n in os.listdir(path)}
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+  """An empty hub cache, offline: HF_HOME for the subprocesses, and huggingface_hub's constants (read when it was
+  first imported) for this process. Returns the cache folder (HF_HOME/hub)."""
+  import huggingface_hub.constants as constants
+
+  home = tmp_path / "hf_home"
+  cache = str(home / "hub")
+  os.makedirs(cache)
+  monkeypatch.setenv("HF_HOME", str(home))
+  monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  monkeypatch.setattr(constants, "HF_HUB_CACHE", cache)
+  monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+  return cache
+
+
+def _transformers():
+  """transformers (after the torchvision shim, as tests/test_parity.py imports timm), or a skip."""
+  pytest.importorskip("torch")
+  refs = os.environ.get("VITJAX_REFS", os.path.dirname(os.path.abspath(__file__)))
+  if refs not in sys.path:
+    sys.path.insert(0, refs)
+  try:
+    import torchvision_ops_shim  # noqa: F401  lets torchvision (which transformers imports) load on CPU torch
+    import transformers
+  except Exception as e:
+    pytest.skip(f"transformers is not importable here ({type(e).__name__}: {e}); see README, 'Tests'")
+  return transformers
+
+
+def _timm():
+  _transformers()  # the shim first
+  try:
+    import timm
+  except Exception as e:
+    pytest.skip(f"timm is not importable here ({type(e).__name__}: {e})")
+  return timm
+
+
+def _perturbed(model):
+  """Random weights that all matter (the implementations zero some biases and heads at initialisation)."""
+  import torch
+
+  torch.manual_seed(0)
+  with torch.no_grad():
+    for p in model.parameters():
+      p.add_(0.02 * torch.randn_like(p))
+  return model.eval()
+
+
+def _rel(got, want) -> float:
+  return float(np.abs(np.asarray(got) - want).max() / np.abs(want).max())
+
+
+def _labels(config: dict) -> dict:
+  """The config with names for its classes (5 unless num_labels says otherwise): "class A", "class B", ..."""
+  n = config.pop("num_labels", 5)
+  return {**config, "id2label": {i: f"class {chr(65 + i)}" for i in range(n)}}
+
+
+def _tiny_transformers(kind: str, tmp_path, **config):
+  """(torch model, repository files) of a tiny transformers ViT or Swin with random weights, saved as the hub
+  holds them (save_pretrained), and a preprocessor_config.json of transformers' ViT image processor."""
+  t = _transformers()
+  import torch
+
+  torch.manual_seed(0)  # the initialisation too: the same weights every run
+  if kind == "vit":
+    args = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=32)
+    cfg = t.ViTConfig(**{**args, "patch_size": 8, **_labels(config)})
+    model = _perturbed(t.ViTForImageClassification(cfg))
+    channels = cfg.num_channels
+    pre = dict(image_mean=[0.5] * channels, image_std=[0.5] * channels, resample=2)  # bilinear
+  else:  # 3 stages, maps 16, 8, 4 for window 4: shifted windows in the first two, the window = the map in the last
+    args = dict(embed_dim=16, depths=[2, 2, 2], num_heads=[1, 2, 4], window_size=4, image_size=32, patch_size=2)
+    cfg = t.SwinConfig(**{**args, **_labels(config)})
+    model = _perturbed(t.SwinForImageClassification(cfg))
+    pre = dict(image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225], resample=3)  # bicubic
+  out = tmp_path / f"save_{kind}"
+  model.save_pretrained(str(out))
+  size = cfg.image_size
+  t.ViTImageProcessorPil(size={"height": size, "width": size}, **pre).save_pretrained(str(out))
+  return model, read_dir(str(out))
+
+
+# ------------------------------------------------------------------------------------------------- the specs
+
+
+def test_weight_source_and_spec_parsing():
+  s = convert.WeightSource.parse("hf:google/vit-base-patch16-224@refs/pr/3")
+  assert (s.kind, s.name, s.revision, s.imported) == ("hf", "google/vit-base-patch16-224", "refs/pr/3", True)
+  assert s.spec == "hf:google/vit-base-patch16-224@refs/pr/3"
+  assert convert.WeightSource.parse("hf:timm/vit_tiny_patch16_224.augreg_in21k").revision == ""
+  assert hub.parse("hf:org/name") == ("org/name", None) and hub.parse("hf:org/name@v1") == ("org/name", "v1")
+  for bad in ("hf:", "hf:org/name@"):
+    with pytest.raises(ConfigError, match="give a repository, hf:ORG/NAME"):
+      hub.parse(bad)
+  assert convert.pretrained_preprocess(convert.WeightSource.parse("npz:x.npz")) is None
+
+
+# ------------------------------------------------------------------------------------- errors: one line each
+
+
+def test_not_cached_offline_and_unknown_layouts_are_one_line(hub_cache):
+  with pytest.raises(ConfigError) as e:
+    hub.open_repo("hf:nobody/nothing")
+  msg = str(e.value)
+  assert "\n" not in msg and msg.startswith("hf:nobody/nothing: config.json is not in the hub cache")
+  assert hub_cache in msg and "HF_HUB_OFFLINE" in msg
+  cache_repo(hub_cache, "someone/a-bert", {"config.json": {"model_type": "bert", "hidden_size": 8}})
+  cache_repo(hub_cache, "someone/no-config", {"README.md": b"hi"})
+  cache_repo(hub_cache, "someone/no-weights", {"config.json": {"model_type": "vit"}})
+  cache_repo(hub_cache, "timm/resnet50.a1_in1k", {"config.json": {"architecture": "resnet50", "num_classes": 9}})
+  with pytest.raises(
+    ConfigError, match=r"^hf:someone/a-bert: an unknown hub layout \(config.json has model_type 'bert'"
+  ):
+    convert.load_params("hf:someone/a-bert")
+  with pytest.raises(ConfigError, match="config.json is not in the hub cache"):  # offline, it may just not be cached
+    hub.open_repo("hf:someone/no-config")
+  with pytest.raises(ConfigError, match=r"no-weights: model.safetensors is not in the hub cache .* HF_HUB_OFFLINE"):
+    convert.from_hub("hf:someone/no-weights")
+  with pytest.raises(ConfigError, match=r"^hf:timm/resnet50.a1_in1k: timm's 'resnet50' is not a model vitjax reads"):
+    convert.load_params("hf:timm/resnet50.a1_in1k")  # before it fetches the weights
+  with pytest.raises(ConfigError, match="a hub repository has one set of weights"):
+    vitjax.load("hf:someone/no-weights", weights="ema")
+
+
+def _run_cli(tmp_path, hf_home, data_dir, *args, config=th.CONFIG):
+  workdir = str(tmp_path / "absent" / "w")
+  env = {**th.env(), "HF_HOME": hf_home, "HF_HUB_OFFLINE": "1"}
+  env.pop("HF_HUB_CACHE", None)
+  cmd = [*th.main_cmd(workdir, "--mode=eval", f"--config.data.data_dir={data_dir}", config=config), *args]
+  proc = subprocess.run(cmd, cwd=th.ROOT, env=env, capture_output=True, text=True, timeout=300)
+  return proc, workdir
+
+
+@pytest.mark.parametrize("case", ["not cached", "unknown layout"])
+def test_command_line_says_it_in_one_error_line(case, tmp_path, hub_cache, data_dir):
+  if case == "unknown layout":
+    cache_repo(hub_cache, "someone/a-convnet", {"config.json": {"model_type": "resnet"}, "model.safetensors": b"x"})
+  repo = "nobody/nothing" if case == "not cached" else "someone/a-convnet"
+  proc, workdir = _run_cli(tmp_path, os.path.dirname(hub_cache), data_dir, f"--config.init_from=hf:{repo}")
+  err = th.error_lines(proc)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr and len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
+  if case == "not cached":
+    assert f"hf:{repo}: config.json is not in the hub cache {hub_cache} and HF_HUB_OFFLINE is set" in err
+  else:
+    assert "an unknown hub layout (config.json has model_type 'resnet')" in err and "'vit', 'swin'" in err
+  assert not os.path.exists(workdir)
+
+
+# ----------------------------------------------------------------------------- parity: transformers and timm
+
+
+@pytest.mark.parametrize("kind", ["vit", "swin"])
+def test_transformers_layout_matches_transformers(kind, tmp_path, hub_cache):
+  """hf:ORG/NAME in transformers' layout (the files save_pretrained writes) -> the same logits as
+  ViTForImageClassification / SwinForImageClassification; the in-memory names of transformers 5 too."""
+  import torch
+
+  model, files = _tiny_transformers(kind, tmp_path)
+  cache_repo(hub_cache, f"someone/tiny-{kind}", files)
+  module, variables, repo = convert.from_hub(f"hf:someone/tiny-{kind}")
+  assert type(module).__name__ == {"vit": "ViT", "swin": "Swin"}[kind] and repo.layout == "transformers"
+  if kind == "vit":
+    assert module.layernorm_eps == 1e-12 and module.num_heads == 4  # transformers' epsilon, from config.json
+  x = np.random.RandomState(1).randn(2, 3, 32, 32).astype(np.float32)
+  with torch.no_grad():
+    want = model(pixel_values=torch.from_numpy(x)).logits.numpy()
+  apply = jax.jit(module.apply)
+  rel = _rel(apply(variables, x.transpose(0, 2, 3, 1))[0], want)
+  print(f"{kind}: relative max error {rel:.2e}")
+  assert rel <= TOL
+  _, in_memory = convert.from_hf(model.state_dict(), json.loads(files["config.json"]))
+  jax.tree.map(np.testing.assert_array_equal, in_memory, variables)
+
+
+def test_transformers_options_vitjax_lacks_are_refused(tmp_path, hub_cache):
+  _, files = _tiny_transformers("swin", tmp_path, layer_norm_eps=1e-6)
+  cache_repo(hub_cache, "someone/swin-eps", files)
+  with pytest.raises(ConfigError, match=r"^hf:someone/swin-eps: .*layer_norm_eps=1e-06; vitjax's Swin has .* 1e-5"):
+    convert.load_params("hf:someone/swin-eps")
+  _, files = _tiny_transformers("vit", tmp_path, hidden_act="silu")
+  cache_repo(hub_cache, "someone/vit-silu", files)
+  with pytest.raises(ConfigError, match=r"hidden_act='silu' has no equivalent in vitjax"):
+    convert.load_params("hf:someone/vit-silu")
+
+
+@pytest.mark.parametrize("kind", ["vit", "swin"])
+def test_load_predicts_as_transformers_with_its_preprocessing(kind, tmp_path, hub_cache):
+  """vitjax.load("hf:...").predict(uint8 images) = softmax of the transformers model on its image processor's
+  output (resize to 32 x 32, bilinear for the ViT, bicubic for the Swin; the repository's mean and std)."""
+  import torch
+
+  t = _transformers()
+  model, files = _tiny_transformers(kind, tmp_path)
+  commit = cache_repo(hub_cache, f"someone/tiny-{kind}", files)
+  cache_repo(hub_cache, f"someone/tiny-{kind}", {"config.json": {"model_type": "bert"}}, revision="other")
+  trained = vitjax.load(f"hf:someone/tiny-{kind}@{commit}")
+  assert trained.step == 0 and trained.class_names == ["class A", "class B", "class C", "class D", "class E"]
+  assert list(trained.variables) == ["params"] and trained.config.model.num_classes == 5
+  images = np.random.RandomState(2).randint(0, 256, (3, 40, 52, 3)).astype(np.uint8)  # resized to 32 x 32
+  processor = t.ViTImageProcessorPil.from_pretrained(str(tmp_path / f"save_{kind}"))
+  x = processor(list(images), return_tensors="np")["pixel_values"]
+  with torch.no_grad():
+    want = torch.softmax(model(pixel_values=torch.from_numpy(x)).logits, -1).numpy()
+  got = trained.predict(images)
+  assert got.shape == (3, 5) and np.abs(got - want).max() <= 1e-5
+  pre = convert.pretrained_preprocess(convert.WeightSource.parse(f"hf:someone/tiny-{kind}"))
+  assert pre["interpolation"] == {"vit": "bilinear", "swin": "bicubic"}[kind] and pre["crop_fraction"] is None
+  with pytest.raises(ConfigError, match="an unknown hub layout"):  # another revision, another config
+    convert.load_params(f"hf:someone/tiny-{kind}@other")
+
+
+def test_timm_layout_matches_timm_and_takes_its_pretrained_config(tmp_path, hub_cache):
+  """hf:timm/NAME (config.json and model.safetensors as timm's save_for_hf writes them) goes through from_timm;
+  its preprocessing is the pretrained_cfg's (timm_preprocess's for NAME), and vitjax.load predicts as timm's eval
+  transform and model do."""
+  import torch
+  from PIL import Image
+
+  timm = _timm()
+  name = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"
+  torch.manual_seed(0)
+  model = _perturbed(timm.create_model(name, pretrained=False, depth=1, num_classes=4))  # ViT-Ti, one block
+  timm.models.save_for_hf(
+    model, str(tmp_path / "timm"), model_config={"label_names": ["n01", "n02", "n03", "n04"]}, safe_serialization=True
+  )
+  cache_repo(hub_cache, f"timm/{name}", read_dir(str(tmp_path / "timm")))
+  spec = f"hf:timm/{name}"
+  module, variables, repo = convert.from_hub(spec)
+  assert repo.layout == "timm" and repo.timm_name == name and module.depth == 1
+  x = np.random.RandomState(1).randn(2, 3, 224, 224).astype(np.float32)
+  with torch.no_grad():
+    want = model(torch.from_numpy(x)).numpy()
+  rel = _rel(jax.jit(module.apply)(variables, x.transpose(0, 2, 3, 1))[0], want)
+  print(f"timm ViT: relative max error {rel:.2e}")
+  assert rel <= TOL
+  pre = convert.pretrained_preprocess(convert.WeightSource.parse(spec))
+  assert pre == convert.timm_preprocess(name) and pre["crop_fraction"] == 0.9
+  jax.tree.map(np.testing.assert_array_equal, convert.load_params(spec), variables["params"])
+
+  trained = vitjax.load(spec)
+  assert trained.class_names == ["n01", "n02", "n03", "n04"]
+  photo = Image.fromarray(np.random.RandomState(3).randint(0, 256, (20, 24, 3), dtype=np.uint8)).resize((310, 260))
+  transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=model))
+  with torch.no_grad():
+    want = torch.softmax(model(transform(photo)[None]), -1).numpy()
+  assert np.abs(trained.predict(np.asarray(photo)[None]) - want).max() <= 1e-5
+
+
+# ------------------------------------------------------------------------------------------ init_from=hf:...
+
+
+def test_init_from_hf_evaluates_the_imported_weights(tmp_path, hub_cache, data_dir):
+  """init_from=hf:... with --mode=eval on digits (a 1-channel, 8 px transformers ViT, 10 classes): the weights load
+  (offline, from the cache) into the model the config describes (convert.model_config's fields) and are
+  evaluated."""
+  model, files = _tiny_transformers(
+    "vit",
+    tmp_path,
+    num_channels=1,
+    image_size=8,
+    patch_size=2,
+    hidden_size=16,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    intermediate_size=32,
+    num_labels=10,
+  )
+  cache_repo(hub_cache, "someone/vit-digits", files)
+  module, _, _ = convert.from_hub("hf:someone/vit-digits")
+  fields = convert.model_config(module)
+  assert fields == {
+    "name": "vit_ti2",
+    "width": 16,
+    "depth": 1,
+    "num_heads": 2,
+    "mlp_dim": 32,
+    "num_classes": 10,
+    "layernorm_eps": 1e-12,
+  }
+  config = tmp_path / "vit_digits_from_hf.py"  # what a user writes: the digits config with the hub model's fields
+  config.write_text(
+    "import ml_collections as mlc\n"
+    "from vitjax.config import load_module\n\n\n"
+    "def get_config():\n"
+    f"  c = load_module({th.CONFIG!r}).get_config()\n"
+    f"  c.model = mlc.ConfigDict({fields!r})\n"
+    "  c.init_from = 'hf:someone/vit-digits'\n"
+    "  return c\n"
+  )
+  proc, workdir = _run_cli(tmp_path, os.path.dirname(hub_cache), data_dir, config=str(config))
+  th.check_ok(proc)
+  assert proc.stdout.startswith("imported weights (init_from=hf:someone/vit-digits), no training | valid: ")
+  assert json.load(open(os.path.join(workdir, "eval_valid_imported.json")))["init_from"] == "hf:someone/vit-digits"

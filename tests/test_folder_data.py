@@ -3,6 +3,7 @@ converted or skipped, the names in tfds, bad input through the command line, and
 `vitjax.load` names the classes. Every image is generated here (PIL), a few dozen small ones."""
 
 import io
+import json
 import os
 import shlex
 import subprocess
@@ -289,8 +290,13 @@ def test_train_on_a_folder_and_load_names_its_classes(tmp_path):
       _save(str(src / "train" / cls / f"{i}.{kind.lower()}"), PIL.Image.fromarray(_picture(h, w, i)), kind)
     for i in range(2):
       _save(str(src / "valid" / cls / f"{i}.png"), PIL.Image.fromarray(_picture(12, 14, i)), "PNG")
+  # formats the pipeline cannot read as they are, and a broken file
+  _save(str(src / "train" / "circle" / "x.bmp"), PIL.Image.fromarray(_picture(9, 11, 3)), "BMP")
+  _save(str(src / "train" / "square" / "x.png"), PIL.Image.fromarray(_picture(9, 11, 4)).convert("RGBA"), "PNG")
+  (src / "train" / "triangle" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a whole JPEG")
   data_dir, workdir = str(tmp_path / "tfds"), str(tmp_path / "run")
-  th.check_ok(_prepare_cli(f"--dataset=folder:{src}", f"--data_dir={data_dir}"))
+  proc = th.check_ok(_prepare_cli(f"--dataset=folder:{src}", f"--data_dir={data_dir}"))
+  assert "broken.jpg" in proc.stderr
   args = [*th.TINY, f"--config.data.data_dir={data_dir}", f"--config.data.name=folder:{src}"]
   args += ["--config.model.num_classes=3", "--config.batch_size=8", "--config.data.eval_batch_size=8"]
   args += ["--config.total_steps=3", "--config.eval_every=3", "--config.checkpoint_every=3"]
@@ -301,3 +307,7 @@ def test_train_on_a_folder_and_load_names_its_classes(tmp_path):
   assert trained.task.describe()["class_names"] == ["circle", "square", "triangle"]
   probs = trained.predict(np.stack([_picture(8, 8, 1), _picture(8, 8, 2)]))
   assert probs.shape == (2, 3) and np.allclose(probs.sum(-1), 1, atol=1e-5)
+  names = trained.classify(np.stack([_picture(8, 8, 1), _picture(8, 8, 2)]))
+  assert names == [["circle", "square", "triangle"][i] for i in probs.argmax(-1)]
+  ev = th.check_ok(th.run_module("main", "--mode=eval", f"--workdir={workdir}", "--json"))
+  assert json.loads(ev.stdout)["eval/examples"] == 6  # the folder's own valid/

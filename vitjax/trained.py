@@ -34,7 +34,8 @@ from jax.sharding import Mesh, NamedSharding
 @dataclasses.dataclass
 class Trained:
   """A trained model: `.model` (a Flax module), `.variables` (`{"params": ..., "batch_stats": ...}`), `.config`,
-  `.step`; `.predict(images)` for image classification, `.translate(lines)` for translation.
+  `.step`; `.predict(images)` (probabilities) and `.classify(images)` (class names) for image classification,
+  `.translate(lines)` for translation.
 
   `model.apply(trained.variables, inputs, train=False)` returns `(output, intermediates)` like every vitjax model.
   """
@@ -61,6 +62,13 @@ class Trained:
       raise TypeError(f"{self.workdir} is a {self.config.get('task')} run: use .translate(lines)")
     with jax.set_mesh(self.mesh):
       return self.task.predict(self.model, self.variables, images, self.sharding, batch_size)
+
+  def classify(self, images, batch_size: int = 256) -> list[str]:
+    """uint8 images [N, H, W, C] -> the most probable class of each, by name (its index as text where the
+    classes have no names)."""
+    top = self.predict(images, batch_size).argmax(-1)
+    names = self.class_names
+    return [names[i] if names else str(i) for i in top]
 
   def translate(self, lines, batch_size: int = 32, **decode_args) -> list[str]:
     """Source sentences -> translations (one per line, in order; an empty line gives an empty line).

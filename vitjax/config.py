@@ -29,7 +29,8 @@ def default_config() -> mlc.ConfigDict:
   c.model = mlc.ConfigDict({"name": "vit_ti16", "num_classes": 10})
 
   c.data = mlc.ConfigDict()
-  c.data.name = "digits"  # 'digits', 'fashion_mnist', or any tfds dataset prepared as array_record
+  # 'digits', 'fashion_mnist', 'folder:PATH' / 'csv:FILE' (your images), or any tfds dataset prepared as array_record
+  c.data.name = "digits"
   c.data.data_dir = mlc.FieldReference(None, field_type=str)  # None: $TFDS_DATA_DIR or ~/tensorflow_datasets
   c.data.train_split = "train"
   # Evaluation during training (and the choice of `best`) uses "valid": valid_fraction of train_split, drawn by
@@ -46,7 +47,7 @@ def default_config() -> mlc.ConfigDict:
   # How images meet the model (vitjax.data.augment.Preprocess): per-channel mean and std in [0, 1] units (None:
   # x * 2 / 255 - 1, the original ViT's [-1, 1]), the evaluation's crop_fraction (resize the shorter side to
   # size / crop_fraction, centre crop; None: resize only) and interpolation ('bilinear', 'bicubic'). A field left
-  # None takes, with init_from='timm:NAME:FILE', the timm model's pretrained config (so imported weights are
+  # None takes, with init_from='timm:NAME:FILE' or 'hf:...', the pretrained model's config (so imported weights are
   # evaluated as they were trained), else the default. The resolved values go to WORKDIR/task.json.
   c.data.preprocess = mlc.ConfigDict(
     dict(
@@ -134,7 +135,8 @@ def default_config() -> mlc.ConfigDict:
   c.keep_checkpoints = 3  # the latest N steps, plus the best evaluated one by best_metric (one orbax manager)
   c.best_metric = "eval/accuracy"
   c.best_mode = "max"
-  c.init_from = ""  # a workdir, 'timm:NAME:FILE' (.safetensors/.pth; Swin also Microsoft's .pth), or 'npz:FILE'
+  # a workdir, 'timm:NAME:FILE' (.safetensors/.pth; Swin also Microsoft's .pth), 'npz:FILE' or 'hf:ORG/NAME[@REV]'
+  c.init_from = ""
   # (first, last): a jax.profiler trace of those steps into WORKDIR/tb/plugins/profile (TensorBoard's profile tab).
   c.profile_steps = mlc.FieldReference(None, field_type=tuple)
   return c

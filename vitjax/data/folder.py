@@ -154,14 +154,20 @@ def scan(source: Source) -> Scan:
   return _scan_folder(source) if source.kind == "folder" else _scan_csv(source)
 
 
+def _located(source: Source, noun: str, give: str) -> str:
+  """How errors name the source ('folder:imgs (/abs/imgs)'); ConfigError if it does not exist."""
+  path = source.abspath
+  where = f"{source.name} ({path})" if source.path != path else source.name
+  if not os.path.exists(path):
+    raise ConfigError(
+      f"{where}: no such {noun} (a relative path is resolved against the current directory); give {give}"
+    )
+  return where
+
+
 def _scan_folder(source: Source) -> Scan:
   root = source.abspath
-  where = f"{source.name} ({root})" if source.path != root else source.name
-  if not os.path.exists(root):
-    raise ConfigError(
-      f"{where}: no such folder (a relative path is resolved against the current directory); give the folder "
-      "that holds one subfolder per class"
-    )
+  where = _located(source, "folder", "the folder that holds one subfolder per class")
   if not os.path.isdir(root):
     hint = f"; for a CSV list of images use --dataset=csv:{source.path}" if root.endswith(".csv") else ""
     raise ConfigError(f"{where} is a file, not a folder: give the folder that holds one subfolder per class{hint}")
@@ -229,12 +235,7 @@ def _label_order(labels) -> list[str]:
 
 def _scan_csv(source: Source) -> Scan:
   path = source.abspath
-  where = f"{source.name} ({path})" if source.path != path else source.name
-  if not os.path.exists(path):
-    raise ConfigError(
-      f"{where}: no such file (a relative path is resolved against the current directory); give a CSV file of "
-      "path,label rows"
-    )
+  where = _located(source, "file", "a CSV file of path,label rows")
   if os.path.isdir(path):
     raise ConfigError(f"{where} is a folder: for class subfolders use --dataset=folder:{source.path}")
   base = os.path.dirname(path)

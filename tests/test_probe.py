@@ -103,13 +103,17 @@ def test_probe_mode_writes_the_three_evaluations(finished_run, tmp_path):
     assert row["linear"] > 0.2  # 10 classes: a trained encoder's features beat chance (0.1)
 
 
-def test_probe_evaluator_runs_during_training(run_args, tmp_path):
+def test_an_mae_run_reports_its_encoders_probe_at_each_evaluation(data_dir, tmp_path):
+  """The 'probe' evaluator in config.evals: an MAE run, which has no accuracy of its own, reports probe/knn, ..."""
   workdir = str(tmp_path / "w")
-  args = [*run_args, "--config.total_steps=10", "--config.evals=(('probe', 'test', 'probe', 5),)"]
-  th.check_ok(th.run_main(workdir, *args, "--config.probe.shots=(1, 2)", "--config.probe.draws=2"))
+  args = [f"--config.data.data_dir={data_dir}", "--config.total_steps=6", "--config.eval_every=3"]
+  args += ["--config.checkpoint_every=3", "--config.model.encoder.depth=1", "--config.model.decoder_depth=1"]
+  args += ["--config.evals=(('probe', 'test', 'probe', 3),)", "--config.probe.shots=(1, 2)", "--config.probe.draws=2"]
+  th.check_ok(th.run_main(workdir, *args, config=os.path.join(th.ROOT, "configs", "mae_digits.py")))
   rows = [r for r in th.read_metrics(workdir) if "probe/knn" in r]
-  assert [r["step"] for r in rows] == [5, 10]
+  assert [r["step"] for r in rows] == [3, 6]
   assert {"probe/linear", "probe/1shot", "probe/2shot_std"} <= set(rows[-1]) and "probe/10shot" not in rows[-1]
+  assert rows[-1]["probe/linear"] > 0.2  # 10 classes: even an MAE encoder's features after 6 steps beat chance
 
 
 @pytest.mark.parametrize(

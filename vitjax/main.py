@@ -49,7 +49,8 @@ flags.DEFINE_enum(
 flags.DEFINE_string(
   "checkpoint",
   "best",
-  "eval/probe: 'best' (best validation metric), 'latest' or a step number; probe also 'init' (the initial weights)",
+  "eval/probe: 'best' (best validation metric), 'latest', a step number or 'averaged' (vitjax.average); probe "
+  "also 'init' (the initial weights)",
 )
 flags.DEFINE_string(
   "split", None, "eval: split to evaluate (default: config.data.eval_split); probe: reported beside valid (test)"

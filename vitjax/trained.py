@@ -98,8 +98,7 @@ def load(workdir: str, checkpoint: str | int = "best", weights: str = "params") 
   config = workdir_lib.read_config(workdir)
   task = tasks.get(config, workdir, described=workdir_lib.read_json(workdir, "task.json"))
   exp = state_lib.setup(config, task)
-  with ckpt_lib.Checkpoints(workdir, config.best_metric, config.best_mode, read_only=True) as ckpts:
-    step, params, model_state = ckpts.restore_variables(str(checkpoint), exp.abstract_state, weights)
+  step, params, model_state = ckpt_lib.read_variables(workdir, config, checkpoint, exp.abstract_state, weights)
   variables = {"params": params, **model_state}
   return Trained(exp.model, variables, config, step, workdir, exp.mesh, exp.batch_sharding, task)
 

@@ -35,6 +35,7 @@ from vitjax.errors import ConfigError
 from vitjax.mesh import agree, path_name, sync
 
 CHECKPOINTS = "checkpoints"
+AVERAGED = "averaged"  # WORKDIR/averaged: vitjax.average's mean of several steps' parameters (--checkpoint=averaged)
 
 
 def _words(x) -> jax.Array:
@@ -88,13 +89,16 @@ class Checkpoints:
   """WORKDIR/checkpoints through one orbax CheckpointManager (see the module docstring).
 
   keep: how many latest steps to keep (training); None with read_only=True (evaluation, vitjax.load).
+  subdir: CHECKPOINTS, or AVERAGED for vitjax.average's (its state is {"params", "model_state"} only).
   """
 
   ITEMS = ("state", "data", "checksums")
 
-  def __init__(self, workdir: str, best_metric: str, best_mode: str, keep: int | None = None, read_only=False):
+  def __init__(
+    self, workdir: str, best_metric: str, best_mode: str, keep: int | None = None, read_only=False, subdir=CHECKPOINTS
+  ):
     self.workdir = workdir
-    self.directory = os.path.join(workdir, CHECKPOINTS)
+    self.directory = os.path.join(workdir, subdir)
     self.best_metric, self.best_mode, self.read_only = best_metric, best_mode, read_only
     worst = -math.inf if best_mode == "max" else math.inf
     best_fn = lambda metrics: metrics[best_metric] if math.isfinite(metrics[best_metric]) else worst
@@ -308,6 +312,22 @@ class Checkpoints:
 
   def __exit__(self, *exc):
     self.close()
+
+
+def read_variables(workdir: str, config, which, abstract_state, weights: str = "params"):
+  """(step, parameters, other collections) of a workdir's checkpoint `which`: 'best', 'latest', a step (see
+  Checkpoints.candidates), or 'averaged' (vitjax.average's mean; its step is its newest member's)."""
+  if str(which) != AVERAGED:
+    with Checkpoints(workdir, config.best_metric, config.best_mode, read_only=True) as ckpts:
+      return ckpts.restore_variables(str(which), abstract_state, weights)
+  if weights != "params":
+    raise ConfigError("--checkpoint=averaged holds averaged parameters, not a moving average: use --weights=params")
+  if not os.path.isdir(os.path.join(workdir, AVERAGED)):
+    raise ConfigError(
+      f"no averaged checkpoint in {workdir}: write one with python -m vitjax.average --workdir={workdir} --last=5"
+    )
+  with Checkpoints(workdir, config.best_metric, config.best_mode, read_only=True, subdir=AVERAGED) as ckpts:
+    return ckpts.restore_variables("latest", abstract_state)
 
 
 def _first_line(e: BaseException) -> str:

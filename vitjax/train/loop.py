@@ -440,21 +440,21 @@ class _NonfiniteGuard:
 
 
 def evaluate(config, workdir: str, checkpoint: str = "best", split: str | None = None, weights: str = "params") -> dict:
-  """Restores a checkpoint (best, latest, or a step; corrupt ones are skipped for best and latest) and
-  evaluates it on a split, its parameters or (weights="ema") their moving average; writes
-  WORKDIR/eval_SPLIT_STEP[_ema].json and a row of metrics.jsonl."""
+  """Restores a checkpoint (best, latest, a step, or averaged: vitjax.average's; corrupt ones are skipped for
+  best and latest) and evaluates it on a split, its parameters or (weights="ema") their moving average; writes
+  WORKDIR/eval_SPLIT_STEP[_ema].json (eval_SPLIT_averaged.json) and a row of metrics.jsonl."""
   workdir = os.path.abspath(workdir)
   split = split or config.data.eval_split
   if not ckpt_lib.has_checkpoints(workdir) and config.get("init_from"):
     return _evaluate_imported(config, workdir, split, weights)
   task = tasks.get(config, workdir, described=workdir_lib.read_json(workdir, "task.json"))
   exp = state_lib.setup(config, task)
-  with ckpt_lib.Checkpoints(workdir, config.best_metric, config.best_mode, read_only=True) as ckpts:
-    step, params, model_state = ckpts.restore_variables(str(checkpoint), exp.abstract_state, weights)
+  step, params, model_state = ckpt_lib.read_variables(workdir, config, checkpoint, exp.abstract_state, weights)
   with jax.set_mesh(exp.mesh):
     result = task.evaluate(exp.model, {"params": params, **model_state}, split, exp.batch_sharding, step=step)
   row = {"step": step, "checkpoint": str(checkpoint), "split": split, "weights": weights, **result}
-  workdir_lib.write_json(workdir, f"eval_{split}_{step}{'_ema' if weights == 'ema' else ''}.json", row)
+  which = "averaged" if str(checkpoint) == ckpt_lib.AVERAGED else step
+  workdir_lib.write_json(workdir, f"eval_{split}_{which}{'_ema' if weights == 'ema' else ''}.json", row)
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
       f.write(json.dumps({**row, "source": "evaluate"}) + "\n")

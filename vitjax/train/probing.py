@@ -83,8 +83,7 @@ def probe(config, workdir: str, checkpoint: str = "best", split: str | None = No
         f"{workdir} has no checkpoints: train first, give --config.init_from, or probe the initial (random) "
         "weights with --checkpoint=init"
       )
-    with ckpt_lib.Checkpoints(workdir, config.best_metric, config.best_mode, read_only=True) as ckpts:
-      step, params, model_state = ckpts.restore_variables(str(checkpoint), exp.abstract_state, weights)
+    step, params, model_state = ckpt_lib.read_variables(workdir, config, checkpoint, exp.abstract_state, weights)
     variables = {"params": params, **model_state}
   result = run(config, task, features(config, task, exp, variables, (VALID, split)))
   rows = {}

@@ -1,0 +1,87 @@
+"""Checkpoint averaging (python -m vitjax.average): the mean of two known checkpoints, computed sharded over 8
+devices, read back by --checkpoint=averaged and vitjax.load; a corrupt member is refused and nothing is written."""
+
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import train_helpers as th
+from test_faults import _corrupt
+
+
+def _copy(finished_run, tmp_path):
+  workdir = str(tmp_path / "w")
+  shutil.copytree(finished_run, workdir)
+  return workdir
+
+
+def _saved_params(path: str) -> dict:
+  checkpointer = ocp.PyTreeCheckpointer()
+  tree = checkpointer.metadata(path).item_metadata.tree
+  as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+  return checkpointer.restore(path, restore_args=as_numpy)["params"]
+
+
+def test_the_average_of_two_checkpoints_is_their_mean_sharded_and_read_back(finished_run, tmp_path):
+  workdir = _copy(finished_run, tmp_path)
+  # averaged on 8 devices with the attention heads and MLP split over a tensor axis (bookkeeping fields)
+  path = os.path.join(workdir, "config.json")
+  original = open(path).read()
+  config = json.loads(original)
+  config.update(sharding="tp", mesh=[["data", 4], ["tensor", 2]])
+  json.dump(config, open(path, "w"))
+  a, b = th.finished_steps(workdir)[-2:]
+  proc = th.check_ok(th.run_module("average", f"--workdir={workdir}", f"--steps={a},{b}", devices=8))
+  assert f"averaged steps {a}, {b}" in proc.stdout
+  open(path, "w").write(original)  # read back on one device
+
+  want = jax.tree.map(
+    lambda x, y: (x + y) / 2, th.load_state(workdir, a)["params"], th.load_state(workdir, b)["params"]
+  )
+  got = _saved_params(os.path.join(workdir, "averaged", str(b), "state"))
+  for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
+    np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
+  assert not np.allclose(jax.tree.leaves(want)[0], jax.tree.leaves(th.load_state(workdir, b)["params"])[0])
+
+  import vitjax
+
+  trained = vitjax.load(workdir, "averaged")  # one device here: the layout does not matter
+  assert trained.step == b
+  for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(trained.variables["params"]), strict=True):
+    np.testing.assert_allclose(np.asarray(g), w, rtol=1e-6, atol=1e-7)
+  ev = th.check_ok(th.run_main(workdir, "--mode=eval", "--checkpoint=averaged", "--json", config=None))
+  assert json.loads(ev.stdout.strip().splitlines()[-1])["checkpoint"] == "averaged"
+  assert os.path.exists(os.path.join(workdir, "eval_valid_averaged.json"))
+  # averaging again replaces the average
+  th.check_ok(th.run_module("average", f"--workdir={workdir}", "--last=1"))
+  last = _saved_params(os.path.join(workdir, "averaged", str(th.finished_steps(workdir)[-1]), "state"))
+  np.testing.assert_array_equal(jax.tree.leaves(last)[0], jax.tree.leaves(th.load_state(workdir)["params"])[0])
+  assert sorted(os.listdir(os.path.join(workdir, "averaged"))) == [str(th.finished_steps(workdir)[-1])]
+
+
+def test_a_corrupt_member_is_refused_and_nothing_is_written(finished_run, tmp_path):
+  workdir = _copy(finished_run, tmp_path)
+  a, b = th.finished_steps(workdir)[-2:]
+  _corrupt(os.path.join(workdir, "checkpoints", str(b)), "flip")
+  before = th.snapshot(workdir)
+  proc = th.run_module("average", f"--workdir={workdir}", f"--steps={a},{b}")
+  errors = th.error_lines(proc).strip().splitlines()
+  assert proc.returncode == 2 and len(errors) == 1 and f"step {b}" in errors[0], proc.stderr[-2000:]
+  assert "average without step" in errors[0]
+  assert th.snapshot(workdir) == before and not os.path.exists(os.path.join(workdir, "averaged"))
+
+
+def test_averaging_bad_input_is_one_line(finished_run, tmp_path):
+  workdir = _copy(finished_run, tmp_path)
+  for args, says in (
+    (["--last=99"], "--last=99: the workdir keeps"),
+    (["--steps=7"], "no checkpoint for step(s) [7]"),
+    ([], "give either --last=N"),
+  ):
+    proc = th.run_module("average", f"--workdir={workdir}", *args)
+    assert proc.returncode == 2 and says in th.error_lines(proc), (args, proc.stderr[-1500:])
+  proc = th.run_main(workdir, "--mode=eval", "--checkpoint=averaged", config=None)
+  assert proc.returncode == 2 and "python -m vitjax.average" in th.error_lines(proc)

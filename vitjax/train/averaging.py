@@ -1,0 +1,86 @@
+"""Checkpoint averaging (Vaswani et al. 2017; T2T's and fairseq's average_checkpoints): the mean of several steps'
+parameters, written as WORKDIR/averaged, which --checkpoint=averaged reads wherever a checkpoint is read
+(`--mode=eval`, `--mode=probe`, vitjax.load, export, translate).
+
+The members are restored as the other checkpoints are (sharded over the mesh, every array checked against its
+checksum): a corrupt member stops the averaging with one line naming it, and nothing is written. The mean is taken
+on the devices, in float32, with the layout the parameters train with; integer collections are the newest
+member's. The result is written beside checkpoints/ (not among them: the training run's keep and best policies
+never see it) through a new directory that replaces the old average only once it is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+from absl import logging
+
+from vitjax import tasks
+from vitjax.errors import ConfigError
+from vitjax.mesh import sync
+from vitjax.train import checkpoints as ckpt_lib
+from vitjax.train import state as state_lib
+from vitjax.train import workdir as workdir_lib
+
+
+def choose(available: list[int], last: int | None = None, steps=None) -> list[int]:
+  """The members: the `last` newest of `available`, or the given `steps` (each must be there)."""
+  if (last is None) == (not steps):
+    raise ConfigError("give either --last=N (the N newest checkpoints) or --steps=a,b,c")
+  if steps:
+    steps = sorted({int(s) for s in steps})
+    missing = [s for s in steps if s not in available]
+    if missing:
+      raise ConfigError(f"--steps: no checkpoint for step(s) {missing}; the workdir has {available}")
+    return steps
+  if last < 1:
+    raise ConfigError(f"--last={last} must be at least 1")
+  if last > len(available):
+    raise ConfigError(f"--last={last}: the workdir keeps {len(available)} checkpoints ({available}); give at most that")
+  return available[-last:]
+
+
+@jax.jit
+def _add(total, tree):
+  return jax.tree.map(lambda t, x: t + x.astype(t.dtype) if jnp.issubdtype(t.dtype, jnp.floating) else x, total, tree)
+
+
+def average(config, workdir: str, last: int | None = None, steps=None) -> dict:
+  """Writes the mean of the chosen checkpoints' parameters (and float model state) to WORKDIR/averaged; returns
+  {"workdir", "steps": the members, "step": the newest member's}."""
+  workdir = os.path.abspath(workdir)
+  task = tasks.get(config, workdir, described=workdir_lib.read_json(workdir, "task.json"))
+  exp = state_lib.setup(config, task)
+  with ckpt_lib.Checkpoints(workdir, config.best_metric, config.best_mode, read_only=True) as ckpts:
+    members = choose(ckpts.steps(), last, steps)
+    total = None
+    for step in members:
+      try:
+        _, variables, _ = ckpts.restore(str(step), exp.abstract_state, with_data=False, variables_only=True)
+      except ConfigError as e:
+        raise ConfigError(f"{e} (average without step {step}: --steps=...)") from None
+      variables = {"params": variables[0], "model_state": variables[1]}
+      logging.info("averaging: read step %d", step)
+      total = variables if total is None else _add(total, variables)
+  n = len(members)
+  mean = jax.jit(lambda t: jax.tree.map(lambda x: x / n if jnp.issubdtype(x.dtype, jnp.floating) else x, t))(total)
+  new = ckpt_lib.AVERAGED + ".new"
+  if jax.process_index() == 0:
+    shutil.rmtree(os.path.join(workdir, new), ignore_errors=True)  # a half-written one from an interrupted run
+  sync("averaging_start")
+  with ckpt_lib.Checkpoints(workdir, config.best_metric, config.best_mode, keep=1, subdir=new) as out:
+    out.save(members[-1], mean, json.dumps({"averaged_steps": members}))
+  if jax.process_index() == 0:
+    final, old = os.path.join(workdir, ckpt_lib.AVERAGED), os.path.join(workdir, ckpt_lib.AVERAGED + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if os.path.isdir(final):
+      os.replace(final, old)
+    os.replace(os.path.join(workdir, new), final)
+    shutil.rmtree(old, ignore_errors=True)
+  sync("averaging_done")
+  logging.info("averaged steps %s into %s", members, os.path.join(workdir, ckpt_lib.AVERAGED))
+  return {"workdir": workdir, "steps": members, "step": members[-1]}

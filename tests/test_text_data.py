@@ -582,3 +582,28 @@ def test_real_ding():
   assert len(pairs) > 10000
   assert sum(len(a.split()) >= 4 for a, _ in pairs) > 1000
   assert not any(c in s for p in pairs[:20000] for s in p for c in "{}[]")
+
+
+def test_ding_references_are_every_synonym_of_the_entry(tmp_path):
+  """A dictionary entry has several right answers: its synonyms are the references that scoring uses."""
+  with open(tmp_path / "de-en", "w", encoding="utf-8") as f:
+    f.write("\n".join(DING_LINES) + "\n")
+  refs = text.load_references("ding", src_lang="de", tgt_lang="en", data_dir=str(tmp_path))
+  assert refs[("Haus", "house")] == ["house", "building"] and refs[("Hund", "dog")] == ["dog"]
+  back = text.load_references("ding", src_lang="en", tgt_lang="de", data_dir=str(tmp_path))
+  assert back[("house", "Haus")] == ["Haus", "Gebäude"]
+  assert text.load_references("bible", src_lang="en", tgt_lang="es") is None
+
+  from vitjax.config import translation_config
+  from vitjax.tasks import Translation
+
+  config = translation_config("ding", "de", "en")
+  config.data.data_dir = str(tmp_path)
+  task = Translation(config, str(tmp_path / "w"))
+  pairs = [("Haus", "house"), ("Hund", "dog"), ("Das ist gut.", "That is good.")]
+  got = task._synonym_scores(pairs, ["building", "cat", "That is good."])
+  assert got["eval/exact_match"] == 2 / 3  # 'building' is right: one of the entry's synonyms
+  import sacrebleu
+
+  single = sacrebleu.corpus_bleu(["building", "cat", "That is good."], [[t for _, t in pairs]]).score
+  assert got["eval/bleu_synonyms"] > single

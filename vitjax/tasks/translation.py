@@ -42,6 +42,7 @@ class Translation:
     self.layout = layout or mesh_lib.Layout.of(config)
     self._splits = None
     self._tokenizer = None
+    self._references = None  # _synonym_scores(): {pair: every acceptable target}, read once
 
   # -- data
   @property
@@ -228,6 +229,28 @@ class Translation:
       "eval/chrf": sacrebleu.corpus_chrf(hyps, [refs]).score,
       "eval/bleu_copy_source": sacrebleu.corpus_bleu([s for s, _ in pairs], [refs]).score,
       "eval/examples": float(len(pairs)),
+      **self._synonym_scores(pairs, hyps),
+    }
+
+  def _synonym_scores(self, pairs, hyps) -> dict:
+    """For a source whose entries have several correct translations (the Ding dictionary's synonyms):
+    eval/exact_match (the share of translations equal to one of them) and eval/bleu_synonyms (BLEU with all
+    of them as references); {} for the others."""
+    import sacrebleu
+
+    if self._references is None:
+      d = self.config.data
+      found = text.load_references(d.source, src_lang=d.src_lang, tgt_lang=d.tgt_lang, data_dir=d.data_dir)
+      self._references = found if found is not None else {}
+    if not self._references:
+      return {}
+    refs = [self._references.get(pair, [pair[1]]) for pair in pairs]
+    width = max(len(r) for r in refs)
+    streams = [[r[k] if k < len(r) else None for r in refs] for k in range(width)]
+    exact = sum(h.strip() in r for h, r in zip(hyps, refs, strict=True))
+    return {
+      "eval/exact_match": exact / max(len(pairs), 1),
+      "eval/bleu_synonyms": sacrebleu.corpus_bleu(hyps, streams).score,
     }
 
   # -- prediction (vitjax.load, vitjax.translate)

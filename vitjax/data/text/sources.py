@@ -128,8 +128,8 @@ def _strip_annotations(text: str) -> str:
   return text
 
 
-def parse_ding_line(line: str, synonyms: str = "first") -> list[Pair]:
-  """(German, English) pairs from one Ding dictionary line.
+def ding_alternatives(line: str) -> list[tuple[list[str], list[str]]]:
+  """(German synonyms, English synonyms) of each alternative of one Ding dictionary line.
 
   A line is ``German :: English``; each side lists alternatives separated by
   ``|`` that correspond positionally (headword | plural | example phrase ...),
@@ -139,16 +139,7 @@ def parse_ding_line(line: str, synonyms: str = "first") -> list[Pair]:
   (nested ones too) -- they are grammar / usage labels or explanations that the
   other side does not mirror; split ``|`` positionally (lines whose sides have
   different numbers of alternatives are skipped, and so are alternatives with
-  an unbalanced bracket left); normalise whitespace.
-
-  Args:
-    line: one line of the dictionary file.
-    synonyms: ``'first'`` (default) keeps the first synonym of each side --
-      one clean pair per alternative; ``'all'`` pairs every German synonym with
-      every English one (many near-duplicate pairs).
-
-  Returns:
-    The pairs, empty alternatives skipped.
+  an unbalanced bracket left); normalise whitespace; empty ones skipped.
   """
   line = line.strip()
   if not line or line.startswith("#") or " :: " not in line:
@@ -158,36 +149,61 @@ def parse_ding_line(line: str, synonyms: str = "first") -> list[Pair]:
   en_alts = _strip_annotations(en).split("|")
   if len(de_alts) != len(en_alts):
     return []
-  pairs = []
+  out = []
   for d, e in zip(de_alts, en_alts):
     if _BRACKETS.search(d + e):
       continue  # an unbalanced bracket: malformed alternative
-    d_syn = [_norm_ws(s) for s in d.split(";")]
-    e_syn = [_norm_ws(s) for s in e.split(";")]
-    d_syn = [s for s in d_syn if s]
-    e_syn = [s for s in e_syn if s]
-    if not d_syn or not e_syn:
-      continue
+    d_syn = [x for x in (_norm_ws(s) for s in d.split(";")) if x]
+    e_syn = [x for x in (_norm_ws(s) for s in e.split(";")) if x]
+    if d_syn and e_syn:
+      out.append((d_syn, e_syn))
+  return out
+
+
+def parse_ding_line(line: str, synonyms: str = "first") -> list[Pair]:
+  """(German, English) pairs from one Ding dictionary line (see ding_alternatives).
+
+  Args:
+    line: one line of the dictionary file.
+    synonyms: ``'first'`` (default) keeps the first synonym of each side --
+      one clean pair per alternative; ``'all'`` pairs every German synonym with
+      every English one (many near-duplicate pairs).
+  """
+  if synonyms not in ("first", "all"):
+    raise ValueError(f"synonyms must be 'first' or 'all', got {synonyms!r}")
+  pairs = []
+  for d_syn, e_syn in ding_alternatives(line):
     if synonyms == "first":
       pairs.append((d_syn[0], e_syn[0]))
-    elif synonyms == "all":
-      pairs.extend((x, y) for x in d_syn for y in e_syn)
     else:
-      raise ValueError(f"synonyms must be 'first' or 'all', got {synonyms!r}")
+      pairs.extend((x, y) for x in d_syn for y in e_syn)
   return pairs
 
 
-def ding_pairs(path: str = DING_PATH, synonyms: str = "first") -> list[Pair]:
-  """(German, English) pairs of the whole Ding file, in file order."""
+def _ding_lines(path: str):
   if not os.path.exists(path):
     raise SourceNotAvailableError(
       f"Ding dictionary not found at {path}. Install it with: apt-get install {DING_PACKAGE}"
     )
-  pairs = []
   with open(path, encoding="utf-8", errors="replace") as f:
-    for line in f:
-      pairs.extend(parse_ding_line(line, synonyms))
-  return pairs
+    yield from f
+
+
+def ding_pairs(path: str = DING_PATH, synonyms: str = "first") -> list[Pair]:
+  """(German, English) pairs of the whole Ding file, in file order."""
+  return [pair for line in _ding_lines(path) for pair in parse_ding_line(line, synonyms)]
+
+
+def ding_references(path: str = DING_PATH, target: str = "en") -> dict[Pair, list[str]]:
+  """{(German, English) pair as ding_pairs gives it: every synonym on the `target` side ('en' or 'de') of the
+  alternatives it comes from}: the references a dictionary entry's translation may match (a pair that several
+  lines give collects the synonyms of all of them)."""
+  refs: dict[Pair, list[str]] = {}
+  for line in _ding_lines(path):
+    for d_syn, e_syn in ding_alternatives(line):
+      found = refs.setdefault((d_syn[0], e_syn[0]), [])
+      found.extend(x for x in (e_syn if target == "en" else d_syn) if x not in found)
+  return refs
 
 
 def _need_file(path: str, source: str) -> None:
@@ -299,6 +315,21 @@ def _find_langs(ex: Any, a: str, b: str) -> dict | None:
   return None
 
 
+def _ding_path(arg: str, data_dir: str | None) -> str:
+  return arg or (os.path.join(data_dir, "de-en") if data_dir else DING_PATH)
+
+
+def load_references(source: str, *, src_lang: str, tgt_lang: str, data_dir: str | None = None):
+  """{(source_text, target_text) as load_pairs gives it: every acceptable target} for sources whose entries have
+  several correct translations (the Ding dictionary's synonyms); None for the others (one reference each)."""
+  kind, _, arg = source.partition(":")
+  if kind != "ding":
+    return None
+  _orient([], ("de", "en"), src_lang, tgt_lang, "ding")  # the languages' check
+  refs = ding_references(_ding_path(arg, data_dir), target=tgt_lang)
+  return refs if src_lang == "de" else {(b, a): v for (a, b), v in refs.items()}
+
+
 def load_pairs(source: str, *, src_lang: str, tgt_lang: str, data_dir: str | None = None) -> list[tuple[str, str]]:
   """Loads ``(source_text, target_text)`` pairs, whitespace-normalised.
 
@@ -326,8 +357,7 @@ def load_pairs(source: str, *, src_lang: str, tgt_lang: str, data_dir: str | Non
   if kind == "bible":
     return _orient(bible_pairs(data_dir), ("en", "es"), src_lang, tgt_lang, "bible")
   if kind == "ding":
-    path = arg or (os.path.join(data_dir, "de-en") if data_dir else DING_PATH)
-    return _orient(ding_pairs(path), ("de", "en"), src_lang, tgt_lang, "ding")
+    return _orient(ding_pairs(_ding_path(arg, data_dir)), ("de", "en"), src_lang, tgt_lang, "ding")
   if kind == "tsv" and arg:
     return tsv_pairs(arg)
   if kind == "files" and arg.count(",") == 1:

@@ -289,3 +289,36 @@ def test_special_ids_come_from_the_tokenizer_and_a_mismatch_is_one_line(run, tmp
   tok = task.tokenizer  # trained now, with no bos piece
   assert tok.special_ids == {"pad_id": 0, "eos_id": 1, "bos_id": 0} and tok.sp.bos_id() == -1
   assert task.model_overrides()["bos_id"] == 0
+
+
+def test_decode_sweep_chooses_on_valid_writes_the_config_and_resumes(run, tmp_path):
+  """python -m vitjax.sweep.decode: every (beam, alpha) point translates valid once (an Optuna study in the
+  workdir), the best goes into the run's decode config (config_history.jsonl), and a rerun evaluates nothing."""
+  _, src = run
+  workdir = str(tmp_path / "w")
+  shutil.copytree(src, workdir)
+  cmd = [sys.executable, "-m", "vitjax.sweep.decode", f"--workdir={workdir}", "--beam_sizes=1,2", "--alphas=0,1"]
+  cmd.append("--limit=16")
+  proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "best decoding on valid: beam" in proc.stdout
+  assert proc.stderr.count("point ") == 4
+  report = open(os.path.join(workdir, "decode_sweep.md")).read()
+  assert report.count("**") == 2 and "| 1 |" in report and "| 2 |" in report
+
+  import optuna
+
+  study = optuna.load_study(study_name="decode best valid 16", storage=f"sqlite:///{workdir}/decode_sweep.db")
+  values = {(t.params["beam_size"], t.params["alpha"]): t.value for t in study.trials}
+  assert len(values) == 4
+  best = max(values, key=lambda p: (round(values[p], 6), -p[0], -p[1]))
+  decode = vitjax.load(workdir).config.decode  # the config as the run reads it now
+  assert (decode.beam_size, decode.alpha) == best
+  if best != (4, 0.6):  # the config's point: beam 4, alpha 0.6 (outside this grid)
+    history = [json.loads(line) for line in open(os.path.join(workdir, "config_history.jsonl"))]
+    assert "decode.beam_size" in history[-1]["changes"]
+
+  again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+  assert again.returncode == 0 and "point " not in again.stderr  # the four points are done: nothing to evaluate
+  bad = subprocess.run([*cmd[:4], "--beam_sizes=0"], capture_output=True, text=True, timeout=120)
+  assert bad.returncode == 2 and "--beam_sizes must be integers >= 1" in bad.stderr

@@ -96,7 +96,7 @@ def test_probe_mode_writes_the_three_evaluations(finished_run, tmp_path):
   proc = th.check_ok(th.run_module("main", "--mode=probe", f"--workdir={workdir}"))
   assert "probe valid: linear" in proc.stdout and "probe test: linear" in proc.stdout
   for split in ("valid", "test"):
-    row = json.load(open(os.path.join(workdir, f"probe_{split}.json")))
+    row = json.load(open(os.path.join(workdir, f"probe_{split}_30.json")))
     assert row["split"] == split and row["checkpoint"] == "best" and row["step"] == 30
     for key in ("linear", "knn", "1shot", "5shot", "10shot", "25shot", "10shot_std"):
       assert 0.0 <= row[key] <= 1.0, key
@@ -121,6 +121,8 @@ def test_an_mae_run_reports_its_encoders_probe_at_each_evaluation(data_dir, tmp_
   [
     (["--split=train"], "the split the probes are fitted on"),
     (["--checkpoint=best"], "has no checkpoints: train first"),
+    (["--config.probe.knn_k=0"], "config.probe.knn_k=0 must be an integer >= 1"),
+    (["--config.data.valid_fraction=0"], "data.valid_fraction is 0"),  # the linear probe chooses on valid
   ],
 )
 def test_probe_bad_input_is_one_line_and_leaves_the_workdir(run_args, tmp_path, args, says):
@@ -128,4 +130,12 @@ def test_probe_bad_input_is_one_line_and_leaves_the_workdir(run_args, tmp_path, 
   proc = th.run_module("main", "--mode=probe", f"--workdir={workdir}", f"--config={th.CONFIG}", *run_args, *args)
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert says in th.error_lines(proc) and len(th.error_lines(proc).splitlines()) == 1
+  assert not os.path.exists(workdir)
+
+
+def test_a_probe_evaluator_that_cannot_run_stops_the_run_before_it_writes(run_args, tmp_path):
+  """Checked with the task before the first step (it used to fail at the first evaluation, mid-run)."""
+  workdir = str(tmp_path / "w")
+  proc = th.run_main(workdir, *run_args, "--config.evals=(('probe', 'train', 'probe', 5),)")
+  assert proc.returncode == 2 and "the split the probes are fitted on" in th.error_lines(proc), proc.stderr[-1500:]
   assert not os.path.exists(workdir)

@@ -542,7 +542,7 @@ def test_evaluators_are_planned_from_config_evals_with_one_line_for_a_bad_entry(
   ]
   assert [e.name for e in planned if e.due(22, 100)] == ["test"] and all(e.due(100, 100) for e in planned)
   for evals, why in (
-    ((("t", "test", "probe", 5),), "kinds are task, ema"),
+    ((("t", "test", "knn", 5),), "kinds are task, ema, probe"),
     ((("eval", "test", "task", 5),), "taken"),
     ((("t", "test", "task"),), "not a \\(name, split, kind, every\\) entry"),
     ((("t", "test", "task", "2 weeks"),), "with a unit"),

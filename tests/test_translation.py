@@ -308,8 +308,10 @@ def test_decode_sweep_chooses_on_valid_writes_the_config_and_resumes(run, tmp_pa
 
   import optuna
 
-  study = optuna.load_study(study_name="decode best valid 16", storage=f"sqlite:///{workdir}/decode_sweep.db")
-  values = {(t.params["beam_size"], t.params["alpha"]): t.value for t in study.trials}
+  storage = f"sqlite:///{workdir}/decode_sweep.db"
+  (summary,) = optuna.get_all_study_summaries(storage)  # one study: this workdir's best checkpoint on valid
+  study = optuna.load_study(study_name=summary.study_name, storage=storage)
+  values = {(t.user_attrs["beam_size"], t.user_attrs["alpha"]): t.value for t in study.trials}
   assert len(values) == 4
   best = max(values, key=lambda p: (round(values[p], 6), -p[0], -p[1]))
   decode = vitjax.load(workdir).config.decode  # the config as the run reads it now
@@ -320,5 +322,7 @@ def test_decode_sweep_chooses_on_valid_writes_the_config_and_resumes(run, tmp_pa
 
   again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
   assert again.returncode == 0 and "point " not in again.stderr  # the four points are done: nothing to evaluate
+  wider = subprocess.run([*cmd, "--alphas=0,1,2", "--nowrite"], capture_output=True, text=True, timeout=300)
+  assert wider.returncode == 0 and wider.stderr.count("point ") == 2, wider.stderr[-2000:]  # only alpha 2 is new
   bad = subprocess.run([*cmd[:4], "--beam_sizes=0"], capture_output=True, text=True, timeout=120)
   assert bad.returncode == 2 and "--beam_sizes must be integers >= 1" in bad.stderr

@@ -37,9 +37,21 @@ class Options:
 
   @classmethod
   def of(cls, config) -> Options:
-    p = config.get("probe") or {}
-    fields = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: tuple(v) if k == "shots" else v for k, v in dict(p).items() if k in fields})
+    """config.probe's options; ConfigError for values out of range."""
+    from vitjax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+
+    p = dict(config.get("probe") or {})
+    shots = p.get("shots", cls.shots)
+    shots = tuple(shots) if isinstance(shots, list | tuple) else (shots,)
+    if not shots or not all(isinstance(n, int) and n >= 1 for n in shots):
+      raise ConfigError(f"config.probe.shots={shots!r}: give examples per class, integers >= 1, e.g. (1, 5, 10, 25)")
+    for key, low in (("draws", 1), ("knn_k", 1)):
+      if not isinstance(p.get(key, 1), int) or p.get(key, 1) < low:
+        raise ConfigError(f"config.probe.{key}={p.get(key)!r} must be an integer >= {low}")
+    if not p.get("knn_temperature", 1.0) > 0:
+      raise ConfigError(f"config.probe.knn_temperature={p.get('knn_temperature')!r} must be positive")
+    fields = {f.name for f in dataclasses.fields(cls)} - {"shots"}
+    return cls(shots=shots, **{k: v for k, v in p.items() if k in fields})
 
 
 class Ridge:

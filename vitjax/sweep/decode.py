@@ -2,7 +2,7 @@
 
     python -m vitjax.sweep.decode --workdir=W                                   # beam 1,2,4,8 x alpha 0..1.2
     python -m vitjax.sweep.decode --workdir=W --checkpoint=averaged --beam_sizes=4,8 --alphas=0.6,1.0
-    python -m vitjax.sweep.decode --workdir=W --no_write                        # report only
+    python -m vitjax.sweep.decode --workdir=W --nowrite                        # report only
 
 Every (beam_size, alpha) point is one trial of an Optuna study on a grid, in W/decode_sweep.db (or --storage):
 the checkpoint translates the validation split (its first --limit pairs, if given) with that beam and length
@@ -11,6 +11,10 @@ same command after an interruption: finished points are kept. At the end W/decod
 best point (highest validation BLEU; ties: the smaller beam, then the smaller alpha) is written into the run's
 decode config (a row of W/config_history.jsonl, which --mode=eval, vitjax.load and vitjax.translate then use),
 and one line reports it beside the config's own point.
+
+The study's name holds the workdir, the checkpoint and its step, the split and --limit: a newer "best" is a new
+study. With --write (the default) the sweep holds the workdir's lock from the start. On several processes, process 0
+keeps the study and every process translates.
 
 Exit status: 0 done; 2 a problem you can fix (one "error: ..." line: not a translation run, a training run
 holding the workdir, a grid value out of range).
@@ -55,67 +59,83 @@ def best_point(results: dict) -> tuple[int, float]:
 
 def sweep(workdir, checkpoint="best", points=(), split="valid", limit=None, storage=None, write=True) -> dict:
   """Runs the grid, resuming the study; returns {"best": (beam, alpha), "bleu": {point: BLEU}, "before": the
-  run's point, "written": whether the best was written into its decode config}."""
+  run's point (None unless it decodes with beam search), "written": whether the best went into its config}."""
+  from vitjax.train import workdir as workdir_lib
+
+  workdir = os.path.abspath(workdir)
+  lock = workdir_lib.Lock(workdir)
+  if write:
+    lock.acquire()  # from the start: not beside a training run that writes the workdir (one line naming it)
+  try:
+    return _sweep(workdir, checkpoint, points, split, limit, storage, write)
+  finally:
+    if write:
+      lock.release()
+
+
+def _sweep(workdir, checkpoint, points, split, limit, storage, write) -> dict:
   import jax
+  import numpy as np
+  from jax.experimental import multihost_utils
 
   import vitjax
   from vitjax.errors import ConfigError
   from vitjax.sweep import study as study_lib
   from vitjax.train import workdir as workdir_lib
 
-  workdir = os.path.abspath(workdir)
   trained = vitjax.load(workdir, checkpoint)
   if not hasattr(trained.task, "translate"):
     task = trained.config.get("task", "classification")
     raise ConfigError(f"{workdir} is a {task} run: decode sweeps are for translation (config.task='translation')")
   decode = trained.task.config.decode
-  before = (int(decode.beam_size), float(decode.alpha))
-  optuna = study_lib.optuna_module()
-  url = storage or f"sqlite:///{os.path.join(workdir, 'decode_sweep.db')}"
-  study = optuna.create_study(
-    study_name=f"decode {checkpoint} {split} {limit}",
-    storage=study_lib.storage(url),
-    direction="maximize",
-    load_if_exists=True,
-  )
-  bleu = {}
-  for t in study.trials:
-    point = (t.params.get("beam_size"), t.params.get("alpha"))
-    if t.state == optuna.trial.TrialState.COMPLETE:
-      bleu[point] = t.value
-    elif t.state == optuna.trial.TrialState.RUNNING:  # an interrupted run's: tried again below
-      study.tell(t.number, state=optuna.trial.TrialState.FAIL)
-  space = {
-    "beam_size": optuna.distributions.CategoricalDistribution(sorted({b for b, _ in points})),
-    "alpha": optuna.distributions.CategoricalDistribution(sorted({a for _, a in points})),
-  }
-  todo = [p for p in points if p not in bleu]
+  method, beam0, alpha0 = str(decode.method), int(decode.beam_size), float(decode.alpha)
+  before = (beam0, alpha0) if method == "beam" else None
+  # Process 0 keeps the study (one record per point); every process translates. The name holds what the BLEU
+  # depends on: the weights (the workdir, the checkpoint and its step), the split and its part.
+  study, bleu = None, {}
+  if jax.process_index() == 0:
+    optuna = study_lib.optuna_module()
+    study = optuna.create_study(
+      study_name=f"decode {workdir} {checkpoint} step {trained.step} {split} {limit}",
+      storage=study_lib.storage(storage or f"sqlite:///{os.path.join(workdir, 'decode_sweep.db')}"),
+      direction="maximize",
+      load_if_exists=True,
+    )
+    for t in study.trials:
+      point = (t.user_attrs.get("beam_size"), t.user_attrs.get("alpha"))
+      if t.state == optuna.trial.TrialState.COMPLETE:
+        bleu[point] = t.value
+      elif t.state == optuna.trial.TrialState.RUNNING:  # an interrupted run's: tried again below
+        study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+  done = np.array([p in bleu for p in points], np.int32)
+  done = multihost_utils.broadcast_one_to_all(done) if jax.process_count() > 1 else done
+  todo = [p for p, d in zip(points, done, strict=True) if not d]
   logging.info("decode sweep of %s (%s): %d points, %d done before", workdir, checkpoint, len(points), len(bleu))
   for i, (beam, alpha) in enumerate(todo):
-    study.enqueue_trial({"beam_size": beam, "alpha": alpha})
-    trial = study.ask(space)
+    trial = study.ask() if study is not None else None
+    if trial is not None:
+      trial.set_user_attr("beam_size", beam)
+      trial.set_user_attr("alpha", alpha)
     decode.beam_size, decode.alpha, decode.method = beam, alpha, "beam"
     with jax.set_mesh(trained.mesh):
       metrics = trained.task.evaluate(trained.model, trained.variables, split, trained.sharding, limit=limit)
     bleu[(beam, alpha)] = metrics["eval/bleu"]
-    study.tell(trial, metrics["eval/bleu"])
+    if trial is not None:
+      study.tell(trial, metrics["eval/bleu"])
     logging.info(
       "point %d/%d: beam %d, alpha %.2f | %s BLEU %.2f", i + 1, len(todo), beam, alpha, split, bleu[(beam, alpha)]
     )
+  if jax.process_count() > 1:  # the points done before are known to process 0 only
+    values = np.array([bleu.get(p, np.nan) for p in points], np.float64)
+    bleu = dict(zip(points, map(float, multihost_utils.broadcast_one_to_all(values)), strict=True))
   results = {p: bleu[p] for p in points}
   best = best_point(results)
   _write_report(workdir, results, best, before, checkpoint, split, limit)
-  written = False
-  if write and best != before:
-    lock = workdir_lib.Lock(workdir)
-    lock.acquire()  # not while a training run writes the workdir: one line naming it
-    try:
-      changes = {"decode.beam_size": (before[0], best[0]), "decode.alpha": (before[1], best[1])}
-      workdir_lib.record_config_change(workdir, trained.step, {k: v for k, v in changes.items() if v[0] != v[1]})
-    finally:
-      lock.release()
-    written = True
-  return {"best": best, "bleu": results, "before": before, "written": written}
+  if not write or best == before:
+    return {"best": best, "bleu": results, "before": before, "written": False}
+  changes = {"decode.method": (method, "beam"), "decode.beam_size": (beam0, best[0]), "decode.alpha": (alpha0, best[1])}
+  workdir_lib.record_config_change(workdir, trained.step, {k: v for k, v in changes.items() if v[0] != v[1]})
+  return {"best": best, "bleu": results, "before": before, "written": True}
 
 
 def _write_report(workdir, results, best, before, checkpoint, split, limit) -> None:
@@ -133,7 +153,8 @@ def _write_report(workdir, results, best, before, checkpoint, split, limit) -> N
       cell = "" if v is None else f"{v:.2f}"
       cells.append(f"**{cell}**" if (b, a) == best else cell)
     lines.append(f"| {b} | " + " | ".join(cells) + " |")
-  lines += ["", f"best: beam {best[0]}, alpha {best[1]:g}; the config had beam {before[0]}, alpha {before[1]:g}", ""]
+  had = f"beam {before[0]}, alpha {before[1]:g}" if before else "another method than beam search"
+  lines += ["", f"best: beam {best[0]}, alpha {best[1]:g}; the config had {had}", ""]
   from vitjax.train import workdir as workdir_lib
 
   workdir_lib.write_json(workdir, "decode_sweep.md", "\n".join(lines))
@@ -142,16 +163,18 @@ def _write_report(workdir, results, best, before, checkpoint, split, limit) -> N
 def main() -> None:
   points = grid(FLAGS.beam_sizes, FLAGS.alphas)
   r = sweep(FLAGS.workdir, FLAGS.checkpoint, points, FLAGS.split, FLAGS.limit, FLAGS.storage, FLAGS.write)
-  (b, a), (b0, a0) = r["best"], r["before"]
-  say = (
-    "written into the decode config"
-    if r["written"]
-    else ("the config's already" if (b, a) == (b0, a0) else "not written (--no_write)")
-  )
+  (b, a), before = r["best"], r["before"]
+  if r["written"]:
+    say = "written into the decode config"
+  else:
+    say = "the config's already" if (b, a) == before else "not written (--nowrite)"
+  if before is None:
+    had = "the config decodes without beam search"
+  else:
+    score = f"{r['bleu'][before]:.2f}" if before in r["bleu"] else "not in the grid"
+    had = f"the config's beam {before[0]}, alpha {before[1]:g}: {score}"
   print(
-    f"best decoding on {FLAGS.split}: beam {b}, alpha {a:g}, BLEU {r['bleu'][(b, a)]:.2f} ({say}); the config's "
-    f"beam {b0}, alpha {a0:g}: " + (f"{r['bleu'][(b0, a0)]:.2f}" if (b0, a0) in r["bleu"] else "not in the grid"),
-    flush=True,
+    f"best decoding on {FLAGS.split}: beam {b}, alpha {a:g}, BLEU {r['bleu'][(b, a)]:.2f} ({say}); {had}", flush=True
   )
 
 

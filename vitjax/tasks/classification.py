@@ -19,7 +19,7 @@ import numpy as np
 from vitjax import convert
 from vitjax import data as data_lib
 from vitjax import mesh as mesh_lib
-from vitjax.data import augment, device_ops
+from vitjax.data import augment, device_ops, folder
 from vitjax.errors import ConfigError
 from vitjax.logs import Progress
 from vitjax.tasks.base import VALID, TrainInput, check_batch, check_best_metric, check_stop, cross_entropy
@@ -40,9 +40,9 @@ class ImageClassification:
   # -- splits
   def own_valid(self) -> bool:
     """Whether the dataset has a 'valid' split of its own (read as it is, instead of a held-out part)."""
-    if self._own_valid is None:
+    if self._own_valid is None:  # (folder:PATH and csv:FILE datasets; a stock tfds one keeps its held-out part)
       d = self.config.data
-      self._own_valid = data_lib.has_split(d.name, VALID, d.data_dir)
+      self._own_valid = folder.is_source(d.name) and data_lib.has_split(d.name, VALID, d.data_dir)
     return self._own_valid
 
   def _holdout(self):
@@ -105,9 +105,9 @@ class ImageClassification:
     if not 0 <= c.data.valid_fraction < 1:
       raise ConfigError(f"data.valid_fraction={c.data.valid_fraction} must be in [0, 1)")
     check_best_metric(c, ("eval/accuracy", "eval/top5", "eval/loss"))
-    self._check_split(c.data.eval_split, "data.eval_split")
+    self.check_split(c.data.eval_split, "data.eval_split")
     for name, split, *_ in (e for e in c.get("evals") or () if isinstance(e, list | tuple) and len(e) == 4):
-      self._check_split(split, f"evals[{name}] split")
+      self.check_split(split, f"evals[{name}] split")
     info = self.describe()
     mean = self.preprocess().mean
     if mean is not None and len(mean) != info["channels"]:
@@ -121,7 +121,9 @@ class ImageClassification:
         f"{info['num_classes']} classes; set --config.model.num_classes={info['num_classes']}"
       )
 
-  def _check_split(self, split: str, what: str) -> None:
+  def check_split(self, split: str, what: str) -> None:
+    """ConfigError (naming `what`, the setting) if `split` cannot be read: 'valid' without a held-out part or a
+    split of its own, or a split the dataset does not have."""
     d = self.config.data
     if split == VALID and not self.own_valid():
       if not d.valid_fraction:

@@ -64,9 +64,9 @@ class MaskedImageModeling(ImageClassification):
     check_best_metric(c, ("eval/loss",))
     if c.best_mode != "min":
       raise ConfigError("best_metric eval/loss is a loss: set --config.best_mode=min")
-    self._check_split(c.data.eval_split, "data.eval_split")
+    self.check_split(c.data.eval_split, "data.eval_split")
     for name, split, *_ in (e for e in c.get("evals") or () if isinstance(e, list | tuple) and len(e) == 4):
-      self._check_split(split, f"evals[{name}] split")
+      self.check_split(split, f"evals[{name}] split")
     try:
       self._grid  # noqa: B018 (builds the model: a bad config.model raises here)
     except ValueError as e:

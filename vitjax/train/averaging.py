@@ -6,7 +6,9 @@ The members are restored as the other checkpoints are (sharded over the mesh, ev
 checksum): a corrupt member stops the averaging with one line naming it, and nothing is written. The mean is taken
 on the devices, in float32, with the layout the parameters train with; integer collections are the newest
 member's. The result is written beside checkpoints/ (not among them: the training run's keep and best policies
-never see it) through a new directory that replaces the old average only once it is complete.
+never see it) through a new directory that replaces the old average only once it is complete (a crash between the
+two renames leaves averaged.old, which --checkpoint=averaged then reads). It holds the workdir's lock: not beside a
+training run, which deletes old steps, or another averaging.
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ def choose(available: list[int], last: int | None = None, steps=None) -> list[in
   if (last is None) == (not steps):
     raise ConfigError("give either --last=N (the N newest checkpoints) or --steps=a,b,c")
   if steps:
-    steps = sorted({int(s) for s in steps})
+    try:
+      steps = sorted({int(s) for s in steps})
+    except ValueError:
+      raise ConfigError(f"--steps={','.join(map(str, steps))}: give step numbers, e.g. --steps=8000,9000") from None
     missing = [s for s in steps if s not in available]
     if missing:
       raise ConfigError(f"--steps: no checkpoint for step(s) {missing}; the workdir has {available}")
@@ -53,6 +58,15 @@ def average(config, workdir: str, last: int | None = None, steps=None) -> dict:
   """Writes the mean of the chosen checkpoints' parameters (and float model state) to WORKDIR/averaged; returns
   {"workdir", "steps": the members, "step": the newest member's}."""
   workdir = os.path.abspath(workdir)
+  lock = workdir_lib.Lock(workdir)
+  lock.acquire()  # one writer: not beside a training run (which deletes old steps) or another averaging
+  try:
+    return _average(config, workdir, last, steps)
+  finally:
+    lock.release()
+
+
+def _average(config, workdir: str, last, steps) -> dict:
   task = tasks.get(config, workdir, described=workdir_lib.read_json(workdir, "task.json"))
   exp = state_lib.setup(config, task)
   with ckpt_lib.Checkpoints(workdir, config.best_metric, config.best_mode, read_only=True) as ckpts:

@@ -269,11 +269,14 @@ class Checkpoints:
     """ConfigError when the step's arrays have other shapes than `target` (another config's checkpoint);
     CorruptCheckpoint when its metadata cannot be read."""
     path = os.path.join(self.directory, str(step), "state")
+    handler = ocp.StandardCheckpointHandler()
     try:
-      meta = ocp.StandardCheckpointHandler().metadata(epath.Path(path))
+      meta = handler.metadata(epath.Path(path))
       saved = {path_name(p): tuple(m.shape) for p, m in jax.tree_util.tree_leaves_with_path(meta)}
     except Exception as e:
       raise CorruptCheckpoint(f"its metadata cannot be read: {_first_line(e)}") from None
+    finally:
+      handler.close()  # its threads, left running, print tracebacks when the interpreter exits
     if not saved:
       raise CorruptCheckpoint("its metadata lists no arrays")
     wanted = {path_name(p): tuple(a.shape) for p, a in jax.tree_util.tree_leaves_with_path(target)}
@@ -322,11 +325,12 @@ def read_variables(workdir: str, config, which, abstract_state, weights: str = "
       return ckpts.restore_variables(str(which), abstract_state, weights)
   if weights != "params":
     raise ConfigError("--checkpoint=averaged holds averaged parameters, not a moving average: use --weights=params")
-  if not os.path.isdir(os.path.join(workdir, AVERAGED)):
+  found = [d for d in (AVERAGED, AVERAGED + ".old") if os.path.isdir(os.path.join(workdir, d))]
+  if not found:  # (.old: an averaging that stopped between its two renames)
     raise ConfigError(
       f"no averaged checkpoint in {workdir}: write one with python -m vitjax.average --workdir={workdir} --last=5"
     )
-  with Checkpoints(workdir, config.best_metric, config.best_mode, read_only=True, subdir=AVERAGED) as ckpts:
+  with Checkpoints(workdir, config.best_metric, config.best_mode, read_only=True, subdir=found[0]) as ckpts:
     return ckpts.restore_variables("latest", abstract_state)
 
 
@@ -350,7 +354,11 @@ def load_params(workdir: str) -> tuple[dict, dict]:
     problems = []
     for step in sorted(manager.all_steps(), reverse=True):
       try:
-        meta = ocp.StandardCheckpointHandler().metadata(epath.Path(workdir, CHECKPOINTS, str(step), "state"))
+        handler = ocp.StandardCheckpointHandler()
+        try:
+          meta = handler.metadata(epath.Path(workdir, CHECKPOINTS, str(step), "state"))
+        finally:
+          handler.close()
         as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), meta)  # any shapes, host
         restored = manager.restore(
           step,

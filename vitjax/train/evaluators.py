@@ -58,8 +58,14 @@ class Eval:
     return {f"{self.name}/{k.split('/', 1)[1]}": v for k, v in metrics.items()}
 
 
-def plan(config, eval_every: int, steps_per_epoch: int, examples_per_step: int | None = None) -> tuple[Eval, ...]:
-  """The run's evaluations: the primary one (and its EMA twin), then config.evals; ConfigError for a bad entry."""
+CHECKS: dict[str, Callable[..., None]] = {"probe": probing.check}  # kind -> check(config, task, split)
+
+
+def plan(
+  config, eval_every: int, steps_per_epoch: int, examples_per_step: int | None = None, task=None
+) -> tuple[Eval, ...]:
+  """The run's evaluations: the primary one (and its EMA twin), then config.evals; ConfigError for a bad entry
+  (with the task, also for an entry its kind cannot run on it), before anything is written."""
   split = config.data.eval_split
   evals = [Eval(PRIMARY, split, "task", eval_every)]
   if config.get("ema_decay"):
@@ -76,6 +82,8 @@ def plan(config, eval_every: int, steps_per_epoch: int, examples_per_step: int |
       raise ConfigError(f"config.evals: {name!r} evaluates the EMA: set config.ema_decay (e.g. 0.9999)")
     if not isinstance(name, str) or not name.isidentifier() or name in {e.name for e in evals} | {"train"}:
       raise ConfigError(f"config.evals: the name {name!r} is taken or not a plain word; give each evaluation its own")
+    if task is not None and kind in CHECKS:
+      CHECKS[kind](config, task, split)
     steps = max(1, durations.steps(f"config.evals[{name}].every", every, steps_per_epoch, examples_per_step))
     evals.append(Eval(name, split, kind, steps))
   return tuple(evals)

@@ -127,6 +127,7 @@ def _checked_train(config, workdir, allow_config_change, stop) -> dict:
       plan = durations.resolve(config, data.steps_per_epoch, data.examples_per_step)
       total = plan.total
       exp = state_lib.setup(config, task, total, data.steps_per_epoch, warmup=plan.warmup)
+      evals = evaluators.plan(config, plan.eval_every, data.steps_per_epoch, data.examples_per_step, task)
       if resuming:
         ckpts = _checkpoints(config, workdir)
         start, state, data_state = ckpts.restore("latest", exp.abstract_state)
@@ -150,7 +151,6 @@ def _checked_train(config, workdir, allow_config_change, stop) -> dict:
       return _best_result(config, ckpts)
     if stop.requested():
       raise Preempted(f"{stop.name} before the first step: nothing new to checkpoint; rerun the same command")
-    evals = evaluators.plan(config, plan.eval_every, data.steps_per_epoch, data.examples_per_step)
     run = _Run(config, workdir, task, data, exp, plan, evals, ckpts, lock, stop)
     return _train(run, state, start, data_state, changes)
   except Preempted as e:

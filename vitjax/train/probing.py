@@ -31,17 +31,23 @@ from vitjax.train.reporting import format_probe
 def features(config, task, exp, variables, splits, limit=None, stop=None) -> dict:
   """{split: (features [N, D], labels [N])} for the training split (capped by config.probe.fit_examples) and each
   of `splits` (capped by `limit`). ConfigError for a task without image features (translation)."""
-  if not hasattr(task, "features"):
-    raise ConfigError(f"the {config.get('task', 'classification')} task has no image features to probe")
   fit = config.data.train_split
   caps = {fit: config.get("probe", {}).get("fit_examples"), **{s: limit for s in splits if s != fit}}
   with jax.set_mesh(exp.mesh):
     return {s: task.features(exp.model, variables, s, exp.batch_sharding, cap, stop) for s, cap in caps.items()}
 
 
-def check_split(config, split: str) -> None:
+def check(config, task, split: str, what: str = "probe") -> None:
+  """ConfigError, before anything is computed or written, when the probes cannot run on `split`: a task without
+  image features, the training split itself (the probes' fitting set), or a split ('valid', where the linear probe
+  chooses its regulariser, included) the data does not have; and bad config.probe options."""
+  if not hasattr(task, "features"):
+    raise ConfigError(f"the {config.get('task', 'classification')} task has no image features to probe")
   if split == config.data.train_split:
-    raise ConfigError(f"probe: {split!r} is the split the probes are fitted on; report on '{VALID}' or 'test'")
+    raise ConfigError(f"{what}: {split!r} is the split the probes are fitted on; report on '{VALID}' or 'test'")
+  for s in dict.fromkeys((VALID, split)):
+    task.check_split(s, f"{what} split")
+  probe_lib.Options.of(config)
 
 
 def run(config, task, feats: dict) -> dict:
@@ -55,19 +61,19 @@ def evaluate_probe(task, exp, state, split, limit, stop, step) -> dict:
   of the parameters' representation on `split`."""
   del step
   config = exp.config
-  check_split(config, split)
-  feats = features(config, task, exp, state_lib.variables(state), {VALID, split}, limit, stop)
+  feats = features(config, task, exp, state_lib.variables(state), dict.fromkeys((VALID, split)), limit, stop)
   return {f"probe/{k}": v for k, v in run(config, task, feats)[split].items()}
 
 
 def probe(config, workdir: str, checkpoint: str = "best", split: str | None = None, weights: str = "params") -> dict:
   """--mode=probe: the three evaluations of a checkpoint's (or, with checkpoint='init' or imported weights and no
-  checkpoints, the initial) encoder on 'valid' and `split` (default 'test'). Writes WORKDIR/probe_SPLIT.json for
-  each and logs one line each; returns {"step", "checkpoint", "weights", "probe": {split: row}}."""
+  checkpoints, the initial) encoder on 'valid' and `split` (default 'test'). Writes WORKDIR/probe_SPLIT_STEP.json
+  (probe_SPLIT_init.json, probe_SPLIT_averaged.json) for each and logs one line each; returns {"step",
+  "checkpoint", "weights", "probe": {split: row}}."""
   workdir = os.path.abspath(workdir)
   split = split or "test"
-  check_split(config, split)
   task = tasks.get(config, workdir)  # the config's data: the workdir's own, or another dataset
+  check(config, task, split, "--split")
   exp = state_lib.setup(config, task)
   if checkpoint == "init" or (not ckpt_lib.has_checkpoints(workdir) and config.get("init_from")):
     if weights != "params":
@@ -91,6 +97,7 @@ def probe(config, workdir: str, checkpoint: str = "best", split: str | None = No
     rows[s] = result[s]
     row = {"step": step, "checkpoint": str(checkpoint), "weights": weights, "split": s, "dataset": config.data.name}
     row = {**row, **result[s], "linear_l2": result["linear_l2"]}
-    workdir_lib.write_json(workdir, f"probe_{s}.json", row)
+    which = checkpoint if checkpoint in ("init", ckpt_lib.AVERAGED) else step
+    workdir_lib.write_json(workdir, f"probe_{s}_{which}.json", row)
     logging.info("%s", format_probe(s, result[s]))
   return {"step": step, "checkpoint": str(checkpoint), "weights": weights, "probe": rows}

@@ -192,9 +192,11 @@ def test_every_command_line_goes_through_the_one_runner():
     [
       "main.py",
       "export.py",
+      "average.py",
       "attention_maps.py",
       "translate.py",
       os.path.join("sweep", "__main__.py"),
+      os.path.join("sweep", "decode.py"),
       os.path.join("data", "prepare.py"),
       os.path.join("data", "text", "__main__.py"),
     ]

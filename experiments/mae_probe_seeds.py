@@ -83,7 +83,12 @@ def run(arm: str, seed: int, root: str, cores: str | None) -> dict:
 
 def summary() -> None:
   rows = [json.loads(line) for line in open(OUT)] if os.path.exists(OUT) else []
-  fmt = lambda v: f"{100 * np.mean(v):.2f} ± {100 * np.std(v):.2f}" if v else "-"
+
+  def fmt(v):  # mean ± standard deviation over seeds (ddof=1: the spread of one more seed)
+    if not v:
+      return "-"
+    return f"{100 * v[0]:.2f}" if len(v) == 1 else f"{100 * np.mean(v):.2f} ± {100 * np.std(v, ddof=1):.2f}"
+
   print("| arm | seeds | fine-tuned test | linear (test) | 10-shot (test) | k-NN (test) |")
   print("| --- | --- | --- | --- | --- | --- |")
   for arm in ("random", "mae", "scratch"):

@@ -65,7 +65,9 @@ def test_the_average_of_two_checkpoints_is_their_mean_sharded_and_read_back(fini
 def test_a_corrupt_member_is_refused_and_nothing_is_written(finished_run, tmp_path):
   workdir = _copy(finished_run, tmp_path)
   a, b = th.finished_steps(workdir)[-2:]
-  _corrupt(os.path.join(workdir, "checkpoints", str(b)), "flip")
+  # arrays that read back but are not what was saved (bytes that orbax itself cannot read are refused alike, but
+  # tensorstore's pending callbacks then print tracebacks of their own: a known orbax problem, see the stop note)
+  _corrupt(os.path.join(workdir, "checkpoints", str(b)), "checksum")
   before = th.snapshot(workdir)
   proc = th.run_module("average", f"--workdir={workdir}", f"--steps={a},{b}")
   errors = th.error_lines(proc).strip().splitlines()

@@ -76,7 +76,9 @@ def _average(config, workdir: str, last, steps) -> dict:
       try:
         _, variables, _ = ckpts.restore(str(step), exp.abstract_state, with_data=False, variables_only=True)
       except ConfigError as e:
-        raise ConfigError(f"{e} (average without step {step}: --steps=...)") from None
+        others = [str(s) for s in members if s != step]
+        hint = f"--steps={','.join(others)}" if others else "--steps= other steps"
+        raise ConfigError(f"{e}: average without step {step}, e.g. {hint}") from None
       variables = {"params": variables[0], "model_state": variables[1]}
       logging.info("averaging: read step %d", step)
       total = variables if total is None else _add(total, variables)

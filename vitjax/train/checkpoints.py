@@ -19,6 +19,7 @@ arrays have other shapes than the config's model is not corrupt but another conf
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import shutil
@@ -205,6 +206,12 @@ class Checkpoints:
       if problems:
         logging.warning("using checkpoint %d instead", step)
       return step, state, data
+    if which not in ("latest", "best"):  # the one step asked for
+      others = [s for s in self.steps() if s != int(which)]
+      raise ConfigError(
+        f"checkpoint {which} in {self.directory} is corrupt ({problems[0].split(': ', 1)[1]}); the workdir keeps "
+        f"{others or 'no other step'}"
+      )
     raise ConfigError(
       f"no intact checkpoint in {self.directory}: {'; '.join(problems)}. Restore the workdir from a copy, or "
       "start again in a new --workdir"
@@ -268,15 +275,10 @@ class Checkpoints:
   def _check_shapes(self, step, target) -> None:
     """ConfigError when the step's arrays have other shapes than `target` (another config's checkpoint);
     CorruptCheckpoint when its metadata cannot be read."""
-    path = os.path.join(self.directory, str(step), "state")
-    handler = ocp.StandardCheckpointHandler()
     try:
-      meta = handler.metadata(epath.Path(path))
-      saved = {path_name(p): tuple(m.shape) for p, m in jax.tree_util.tree_leaves_with_path(meta)}
+      saved = saved_shapes(os.path.join(self.directory, str(step), "state"))
     except Exception as e:
       raise CorruptCheckpoint(f"its metadata cannot be read: {_first_line(e)}") from None
-    finally:
-      handler.close()  # its threads, left running, print tracebacks when the interpreter exits
     if not saved:
       raise CorruptCheckpoint("its metadata lists no arrays")
     wanted = {path_name(p): tuple(a.shape) for p, a in jax.tree_util.tree_leaves_with_path(target)}
@@ -334,6 +336,32 @@ def read_variables(workdir: str, config, which, abstract_state, weights: str = "
     return ckpts.restore_variables("latest", abstract_state)
 
 
+def saved_shapes(path: str) -> dict[str, tuple]:
+  """{'params/encoder/block_0/attn/query/kernel': shape, ...} of the arrays in an orbax PyTree directory (a step's
+  state/), read with tensorstore's blocking calls. Orbax's own metadata read runs on an asyncio loop that it closes
+  when a read fails, and the reads still pending then print tracebacks from tensorstore's threads; a damaged file
+  raises here instead, and nothing is left pending."""
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+
+  with open(os.path.join(path, "_METADATA")) as f:
+    meta = json.load(f)
+  base = {"driver": "file", "path": path.rstrip("/") + "/"}
+  kv = ts.KvStore.open({"driver": "ocdbt", "base": base} if meta.get("use_ocdbt", True) else base).result()
+  shapes = {}
+  for entry in meta["tree_metadata"].values():
+    if entry["value_metadata"]["value_type"] not in ("jax.Array", "np.ndarray"):
+      continue  # scalars and strings live in the metadata itself
+    keys = [str(k["key"]) for k in entry["key_metadata"]]
+    for suffix in ("/zarr.json", "/.zarray"):
+      found = kv.read(".".join(keys) + suffix).result()
+      if found.state == "value":
+        shapes["/".join(keys)] = tuple(json.loads(found.value)["shape"])
+        break
+    else:
+      raise ValueError(f"no array metadata for {'/'.join(keys)}")
+  return shapes
+
+
 def _first_line(e: BaseException) -> str:
   text = str(e).strip().splitlines()
   return f"{type(e).__name__}: {text[0][:200] if text else ''}"
@@ -354,6 +382,7 @@ def load_params(workdir: str) -> tuple[dict, dict]:
     problems = []
     for step in sorted(manager.all_steps(), reverse=True):
       try:
+        saved_shapes(os.path.join(workdir, CHECKPOINTS, str(step), "state"))  # a damaged step stops here, quietly
         handler = ocp.StandardCheckpointHandler()
         try:
           meta = handler.metadata(epath.Path(workdir, CHECKPOINTS, str(step), "state"))

@@ -440,6 +440,19 @@ def test_max_train_minutes_stops_with_a_final_eval_and_checkpoint(tmp_path, run_
   last = max(r["step"] for r in rows)
   assert last < 100000 and any("eval/accuracy" in r and r["step"] == last for r in rows)
   assert th.finished_steps(workdir) and max(th.finished_steps(workdir)) == last
+  spent = max(r["train/elapsed_s"] for r in rows if "train/elapsed_s" in r)
+  assert spent > 0.06  # the budget's 0.06 s and the compilation before it
+
+  # the budget counts earlier sessions: the same command again trains nothing, a larger budget goes on from there
+  again = th.check_ok(
+    th.run_main(workdir, *run_args, "--config.total_steps=100000", "--config.max_train_minutes=0.001")
+  )
+  assert "has spent its max_train_minutes=0.001" in again.stderr and max(th.finished_steps(workdir)) == last
+  more = f"--config.max_train_minutes={(spent + 8) / 60}"
+  longer = th.check_ok(th.run_main(workdir, *run_args, "--config.total_steps=100000", more))
+  assert f"resumed from {workdir}/checkpoints at step {last}" in longer.stderr, longer.stderr[-2000:]
+  rows = [r for r in th.read_metrics(workdir) if "train/elapsed_s" in r]
+  assert max(th.finished_steps(workdir)) > last and spent + 7 < rows[-1]["train/elapsed_s"] < spent + 30
 
 
 def test_bfloat16_compute_keeps_float32_parameters(tmp_path, run_args):

@@ -68,8 +68,9 @@ def default_config() -> mlc.ConfigDict:
   # Durations (vitjax.train.durations): steps, or a string with a unit, "500 steps", "2 epochs", "60000 examples".
   c.num_epochs = mlc.FieldReference(None, field_type=float)  # the run's length: either epochs ...
   c.total_steps = mlc.FieldReference(None, field_type=object)  # ... or a duration (steps, epochs, examples)
-  # A wall-clock budget for this process's training: when it runs out, the run evaluates, checkpoints and
-  # stops at that step (the schedule still follows total_steps). None: no budget.
+  # A wall-clock budget for the run's training, its earlier sessions included (train/elapsed_s in metrics.jsonl):
+  # when it runs out, the run evaluates, checkpoints and stops at that step (the schedule still follows
+  # total_steps); a rerun after a stop goes on to the same end, one after the end trains nothing. None: no budget.
   c.max_train_minutes = mlc.FieldReference(None, field_type=float)
 
   c.optim = mlc.ConfigDict()

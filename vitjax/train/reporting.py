@@ -27,9 +27,16 @@ class Reporter:
   """
 
   def __init__(
-    self, workdir: str, total_steps: int, log_every: int, examples_per_step: int | None, deadline=None, purge_step=None
+    self,
+    workdir: str,
+    total_steps: int,
+    log_every: int,
+    examples_per_step: int | None,
+    deadline=None,
+    purge_step=None,
+    spent: float = 0.0,
   ):
-    self.workdir, self.total, self.log_every = workdir, total_steps, log_every
+    self.workdir, self.total, self.log_every, self.spent = workdir, total_steps, log_every, spent
     self.examples_per_step, self.deadline = examples_per_step, deadline
     self.main = jax.process_index() == 0
     self.tb = None
@@ -71,7 +78,7 @@ class Reporter:
       rate = float("nan")
     else:
       rate = (step - self.s0) / max(now - self.t0, 1e-9)
-    extra = {}
+    extra = {"train/elapsed_s": self.spent + now - self.created}  # this session's and the earlier ones'
     if rate == rate:
       extra["train/steps_per_s"] = rate
       # the share of the time since the last line spent waiting for input: the devices' idle share when it is

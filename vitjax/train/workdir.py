@@ -259,6 +259,23 @@ def record_config_change(workdir: str, step: int, changes: dict) -> None:
 # ------------------------------------------------------------------------------------- metrics
 
 
+def train_seconds(workdir: str, step: int) -> float:
+  """Wall-clock seconds the run's training sessions spent up to `step` (the last "train/elapsed_s" of
+  metrics.jsonl at or before it; 0 without one): what max_train_minutes has used before a resume."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  spent = 0.0
+  if os.path.exists(path):
+    with open(path) as f:
+      for line in f:
+        try:
+          row = json.loads(line)
+        except ValueError:  # a row cut short by a kill
+          continue
+        if "train/elapsed_s" in row and row.get("step", 0) <= step and "source" not in row:
+          spent = float(row["train/elapsed_s"])
+  return spent
+
+
 def drop_metrics_after(workdir: str, step: int) -> int:
   """Drops training and evaluation rows past `step` from metrics.jsonl (a resume from `step` writes them again);
   returns how many. Rows of `--mode=eval` (with a "source") are kept."""

@@ -502,6 +502,33 @@ def test_every_config_documents_its_command_and_builds_its_model(name):
     inputs = (jnp.zeros((1, c.data.image_size, c.data.image_size, 3), jnp.float32),)
   shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), *inputs))
   assert sum(np.prod(x.shape) for x in jax.tree.leaves(shapes["params"])) > 0
+  if hasattr(mod, "get_sweep"):  # its fields exist and take its values
+    from vitjax import sweep
+
+    sweep.load(os.path.join(th.ROOT, "configs", name), c)
+
+
+def test_the_bible_recipe_grid_starts_from_the_config_and_every_point_builds():
+  from vitjax import sweep
+  from vitjax.train import build_model
+
+  path = os.path.join(th.ROOT, "configs", "transformer_bible_en_es.py")
+  mod = load_module(path)
+  c = mod.get_config("recipe")
+  grid = sweep.load(f"{path}:recipe", c).grid
+  sizes = {"vocab_size": 8000, "max_len": 128}
+  assert grid[0] == mod.BASE and hash(build_model(c, sizes)) == hash(build_model(mod.get_config(), sizes))
+  assert len({tuple(sorted(p.items())) for p in grid}) == len(grid)  # no point repeats another
+  for change in mod.RECIPE[1:]:
+    assert change and all(mod.BASE[k] != v for k, v in change.items())  # each changes what it names
+  for point in grid:
+    trial = mod.get_config("recipe")
+    for field, value in point.items():
+      node, _, leaf = field.rpartition(".")
+      (trial[node] if node else trial)[leaf] = value
+    model = build_model(trial, {"vocab_size": trial.data.vocab_size, "max_len": 32})
+    ids = jnp.ones((1, 8), jnp.int32)
+    assert jax.eval_shape(lambda m=model, i=ids: m.init(jax.random.key(0), i, i))["params"]
 
 
 @pytest.mark.parametrize("name", ["swin_fashion_mnist.py", "vit_fashion_mnist.py", "transformer_bible_en_es.py"])

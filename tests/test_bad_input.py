@@ -42,7 +42,9 @@ def _cases():
   add("accum_steps=0", "new", ["--config.optim.accum_steps=0"], "optim.accum_steps=0 must be at least 1")
   add("unknown optimizer", "new", ["--config.optim.name=adamm"], "unknown optim.name 'adamm'", "'adamw' or 'sgd'")
   add("unknown decay", "new", ["--config.schedule.decay=exp"], "unknown schedule.decay 'exp'", "cosine")
-  add("compute_dtype", "new", ["--config.compute_dtype=float16"], "compute_dtype must be 'float32' or 'bfloat16'")
+  add(
+    "compute_dtype", "new", ["--config.compute_dtype=float16"], "compute_dtype must be 'float32', 'bfloat16' or 'auto'"
+  )
   # the model and the data
   add("unknown model", "new", ["--config.model.name=vit_x99"], "config.model", "unknown model 'vit_x99'")
   add("num_classes", "new", ["--config.model.num_classes=7"], "has 10 classes", "--config.model.num_classes=10")

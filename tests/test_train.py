@@ -455,6 +455,23 @@ def test_max_train_minutes_stops_with_a_final_eval_and_checkpoint(tmp_path, run_
   assert max(th.finished_steps(workdir)) > last and spent + 7 < rows[-1]["train/elapsed_s"] < spent + 30
 
 
+def test_compute_dtype_auto_is_bfloat16_where_the_cpu_has_bfloat16_instructions(monkeypatch):
+  from vitjax.config import default_config
+  from vitjax.train import state
+
+  c = default_config()
+  c.compute_dtype = "auto"
+  assert "fpu" in state.cpu_flags()  # read from /proc/cpuinfo
+  for flags, want in (
+    ({"avx2", "avx512f"}, "float32"),
+    ({"avx512f", "avx512_bf16"}, "bfloat16"),
+    ({"amx_bf16"}, "bfloat16"),
+  ):
+    monkeypatch.setattr(state, "cpu_flags", lambda f=flags: f)
+    assert state.compute_dtype("auto") == want and state.compute_dtype("float32") == "float32"
+    assert state.build_model(c).dtype == (jnp.bfloat16 if want == "bfloat16" else None)
+
+
 def test_bfloat16_compute_keeps_float32_parameters(tmp_path, run_args):
   workdir = str(tmp_path / "w")
   th.check_ok(

@@ -41,14 +41,44 @@ def build_model(config, overrides: dict | None = None) -> nn.Module:
   # Lists become tuples: config.json stores tuples as lists, and a model must stay hashable (jit static argument).
   kwargs = {k: _tuples(v) for k, v in config.model.to_dict().items() if k != "name" and v is not None}
   kwargs.update(overrides or {})
-  if config.compute_dtype not in ("float32", "bfloat16"):
-    raise ConfigError(f"compute_dtype must be 'float32' or 'bfloat16', got {config.compute_dtype!r}")
-  if config.compute_dtype == "bfloat16":
+  if compute_dtype(config.compute_dtype) == "bfloat16":
     kwargs["dtype"] = jnp.bfloat16
   try:
     return models.create(config.model.name, **kwargs)
   except ValueError as e:
     raise ConfigError(f"config.model: {e}") from None
+
+
+def compute_dtype(name: str) -> str:
+  """config.compute_dtype as 'float32' or 'bfloat16'. 'auto': bfloat16 where matmuls with bfloat16 inputs are
+  faster than float32 ones on every process's devices (a TPU; a GPU of compute capability 8.0 or more; a CPU with
+  AVX512-BF16 or AMX instructions), float32 elsewhere."""
+  if name not in ("float32", "bfloat16", "auto"):
+    raise ConfigError(f"compute_dtype must be 'float32', 'bfloat16' or 'auto', got {name!r}")
+  if name != "auto":
+    return name
+  return "float32" if mesh_lib.agree(not bfloat16_is_fast())[0] else "bfloat16"
+
+
+def bfloat16_is_fast() -> bool:
+  """Whether this process's devices multiply bfloat16 inputs faster than float32 ones (see compute_dtype)."""
+  backend = jax.default_backend()
+  if backend == "tpu":
+    return True
+  if backend == "gpu":
+    capability = getattr(jax.local_devices()[0], "compute_capability", None) or "0"
+    return float(capability) >= 8.0
+  return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+
+
+def cpu_flags() -> set[str]:
+  """The CPU's instruction-set flags from /proc/cpuinfo (Linux); empty where that cannot be read."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      line = next((x for x in f if x.startswith("flags")), "")
+  except OSError:
+    return set()
+  return set(line.partition(":")[2].split())
 
 
 def _tuples(v):

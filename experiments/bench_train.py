@@ -573,6 +573,25 @@ def parity(case: Case, dtype: str, torch, device) -> float:
 # -- main
 
 
+def start(ap, args):
+  """(model names of --models, torch, timm): an unknown name is the parser's error; torch and timm imported late
+  (after JAX), with the CPU build's torchvision op names defined."""
+  names = args.models.split(",")
+  unknown = [n for n in names if n not in MODELS]
+  if unknown:
+    ap.error(f"unknown model(s) {unknown}; choose from {list(MODELS)}")
+
+  import torch
+
+  if torch.version.cuda is None:  # the CPU build of torch: timm needs torchvision's op names defined (tests/)
+    import torchvision_ops_shim  # noqa: F401
+
+  # isort: split
+  import timm
+
+  return names, torch, timm
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--models", default=",".join(DEFAULT_MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
@@ -589,19 +608,7 @@ def main():
   ap.add_argument("--no_trainer", action="store_true", help="skip the vitjax-trainer rows")
   ap.add_argument("--out", default=RESULTS)
   args = ap.parse_args()
-  names = args.models.split(",")
-  unknown = [n for n in names if n not in MODELS]
-  if unknown:
-    ap.error(f"unknown model(s) {unknown}; choose from {list(MODELS)}")
-
-  import torch
-
-  if torch.version.cuda is None:  # the CPU build of torch: timm needs torchvision's op names defined (tests/)
-    import torchvision_ops_shim  # noqa: F401
-
-  # isort: split
-  import timm
-
+  names, torch, timm = start(ap, args)
   device = torch.device(args.torch_device)
   torch.set_num_threads(len(os.sched_getaffinity(0)))
   command = " ".join([os.path.basename(sys.executable)] + sys.argv)

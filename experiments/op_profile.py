@@ -73,7 +73,18 @@ import jax
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_train import MODELS, host_info, image_case, machine_state, torch_step, transformer_case, vitjax_step  # noqa: E402
+from bench_train import (  # noqa: E402
+  MODELS,
+  host_info,
+  image_case,
+  machine_state,
+  start,
+  torch_step,
+  transformer_case,
+  vitjax_step,
+)
+
+from vitjax.train import state as state_lib  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results", "op_profile.jsonl")
 CATEGORIES = ("matmul", "attention", "norms", "activations", "window", "optimizer", "copies", "other")
@@ -81,10 +92,7 @@ CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "am
 
 
 def cpu_flags() -> dict:
-  flags = set()
-  with contextlib.suppress(OSError):
-    with open("/proc/cpuinfo") as f:
-      flags = next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+  flags = state_lib.cpu_flags()
   return {k: k in flags for k in CPU_FLAGS}
 
 
@@ -573,19 +581,7 @@ def main():
   ap.add_argument("--top", type=int, default=3, help="list each category's largest ops (0: none)")
   ap.add_argument("--out", default=RESULTS)
   args = ap.parse_args()
-  names = args.models.split(",")
-  unknown = [n for n in names if n not in MODELS]
-  if unknown:
-    ap.error(f"unknown model(s) {unknown}; choose from {list(MODELS)}")
-
-  import torch
-
-  if torch.version.cuda is None:  # the CPU build of torch: timm needs torchvision's op names defined (tests/)
-    import torchvision_ops_shim  # noqa: F401
-
-  # isort: split
-  import timm
-
+  names, torch, timm = start(ap, args)
   torch.set_num_threads(len(os.sched_getaffinity(0)))
   command = " ".join([os.path.basename(sys.executable)] + sys.argv)
   host, flags, before = host_info(torch, timm), cpu_flags(), machine_state()

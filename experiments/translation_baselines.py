@@ -8,6 +8,8 @@ sacreBLEU / chrF of two baselines:
   copy:   the source unchanged (what the results table calls "copy source");
   lookup: the training split used as a phrase table: a source seen in training gets its most frequent
           training target, any other source is copied. It shows how much of the split is memorisable.
+For a dictionary (Ding), also each baseline's exact match and BLEU against all of an entry's synonyms
+(exact_match_copy, bleu_synonyms_lookup, ...), scored as the translation task's evaluation scores them.
 Appends one JSON line to experiments/results/translation_baselines.jsonl with --out.
 """
 
@@ -21,6 +23,7 @@ import sacrebleu
 
 from vitjax.config import load_module
 from vitjax.data import text
+from vitjax.tasks.translation import synonym_scores
 
 
 def main():
@@ -53,6 +56,11 @@ def main():
     "bleu_lookup": sacrebleu.corpus_bleu(lookup, [refs]).score,
     "chrf_lookup": sacrebleu.corpus_chrf(lookup, [refs]).score,
   }
+  # A dictionary (Ding): exact match and BLEU against all of an entry's synonyms, as the task's evaluation scores
+  references = text.load_references(d.source, src_lang=d.src_lang, tgt_lang=d.tgt_lang, data_dir=d.data_dir)
+  for name, hyps in (("copy", srcs), ("lookup", lookup)):
+    for key, value in synonym_scores(references or {}, held, hyps).items():
+      row[f"{key.removeprefix('eval/')}_{name}"] = value
   print(json.dumps(row, indent=1))
   if args.out:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -233,25 +233,12 @@ class Translation:
     }
 
   def _synonym_scores(self, pairs, hyps) -> dict:
-    """For a source whose entries have several correct translations (the Ding dictionary's synonyms):
-    eval/exact_match (the share of translations equal to one of them) and eval/bleu_synonyms (BLEU with all
-    of them as references); {} for the others."""
-    import sacrebleu
-
+    """synonym_scores() against the source's references, read once; {} for a source with one reference each."""
     if self._references is None:
       d = self.config.data
       found = text.load_references(d.source, src_lang=d.src_lang, tgt_lang=d.tgt_lang, data_dir=d.data_dir)
       self._references = found if found is not None else {}
-    if not self._references:
-      return {}
-    refs = [self._references.get(pair, [pair[1]]) for pair in pairs]
-    width = max(len(r) for r in refs)
-    streams = [[r[k] if k < len(r) else None for r in refs] for k in range(width)]
-    exact = sum(h.strip() in r for h, r in zip(hyps, refs, strict=True))
-    return {
-      "eval/exact_match": exact / max(len(pairs), 1),
-      "eval/bleu_synonyms": sacrebleu.corpus_bleu(hyps, streams).score,
-    }
+    return synonym_scores(self._references, pairs, hyps)
 
   # -- prediction (vitjax.load, vitjax.translate)
   def translate(self, model, variables, lines, sharding, batch_size: int = 32, warn=logging.warning, **decode_args):
@@ -300,3 +287,21 @@ def _eval_loss(model, params, batch):
   w = (batch["tgt"] != model.pad_id) & batch["mask"][:, None]
   ce = cross_entropy(logits, batch["tgt"], logits.shape[-1])
   return jnp.sum(ce * w), jnp.sum(w)
+
+
+def synonym_scores(references: dict, pairs, hyps) -> dict:
+  """For a source whose entries have several correct translations (the Ding dictionary's synonyms; references as
+  text.load_references gives them): eval/exact_match (the share of translations equal to one of them) and
+  eval/bleu_synonyms (BLEU with all of them as references); {} when references is empty."""
+  import sacrebleu
+
+  if not references:
+    return {}
+  refs = [references.get(pair, [pair[1]]) for pair in pairs]
+  width = max(len(r) for r in refs)
+  streams = [[r[k] if k < len(r) else None for r in refs] for k in range(width)]
+  exact = sum(h.strip() in r for h, r in zip(hyps, refs, strict=True))
+  return {
+    "eval/exact_match": exact / max(len(pairs), 1),
+    "eval/bleu_synonyms": sacrebleu.corpus_bleu(hyps, streams).score,
+  }

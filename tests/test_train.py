@@ -468,8 +468,11 @@ def test_compute_dtype_auto_is_bfloat16_where_the_cpu_has_bfloat16_instructions(
     ({"amx_bf16"}, "bfloat16"),
   ):
     monkeypatch.setattr(state, "cpu_flags", lambda f=flags: f)
+    state._auto_dtype.cache_clear()  # decided once per process: each pretend CPU is a new process
     assert state.compute_dtype("auto") == want and state.compute_dtype("float32") == "float32"
     assert state.build_model(c).dtype == (jnp.bfloat16 if want == "bfloat16" else None)
+  monkeypatch.undo()
+  state._auto_dtype.cache_clear()  # this process's own answer for the tests after this one
 
 
 def test_bfloat16_compute_keeps_float32_parameters(tmp_path, run_args):

@@ -8,6 +8,7 @@ abstract sharded state, optimizer and schedule. It compiles and allocates nothin
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -55,8 +56,13 @@ def compute_dtype(name: str) -> str:
   AVX512-BF16 or AMX instructions), float32 elsewhere."""
   if name not in ("float32", "bfloat16", "auto"):
     raise ConfigError(f"compute_dtype must be 'float32', 'bfloat16' or 'auto', got {name!r}")
-  if name != "auto":
-    return name
+  return name if name != "auto" else _auto_dtype()
+
+
+@functools.cache
+def _auto_dtype() -> str:
+  """compute_dtype('auto'), decided once per process: the first call is a collective (every process agrees), which
+  every process makes at the same point, building the model; later calls (the loop's log line, evaluation) reuse it."""
   return "float32" if mesh_lib.agree(not bfloat16_is_fast())[0] else "bfloat16"
 
 

@@ -150,7 +150,9 @@ def _checked_train(config, workdir, allow_config_change, stop) -> dict:
       logging.info("the run in %s is complete (step %d of %d): nothing to train", workdir, start, total)
       return _best_result(config, ckpts)
     budget = config.get("max_train_minutes")
-    if start and budget and workdir_lib.train_seconds(workdir, start) >= 60 * budget:
+    # the budget counts the earlier sessions' training time too: a stopped and resumed run ends where one would have
+    spent = workdir_lib.train_seconds(workdir, start) if start else 0.0
+    if budget and spent >= 60 * budget:
       logging.info(
         "the run in %s has spent its max_train_minutes=%g (step %d): nothing to train; raise it to go on",
         workdir,
@@ -160,7 +162,7 @@ def _checked_train(config, workdir, allow_config_change, stop) -> dict:
       return _best_result(config, ckpts)
     if stop.requested():
       raise Preempted(f"{stop.name} before the first step: nothing new to checkpoint; rerun the same command")
-    run = _Run(config, workdir, task, data, exp, plan, evals, ckpts, lock, stop)
+    run = _Run(config, workdir, task, data, exp, plan, evals, ckpts, lock, stop, spent)
     return _train(run, state, start, data_state, changes)
   except Preempted as e:
     logging.info("%s", e)
@@ -201,6 +203,7 @@ class _Run:
   ckpts: ckpt_lib.Checkpoints
   lock: workdir_lib.Lock
   stop: StopRequest
+  spent: float  # seconds of training before this session (the metrics' train/elapsed_s at the resumed step)
 
 
 def _train(run: _Run, state, start: int, data_state, changes: dict) -> dict:
@@ -213,8 +216,7 @@ def _train(run: _Run, state, start: int, data_state, changes: dict) -> dict:
     donate_argnums=0,
   )
   _begin(run, state, start, changes)
-  # the budget counts the earlier sessions' training time too: a stopped and resumed run ends where one would have
-  spent = workdir_lib.train_seconds(run.workdir, start) if start else 0.0
+  spent = run.spent
   deadline = time.time() + 60 * config.max_train_minutes - spent if config.get("max_train_minutes") else None
   reporter = Reporter(
     run.workdir, plan.total, plan.log_every, run.data.examples_per_step, deadline, purge_step=start + 1, spent=spent

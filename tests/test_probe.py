@@ -71,6 +71,12 @@ def test_few_shot_draws_are_fixed_and_spread():
   assert a == b  # the same draws every time (options.seed), so runs are compared on the same shots
   assert a[1]["test"][1] > 0  # draws differ
   assert a[10]["test"][0] > a[1]["test"][0]
+  from vitjax.config import default_config
+
+  c = default_config()
+  c.probe.seed = 7  # config.probe.seed reaches the draws: another seed, other shots
+  assert probe.Options.of(c).seed == 7
+  assert probe.few_shot(fit, {"test": test}, 3, probe.Options.of(c))[1] != a[1]
 
 
 def test_mae_features_are_its_encoders_over_all_patches():

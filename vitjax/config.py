@@ -128,9 +128,9 @@ def default_config() -> mlc.ConfigDict:
   c.evals = ()
   # Representation evaluation (vitjax.probe): --mode=probe, and config.evals entries of kind 'probe' (e.g.
   # ("probe", "valid", "probe", "1 epoch")): a linear probe, few-shot classifiers at `shots` examples per class
-  # (mean and deviation over `draws` draws) and weighted k-NN, fitted on the training split's features (its first
-  # fit_examples; None: all of them).
-  c.probe = mlc.ConfigDict(dict(shots=(1, 5, 10, 25), draws=5, knn_k=20, knn_temperature=0.07))
+  # (mean and deviation over `draws` draws, drawn from `seed`) and weighted k-NN, fitted on the training split's
+  # features (its first fit_examples; None: all of them).
+  c.probe = mlc.ConfigDict(dict(shots=(1, 5, 10, 25), draws=5, knn_k=20, knn_temperature=0.07, seed=0))
   c.probe.fit_examples = mlc.FieldReference(None, field_type=int)
   c.log_every = mlc.FieldReference(50, field_type=object)
   c.eval_every = mlc.FieldReference(500, field_type=object)

@@ -45,7 +45,7 @@ class Options:
     shots = tuple(shots) if isinstance(shots, list | tuple) else (shots,)
     if not shots or not all(isinstance(n, int) and n >= 1 for n in shots):
       raise ConfigError(f"config.probe.shots={shots!r}: give examples per class, integers >= 1, e.g. (1, 5, 10, 25)")
-    for key, low in (("draws", 1), ("knn_k", 1)):
+    for key, low in (("draws", 1), ("knn_k", 1), ("seed", 0)):
       if not isinstance(p.get(key, 1), int) or p.get(key, 1) < low:
         raise ConfigError(f"config.probe.{key}={p.get(key)!r} must be an integer >= {low}")
     if not p.get("knn_temperature", 1.0) > 0:

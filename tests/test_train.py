@@ -455,7 +455,8 @@ def test_max_train_minutes_stops_with_a_final_eval_and_checkpoint(tmp_path, run_
   assert max(th.finished_steps(workdir)) > last and spent + 7 < rows[-1]["train/elapsed_s"] < spent + 30
 
 
-def test_compute_dtype_auto_is_bfloat16_where_the_cpu_has_bfloat16_instructions(monkeypatch):
+def test_compute_dtype_auto_is_float32_on_cpus_with_or_without_bfloat16_instructions(monkeypatch):
+  # On AVX512-BF16 the layers' bfloat16 step is measured slower than float32 (experiments/README.md, issue 28).
   from vitjax.config import default_config
   from vitjax.train import state
 
@@ -464,8 +465,8 @@ def test_compute_dtype_auto_is_bfloat16_where_the_cpu_has_bfloat16_instructions(
   assert "fpu" in state.cpu_flags()  # read from /proc/cpuinfo
   for flags, want in (
     ({"avx2", "avx512f"}, "float32"),
-    ({"avx512f", "avx512_bf16"}, "bfloat16"),
-    ({"amx_bf16"}, "bfloat16"),
+    ({"avx512f", "avx512_bf16"}, "float32"),
+    ({"amx_bf16"}, "float32"),
   ):
     monkeypatch.setattr(state, "cpu_flags", lambda f=flags: f)
     state._auto_dtype.cache_clear()  # decided once per process: each pretend CPU is a new process

@@ -103,8 +103,8 @@ def default_config() -> mlc.ConfigDict:
   # `--mode=eval --weights=ema`, vitjax.load(W, weights="ema") and export use it. BatchNorm statistics are the
   # raw model's. None: off.
   c.ema_decay = mlc.FieldReference(None, field_type=float)
-  # The activations' dtype: 'float32' | 'bfloat16' | 'auto' (bfloat16 on TPUs, GPUs from Ampere on and CPUs with
-  # AVX512-BF16 or AMX; float32 elsewhere). Parameters, optimizer state and gradients are always float32.
+  # The activations' dtype: 'float32' | 'bfloat16' | 'auto' (bfloat16 on TPUs and GPUs from Ampere on; float32
+  # elsewhere, CPUs with AVX512-BF16 included: vitjax's bfloat16 step is slower there, experiments/README.md). Parameters, optimizer state and gradients are always float32.
   c.compute_dtype = "float32"
 
   # Devices (vitjax.mesh): (axis, size) pairs over the axes data, fsdp, tensor; one size may be -1 (the rest).

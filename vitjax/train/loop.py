@@ -267,8 +267,8 @@ def _begin(run: _Run, state, start: int, changes: dict) -> None:
     logging.info("compute_dtype=auto: %s on %s", dtype, jax.default_backend())
   elif dtype == "bfloat16" and jax.default_backend() == "cpu" and not state_lib.bfloat16_is_fast():
     logging.warning(
-      "compute_dtype=bfloat16 on a CPU without AMX or AVX512-BF16: XLA's CPU matmuls are no faster in bfloat16 than "
-      "in float32 there (experiments/README.md); --config.compute_dtype=float32 (or auto) is this CPU's setting"
+      "compute_dtype=bfloat16 on a CPU: vitjax's bfloat16 step is no faster than its float32 one there, AVX512-BF16 "
+      "or not (experiments/README.md); --config.compute_dtype=float32 (or auto) is the CPU's setting"
     )
   if config.get("ema_decay") and jax.tree.leaves(exp.abstract_state.model_state):
     logging.warning(

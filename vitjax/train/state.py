@@ -52,8 +52,8 @@ def build_model(config, overrides: dict | None = None) -> nn.Module:
 
 def compute_dtype(name: str) -> str:
   """config.compute_dtype as 'float32' or 'bfloat16'. 'auto': bfloat16 where matmuls with bfloat16 inputs are
-  faster than float32 ones on every process's devices (a TPU; a GPU of compute capability 8.0 or more; a CPU with
-  AVX512-BF16 or AMX instructions), float32 elsewhere."""
+  faster than float32 ones on every process's devices (a TPU; a GPU of compute capability 8.0 or more), float32
+  elsewhere, CPUs included (see bfloat16_is_fast)."""
   if name not in ("float32", "bfloat16", "auto"):
     raise ConfigError(f"compute_dtype must be 'float32', 'bfloat16' or 'auto', got {name!r}")
   return name if name != "auto" else _auto_dtype()
@@ -74,7 +74,11 @@ def bfloat16_is_fast() -> bool:
   if backend == "gpu":
     capability = getattr(jax.local_devices()[0], "compute_capability", None) or "0"
     return float(capability) >= 8.0
-  return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+  # A CPU with AVX512-BF16 or AMX multiplies bfloat16 inputs into float32 at twice float32's rate (337 against 173
+  # GFLOP/s on this project's EPYC), but XLA's dots that return bfloat16, which the layers use, run at 160: Swin-T's
+  # step takes 1,212 ms in bfloat16 against 1,148 in float32 there (experiments/README.md, issue 28). Until the
+  # layers accumulate into float32 outputs, float32 is every CPU's faster choice.
+  return False
 
 
 def cpu_flags() -> set[str]:

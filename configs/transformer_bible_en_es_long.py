@@ -18,9 +18,9 @@ rising, slower; on the 1,000 test verses 32.34 BLEU (chrF 52.7) for the final ch
 8, alpha 1.0); experiments/README.md, "The long Bible run". Each test evaluation takes 3-6.5 minutes on 2 cores.
 The recipe is the base config's (the recipe grid's choice, `:recipe`: none of its 9 points beat it by more
 than its own run-to-run spread): d_model 256, 3+3 post-norm layers, shared 8k SentencePiece vocabulary, label
-smoothing 0.1, dropout 0.1, about 2,048 tokens per side per step, warm-up 400 then inverse square root. Changes: the time budget; evaluations every 1,000 steps
-(each beam-4 evaluation costs about a minute of training); a checkpoint every 250 steps and the last 5 kept, for
-`vitjax.average --last=5`.
+smoothing 0.1, dropout 0.1, about 2,048 tokens per side per step, warm-up 400 then inverse square root. Changes:
+the time budget; evaluations every 1,000 steps (each beam-4 evaluation costs about a minute of training); a
+checkpoint every 250 steps and the last 5 kept, for `vitjax.average --last=5`.
 """
 
 import os

@@ -9,9 +9,9 @@ Run (from the repository root):
 
 Expected: 4.4 BLEU (chrF 12.5) on the 2,000 test pairs after 55 minutes on one CPU core (1,368 and 1,498 steps in
 two runs; copying the source: 0.15 BLEU, chrF 16.5). Scored as a dictionary: 0.85% exact matches, 4.73 BLEU
-against all of an entry's synonyms (copying: 0.50%, 0.16; looking the source up in the training pairs: 0.65%, 1.74). Short of the 15 BLEU aimed for: 69% of
-held-out sources are one word, most of them rare compounds seen once, with a single reference each
-(experiments/README.md has the analysis).
+against all of an entry's synonyms (copying: 0.50%, 0.16; looking the source up in the training pairs: 0.65%,
+1.74). Short of the 15 BLEU aimed for: 69% of held-out sources are one word, most of them rare compounds seen
+once, with a single reference each (experiments/README.md has the analysis).
 Same model and recipe as configs/transformer_bible_en_es.py; shorter buckets (sources are 1.9 words on average).
 """
 

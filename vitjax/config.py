@@ -104,7 +104,8 @@ def default_config() -> mlc.ConfigDict:
   # raw model's. None: off.
   c.ema_decay = mlc.FieldReference(None, field_type=float)
   # The activations' dtype: 'float32' | 'bfloat16' | 'auto' (bfloat16 on TPUs and GPUs from Ampere on; float32
-  # elsewhere, CPUs with AVX512-BF16 included: vitjax's bfloat16 step is slower there, experiments/README.md). Parameters, optimizer state and gradients are always float32.
+  # elsewhere, CPUs with AVX512-BF16 included: vitjax's bfloat16 step is slower there, experiments/README.md).
+  # Parameters, optimizer state and gradients are always float32.
   c.compute_dtype = "float32"
 
   # Devices (vitjax.mesh): (axis, size) pairs over the axes data, fsdp, tensor; one size may be -1 (the rest).

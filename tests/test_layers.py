@@ -6,7 +6,7 @@ import pytest
 from conftest import naive_attention
 
 from vitjax import posenc
-from vitjax.layers import NORMS, DecoderBlock, DropPath, EncoderBlock, FeedForward, Stack, drop_path_rates
+from vitjax.layers import NORMS, DecoderBlock, DropPath, EncoderBlock, FeedForward, Stack, drop_path_rates, gelu
 
 
 def _np(tree):
@@ -45,6 +45,17 @@ def _random_params(mod, *inputs, noise=0.2):
   shapes = flax.traverse_util.flatten_dict(jax.eval_shape(lambda: mod.init(jax.random.key(0), *inputs))["params"])
   draw = lambda k, s: jnp.asarray((k[-1] == "scale") + noise * rng.randn(*s.shape), jnp.float32)
   return flax.traverse_util.unflatten_dict({k: draw(k, s) for k, s in shapes.items()})
+
+
+def test_gelu_is_exact_in_value_and_gradient():
+  """vitjax's erf-form GELU (the fast one on XLA:CPU) against float64 x * Phi(x) and its derivative Phi + x * phi,
+  over the tails too (x to -10, where 1 + erf(x / sqrt 2) cancels: absolute error there is what matters)."""
+  x = np.linspace(-10, 10, 2001)
+  y, dy = jax.vmap(jax.value_and_grad(gelu))(jnp.asarray(x, jnp.float32))
+  from scipy.special import ndtr
+
+  np.testing.assert_allclose(y, _gelu(x), atol=2e-6, rtol=1e-6)
+  np.testing.assert_allclose(dy, ndtr(x) + x * np.exp(-0.5 * x**2) / np.sqrt(2 * np.pi), atol=2e-6)
 
 
 @pytest.mark.parametrize("act", ["relu", "gelu"])

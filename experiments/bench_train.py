@@ -187,6 +187,24 @@ def machine_state() -> dict:
   return {"loadavg": [round(x, 2) for x in os.getloadavg()], "ci_running": bool(ci), "cpu_users": cpu_users()}
 
 
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_bf16", "amx_tile")
+
+
+def cpu_flags() -> dict:
+  """Which of the instruction sets that matter for matmuls the CPU has (from /proc/cpuinfo)."""
+  from vitjax.train import state as state_lib
+
+  flags = state_lib.cpu_flags()
+  return {k: k in flags for k in CPU_FLAGS}
+
+
+def git_revision() -> str:
+  """The commit the benchmark ran at, with "+dirty" when the working tree had changes ("" outside a checkout)."""
+  run = lambda *a: subprocess.run(["git", "-C", ROOT, *a], capture_output=True, text=True).stdout.strip()
+  rev = run("rev-parse", "--short", "HEAD")
+  return rev + ("+dirty" if rev and run("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def host_info(torch, timm) -> dict:
   model = platform.processor() or platform.machine()
   try:
@@ -714,6 +732,9 @@ def main():
     "taskset": taskset,
     "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     "host": host,
+    "cpu_flags": cpu_flags(),
+    "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    "git": git_revision(),
     "peaks": peaks,
     "machine_before": before,
     "machine_after": after,

@@ -70,11 +70,14 @@ import tempfile
 import time
 
 import jax
+import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from bench_train import (  # noqa: E402
   MODELS,
+  cpu_flags,
+  git_revision,
   host_info,
   image_case,
   machine_state,
@@ -84,18 +87,8 @@ from bench_train import (  # noqa: E402
   vitjax_step,
 )
 
-from vitjax.train import state as state_lib  # noqa: E402
-
 RESULTS = os.path.join(HERE, "results", "op_profile.jsonl")
 CATEGORIES = ("matmul", "attention", "norms", "activations", "window", "optimizer", "copies", "other")
-CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_bf16", "amx_tile")
-
-
-def cpu_flags() -> dict:
-  flags = state_lib.cpu_flags()
-  return {k: k in flags for k in CPU_FLAGS}
-
-
 # -- the compiled HLO: instructions, what they fuse, the Python stack that traced them
 
 _INSTR = re.compile(r"^\s+(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
@@ -108,6 +101,7 @@ _FRAME_ID = re.compile(r"stack_frame_id=(\d+)")
 _SOURCE = re.compile(r'source_file="([^"]*)"\s+source_line=(\d+)')
 _TARGET = re.compile(r'custom_call_target="([^"]*)"')
 _KV = re.compile(r"(\w+)=(\d+)")
+_ARRAY = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
 
 MATMUL_OPS = {"dot", "convolution"}
 # data movement: copies, unless a window function or the optimizer did it
@@ -120,6 +114,7 @@ WINDOW_FUNCTIONS = {"window_partition", "window_reverse", "shift_attention_mask"
 WINDOW_FUNCTIONS.add("RelativePositionBias.__call__")  # the relative-bias gather (vitjax.posenc)
 _NORM_FUNCTION = re.compile(r"^(\w*Norm)\.__call__$|^_normalize$|^_compute_stats")
 _ACT_LINE = re.compile(r"\b(activation|act_fn|gelu|relu|relu6|silu|swish|sigmoid|tanh|elu|mish|softplus)\s*\(")
+ACT_FUNCTIONS = {"gelu"}  # vitjax.layers.gelu: its own lines call erf, not an activation
 _ROLL_LINE = re.compile(r"\broll\s*\(")
 _RANDOM = re.compile(r"threefry|random_bits|random_wrap|random_unwrap|random_split|random_fold_in")
 PRIORITY = ("matmul", "optimizer", "window", "norms", "attention", "activations")  # ties in a fusion's vote
@@ -179,6 +174,9 @@ class Hlo:
         "frame": int(frame.group(1)) if frame else 0,
         "source": (source.group(1), int(source.group(2))) if source else None,
         "target": target.group(1) if target else "",
+        "text": rhs if opcode and opcode.group(1) in MATMUL_OPS else "",
+        "shape": _ARRAY.match(rhs).groups() if _ARRAY.match(rhs) else None,  # (element type, "d0,d1,...")
+        "operands": operands,
       }
       self.computations[comp].append(name)
     self._frames = self._stack_frames(tables)
@@ -275,7 +273,7 @@ def _instr_category(hlo: Hlo, ins: dict) -> str:
   own = [fr for fr in stack if "/flax/" not in fr[0]]
   if own and own[0][0].endswith(os.path.join("vitjax", "attention.py")):
     return "attention"
-  if op in ("tanh", "erf", "logistic") or (own and _ACT_LINE.search(_line(own[0]))):
+  if op in ("tanh", "erf", "logistic") or (own and (own[0][1] in ACT_FUNCTIONS or _ACT_LINE.search(_line(own[0])))):
     return "activations"
   return "other"
 
@@ -322,6 +320,49 @@ def _attention_core(hlo: Hlo, name: str) -> bool:
     if stack and stack[0][0].endswith(os.path.join("vitjax", "attention.py")):
       return True
   return False
+
+
+def _dims(text: str, key: str) -> tuple[int, ...]:
+  m = re.search(key + r"=\{([\d,]*)\}", text)
+  return tuple(int(d) for d in m.group(1).split(",") if d) if m else ()
+
+
+def matmul_signature(hlo: Hlo, ins: dict) -> tuple[str, float]:
+  """(a label of a dot / convolution's operand shapes and dimensions, its FLOPs: 2 x outputs x contracted size)."""
+  shapes = [ins["shape"]] + [hlo.instrs.get(o, {}).get("shape") for o in ins["operands"][:2]]
+  if len(shapes) < 3 or None in shapes:
+    return "?", 0.0
+  arrays = [(t, tuple(int(d) for d in s.split(",") if d)) for t, s in shapes]
+  (out_t, out), (lhs_t, lhs), (_, rhs) = arrays[:3]
+  size = lambda shape: float(np.prod(shape)) if shape else 1.0
+  if ins["opcode"] == "dot":
+    lc, rc, lb = (_dims(ins["text"], k) for k in ("lhs_contracting_dims", "rhs_contracting_dims", "lhs_batch_dims"))
+    label = f"{lhs_t}[{','.join(map(str, lhs))}] x [{','.join(map(str, rhs))}] c{list(lc)}{list(rc)} b{list(lb)}"
+    return f"{label} -> {out_t}", 2 * size(out) * size([lhs[i] for i in lc])
+  labels = re.search(r"dim_labels=\w+_(\w+)->", ins["text"])  # convolution: kernel's output-feature dim 'o'
+  o = labels.group(1).index("o") if labels and "o" in labels.group(1) else len(rhs) - 1
+  label = f"conv {lhs_t}[{','.join(map(str, lhs))}] * [{','.join(map(str, rhs))}]"
+  return f"{label} -> {out_t}", 2 * size(out) * size(rhs) / max(rhs[o], 1)
+
+
+def matmul_table(hlo: Hlo, per_op: dict) -> list[dict]:
+  """The step's dots and convolutions grouped by signature: count, ms per step, GFLOP per step and GFLOP/s. An op's
+  time is shared among the dots it fuses in proportion to their FLOPs (the fusion's other work goes with them)."""
+  groups = collections.defaultdict(lambda: {"n": 0, "ms": 0.0, "gflop": 0.0})
+  for name, ms in per_op.items():
+    if name not in hlo.instrs:
+      continue
+    dots = [matmul_signature(hlo, i) for i in hlo.fused(name) if i["opcode"] in MATMUL_OPS]
+    total = sum(f for _, f in dots)
+    for sig, flops in dots:
+      g = groups[sig]
+      g["n"] += 1
+      g["ms"] += ms * (flops / total if total else 1 / len(dots))
+      g["gflop"] += flops / 1e9
+  rows = [
+    {"signature": k, **v, "gflops_per_s": v["gflop"] / v["ms"] * 1e3 if v["ms"] else 0.0} for k, v in groups.items()
+  ]
+  return sorted(rows, key=lambda r: -r["ms"])
 
 
 def describe(hlo: Hlo, name: str) -> str:
@@ -430,6 +471,7 @@ def profile_vitjax(case, steps: int) -> dict:
       attention_matmul += ms
   return {
     "ops": ops,
+    "matmuls": matmul_table(hlo, per_op),
     "attention_matmul_ms": attention_matmul,
     "step_ms": 1e3 * statistics.mean(r["times_s"][-steps:]),
     "ops_own_ms": sum(own_us.values()) / 1e3 / steps,
@@ -579,6 +621,7 @@ def main():
   ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   ap.add_argument("--batch", type=int, default=0, help="override the models' batch (0: bench_train's)")
   ap.add_argument("--top", type=int, default=3, help="list each category's largest ops (0: none)")
+  ap.add_argument("--dots", type=int, default=8, help="list vitjax's slowest dot / convolution shapes (0: none)")
   ap.add_argument("--out", default=RESULTS)
   args = ap.parse_args()
   names, torch, timm = start(ap, args)
@@ -622,6 +665,7 @@ def main():
             "steps": args.steps,
             "source": r["source"],
             **{k: r[k] for k in ("attention_matmul_ms", "ops_own_ms", "unmatched_ops") if k in r},
+            **(_matmul_fields(results) if cat == "matmul" else {}),
           }
         )
   after = machine_state()
@@ -631,6 +675,8 @@ def main():
     "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     "host": host,
     "cpu_flags": flags,
+    "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    "git": git_revision(),
     "machine_before": before,
     "machine_after": after,
   }
@@ -638,6 +684,18 @@ def main():
   with open(args.out, "a") as f:
     for row in rows:
       f.write(json.dumps({**row, **run}) + "\n")
+
+
+def _matmul_fields(results) -> dict:
+  """The step's matmul GFLOP (XLA's count over vitjax's dots; the models are the same) and each framework's rate."""
+  table = results["vitjax"]["matmuls"]
+  gflop = sum(r["gflop"] for r in table)
+  ms = {fw: sum(r["ops"].get("matmul", {}).values()) for fw, r in results.items()}
+  return {
+    "matmul_gflop_per_step": round(gflop, 3),
+    "matmul_gflops_per_s": {fw: round(gflop / v * 1e3, 1) if v else None for fw, v in ms.items()},
+    "vitjax_matmul_table": [{k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()} for r in table[:20]],
+  }
 
 
 def _print_model(name, args, batch, results, seconds):
@@ -665,6 +723,18 @@ def _print_model(name, args, batch, results, seconds):
     + (f"; not in the HLO text: {vj['unmatched_ops']}" if vj["unmatched_ops"] else "")
   )
   print(f"torch: {tc['n_ops']} op names")
+  m = _matmul_fields(results)
+  rate = m["matmul_gflops_per_s"]
+  print(
+    f"matmuls: {m['matmul_gflop_per_step']:.1f} GFLOP per step (XLA's dots): vitjax {rate['vitjax']} GFLOP/s, "
+    f"torch {rate['torch']} GFLOP/s (its matmul time over the same FLOPs)"
+  )
+  if args.dots:
+    print("  vitjax's dots by time (ms per step; a fusion's time split among its dots by FLOPs):")
+    for r in vj["matmuls"][: args.dots]:
+      print(
+        f"    {r['ms']:8.2f} ms {r['gflop']:7.2f} GFLOP {r['gflops_per_s']:6.0f} GFLOP/s  x{r['n']:<3d} {r['signature']}"
+      )
   if args.top:
     for fw, r in results.items():
       for c in CATEGORIES:

@@ -35,8 +35,9 @@ every weight per token it applies to, plus the attention's QK^T and AV; training
 cost_analysis() of the compiled vitjax step (it counts elementwise work too, and may over-count).
 GFLOP/s = analytic FLOPs / step time; "% peak" is that over the matmul peak of the same framework in the same
 dtype (JAX f32, JAX bf16, torch f32, torch bf16 square matmuls timed at the start of the run; the JAX
-bf16-in/f32-accumulate matmul is measured too). "torch/vitjax" is vitjax's step time over torch's: above 1,
-torch is faster. The parity column is the relative max error of the eval-mode logits (same weights, same
+bf16-in/f32-accumulate matmul is measured too). "torch/vitjax" (torch rows) is vitjax's step time over that
+row's: above 1, torch is faster. "x torch" (vitjax rows; speedup_over_torch) is torch eager's step time over
+that row's: above 1, vitjax is faster. The parity column is the relative max error of the eval-mode logits (same weights, same
 input) between vitjax and torch, before any step.
 
 Prints a table and appends one JSON row per (model, framework, dtype) to experiments/results/bench_train.jsonl,
@@ -681,6 +682,7 @@ def main():
       torch._dynamo.reset()
     xla = results["vitjax"]["xla_flops"]
     t_jax = results["vitjax"]["step_s"]
+    t_torch = results.get("torch", {}).get("step_s")
     for fw, r in results.items():
       row = {
         "model": name,
@@ -712,6 +714,7 @@ def main():
             gfs / max(peaks["jax_f32"]["gflops_per_s"], peaks["torch_f32"]["gflops_per_s"]), 4
           ),
           torch_over_vitjax=round(t_jax / t, 3) if fw.startswith("torch") else None,
+          speedup_over_torch=round(t_torch / t, 3) if fw.startswith("vitjax") and t_torch else None,
         )
         if args.peak_tflops:
           row["mfu"] = round(gfs / (args.peak_tflops * 1e3), 4)  # model FLOPs / the spec's dense peak
@@ -765,7 +768,8 @@ def _print_row(r):
   print(
     f"{r['model']:18s} {r['framework']:15s} {r['step_s'] * 1e3:9.1f} ms  {r['per_s']:9.1f} {r['units']}/s  "
     f"{r['gflops_per_s']:6.1f} GFLOP/s ({r['share_of_own_peak']:.0%} of peak)  "
-    f"torch/vitjax {_fmt(r['torch_over_vitjax'], '.2f')}"
+    + (f"torch/vitjax {_fmt(r['torch_over_vitjax'], '.2f')}" if r["framework"].startswith("torch") else "")
+    + (f"x torch {_fmt(r.get('speedup_over_torch'), '.2f')}" if r["framework"].startswith("vitjax") else "")
     + (f"  MFU {r['mfu']:.1%}" if "mfu" in r else "")
     + (f"  compile {r['compile_s']:.1f} s" if "compile_s" in r else "")
     + (f"  (x{r['repeats']})" if r["repeats"] < 3 else ""),
@@ -776,7 +780,7 @@ def _print_row(r):
 def _print_table(rows):
   head = (
     f"{'model':18s} {'framework':15s} {'dtype':8s} {'step ms':>9s} {'per s':>9s} {'GFLOP/s':>8s} {'%peak':>6s} "
-    f"{'torch/vj':>8s} {'GFLOP an.':>9s} {'GFLOP XLA':>9s} {'parity':>8s}"
+    f"{'torch/vj':>8s} {'x torch':>7s} {'GFLOP an.':>9s} {'GFLOP XLA':>9s} {'parity':>8s}"
   )
   print(head)
   print("-" * len(head))
@@ -786,11 +790,13 @@ def _print_table(rows):
       f"{r['model']:18s} {r['framework']:15s} {r['dtype']:8s} "
       f"{_fmt(r['step_s'] * 1e3 if ok else None, '9.1f'):>9s} {_fmt(r.get('per_s'), '9.1f'):>9s} "
       f"{_fmt(r.get('gflops_per_s'), '8.1f'):>8s} {_fmt(r.get('share_of_own_peak') and 100 * r['share_of_own_peak'], '5.1f'):>6s} "
-      f"{_fmt(r.get('torch_over_vitjax'), '8.2f'):>8s} {r['analytic_gflop_per_step']:9.1f} {r['xla_gflop_per_step']:9.1f} "
+      f"{_fmt(r.get('torch_over_vitjax'), '8.2f'):>8s} {_fmt(r.get('speedup_over_torch'), '7.2f'):>7s} "
+      f"{r['analytic_gflop_per_step']:9.1f} {r['xla_gflop_per_step']:9.1f} "
       f"{_fmt(r['parity_rel_err'], '8.1e'):>8s}"
     )
   print("per s: examples/s (tokens/s, target side, for transformer_small); %peak: of the same framework's matmul peak")
-  print("in this dtype; torch/vitjax: vitjax step time / torch step time (above 1: torch faster); GFLOP an./XLA: per")
+  print("in this dtype; torch/vj (torch rows): vitjax step time / this row's (above 1: torch faster); x torch (vitjax")
+  print("rows): torch eager's step time / this row's (above 1: vitjax faster, issue 28's measure); GFLOP an./XLA: per")
   print("step, analytic (matmuls) and XLA's cost analysis of the vitjax step; parity: eval logits, rel. max error.")
 
 

@@ -204,3 +204,32 @@ def test_drop_path():
   assert 0.7 < kept.mean() < 0.8
   np.testing.assert_allclose(np.asarray(y)[kept], 1 / 0.75, rtol=1e-6)
   np.testing.assert_allclose(drop_path_rates(0.3, 4), [0, 0.1, 0.2, 0.3], atol=1e-7)
+
+
+def test_bf16_dense_layers_accumulate_in_float32_forward_and_backward(rng):
+  """On a CPU, bfloat16 Dense layers use vitjax.dots' matmul (bf16 operands, float32 accumulation, one rounding):
+  its output and gradients match float64 to bfloat16's rounding, and float32 layers keep lax.dot_general."""
+  from vitjax import dots
+
+  assert dots.dense_dot_general(jnp.float32) is jax.lax.dot_general
+  assert dots.dense_dot_general(None) is jax.lax.dot_general
+  assert dots.dense_dot_general(jnp.bfloat16) is dots.f32_accumulating_dot_general  # the tests run on a CPU
+  x = rng.randn(2, 3, 4, 64)  # contraction over the last two dims (attention's "out" projection)
+  w = rng.randn(4, 64, 32) / 16
+  xb, wb = jnp.asarray(x, jnp.bfloat16), jnp.asarray(w, jnp.bfloat16)
+  dn = (((2, 3), (0, 1)), ((), ()))
+  f = lambda a, b: jnp.sum(dots.f32_accumulating_dot_general(a, b, dn).astype(jnp.float32) ** 2)
+  y = dots.f32_accumulating_dot_general(xb, wb, dn)
+  assert y.dtype == jnp.bfloat16 and y.shape == (2, 3, 32)
+  x64, w64 = np.asarray(xb, np.float64), np.asarray(wb, np.float64)  # the rounded inputs, exactly
+  y64 = np.einsum("abij,ijn->abn", x64, w64)
+  np.testing.assert_allclose(np.asarray(y, np.float64), y64, rtol=2**-8, atol=1e-6)  # one bf16 rounding
+  gx, gw = jax.grad(f, argnums=(0, 1))(xb, wb)
+  g = 2 * np.asarray(y, np.float64)  # d sum(y^2) / dy, at the rounded y the function saw
+  np.testing.assert_allclose(np.asarray(gx, np.float64), np.einsum("abn,ijn->abij", g, w64), rtol=2**-7, atol=0.01)
+  np.testing.assert_allclose(np.asarray(gw, np.float64), np.einsum("abij,abn->ijn", x64, g), rtol=2**-7, atol=0.01)
+  # other contractions (attention's batched einsums) go to lax.dot_general unchanged
+  q = jnp.asarray(rng.randn(2, 5, 8), jnp.bfloat16)
+  batched = (((2,), (2,)), ((0,), (0,)))
+  out = dots.f32_accumulating_dot_general(q, q, batched)
+  np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(jax.lax.dot_general(q, q, batched), np.float32))

@@ -33,6 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vitjax import dots
+
 Array = jax.Array
 IMPLEMENTATIONS = ("fast", "auto", "explicit", "xla", "cudnn", "reference")
 
@@ -294,6 +296,7 @@ class MultiHeadAttention(nn.Module):
       kernel_init=self.kernel_init,
       bias_init=self.bias_init,
       use_bias=self.qkv_bias,
+      dot_general=dots.dense_dot_general(self.dtype),
     )
     kv_in = inputs_q if inputs_kv is None else inputs_kv
     q = dense(features=(self.num_heads, qk), name="query")(inputs_q)
@@ -335,6 +338,7 @@ class MultiHeadAttention(nn.Module):
       kernel_init=self.kernel_init,
       bias_init=self.bias_init,
       use_bias=self.out_bias,
+      dot_general=dots.dense_dot_general(self.dtype),
       name="out",
     )(x)
 

@@ -75,9 +75,9 @@ def bfloat16_is_fast() -> bool:
     capability = getattr(jax.local_devices()[0], "compute_capability", None) or "0"
     return float(capability) >= 8.0
   # A CPU with AVX512-BF16 or AMX multiplies bfloat16 inputs into float32 at twice float32's rate (337 against 173
-  # GFLOP/s on this project's EPYC), but XLA's dots that return bfloat16, which the layers use, run at 160: Swin-T's
-  # step takes 1,212 ms in bfloat16 against 1,148 in float32 there (experiments/README.md, issue 28). Until the
-  # layers accumulate into float32 outputs, float32 is every CPU's faster choice.
+  # GFLOP/s on this project's EPYC). With the Dense layers' dots accumulating in float32 (vitjax.dots), the bf16 step
+  # there is 5-11% faster than float32 for Swin-T and ViT-S but 5% slower for the Fashion-MNIST ViT
+  # (experiments/README.md, issue 28): too little, and not everywhere, to make it 'auto''s choice on a CPU.
   return False
 
 

@@ -268,8 +268,8 @@ def _begin(run: _Run, state, start: int, changes: dict) -> None:
   elif dtype == "bfloat16" and jax.default_backend() == "cpu" and not state_lib.bfloat16_is_fast():
     if state_lib.cpu_flags() & {"avx512_bf16", "amx_bf16"}:
       logging.info(
-        "compute_dtype=bfloat16 on a CPU with bfloat16 matmuls: measured 5-11%% faster than float32 for Swin-T and "
-        "ViT-S, 5%% slower for the small Fashion-MNIST ViT (experiments/README.md, issue 28)"
+        "compute_dtype=bfloat16 on a CPU with bfloat16 matmuls: measured 5-11% faster than float32 for Swin-T and "
+        "ViT-S, 5% slower for the small Fashion-MNIST ViT (experiments/README.md, issue 28)"
       )
     else:
       logging.warning(

@@ -33,11 +33,11 @@ the models' own (Swin-T 0.1 drop-path, transformer_small 0.1 dropout; the ViTs n
 FLOPs per step, two counts: "analytic" counts only the matmuls and convolutions (forward 2 x multiply-adds of
 every weight per token it applies to, plus the attention's QK^T and AV; training = 3 x forward); "XLA" is
 cost_analysis() of the compiled vitjax step (it counts elementwise work too, and may over-count).
-GFLOP/s = analytic FLOPs / step time; "% peak" is that over the matmul peak of the same framework in the same
-dtype (JAX f32, JAX bf16, torch f32, torch bf16 square matmuls timed at the start of the run; the JAX
-bf16-in/f32-accumulate matmul is measured too). "torch/vitjax" (torch rows) is vitjax's step time over that
-row's: above 1, torch is faster. "x torch" (vitjax rows; speedup_over_torch) is torch eager's step time over
-that row's: above 1, vitjax is faster. The parity column is the relative max error of the eval-mode logits (same weights, same
+GFLOP/s = analytic FLOPs / step time; "% peak" is that over the matmul peak of the same framework in the same dtype
+(JAX f32, JAX bf16, torch f32, torch bf16 square matmuls timed at the start of the run; the JAX
+bf16-in/f32-accumulate matmul is measured too). "torch/vitjax" (torch rows) is vitjax's step time over that row's:
+above 1, torch is faster. "x torch" (vitjax rows; speedup_over_torch) is torch eager's step time over that row's:
+above 1, vitjax is faster. The parity column is the relative max error of the eval-mode logits (same weights, same
 input) between vitjax and torch, before any step.
 
 Prints a table and appends one JSON row per (model, framework, dtype) to experiments/results/bench_train.jsonl,

@@ -733,7 +733,8 @@ def _print_model(name, args, batch, results, seconds):
     print("  vitjax's dots by time (ms per step; a fusion's time split among its dots by FLOPs):")
     for r in vj["matmuls"][: args.dots]:
       print(
-        f"    {r['ms']:8.2f} ms {r['gflop']:7.2f} GFLOP {r['gflops_per_s']:6.0f} GFLOP/s  x{r['n']:<3d} {r['signature']}"
+        f"    {r['ms']:8.2f} ms {r['gflop']:7.2f} GFLOP {r['gflops_per_s']:6.0f} GFLOP/s  "
+        f"x{r['n']:<3d} {r['signature']}"
       )
   if args.top:
     for fw, r in results.items():

@@ -3,11 +3,11 @@
     taskset -c 0,1 python experiments/xla_cpu_flags.py --models=fashion_mnist,swin_t_224_b4,vit_s16_224_b8
     taskset -c 0,1 python experiments/xla_cpu_flags.py --models=swin_t_224_b4 --dtype=bfloat16 --rounds=2
 
-Each (flag set, model) runs in its own process (XLA reads XLA_FLAGS once per process), with the flags added to
-the XLA_FLAGS it was started with: bench_train's image_case / transformer_case and vitjax_step (jit of value_and_grad + optax.adamw, --repeats steps
-after a warm-up, median). The flag sets run in turn, --rounds times, so that a drift of the machine falls on all
-of them alike; a set's time is the median over its rounds. The first loss is printed too: a flag that changes
-the numerics shows there.
+Each (flag set, model) runs in its own process (XLA reads XLA_FLAGS once per process), with the flags added to the
+XLA_FLAGS it was started with: bench_train's image_case / transformer_case and vitjax_step (jit of value_and_grad +
+optax.adamw, --repeats steps after a warm-up, median). The flag sets run in turn, --rounds times, so that a drift
+of the machine falls on all of them alike; a set's time is the median over its rounds. The first loss is printed
+too: a flag that changes the numerics shows there.
 
 Flag sets (--sets, comma-separated names):
   default      no flags

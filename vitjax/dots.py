@@ -2,12 +2,12 @@
 
 A flax Dense layer with dtype=bfloat16 calls lax.dot_general on bfloat16 operands and gets a bfloat16 result. XLA's
 CPU backend runs such dots at float32's speed or below (160 GFLOP/s against float32's 173 on this project's AVX-512
-EPYC with avx512_bf16), and JAX differentiates them into dots with a float32 operand, slower still; bfloat16
-inputs with a float32 result run at 337 (experiments/README.md, issue 28). `dense_dot_general(dtype)` gives the
-attention and MLP projections (flax's `dot_general=` argument; the heads keep flax's) a dot whose forward and both backward matmuls take the layer's
-low-precision operands and accumulate in float32, then round once to the layer's dtype: a faster step there, and
-sums no less exact. Elsewhere (float32 layers, GPUs and TPUs, whose bfloat16 dots accumulate in float32 already)
-it is lax.dot_general itself.
+EPYC with avx512_bf16), and JAX differentiates them into dots with a float32 operand, slower still; bfloat16 inputs
+with a float32 result run at 337 (experiments/README.md, issue 28). `dense_dot_general(dtype)` gives the attention
+and MLP projections (flax's `dot_general=` argument; the heads keep flax's) a dot whose forward and both backward
+matmuls take the layer's low-precision operands and accumulate in float32, then round once to the layer's dtype: a
+faster step there, and sums no less exact. Elsewhere (float32 layers, GPUs and TPUs, whose bfloat16 dots accumulate
+in float32 already) it is lax.dot_general itself.
 """
 
 from __future__ import annotations

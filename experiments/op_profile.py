@@ -643,7 +643,8 @@ def main():
     else:
       case = image_case(name, kind, batch, size, args.dtype, torch)
     results = {"vitjax": profile_vitjax(case, args.steps), "torch": profile_torch(case, args.steps, args.dtype, torch)}
-    _print_model(name, args, batch, results, time.perf_counter() - t0)
+    matmuls = _matmul_fields(results)
+    _print_model(name, args, batch, results, matmuls, time.perf_counter() - t0)
     for fw, r in results.items():
       total = sum(sum(v.values()) for v in r["ops"].values())
       for cat in CATEGORIES:
@@ -665,7 +666,7 @@ def main():
             "steps": args.steps,
             "source": r["source"],
             **{k: r[k] for k in ("attention_matmul_ms", "ops_own_ms", "unmatched_ops") if k in r},
-            **(_matmul_fields(results) if cat == "matmul" else {}),
+            **(matmuls if cat == "matmul" and fw == "vitjax" else {}),
           }
         )
   after = machine_state()
@@ -698,7 +699,7 @@ def _matmul_fields(results) -> dict:
   }
 
 
-def _print_model(name, args, batch, results, seconds):
+def _print_model(name, args, batch, results, m, seconds):
   vj, tc = results["vitjax"], results["torch"]
   per = {fw: {c: sum(r["ops"].get(c, {}).values()) for c in CATEGORIES} for fw, r in results.items()}
   print(f"\n{name}: {args.dtype}, batch {batch}, {args.steps} profiled step(s), ms per step (took {seconds:.0f} s)")
@@ -723,7 +724,6 @@ def _print_model(name, args, batch, results, seconds):
     + (f"; not in the HLO text: {vj['unmatched_ops']}" if vj["unmatched_ops"] else "")
   )
   print(f"torch: {tc['n_ops']} op names")
-  m = _matmul_fields(results)
   rate = m["matmul_gflops_per_s"]
   print(
     f"matmuls: {m['matmul_gflop_per_step']:.1f} GFLOP per step (XLA's dots): vitjax {rate['vitjax']} GFLOP/s, "

@@ -104,7 +104,8 @@ def default_config() -> mlc.ConfigDict:
   # raw model's. None: off.
   c.ema_decay = mlc.FieldReference(None, field_type=float)
   # The activations' dtype: 'float32' | 'bfloat16' | 'auto' (bfloat16 on TPUs and GPUs from Ampere on; float32
-  # elsewhere, CPUs with AVX512-BF16 included: vitjax's bfloat16 step is slower there, experiments/README.md).
+  # elsewhere, CPUs with AVX512-BF16 included: bfloat16 is 5-11% faster there for Swin-T / ViT-S but slower for
+  # small models, experiments/README.md, issue 28).
   # Parameters, optimizer state and gradients are always float32.
   c.compute_dtype = "float32"
 

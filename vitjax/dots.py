@@ -23,11 +23,8 @@ LOW_PRECISION = (jnp.bfloat16, jnp.float16)
 
 def dense_dot_general(dtype):
   """The dot_general for a Dense / DenseGeneral layer computing in `dtype` (see the module docstring)."""
-  if dtype is None or jnp.dtype(dtype) not in [jnp.dtype(t) for t in LOW_PRECISION]:
-    return jax.lax.dot_general
-  if jax.default_backend() != "cpu":
-    return jax.lax.dot_general
-  return f32_accumulating_dot_general
+  low = dtype is not None and jnp.dtype(dtype) in LOW_PRECISION
+  return f32_accumulating_dot_general if low and jax.default_backend() == "cpu" else jax.lax.dot_general
 
 
 def f32_accumulating_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **kw):

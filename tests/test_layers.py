@@ -1,4 +1,5 @@
 import flax
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -206,30 +207,51 @@ def test_drop_path():
   np.testing.assert_allclose(drop_path_rates(0.3, 4), [0, 0.1, 0.2, 0.3], atol=1e-7)
 
 
-def test_bf16_dense_layers_accumulate_in_float32_forward_and_backward(rng):
-  """On a CPU, bfloat16 Dense layers use vitjax.dots' matmul (bf16 operands, float32 accumulation, one rounding):
-  its output and gradients match float64 to bfloat16's rounding, and float32 layers keep lax.dot_general."""
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_dots_dense_layers_are_flax_layers_with_the_same_parameters(rng, dtype):
+  """vitjax.dots.Dense / DenseGeneral create flax's parameters (names, shapes, values) and in float32 compute
+  flax's outputs bitwise; in bfloat16 on a CPU they take vitjax's own path, and match flax to bf16 rounding."""
   from vitjax import dots
 
-  assert dots.dense_dot_general(jnp.float32) is jax.lax.dot_general
-  assert dots.dense_dot_general(None) is jax.lax.dot_general
-  assert dots.dense_dot_general(jnp.bfloat16) is dots.f32_accumulating_dot_general  # the tests run on a CPU
-  x = rng.randn(2, 3, 4, 64)  # contraction over the last two dims (attention's "out" projection)
-  w = rng.randn(4, 64, 32) / 16
-  xb, wb = jnp.asarray(x, jnp.bfloat16), jnp.asarray(w, jnp.bfloat16)
-  dn = (((2, 3), (0, 1)), ((), ()))
-  f = lambda a, b: jnp.sum(dots.f32_accumulating_dot_general(a, b, dn).astype(jnp.float32) ** 2)
-  y = dots.f32_accumulating_dot_general(xb, wb, dn)
+  x = jnp.asarray(rng.randn(2, 5, 3, 16), dtype)
+  init = dict(kernel_init=nn.initializers.normal(0.2), bias_init=nn.initializers.normal(0.5), dtype=dtype)
+  for ours, theirs in [
+    (dots.Dense(8, **init), nn.Dense(8, **init)),
+    (dots.DenseGeneral((2, 4), **init), nn.DenseGeneral((2, 4), **init)),
+    (dots.DenseGeneral(8, axis=(-2, -1), **init), nn.DenseGeneral(8, axis=(-2, -1), **init)),
+    (dots.DenseGeneral(8, axis=1, **init), nn.DenseGeneral(8, axis=1, **init)),  # not the trailing dims: flax's
+  ]:
+    p = ours.init(jax.random.key(3), x)
+    jax.tree.map(np.testing.assert_array_equal, p, theirs.init(jax.random.key(3), x))
+    got, want = ours.apply(p, x), theirs.apply(p, x)
+    assert got.dtype == want.dtype == dtype and got.shape == want.shape
+    if dtype == jnp.float32:
+      np.testing.assert_array_equal(got, want)
+    else:
+      np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=2**-7, atol=2e-2)
+
+
+def test_bf16_affine_accumulates_in_float32_forward_and_backward(rng):
+  """On a CPU a bfloat16 layer's matmul + bias is vitjax.dots.affine (bf16 operands, float32 accumulation, the bias
+  added in float32, one rounding): its output and gradients match float64 at the rounded inputs to bf16's rounding,
+  and the kernel's and bias's gradients come back in their float32, unrounded."""
+  from vitjax import dots
+
+  assert dots.low_precision_on_cpu(jnp.bfloat16) and not dots.low_precision_on_cpu(jnp.float32)  # tests: a CPU
+  assert not dots.low_precision_on_cpu(None)
+  x = jnp.asarray(rng.randn(2, 3, 4, 64), jnp.bfloat16)  # contraction over the last two dims (attention's "out")
+  w = jnp.asarray(rng.randn(4, 64, 32) / 16, jnp.float32)
+  b = jnp.asarray(rng.randn(32), jnp.float32)
+  y = dots.affine(x, w, b, 2)
   assert y.dtype == jnp.bfloat16 and y.shape == (2, 3, 32)
-  x64, w64 = np.asarray(xb, np.float64), np.asarray(wb, np.float64)  # the rounded inputs, exactly
-  y64 = np.einsum("abij,ijn->abn", x64, w64)
+  x64, w64 = np.asarray(x, np.float64), np.asarray(w.astype(jnp.bfloat16), np.float64)  # the rounded operands
+  y64 = np.einsum("abij,ijn->abn", x64, w64) + np.asarray(b, np.float64)
   np.testing.assert_allclose(np.asarray(y, np.float64), y64, rtol=2**-8, atol=1e-6)  # one bf16 rounding
-  gx, gw = jax.grad(f, argnums=(0, 1))(xb, wb)
-  g = 2 * np.asarray(y, np.float64)  # d sum(y^2) / dy, at the rounded y the function saw
+  f = lambda x, w, b: jnp.sum(dots.affine(x, w, b, 2).astype(jnp.float32) ** 2)
+  gx, gw, gb = jax.grad(f, argnums=(0, 1, 2))(x, w, b)
+  assert (gx.dtype, gw.dtype, gb.dtype) == (jnp.bfloat16, jnp.float32, jnp.float32)
+  g = np.asarray((2 * y.astype(jnp.float32)).astype(jnp.bfloat16), np.float64)  # the cotangent, rounded as it flows
   np.testing.assert_allclose(np.asarray(gx, np.float64), np.einsum("abn,ijn->abij", g, w64), rtol=2**-7, atol=0.01)
-  np.testing.assert_allclose(np.asarray(gw, np.float64), np.einsum("abij,abn->ijn", x64, g), rtol=2**-7, atol=0.01)
-  # other contractions (attention's batched einsums) go to lax.dot_general unchanged
-  q = jnp.asarray(rng.randn(2, 5, 8), jnp.bfloat16)
-  batched = (((2,), (2,)), ((0,), (0,)))
-  out = dots.f32_accumulating_dot_general(q, q, batched)
-  np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(jax.lax.dot_general(q, q, batched), np.float32))
+  np.testing.assert_allclose(np.asarray(gw), np.einsum("abij,abn->ijn", x64, g), rtol=1e-5, atol=1e-4)  # float32 sums
+  np.testing.assert_allclose(np.asarray(gb), g.sum((0, 1)), rtol=1e-5, atol=1e-4)
+  assert dots.affine(x, w, None, 2).dtype == jnp.bfloat16  # a layer without a bias

@@ -1,19 +1,21 @@
-"""The matmul of vitjax's Dense layers: float32 accumulation for bfloat16 / float16 layers on a CPU.
+"""vitjax's Dense layers: flax's, except that a bfloat16 / float16 layer on a CPU runs its matmul and bias as one op.
 
-A flax Dense layer with dtype=bfloat16 calls lax.dot_general on bfloat16 operands and gets a bfloat16 result. XLA's
-CPU backend runs such dots at float32's speed or below (160 GFLOP/s against float32's 173 on this project's AVX-512
-EPYC with avx512_bf16), and JAX differentiates them into dots with a float32 operand, slower still; bfloat16 inputs
-with a float32 result run at 337 (experiments/README.md, issue 28). `dense_dot_general(dtype)` gives the attention
-and MLP projections (flax's `dot_general=` argument; the heads keep flax's) a dot whose forward and both backward
-matmuls take the layer's low-precision operands and accumulate in float32, then round once to the layer's dtype: a
-faster step there, and sums no less exact. Elsewhere (float32 layers, GPUs and TPUs, whose bfloat16 dots accumulate
-in float32 already) it is lax.dot_general itself.
+A flax Dense layer with dtype=bfloat16 calls lax.dot_general on bfloat16 operands with a bfloat16 result and adds a
+bfloat16 bias. XLA's CPU backend runs such dots in float32 (160 GFLOP/s against 337 for bfloat16 inputs with a
+float32 result on this project's AVX-512 EPYC with avx512_bf16), JAX differentiates them into dots with a float32
+operand, slower still, and the bias gradient (a bfloat16 sum with float32 accumulation) becomes a tree of
+reduce-windows (experiments/README.md, issue 28). `Dense` and `DenseGeneral` here are flax's layers (same fields,
+same parameters, same initialisation: flax creates them) whose low-precision CPU path is `affine`: one custom-VJP op
+whose forward and both backward matmuls take the layer's bf16 operands and accumulate in float32, with the bias added
+in float32 and the result rounded once; the kernel and bias gradients come out in float32, unrounded. Elsewhere
+(float32 layers, GPUs and TPUs, whose bfloat16 dots accumulate in float32 already) they are flax's layers unchanged.
 """
 
 from __future__ import annotations
 
 import functools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,61 +23,81 @@ import numpy as np
 LOW_PRECISION = (jnp.bfloat16, jnp.float16)
 
 
-def dense_dot_general(dtype):
-  """The dot_general for a Dense / DenseGeneral layer computing in `dtype` (see the module docstring)."""
-  low = dtype is not None and jnp.dtype(dtype) in LOW_PRECISION
-  return f32_accumulating_dot_general if low and jax.default_backend() == "cpu" else jax.lax.dot_general
+def low_precision_on_cpu(dtype) -> bool:
+  """Whether a layer computing in `dtype` takes vitjax's own path (see the module docstring)."""
+  return dtype is not None and jnp.dtype(dtype) in LOW_PRECISION and jax.default_backend() == "cpu"
 
 
-def f32_accumulating_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **kw):
-  """lax.dot_general's signature. A Dense layer's contraction (lhs's last n dims with rhs's first n, no batch
-  dimensions; bfloat16 / float16 operands of one dtype) goes through `_matmul`; anything else to lax.dot_general."""
-  (lc, rc), (lb, rb) = dimension_numbers
-  n = len(lc)
-  dense = (
-    not lb
-    and not rb
-    and tuple(lc) == tuple(range(lhs.ndim - n, lhs.ndim))
-    and tuple(rc) == tuple(range(n))
-    and lhs.dtype == rhs.dtype
-    and lhs.dtype in LOW_PRECISION
-    and preferred_element_type in (None, lhs.dtype)
-  )
-  if not dense:
-    return jax.lax.dot_general(
-      lhs, rhs, dimension_numbers, precision=precision, preferred_element_type=preferred_element_type, **kw
-    )
-  return _matmul(lhs, rhs, n)
+class Dense(nn.Dense):
+  """flax.linen.Dense; x [..., K] -> [..., features]."""
+
+  @nn.compact
+  def __call__(self, inputs):
+    if self.is_initializing() or not low_precision_on_cpu(self.dtype):
+      return super().__call__(inputs)
+    return _apply(self, inputs, 1)
 
 
-def _flat(x, w, n):  # x [..., K...] -> [M, K], w [K..., N...] -> [K, N]
-  k = int(np.prod(w.shape[:n]))
-  return x.reshape(-1, k), w.reshape(k, -1)
+class DenseGeneral(nn.DenseGeneral):
+  """flax.linen.DenseGeneral; x [..., K...] -> [..., features...] when `axis` names x's last dims (the case vitjax's
+  layers use; others, and batch_dims, go to flax's)."""
+
+  @nn.compact
+  def __call__(self, inputs):
+    axis = tuple(sorted(a % inputs.ndim for a in np.atleast_1d(self.axis)))
+    trailing = axis == tuple(range(inputs.ndim - len(axis), inputs.ndim))
+    if self.is_initializing() or not low_precision_on_cpu(self.dtype) or self.batch_dims or not trailing:
+      return super().__call__(inputs)
+    return _apply(self, inputs, len(axis))
+
+
+def _apply(layer, inputs, n):
+  kernel = layer.get_variable("params", "kernel")  # created by flax's __call__ at init
+  bias = layer.get_variable("params", "bias") if layer.use_bias else None
+  return affine(inputs.astype(layer.dtype), kernel, bias, n)
 
 
 def _dot(a, b, contract):  # 2-D, float32 result
   return jax.lax.dot_general(a, b, ((contract[:1], contract[1:]), ((), ())), preferred_element_type=jnp.float32)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _matmul(x, w, n):
-  """x [..., K...] @ w [K..., N...] -> [..., N...] in x's dtype, contracting x's last n dims with w's first n."""
-  return _matmul_fwd(x, w, n)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def affine(x, w, b, n):
+  """x [..., K...] @ w [K..., N...] + b [N...] -> [..., N...] in x's dtype, contracting x's last n dims with w's
+  first n; the matmul in x's dtype with float32 accumulation, the bias added in float32, one rounding. b may be
+  None. Gradients: x's in x's dtype, w's and b's in their own (float32 parameters get float32 sums)."""
+  return _affine_fwd(x, w, b, n)[0]
 
 
-def _matmul_fwd(x, w, n):
-  x2, w2 = _flat(x, w, n)
-  y = _dot(x2, w2, (1, 0)).astype(x.dtype)
-  return y.reshape(x.shape[: x.ndim - n] + w.shape[n:]), (x, w)
+def _affine_fwd(x, w, b, n):
+  k = int(np.prod(w.shape[:n]))
+  x2, w2 = x.reshape(-1, k), w.reshape(k, -1).astype(x.dtype)
+  y = _dot(x2, w2, (1, 0))
+  if b is not None:
+    y = y + b.reshape(1, -1).astype(jnp.float32)
+  y = y.astype(x.dtype).reshape(x.shape[: x.ndim - n] + w.shape[n:])
+  return y, (x, w, w2, b)  # w and b: the parameters themselves (kept alive anyway), for their shapes and dtypes
 
 
-def _matmul_bwd(n, saved, g):
-  x, w = saved
-  x2, w2 = _flat(x, w, n)
+def _affine_bwd(n, saved, g):
+  x, w, w2, b = saved
+  x2 = x.reshape(-1, w2.shape[0])
   g2 = g.reshape(x2.shape[0], w2.shape[1]).astype(x.dtype)
-  dx = _dot(g2, w2, (1, 1)).astype(x.dtype)  # [M, N] x [K, N] -> [M, K]
-  dw = _dot(x2, g2, (0, 0)).astype(w.dtype)  # [M, K] x [M, N] -> [K, N]
-  return dx.reshape(x.shape), dw.reshape(w.shape)
+  dx = _dot(g2, w2, (1, 1)).astype(x.dtype).reshape(x.shape)  # [M, N] x [K, N] -> [M, K]
+  dw = _weight_gradient(x2, g2).astype(w.dtype).reshape(w.shape)
+  db = None if b is None else jnp.sum(g2, axis=0, dtype=jnp.float32).astype(b.dtype).reshape(b.shape)
+  return dx, dw, db
 
 
-_matmul.defvjp(_matmul_fwd, _matmul_bwd)
+def _weight_gradient(x2, g2):
+  """x2 [M, K]^T @ g2 [M, N] -> float32 [K, N]. Written with M split in two contracted dimensions when M is even:
+  XLA then transposes x2 into [K, M] (in bf16) and runs a bf16 dot; the same dot written [M, K] x [M, N] it computes
+  in float32, 2.0-2.5x slower (ViT-S / Swin-T shapes, experiments/README.md, issue 28)."""
+  m = x2.shape[0]
+  rows = (2, m // 2) if m % 2 == 0 else (m,)
+  contract = tuple(range(len(rows)))
+  x3, g3 = x2.reshape(rows + x2.shape[1:]), g2.reshape(rows + g2.shape[1:])
+  return jax.lax.dot_general(x3, g3, ((contract, contract), ((), ())), preferred_element_type=jnp.float32)
+
+
+affine.defvjp(_affine_fwd, _affine_bwd)

@@ -86,13 +86,7 @@ class FeedForward(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    dense = functools.partial(
-      nn.Dense,
-      dtype=self.dtype,
-      kernel_init=self.kernel_init,
-      bias_init=self.bias_init,
-      dot_general=dots.dense_dot_general(self.dtype),
-    )
+    dense = functools.partial(dots.Dense, dtype=self.dtype, kernel_init=self.kernel_init, bias_init=self.bias_init)
     y = activation(self.act)(dense(self.hidden, name="fc1")(x))
     y = nn.Dropout(self.dropout_rate)(y, deterministic=self.deterministic)
     return dense(self.out_features or x.shape[-1], name="fc2")(y)

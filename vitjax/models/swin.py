@@ -154,9 +154,7 @@ class PatchMerging(nn.Module):
     x = jnp.pad(x, ((0, 0), (0, h % 2), (0, w % 2), (0, 0)))
     x = jnp.concatenate([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], axis=-1)
     x = nn.LayerNorm(epsilon=1e-5, dtype=self.dtype, name="norm")(x)
-    return nn.Dense(
-      2 * c, use_bias=False, dtype=self.dtype, dot_general=dots.dense_dot_general(self.dtype), name="reduction"
-    )(x)
+    return dots.Dense(2 * c, use_bias=False, dtype=self.dtype, name="reduction")(x)
 
 
 def parse_name(name: str) -> dict | None:

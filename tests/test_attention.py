@@ -1,3 +1,5 @@
+import re
+
 import flax
 import jax
 import jax.numpy as jnp
@@ -68,6 +70,58 @@ def test_explicit_backward_equals_autodiff_of_the_reference(rng, bias_shape, mas
   for got, want in zip(grads("explicit"), grads("reference"), strict=True):
     assert got.shape == want.shape and got.dtype == want.dtype
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("bias_shape,masked", [(None, False), ((1, 3, 5, 7), True)])
+def test_explicit_backward_in_bfloat16_matches_float32_autodiff(rng, bias_shape, masked):
+  """In bfloat16 the explicit backward runs on the [B, T, H, K] layout (bf16 operands, float32 accumulation): its
+  gradients match float32 autodiff of the reference at the same rounded inputs, to bfloat16's rounding."""
+  b, t, s, h, d = 2, 5, 7, 3, 8
+  q, k, v = (jnp.asarray(rng.randn(b, n, h, d), jnp.bfloat16) for n in (t, s, s))
+  bias = None if bias_shape is None else jnp.asarray(rng.randn(*bias_shape), jnp.float32)
+  mask = rng.rand(b, 1, t, s) > 0.3 if masked else None
+  w = jnp.asarray(rng.randn(b, t, h, d), jnp.float32)
+
+  def grads(impl, dtype):
+    def loss(q, k, v, bias):
+      return jnp.sum(w * dot_product_attention(q, k, v, bias=bias, mask=mask, implementation=impl).astype(jnp.float32))
+
+    args = [a.astype(dtype) for a in (q, k, v)] + [bias]
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2) if bias is None else (0, 1, 2, 3)))(*args)
+
+  for got, want in zip(grads("explicit", jnp.bfloat16), grads("reference", jnp.float32), strict=True):
+    assert got.shape == want.shape
+    got, want = np.asarray(got, np.float32), np.asarray(want)
+    assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max()
+
+
+def test_bfloat16_attention_layer_dots_stay_bfloat16_on_cpu(rng):
+  """XLA:CPU computes a bf16 dot in float32 (a third of the speed) unless it takes bf16 operands to a float32
+  result with the lhs's last dimension contracted: every dot of a bf16 attention layer's forward and backward
+  (projections and attention alike) must compile to bf16 operands (vitjax.dots, the explicit backward's layout)."""
+  x = jnp.asarray(rng.randn(2, 9, 32), jnp.bfloat16)
+  layer = MultiHeadAttention(num_heads=4, dtype=jnp.bfloat16, implementation="explicit")
+  params = layer.init(jax.random.key(0), x)
+  loss = lambda p, x: jnp.sum(layer.apply(p, x, bias=jnp.zeros((1, 4, 9, 9))).astype(jnp.float32) ** 2)
+  hlo = jax.jit(jax.grad(loss)).lower(params, x).compile().as_text()
+  operands = dot_operand_types(hlo)
+  assert len(operands) >= 12  # 4 projections x 3 and attention's 2 + 4 (XLA merges some that share an operand)
+  assert all(t.startswith("bf16[") for pair in operands for t in pair), operands
+
+
+def dot_operand_types(hlo: str) -> list[tuple[str, str]]:
+  """(lhs, rhs) types of every dot in a compiled HLO module's text (operand names resolved per computation)."""
+  types, found = {}, []
+  for line in hlo.splitlines():
+    if not line.startswith(" "):
+      types = {}
+    m = re.match(r"\s+(?:ROOT )?%(\S+) = (\S+) ", line)
+    if m:
+      types[m.group(1)] = m.group(2)
+    m = re.search(r" dot\(%([^,]+), %([^)]+)\)", line)
+    if m:
+      found.append((types[m.group(1)], types[m.group(2)]))
+  return found
 
 
 def test_explicit_runs_in_bfloat16_with_float32_softmax(rng):

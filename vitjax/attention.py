@@ -104,7 +104,7 @@ def reference_attention(
       raise ValueError("attention dropout needs dropout_rng (pass rngs={'dropout': key} to apply)")
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
     weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
-  return jnp.einsum("bhts,bshv->bthv", weights.astype(v.dtype), v)
+  return _weighted_values(weights, v)
 
 
 def _fast_attention(q, k, v, bias, mask, scale, implementation):
@@ -127,7 +127,7 @@ def _fast_attention(q, k, v, bias, mask, scale, implementation):
   return call(implementation="xla")
 
 
-def _heads_first(x):  # [B, T, H, K] -> [B, H, T, K]
+def _heads_first(x):  # [B, T, H, K] <-> [B, H, T, K]
   return jnp.swapaxes(x, 1, 2)
 
 
@@ -140,8 +140,11 @@ def _explicit_forward(q, k, v, bias, mask, scale):
     logits = jnp.where(mask, logits, _large_negative(jnp.float32))
   e = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
   probs = e / jnp.sum(e, axis=-1, keepdims=True)  # [B, H, T, S] float32
-  out = jnp.einsum("bhts,bshv->bthv", probs.astype(v.dtype), v)
-  return out, (_heads_first(q), _heads_first(k), _heads_first(v), probs, _heads_first(out))
+  return _weighted_values(probs, v), probs
+
+
+def _weighted_values(probs, v):  # [B, H, T, S] float32, v [B, S, H, V] -> [B, T, H, V], float32 accumulation
+  return jnp.einsum("bhts,bshv->bthv", probs.astype(v.dtype), v, preferred_element_type=jnp.float32).astype(v.dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
@@ -150,8 +153,8 @@ def _explicit(q, k, v, bias, mask, scale):
 
 
 def _explicit_fwd(q, k, v, bias, mask, scale):
-  out, saved = _explicit_forward(q, k, v, bias, mask, scale)
-  return out, (*saved, bias, mask)
+  out, probs = _explicit_forward(q, k, v, bias, mask, scale)
+  return out, (q, k, v, probs, out, bias, mask)
 
 
 def _sum_to(x, shape):
@@ -161,21 +164,33 @@ def _sum_to(x, shape):
 
 
 def _explicit_bwd(scale, saved, d_out):
-  qt, kt, vt, probs, out, bias, mask = saved
-  d_out = _heads_first(d_out)  # [B, H, T, V]
-  d_v = jnp.matmul(jnp.swapaxes(probs, -1, -2).astype(d_out.dtype), d_out, preferred_element_type=jnp.float32)
-  d_probs = jnp.matmul(d_out, jnp.swapaxes(vt, -1, -2), preferred_element_type=jnp.float32)
-  delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
+  """The four backward matmuls, in float32 accumulation. Float32 inputs: in [B, H, T, K] layout (the fastest on
+  XLA:CPU, issue 13). bfloat16 / float16 inputs: on the inputs' [B, T, H, K] layout, which XLA turns into dots
+  whose contracted dimension is the lhs's last; with the [B, H, T, K] forms two of the four would contract the
+  lhs's third dimension, and XLA:CPU computes such low-precision dots in float32, at a third of the speed
+  (experiments/README.md, issue 28)."""
+  q, k, v, probs, out, bias, mask = saved
+  f32 = jnp.float32
+  heads_first = q.dtype == f32
+  layout = _heads_first if heads_first else (lambda x: x)
+  q, k, v, out, d_out = map(layout, (q, k, v, out, d_out.astype(q.dtype)))
+  tq, sk, sv = ("bhtk", "bhsk", "bhsv") if heads_first else ("bthk", "bshk", "bshv")
+  tv = tq.replace("k", "v")
+  d_v = jnp.einsum(f"bhts,{tv}->{sv}", probs.astype(d_out.dtype), d_out, preferred_element_type=f32)
+  d_probs = jnp.einsum(f"{tv},{sv}->bhts", d_out, v, preferred_element_type=f32)
+  delta = jnp.sum(d_out.astype(f32) * out.astype(f32), axis=-1, keepdims=True)  # rowsum(dO * O)
+  if not heads_first:
+    delta = _heads_first(delta)  # [B, T, H, 1] -> [B, H, T, 1]
   d_logits = probs * (d_probs - delta)  # softmax's backward: rowsum(P * dP) = rowsum(dO * O)
   if mask is not None:  # masked logits are constants (a fully masked row's uniform weights pass no gradient)
     d_logits = jnp.where(mask, d_logits, 0.0)
   d_bias = None if bias is None else _sum_to(d_logits, bias.shape).astype(bias.dtype)
-  d_scaled = (d_logits * scale).astype(qt.dtype)
-  d_q = jnp.matmul(d_scaled, kt, preferred_element_type=jnp.float32)
-  d_k = jnp.matmul(jnp.swapaxes(d_scaled, -1, -2), qt, preferred_element_type=jnp.float32)
+  d_scaled = (d_logits * scale).astype(q.dtype)
+  d_q = jnp.einsum(f"bhts,{sk}->{tq}", d_scaled, k, preferred_element_type=f32)
+  d_k = jnp.einsum(f"bhts,{tq}->{sk}", d_scaled, q, preferred_element_type=f32)
   d_mask = None if mask is None else np.zeros(mask.shape, jax.dtypes.float0)
-  grads = (_heads_first(d_q).astype(qt.dtype), _heads_first(d_k).astype(kt.dtype), _heads_first(d_v).astype(vt.dtype))
-  return (*grads, d_bias, d_mask)
+  grads = (d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype))
+  return (*map(layout, grads), d_bias, d_mask)
 
 
 _explicit.defvjp(_explicit_fwd, _explicit_bwd)
@@ -289,14 +304,13 @@ class MultiHeadAttention(nn.Module):
     qk = self.qk_features or d // self.num_heads
     vf = self.v_features or d // self.num_heads
     dense = functools.partial(
-      nn.DenseGeneral,
+      dots.DenseGeneral,
       axis=-1,
       dtype=self.dtype,
       param_dtype=self.param_dtype,
       kernel_init=self.kernel_init,
       bias_init=self.bias_init,
       use_bias=self.qkv_bias,
-      dot_general=dots.dense_dot_general(self.dtype),
     )
     kv_in = inputs_q if inputs_kv is None else inputs_kv
     q = dense(features=(self.num_heads, qk), name="query")(inputs_q)
@@ -330,7 +344,7 @@ class MultiHeadAttention(nn.Module):
       deterministic=self.deterministic,
       implementation=self.implementation,
     )
-    return nn.DenseGeneral(
+    return dots.DenseGeneral(
       features=self.out_features or d,
       axis=(-2, -1),
       dtype=self.dtype,
@@ -338,7 +352,6 @@ class MultiHeadAttention(nn.Module):
       kernel_init=self.kernel_init,
       bias_init=self.bias_init,
       use_bias=self.out_bias,
-      dot_general=dots.dense_dot_general(self.dtype),
       name="out",
     )(x)
 

@@ -103,9 +103,9 @@ def default_config() -> mlc.ConfigDict:
   # `--mode=eval --weights=ema`, vitjax.load(W, weights="ema") and export use it. BatchNorm statistics are the
   # raw model's. None: off.
   c.ema_decay = mlc.FieldReference(None, field_type=float)
-  # The activations' dtype: 'float32' | 'bfloat16' | 'auto' (bfloat16 on TPUs and GPUs from Ampere on; float32
-  # elsewhere, CPUs with AVX512-BF16 included: bfloat16 is 5-11% faster there for Swin-T / ViT-S but slower for
-  # small models, experiments/README.md, issue 28).
+  # The activations' dtype: 'float32' | 'bfloat16' | 'auto' (bfloat16 on TPUs, GPUs from Ampere on and CPUs with
+  # AVX512-BF16 or AMX, where the bf16 step is 1.15-1.56x float32's speed, experiments/README.md, issue 28; float32
+  # elsewhere).
   # Parameters, optimizer state and gradients are always float32.
   c.compute_dtype = "float32"
 

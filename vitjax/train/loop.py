@@ -265,17 +265,16 @@ def _begin(run: _Run, state, start: int, changes: dict) -> None:
   dtype = state_lib.compute_dtype(config.compute_dtype)
   if config.compute_dtype == "auto":
     logging.info("compute_dtype=auto: %s on %s", dtype, jax.default_backend())
-  elif dtype == "bfloat16" and jax.default_backend() == "cpu":  # never 'auto''s choice there (bfloat16_is_fast)
-    if state_lib.cpu_flags() & {"avx512_bf16", "amx_bf16"}:
-      logging.info(
-        "compute_dtype=bfloat16 on a CPU with bfloat16 matmuls: measured 5-11% faster than float32 for Swin-T and "
-        "ViT-S, 5% slower for the small Fashion-MNIST ViT (experiments/README.md, issue 28)"
-      )
-    else:
-      logging.warning(
-        "compute_dtype=bfloat16 on a CPU without AVX512-BF16 or AMX: no faster than float32 there "
-        "(experiments/README.md); --config.compute_dtype=float32 (or auto) is this CPU's setting"
-      )
+  elif dtype == "bfloat16" and jax.default_backend() == "cpu" and not state_lib.bfloat16_is_fast():
+    logging.warning(
+      "compute_dtype=bfloat16 on a CPU without AVX512-BF16 or AMX: no faster than float32 there "
+      "(experiments/README.md); --config.compute_dtype=float32 (or auto) is this CPU's setting"
+    )
+  elif dtype == "float32" and jax.default_backend() == "cpu" and state_lib.bfloat16_is_fast():
+    logging.info(
+      "compute_dtype=float32 on a CPU with AVX512-BF16 or AMX: bfloat16 (--config.compute_dtype=bfloat16 or auto) "
+      "trains 1.15-1.56x faster here (experiments/README.md, issue 28)"
+    )
   if config.get("ema_decay") and jax.tree.leaves(exp.abstract_state.model_state):
     logging.warning(
       "ema_decay: the moving average covers the parameters only; this model's %s (BatchNorm statistics) stay the "

@@ -52,8 +52,8 @@ def build_model(config, overrides: dict | None = None) -> nn.Module:
 
 def compute_dtype(name: str) -> str:
   """config.compute_dtype as 'float32' or 'bfloat16'. 'auto': bfloat16 where matmuls with bfloat16 inputs are
-  faster than float32 ones on every process's devices (a TPU; a GPU of compute capability 8.0 or more), float32
-  elsewhere, CPUs included (see bfloat16_is_fast)."""
+  faster than float32 ones on every process's devices (a TPU; a GPU of compute capability 8.0 or more; a CPU with
+  AVX512-BF16 or AMX), float32 elsewhere (see bfloat16_is_fast)."""
   if name not in ("float32", "bfloat16", "auto"):
     raise ConfigError(f"compute_dtype must be 'float32', 'bfloat16' or 'auto', got {name!r}")
   return name if name != "auto" else _auto_dtype()
@@ -75,10 +75,15 @@ def bfloat16_is_fast() -> bool:
     capability = getattr(jax.local_devices()[0], "compute_capability", None) or "0"
     return float(capability) >= 8.0
   # A CPU with AVX512-BF16 or AMX multiplies bfloat16 inputs into float32 at twice float32's rate (337 against 173
-  # GFLOP/s on this project's EPYC). With the Dense layers' dots accumulating in float32 (vitjax.dots), the bf16 step
-  # there is 5-11% faster than float32 for Swin-T and ViT-S but 5% slower for the Fashion-MNIST ViT
-  # (experiments/README.md, issue 28): too little, and not everywhere, to make it 'auto''s choice on a CPU.
-  return False
+  # GFLOP/s on this project's EPYC). With every matmul of the step taking that path (vitjax.dots, the explicit
+  # attention's backward layout) the bf16 step there is 1.15-1.56x float32's speed on every bench_train model (the
+  # least for the small Fashion-MNIST ViT, whose convolutional stem XLA:CPU computes in float32 whatever the dtype;
+  # experiments/dtype_ab.py, experiments/README.md, issue 28); without those instructions bf16 matmuls are no
+  # faster than float32 (an AVX2 CPU: 144 against 153-157 GFLOP/s).
+  return bool(cpu_flags() & BF16_CPU_FLAGS)
+
+
+BF16_CPU_FLAGS = {"avx512_bf16", "amx_bf16"}  # /proc/cpuinfo's names
 
 
 def cpu_flags() -> set[str]:

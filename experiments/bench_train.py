@@ -466,7 +466,9 @@ def transformer_case(name: str, sentences: int, tokens: int, dtype: str, torch) 
 # -- the steps
 
 
-def vitjax_step(case: Case, repeats: int, max_row_s: float) -> dict:
+def compiled_step(case: Case):
+  """vitjax's bare training step for a case (AdamW, no trainer), compiled: (compiled, state list, xs, y, rng),
+  where compiled(*state, xs, y, rng) -> (*new state, loss) donates the state."""
   module, variables = case.module, case.variables
   tx = optax.adamw(LR, weight_decay=WEIGHT_DECAY)
   model_state0 = {k: v for k, v in variables.items() if k != "params"}
@@ -486,8 +488,12 @@ def vitjax_step(case: Case, repeats: int, max_row_s: float) -> dict:
   params = jax.device_put(variables["params"])
   state = [params, jax.jit(tx.init)(params), jax.device_put(model_state0)]
   xs, y, rng = tuple(jax.device_put(a) for a in case.x), jax.device_put(case.y), jax.random.key(1)
+  return jax.jit(step, donate_argnums=(0, 1, 2)).lower(*state, xs, y, rng).compile(), state, xs, y, rng
+
+
+def vitjax_step(case: Case, repeats: int, max_row_s: float) -> dict:
   t = time.perf_counter()
-  compiled = jax.jit(step, donate_argnums=(0, 1, 2)).lower(*state, xs, y, rng).compile()
+  compiled, state, xs, y, rng = compiled_step(case)
   compile_s = time.perf_counter() - t
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost

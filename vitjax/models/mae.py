@@ -22,6 +22,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vitjax import dots
 from vitjax.layers import EncoderBlock, Stack
 from vitjax.models import registry, vit
 from vitjax.posenc import sincos_2d
@@ -112,7 +113,7 @@ class MAE(nn.Module):
       raise ValueError(f"MAE's encoder must be a ViT, got {type(encoder).__name__} ({name!r})")
     self.vit = encoder.clone(dtype=self.dtype)
     nn.share_scope(self, self.vit)  # the encoder's parameters at the top level, named as the ViT's
-    self.decoder_embed = nn.Dense(self.decoder_width, dtype=self.dtype)
+    self.decoder_embed = dots.Dense(self.decoder_width, dtype=self.dtype)
     self.mask_token = self.param("mask_token", nn.initializers.normal(0.02), (1, 1, self.decoder_width))
     block_kwargs = dict(
       num_heads=self.decoder_heads,
@@ -123,7 +124,7 @@ class MAE(nn.Module):
     )
     self.decoder = Stack(EncoderBlock, self.decoder_depth, tuple(block_kwargs.items()), dtype=self.dtype)
     self.patch = self.vit.patch_hw
-    self.decoder_pred = nn.Dense(self.patch[0] * self.patch[1] * self.channels, dtype=self.dtype)
+    self.decoder_pred = dots.Dense(self.patch[0] * self.patch[1] * self.channels, dtype=self.dtype)
 
   def __call__(self, images: Array, noise: Array, train: bool = False) -> tuple[dict, dict]:
     b, h, w, c = images.shape

@@ -277,7 +277,7 @@ class Swin(nn.Module):
     x = x.mean(axis=(1, 2))
     out["pre_logits"] = x
     if self.num_classes:
-      x = nn.Dense(self.num_classes, dtype=self.dtype, kernel_init=nn.initializers.truncated_normal(0.02), name="head")(
-        x
-      )
+      x = dots.Dense(
+        self.num_classes, dtype=self.dtype, kernel_init=nn.initializers.truncated_normal(0.02), name="head"
+      )(x)
     return x.astype(jnp.float32), out

@@ -18,6 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vitjax import dots
 from vitjax.layers import TP_RULES, DecoderBlock, EncoderBlock, Stack, check_norm
 from vitjax.models import adapt, registry
 from vitjax.posenc import sinusoidal_1d
@@ -182,7 +183,7 @@ class Transformer(nn.Module):
     self.encoder = _Side(src_embed, "encoder", **side)
     self.decoder = _Side(self.tgt_embed, "decoder", decode=self.decode, **side)
     if not self.tie_output:
-      self.out_proj = nn.Dense(tgt_vocab, dtype=self.dtype)
+      self.out_proj = dots.Dense(tgt_vocab, dtype=self.dtype)
 
   def encode(self, src: Array, train: bool = False) -> Array:
     """src [B, S] -> encoded [B, S, D] (padding positions are masked out of every attention)."""

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vitjax import dots
 from vitjax.attention import MultiHeadAttention
 from vitjax.layers import BIAS_TABLE_TP_RULE, NORMS, TP_RULES, EncoderBlock, FeedForward, Stack
 from vitjax.models import adapt, registry
@@ -350,9 +351,9 @@ class ViT(nn.Module):
     if self.fc_norm:
       x = nn.LayerNorm(epsilon=self.layernorm_eps, dtype=self.dtype, name="fc_norm")(x)
     if self.representation_size:
-      x = jnp.tanh(nn.Dense(self.representation_size, dtype=self.dtype, name="pre_logits")(x))
+      x = jnp.tanh(dots.Dense(self.representation_size, dtype=self.dtype, name="pre_logits")(x))
     out["pre_logits"] = x
     if self.num_classes:
       init = nn.initializers.zeros if self.head_zeroinit else nn.initializers.lecun_normal()
-      x = nn.Dense(self.num_classes, kernel_init=init, dtype=self.dtype, name="head")(x)
+      x = dots.Dense(self.num_classes, kernel_init=init, dtype=self.dtype, name="head")(x)
     return x.astype(jnp.float32), out

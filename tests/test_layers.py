@@ -227,11 +227,16 @@ def test_dots_dense_layers_are_flax_layers_with_the_same_parameters(rng, dtype):
     assert got.dtype == want.dtype == dtype and got.shape == want.shape
     if dtype == jnp.float32:
       np.testing.assert_array_equal(got, want)
-    else:
-      np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=2**-7, atol=2e-2)
+      continue
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=2**-7, atol=2e-2)
+    grads = [jax.grad(lambda p, m=m: jnp.sum(m.apply(p, x).astype(jnp.float32) ** 2))(p) for m in (ours, theirs)]
+    for g_ours, g_flax in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1]), strict=True):
+      assert g_ours.dtype == g_flax.dtype == jnp.float32  # float32 parameters, float32 gradients
+      assert np.abs(g_ours - g_flax).max() <= 2e-2 * np.abs(g_flax).max()  # flax's rounds more: bf16's rounding
 
 
-def test_bf16_affine_accumulates_in_float32_forward_and_backward(rng):
+@pytest.mark.parametrize("rows", [(2, 3), (3, 5)])  # 6 rows: split in two for the weight gradient; 15: not
+def test_bf16_affine_accumulates_in_float32_forward_and_backward(rng, rows):
   """On a CPU a bfloat16 layer's matmul + bias is vitjax.dots.affine (bf16 operands, float32 accumulation, the bias
   added in float32, one rounding): its output and gradients match float64 at the rounded inputs to bf16's rounding,
   and the kernel's and bias's gradients come back in their float32, unrounded."""
@@ -239,11 +244,11 @@ def test_bf16_affine_accumulates_in_float32_forward_and_backward(rng):
 
   assert dots.low_precision_on_cpu(jnp.bfloat16) and not dots.low_precision_on_cpu(jnp.float32)  # tests: a CPU
   assert not dots.low_precision_on_cpu(None)
-  x = jnp.asarray(rng.randn(2, 3, 4, 64), jnp.bfloat16)  # contraction over the last two dims (attention's "out")
+  x = jnp.asarray(rng.randn(*rows, 4, 64), jnp.bfloat16)  # contraction over the last two dims (attention's "out")
   w = jnp.asarray(rng.randn(4, 64, 32) / 16, jnp.float32)
   b = jnp.asarray(rng.randn(32), jnp.float32)
   y = dots.affine(x, w, b, 2)
-  assert y.dtype == jnp.bfloat16 and y.shape == (2, 3, 32)
+  assert y.dtype == jnp.bfloat16 and y.shape == (*rows, 32)
   x64, w64 = np.asarray(x, np.float64), np.asarray(w.astype(jnp.bfloat16), np.float64)  # the rounded operands
   y64 = np.einsum("abij,ijn->abn", x64, w64) + np.asarray(b, np.float64)
   np.testing.assert_allclose(np.asarray(y, np.float64), y64, rtol=2**-8, atol=1e-6)  # one bf16 rounding

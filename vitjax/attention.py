@@ -9,11 +9,13 @@ It has these implementations behind the `implementation` switch:
 * "fast" (default; alias "auto"): on a GPU, `jax.nn.dot_product_attention`, which with bf16/fp16 inputs first
   tries cuDNN's fused kernel and falls back to XLA's when cuDNN's constraints do not hold (head size, bias
   shapes, ...); on other backends "explicit".
-* "explicit": the reference's forward pass (bitwise its outputs) with a hand-written backward pass in
-  [B, H, T, K] layout that reuses the saved float32 probabilities (dS = P * (dP - rowsum(dO * O))) instead of
-  differentiating the softmax. On this project's 2-core CPU one ViT-S/16 layer's attention at 448 px (785
-  tokens, batch 2) takes 21 ms forward and 92 ms forward + backward, against 47 and 118 ms for XLA's path;
-  at 224 px (batch 8) 24.5 against 26.4 ms forward + backward (experiments/README.md, "Training-step speed").
+* "explicit": the reference's forward pass (bitwise its outputs in float32) with a hand-written backward pass
+  that reuses the saved float32 probabilities (dS = P * (dP - rowsum(dO * O))) instead of differentiating the
+  softmax; in [B, H, T, K] layout for float32 inputs, on the inputs' [B, T, H, K] layout for bfloat16 / float16
+  (where XLA:CPU keeps every dot in bf16 with float32 accumulation, issue 28). On this project's 2-core CPU one
+  ViT-S/16 layer's attention at 448 px (785 tokens, batch 2) takes 21 ms forward and 92 ms forward + backward,
+  against 47 and 118 ms for XLA's path; at 224 px (batch 8) 24.5 against 26.4 ms forward + backward
+  (experiments/README.md, "Training-step speed").
 * "xla": `jax.nn.dot_product_attention(implementation="xla")`.
 * "reference": the explicit einsum-softmax-einsum, differentiated by JAX. It is also what runs whenever
   attention dropout is active, since the other paths take no dropout, and when K != V.
@@ -104,7 +106,7 @@ def reference_attention(
       raise ValueError("attention dropout needs dropout_rng (pass rngs={'dropout': key} to apply)")
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
     weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
-  return _weighted_values(weights, v)
+  return jnp.einsum("bhts,bshv->bthv", weights.astype(v.dtype), v)
 
 
 def _fast_attention(q, k, v, bias, mask, scale, implementation):
@@ -132,7 +134,8 @@ def _heads_first(x):  # [B, T, H, K] <-> [B, H, T, K]
 
 
 def _explicit_forward(q, k, v, bias, mask, scale):
-  # the forward pass is the reference's (the same einsums: bitwise its outputs); the layouts differ in backward
+  # the forward pass is the reference's: the same einsums (bitwise its outputs in float32), except that in bf16 the
+  # P V dot returns float32, rounded once (XLA:CPU would compute a bf16-result dot in float32: the same sums)
   logits = jnp.einsum("bthk,bshk->bhts", q, k, preferred_element_type=jnp.float32) * scale
   if bias is not None:
     logits = logits + bias.astype(jnp.float32)
@@ -144,6 +147,7 @@ def _explicit_forward(q, k, v, bias, mask, scale):
 
 
 def _weighted_values(probs, v):  # [B, H, T, S] float32, v [B, S, H, V] -> [B, T, H, V], float32 accumulation
+  # (not the reference's: JAX's autodiff of a float32-result dot would give its backward float32 x bf16 dots)
   return jnp.einsum("bhts,bshv->bthv", probs.astype(v.dtype), v, preferred_element_type=jnp.float32).astype(v.dtype)
 
 

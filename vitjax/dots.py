@@ -33,9 +33,9 @@ class Dense(nn.Dense):
 
   @nn.compact
   def __call__(self, inputs):
-    if self.is_initializing() or not low_precision_on_cpu(self.dtype):
-      return super().__call__(inputs)
-    return _apply(self, inputs, 1)
+    if not _own_path(self):
+      return _flax_call(nn.Dense, self, inputs)
+    return _apply(self, inputs, (inputs.shape[-1],), (self.features,))
 
 
 class DenseGeneral(nn.DenseGeneral):
@@ -46,15 +46,29 @@ class DenseGeneral(nn.DenseGeneral):
   def __call__(self, inputs):
     axis = tuple(sorted(a % inputs.ndim for a in np.atleast_1d(self.axis)))
     trailing = axis == tuple(range(inputs.ndim - len(axis), inputs.ndim))
-    if self.is_initializing() or not low_precision_on_cpu(self.dtype) or self.batch_dims or not trailing:
-      return super().__call__(inputs)
-    return _apply(self, inputs, len(axis))
+    if not _own_path(self) or self.batch_dims or not trailing:
+      return _flax_call(nn.DenseGeneral, self, inputs)
+    features = tuple(np.atleast_1d(self.features).tolist())
+    return _apply(self, inputs, inputs.shape[inputs.ndim - len(axis) :], features)
 
 
-def _apply(layer, inputs, n):
-  kernel = layer.get_variable("params", "kernel")  # created by flax's __call__ at init
-  bias = layer.get_variable("params", "bias") if layer.use_bias else None
-  return affine(inputs.astype(layer.dtype), kernel, bias, n)
+def _own_path(layer) -> bool:
+  """vitjax's path: a low-precision layer on a CPU, applied to parameters that exist (at init, and wherever a caller
+  sets flax's dot_general, dot_general_cls or precision, flax's layer runs)."""
+  custom = layer.dot_general is not None or layer.dot_general_cls is not None or layer.precision is not None
+  exists = layer.has_variable("params", "kernel")
+  return low_precision_on_cpu(layer.dtype) and exists and not custom and not layer.is_initializing()
+
+
+def _flax_call(cls, layer, inputs):  # the parent's __call__ unwrapped: flax's method hooks run once, not twice
+  return cls.__call__.__wrapped__(layer, inputs)
+
+
+def _apply(layer, inputs, contracted: tuple, features: tuple):
+  # layer.param returns the existing parameters (unboxed), checking their shapes as flax's layer does
+  kernel = layer.param("kernel", layer.kernel_init, tuple(contracted) + features, layer.param_dtype)
+  bias = layer.param("bias", layer.bias_init, features, layer.param_dtype) if layer.use_bias else None
+  return affine(inputs.astype(layer.dtype), kernel, bias, len(contracted))
 
 
 def _dot(a, b, contract):  # 2-D, float32 result

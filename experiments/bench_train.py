@@ -200,10 +200,12 @@ def cpu_flags() -> dict:
 
 
 def git_revision() -> str:
-  """The commit the benchmark ran at, with "+dirty" when the working tree had changes ("" outside a checkout)."""
+  """The commit the benchmark ran at, with "+dirty" when the working tree had changes ("" outside a checkout). The
+  results folder does not count: the benchmarks append their rows there as they go."""
   run = lambda *a: subprocess.run(["git", "-C", ROOT, *a], capture_output=True, text=True).stdout.strip()
   rev = run("rev-parse", "--short", "HEAD")
-  return rev + ("+dirty" if rev and run("status", "--porcelain", "--untracked-files=no") else "")
+  changed = run("status", "--porcelain", "--untracked-files=no", "--", ".", ":!experiments/results")
+  return rev + ("+dirty" if rev and changed else "")
 
 
 def host_info(torch, timm) -> dict:

@@ -143,12 +143,9 @@ def _explicit_forward(q, k, v, bias, mask, scale):
     logits = jnp.where(mask, logits, _large_negative(jnp.float32))
   e = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
   probs = e / jnp.sum(e, axis=-1, keepdims=True)  # [B, H, T, S] float32
-  return _weighted_values(probs, v), probs
-
-
-def _weighted_values(probs, v):  # [B, H, T, S] float32, v [B, S, H, V] -> [B, T, H, V], float32 accumulation
-  # (not the reference's: JAX's autodiff of a float32-result dot would give its backward float32 x bf16 dots)
-  return jnp.einsum("bhts,bshv->bthv", probs.astype(v.dtype), v, preferred_element_type=jnp.float32).astype(v.dtype)
+  # a float32 result here only: in the reference, JAX's autodiff of it would give float32 x bf16 backward dots
+  out = jnp.einsum("bhts,bshv->bthv", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
+  return out.astype(v.dtype), probs
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))

@@ -263,14 +263,15 @@ def _begin(run: _Run, state, start: int, changes: dict) -> None:
     jax.process_count(),
   )
   dtype = state_lib.compute_dtype(config.compute_dtype)
+  bf16_cpu = None if jax.default_backend() != "cpu" else state_lib.bfloat16_is_fast()  # None: not a CPU
   if config.compute_dtype == "auto":
     logging.info("compute_dtype=auto: %s on %s", dtype, jax.default_backend())
-  elif dtype == "bfloat16" and jax.default_backend() == "cpu" and not state_lib.bfloat16_is_fast():
+  elif dtype == "bfloat16" and bf16_cpu is False:
     logging.warning(
       "compute_dtype=bfloat16 on a CPU without AVX512-BF16 or AMX: no faster than float32 there "
       "(experiments/README.md); --config.compute_dtype=float32 (or auto) is this CPU's setting"
     )
-  elif dtype == "float32" and jax.default_backend() == "cpu" and state_lib.bfloat16_is_fast():
+  elif dtype == "float32" and bf16_cpu:
     logging.info(
       "compute_dtype=float32 on a CPU with AVX512-BF16 or AMX: bfloat16 (--config.compute_dtype=bfloat16 or auto) "
       "trained 1.15-1.56x faster on an AVX512-BF16 EPYC (experiments/README.md, issue 28)"

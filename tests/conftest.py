@@ -1,6 +1,7 @@
 """Shared test helpers."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -87,3 +88,18 @@ def finished_run(tmp_path_factory, run_args):
   workdir = str(tmp_path_factory.mktemp("finished") / "w")
   th.check_ok(th.run_main(workdir, *run_args))
   return workdir
+
+
+def dot_operand_types(hlo: str) -> list[tuple[str, str]]:
+  """(lhs, rhs) types of every dot in a compiled HLO module's text (operand names resolved per computation)."""
+  types, found = {}, []
+  for line in hlo.splitlines():
+    if not line.startswith(" "):
+      types = {}
+    m = re.match(r"\s+(?:ROOT )?%(\S+) = (\S+) ", line)
+    if m:
+      types[m.group(1)] = m.group(2)
+    m = re.search(r" dot\(%([^,]+), %([^)]+)\)", line)
+    if m:
+      found.append((types[m.group(1)], types[m.group(2)]))
+  return found

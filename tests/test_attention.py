@@ -1,11 +1,9 @@
-import re
-
 import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import naive_attention
+from conftest import dot_operand_types, naive_attention
 
 from vitjax.attention import MultiHeadAttention, causal_mask, dot_product_attention, padding_mask
 
@@ -107,21 +105,6 @@ def test_bfloat16_attention_layer_dots_stay_bfloat16_on_cpu(rng):
   operands = dot_operand_types(hlo)
   assert len(operands) >= 12  # 4 projections x 3 and attention's 2 + 4 (XLA merges some that share an operand)
   assert all(t.startswith("bf16[") for pair in operands for t in pair), operands
-
-
-def dot_operand_types(hlo: str) -> list[tuple[str, str]]:
-  """(lhs, rhs) types of every dot in a compiled HLO module's text (operand names resolved per computation)."""
-  types, found = {}, []
-  for line in hlo.splitlines():
-    if not line.startswith(" "):
-      types = {}
-    m = re.match(r"\s+(?:ROOT )?%(\S+) = (\S+) ", line)
-    if m:
-      types[m.group(1)] = m.group(2)
-    m = re.search(r" dot\(%([^,]+), %([^)]+)\)", line)
-    if m:
-      found.append((types[m.group(1)], types[m.group(2)]))
-  return found
 
 
 def test_explicit_runs_in_bfloat16_with_float32_softmax(rng):

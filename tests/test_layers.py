@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import naive_attention
+from conftest import dot_operand_types, naive_attention
 
 from vitjax import posenc
 from vitjax.layers import NORMS, DecoderBlock, DropPath, EncoderBlock, FeedForward, Stack, drop_path_rates, gelu
@@ -260,3 +260,33 @@ def test_bf16_affine_accumulates_in_float32_forward_and_backward(rng, rows):
   np.testing.assert_allclose(np.asarray(gw), np.einsum("abij,abn->ijn", x64, g), rtol=1e-5, atol=1e-4)  # float32 sums
   np.testing.assert_allclose(np.asarray(gb), g.sum((0, 1)), rtol=1e-5, atol=1e-4)
   assert dots.affine(x, w, None, 2).dtype == jnp.bfloat16  # a layer without a bias
+
+
+@pytest.mark.parametrize("rows", [(2, 3), (3, 5)])
+def test_bf16_tied_logits_accumulate_in_float32_forward_and_backward(rng, rows):
+  """A bfloat16 Transformer's tied output logits on a CPU are vitjax.dots.logits (bf16 operands, float32 accumulation
+  and result): value and gradients match float64 at the rounded operands; float32 x keeps flax's attend, bitwise."""
+  from vitjax import dots
+
+  embed = nn.Embed(40, 64, embedding_init=nn.initializers.normal(0.3))
+  x = jnp.asarray(rng.randn(*rows, 64), jnp.float32)
+  p = embed.init(jax.random.key(0), jnp.zeros((1,), jnp.int32))
+  tied = lambda p, x: embed.apply(p, x, method=lambda m, x: dots.tied_logits(m, x))
+  np.testing.assert_array_equal(tied(p, x), embed.apply(p, x, method=nn.Embed.attend))
+  xb = x.astype(jnp.bfloat16)
+  y = tied(p, xb)
+  assert y.dtype == jnp.float32 and y.shape == (*rows, 40)
+  table = p["params"]["embedding"]
+  x64, t64 = np.asarray(xb, np.float64), np.asarray(table.astype(jnp.bfloat16), np.float64)
+  np.testing.assert_allclose(np.asarray(y, np.float64), x64 @ t64.T, rtol=1e-5, atol=1e-5)  # float32 accumulation
+  gp, gx = jax.grad(lambda p, x: jnp.sum(tied(p, x) ** 2), argnums=(0, 1))(p, xb)
+  gt = gp["params"]["embedding"]
+  assert (gx.dtype, gt.dtype) == (jnp.bfloat16, jnp.float32)
+  g = np.asarray((2 * y).astype(jnp.bfloat16), np.float64)  # the float32 cotangent, rounded to the operands' dtype
+  np.testing.assert_allclose(np.asarray(gx, np.float64), g @ t64, rtol=2**-7, atol=0.02)
+  np.testing.assert_allclose(np.asarray(gt), g.reshape(-1, 40).T @ x64.reshape(-1, 64), rtol=1e-5, atol=1e-3)
+  if np.prod(rows) % 2:  # an odd row count: the table's gradient is the unsplit (float32) dot, see dots
+    return
+  hlo = jax.jit(jax.grad(lambda p, x: jnp.sum(tied(p, x) ** 2), argnums=(0, 1))).lower(p, xb).compile().as_text()
+  operands = dot_operand_types(hlo)  # forward, input gradient, table gradient: all in bf16 (XLA:CPU's fast dots)
+  assert len(operands) == 3 and all(t.startswith("bf16[") for pair in operands for t in pair), operands

@@ -9,6 +9,7 @@ same parameters, same initialisation: flax creates them) whose low-precision CPU
 whose forward and both backward matmuls take the layer's bf16 operands and accumulate in float32, with the bias added
 in float32 and the result rounded once; the kernel and bias gradients come out in float32, unrounded. Elsewhere
 (float32 layers, GPUs and TPUs, whose bfloat16 dots accumulate in float32 already) they are flax's layers unchanged.
+`tied_logits` does the same for a Transformer's output logits through its tied embedding (a float32 result there).
 """
 
 from __future__ import annotations
@@ -115,3 +116,37 @@ def _weight_gradient(x2, g2):
 
 
 affine.defvjp(_affine_fwd, _affine_bwd)
+
+
+def tied_logits(embed: nn.Embed, x):
+  """Output logits through a tied embedding: x [..., D] @ embed.embedding [V, D]^T -> float32 [..., V].
+
+  flax's `attend` on float32 x (as flax's wmt example computes them), except for a low-precision x on a CPU: then
+  `logits` below, one matmul with x's dtype as operands and float32 accumulation and result (XLA:CPU runs the float32
+  matmul at about half the rate, the transformer's largest dots: experiments/README.md, issue 28)."""
+  if not low_precision_on_cpu(x.dtype):
+    return embed.attend(x.astype(jnp.float32))
+  return logits(x, embed.embedding)
+
+
+@jax.custom_vjp
+def logits(x, table):
+  """x [..., D] @ table [V, D]^T -> float32 [..., V]; the matmul in x's dtype with float32 accumulation. Gradients:
+  x's in x's dtype, the table's in its own dtype (float32 sums of x's-dtype products)."""
+  return _logits_fwd(x, table)[0]
+
+
+def _logits_fwd(x, table):
+  t2 = table.astype(x.dtype)
+  y = _dot(x.reshape(-1, table.shape[1]), t2, (1, 1)).reshape(x.shape[:-1] + table.shape[:1])
+  return y, (x, table, t2)
+
+
+def _logits_bwd(saved, g):
+  x, table, t2 = saved
+  x2, g2 = x.reshape(-1, table.shape[1]), g.reshape(-1, table.shape[0]).astype(x.dtype)
+  dx = _dot(g2, t2, (1, 0)).astype(x.dtype).reshape(x.shape)  # [M, V] x [V, D] -> [M, D]
+  return dx, _weight_gradient(g2, x2).astype(table.dtype)  # [M, V]^T [M, D] -> [V, D]
+
+
+logits.defvjp(_logits_fwd, _logits_bwd)

@@ -198,7 +198,7 @@ class Transformer(nn.Module):
     """
     cross_mask = (src != self.pad_id)[:, None, None, :]
     x = self.decoder(tgt_in, encoded, None, cross_mask, train=train, positions=positions)
-    logits = self.tgt_embed.attend(x.astype(jnp.float32)) if self.tie_output else self.out_proj(x)
+    logits = dots.tied_logits(self.tgt_embed, x) if self.tie_output else self.out_proj(x)
     return logits.astype(jnp.float32)
 
   def __call__(self, src: Array, tgt: Array, train: bool = False) -> tuple[Array, dict]:

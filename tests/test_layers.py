@@ -290,3 +290,35 @@ def test_bf16_tied_logits_accumulate_in_float32_forward_and_backward(rng, rows):
   hlo = jax.jit(jax.grad(lambda p, x: jnp.sum(tied(p, x) ** 2), argnums=(0, 1))).lower(p, xb).compile().as_text()
   operands = dot_operand_types(hlo)  # forward, input gradient, table gradient: all in bf16 (XLA:CPU's fast dots)
   assert len(operands) == 3 and all(t.startswith("bf16[") for pair in operands for t in pair), operands
+
+
+@pytest.mark.parametrize(
+  "shape,features,kernel,strides,padding",
+  [
+    ((2, 9, 9, 6), 8, (3, 3), 2, 1),  # a convolutional stem's stride-2 3x3
+    ((2, 10, 9, 6), 8, (3, 3), (2, 3), "SAME"),
+    ((2, 17, 18, 3), 8, (4, 4), 4, "VALID"),  # patchify, with a remainder dropped as XLA's convolution drops it
+    ((2, 5, 5, 6), 8, (1, 1), 1, "VALID"),  # the stem's 1x1 projection
+  ],
+)
+def test_dots_conv_is_flax_conv_forward_and_matmul_backward(rng, shape, features, kernel, strides, padding):
+  """vitjax.dots.Conv creates flax's parameters and computes flax's forward (bitwise in float32: XLA's convolution);
+  its backward, the patches' matmuls, matches float64 autodiff of the convolution in float32 and to bf16 rounding
+  in bfloat16 (parameter gradients in float32)."""
+  from vitjax import dots
+
+  x = jnp.asarray(rng.randn(*shape), jnp.float32)
+  init = dict(kernel_init=nn.initializers.normal(0.3), bias_init=nn.initializers.normal(0.5))
+  ours, theirs = (cls(features, kernel, strides=strides, padding=padding, **init) for cls in (dots.Conv, nn.Conv))
+  p = ours.init(jax.random.key(1), x)
+  jax.tree.map(np.testing.assert_array_equal, p, theirs.init(jax.random.key(1), x))
+  np.testing.assert_array_equal(ours.apply(p, x), theirs.apply(p, x))
+  with jax.enable_x64():
+    p64, x64 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), (p, x))
+    want = jax.grad(lambda p, x: jnp.sum(theirs.apply(p, x) ** 2), argnums=(0, 1))(p64, x64)
+  for dtype, rtol in [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)]:
+    layer = dots.Conv(features, kernel, strides=strides, padding=padding, dtype=dtype, **init)
+    got = jax.grad(lambda p, x, m=layer: jnp.sum(m.apply(p, x).astype(jnp.float32) ** 2), argnums=(0, 1))(p, x)
+    assert got[0]["params"]["kernel"].dtype == jnp.float32 and layer.apply(p, x).dtype == dtype
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+      assert np.abs(np.asarray(g, np.float64) - np.asarray(w)).max() <= rtol * np.abs(np.asarray(w)).max()

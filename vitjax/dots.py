@@ -10,6 +10,7 @@ whose forward and both backward matmuls take the layer's bf16 operands and accum
 in float32 and the result rounded once; the kernel and bias gradients come out in float32, unrounded. Elsewhere
 (float32 layers, GPUs and TPUs, whose bfloat16 dots accumulate in float32 already) they are flax's layers unchanged.
 `tied_logits` does the same for a Transformer's output logits through its tied embedding (a float32 result there).
+`Conv` is flax's convolution whose backward on a CPU, for strided convolutions (patch embeddings, stems), is matmuls.
 """
 
 from __future__ import annotations
@@ -51,6 +52,107 @@ class DenseGeneral(nn.DenseGeneral):
       return _flax_call(nn.DenseGeneral, self, inputs)
     features = tuple(np.atleast_1d(self.features).tolist())
     return _apply(self, inputs, inputs.shape[inputs.ndim - len(axis) :], features)
+
+
+class Conv(nn.Conv):
+  """flax.linen.Conv; x [B, H, W, C] -> [B, H', W', features]. On a CPU, a 2-D convolution with strides >= 2 or equal
+  to its kernel (patch embeddings, a convolutional stem's stride-2 3x3 and 1x1 projection) runs its forward as flax does (XLA's convolution, with float32
+  accumulation and the bias added in float32 for a low-precision layer) but its backward as matmuls over the input's
+  patches: `strided_conv`. XLA:CPU's backward convolutions run these shapes at a third of its matmuls' rate
+  (experiments/README.md, issue 28). Other convolutions, and every one off a CPU, are flax's."""
+
+  @nn.compact
+  def __call__(self, inputs):
+    plan = _conv_plan(self, inputs)
+    if plan is None:
+      return _flax_call(nn.Conv, self, inputs)
+    kh, kw = self.kernel_size
+    kernel = self.param("kernel", self.kernel_init, (kh, kw, inputs.shape[-1], self.features), self.param_dtype)
+    bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype) if self.use_bias else None
+    x, _, _ = self.promote_dtype(inputs, kernel, bias, dtype=self.dtype)  # flax's dtype rule, for x
+    return strided_conv(x, kernel, bias, *plan)
+
+
+def _conv_plan(layer, inputs):
+  """(strides, ((top, bottom), (left, right)) padding) for `strided_conv`, or None where flax's layer runs."""
+  ks, st = tuple(layer.kernel_size), layer.strides
+  st = (st,) * len(ks) if isinstance(st, int) else tuple(st or (1,) * len(ks))
+  ones = lambda d: d is None or tuple(np.atleast_1d(d).tolist()) in ((1,), (1,) * len(ks))
+  plain = (
+    jax.default_backend() == "cpu"
+    and inputs.ndim == 4
+    and len(ks) == 2
+    and (min(st) >= 2 or ks == st)  # strided, or patchify / 1x1
+    and layer.feature_group_count == 1
+    and ones(layer.input_dilation)
+    and ones(layer.kernel_dilation)
+    and layer.mask is None
+    and layer.precision is None
+    and layer.conv_general_dilated is None
+    and layer.conv_general_dilated_cls is None
+    and layer.has_variable("params", "kernel")
+    and not layer.is_initializing()
+  )
+  p = layer.padding
+  if not plain or (isinstance(p, str) and p not in ("VALID", "SAME")):
+    return None
+  if isinstance(p, str):
+    pads = jax.lax.padtype_to_pads(inputs.shape[1:3], ks, st, p)
+  elif isinstance(p, int):
+    pads = ((p, p), (p, p))
+  elif len(p) == 2 and all(isinstance(q, int) for q in p):
+    pads = tuple((q, q) for q in p)
+  elif len(p) == 2 and all(not isinstance(q, int) and len(q) == 2 for q in p):
+    pads = tuple(tuple(q) for q in p)
+  else:
+    return None
+  return st, tuple(tuple(int(v) for v in q) for q in pads)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def strided_conv(x, w, b, strides, pads):
+  """x [B, H, W, C] (*) w [kh, kw, C, O] + b [O] -> [B, H', W', O] in x's dtype: XLA's convolution (float32
+  accumulation, the bias added in float32, one rounding). Backward: the patches' matmuls (`_patches`); gradients of
+  x in x's dtype, of w and b in theirs. b may be None."""
+  return _strided_conv_fwd(x, w, b, strides, pads)[0]
+
+
+def _strided_conv_fwd(x, w, b, strides, pads):
+  dn = ("NHWC", "HWIO", "NHWC")
+  y = jax.lax.conv_general_dilated(
+    x, w.astype(x.dtype), strides, pads, dimension_numbers=dn, preferred_element_type=jnp.float32
+  )
+  if b is not None:
+    y = y + b.astype(jnp.float32)
+  return y.astype(x.dtype), (x, w, b)
+
+
+def _strided_conv_bwd(strides, pads, saved, g):
+  x, w, b = saved
+  kh, kw, c, o = w.shape
+  p = _patches(x, (kh, kw), strides, pads)  # [B, H', W', kh * kw * C]
+  p2, g2, w2 = p.reshape(-1, kh * kw * c), g.reshape(-1, o).astype(x.dtype), w.reshape(-1, o).astype(x.dtype)
+  dw = _weight_gradient(p2, g2).astype(w.dtype).reshape(w.shape)
+  dp = _dot(g2, w2, (1, 1)).reshape(p.shape)  # float32, scattered back onto x's positions in float32
+  to_x = jax.linear_transpose(lambda z: _patches(z, (kh, kw), strides, pads), jax.ShapeDtypeStruct(x.shape, dp.dtype))
+  dx = to_x(dp)[0].astype(x.dtype)
+  db = None if b is None else jnp.sum(g2, axis=0, dtype=jnp.float32).astype(b.dtype)
+  return dx, dw, db
+
+
+def _patches(x, kernel, strides, pads):
+  """x [B, H, W, C] -> the convolution's input patches [B, H', W', kh * kw * C], in the kernel's (kh, kw, C) order."""
+  (kh, kw), (sh, sw) = kernel, strides
+  x = jnp.pad(x, ((0, 0), *pads, (0, 0)))
+  n, c, ho, wo = x.shape[0], x.shape[3], (x.shape[1] - kh) // sh + 1, (x.shape[2] - kw) // sw + 1
+  if (kh, kw) == (sh, sw):  # patchify: the patches are x itself, reordered
+    x = x[:, : ho * kh, : wo * kw].reshape(n, ho, kh, wo, kw, c)
+    return x.transpose(0, 1, 3, 2, 4, 5).reshape(n, ho, wo, kh * kw * c)
+  cols = [x[:, i : i + sh * (ho - 1) + 1 : sh, j : j + sw * (wo - 1) + 1 : sw] for i in range(kh) for j in range(kw)]
+  return jnp.concatenate(cols, axis=-1)
+
+
+strided_conv.defvjp(_strided_conv_fwd, _strided_conv_bwd)
 
 
 def _own_path(layer) -> bool:

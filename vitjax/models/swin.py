@@ -240,7 +240,7 @@ class Swin(nn.Module):
     window = tuple(self.window_size) if isinstance(self.window_size, Sequence) else (self.window_size,) * 2
     images = images.astype(self.dtype or images.dtype)
     if self.stem == "patch":
-      x = nn.Conv(self.embed_dim, p, strides=p, padding="VALID", dtype=self.dtype, name="patch_embed")(images)
+      x = dots.Conv(self.embed_dim, p, strides=p, padding="VALID", dtype=self.dtype, name="patch_embed")(images)
     elif self.stem == "conv":
       x = ConvStem(self.embed_dim, self.patch_size, self.stem_depth, train=train, dtype=self.dtype, name="conv_stem")(
         images

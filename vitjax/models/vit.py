@@ -89,7 +89,7 @@ class ConvStem(nn.Module):
     for i in range(n):
       for j in range(self.depth):
         suffix = f"{i}" if j == 0 else f"{i}_{j}"
-        x = nn.Conv(
+        x = dots.Conv(
           max(self.width // 2 ** (n - 1 - i), 8),
           (3, 3),
           strides=2 if j == 0 else 1,
@@ -100,7 +100,7 @@ class ConvStem(nn.Module):
         )(x)
         x = nn.BatchNorm(use_running_average=not self.train, dtype=self.dtype, name=f"bn_{suffix}")(x)
         x = nn.relu(x)
-    return nn.Conv(self.width, (1, 1), dtype=self.dtype, name="proj")(x)
+    return dots.Conv(self.width, (1, 1), dtype=self.dtype, name="proj")(x)
 
 
 class MAPHead(nn.Module):
@@ -255,7 +255,7 @@ class ViT(nn.Module):
     check_divisible(images.shape[1:3], patch)
     x = images.astype(self.dtype or images.dtype)
     if self.stem == "patch":
-      x = nn.Conv(self.width, patch, strides=patch, padding="VALID", dtype=self.dtype, name="embedding")(x)
+      x = dots.Conv(self.width, patch, strides=patch, padding="VALID", dtype=self.dtype, name="embedding")(x)
     elif self.stem == "conv":
       if patch[0] != patch[1]:
         raise ValueError(f"the convolutional stem needs a square patch, got {patch}")

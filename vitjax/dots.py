@@ -56,10 +56,10 @@ class DenseGeneral(nn.DenseGeneral):
 
 class Conv(nn.Conv):
   """flax.linen.Conv; x [B, H, W, C] -> [B, H', W', features]. On a CPU, a 2-D convolution with strides >= 2 or equal
-  to its kernel (patch embeddings, a convolutional stem's stride-2 3x3 and 1x1 projection) runs its forward as flax does (XLA's convolution, with float32
-  accumulation and the bias added in float32 for a low-precision layer) but its backward as matmuls over the input's
-  patches: `strided_conv`. XLA:CPU's backward convolutions run these shapes at a third of its matmuls' rate
-  (experiments/README.md, issue 28). Other convolutions, and every one off a CPU, are flax's."""
+  to its kernel (patch embeddings, a convolutional stem's stride-2 3x3 and 1x1 projection) is `strided_conv`: its
+  float32 forward is flax's (XLA's convolution), its backward, and a bfloat16 forward, are matmuls over the input's
+  patches. XLA:CPU runs these convolutions' backward at a third of its matmuls' rate, and every convolution in
+  float32 (experiments/README.md, issue 28). Other convolutions, and every one off a CPU, are flax's."""
 
   @nn.compact
   def __call__(self, inputs):
@@ -111,26 +111,29 @@ def _conv_plan(layer, inputs):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def strided_conv(x, w, b, strides, pads):
-  """x [B, H, W, C] (*) w [kh, kw, C, O] + b [O] -> [B, H', W', O] in x's dtype: XLA's convolution (float32
-  accumulation, the bias added in float32, one rounding). Backward: the patches' matmuls (`_patches`); gradients of
-  x in x's dtype, of w and b in theirs. b may be None."""
+  """x [B, H, W, C] (*) w [kh, kw, C, O] + b [O] -> [B, H', W', O] in x's dtype: in float32 XLA's convolution, in
+  bfloat16 / float16 the patches' matmul (`_patches`; float32 accumulation, the bias added in float32, one
+  rounding). Backward: the patches' matmuls; gradients of x in x's dtype, of w and b in theirs. b may be None."""
   return _strided_conv_fwd(x, w, b, strides, pads)[0]
 
 
 def _strided_conv_fwd(x, w, b, strides, pads):
-  dn = ("NHWC", "HWIO", "NHWC")
-  y = jax.lax.conv_general_dilated(
-    x, w.astype(x.dtype), strides, pads, dimension_numbers=dn, preferred_element_type=jnp.float32
-  )
+  if x.dtype in LOW_PRECISION:  # XLA:CPU convolves in float32 whatever the operands: the patches' bf16 matmul instead
+    p = _patches(x, w.shape[:2], strides, pads)  # [B, H', W', kh * kw * C], kept for the backward
+    y = _dot(p.reshape(-1, p.shape[-1]), w.reshape(-1, w.shape[-1]).astype(x.dtype), (1, 0))
+    y = y.reshape(p.shape[:3] + w.shape[-1:])
+  else:  # float32: flax's convolution itself
+    p, dn = None, ("NHWC", "HWIO", "NHWC")
+    y = jax.lax.conv_general_dilated(x, w, strides, pads, dimension_numbers=dn, preferred_element_type=jnp.float32)
   if b is not None:
     y = y + b.astype(jnp.float32)
-  return y.astype(x.dtype), (x, w, b)
+  return y.astype(x.dtype), (x, w, b, p)
 
 
 def _strided_conv_bwd(strides, pads, saved, g):
-  x, w, b = saved
+  x, w, b, p = saved
   kh, kw, c, o = w.shape
-  p = _patches(x, (kh, kw), strides, pads)  # [B, H', W', kh * kw * C]
+  p = _patches(x, (kh, kw), strides, pads) if p is None else p  # [B, H', W', kh * kw * C]
   p2, g2, w2 = p.reshape(-1, kh * kw * c), g.reshape(-1, o).astype(x.dtype), w.reshape(-1, o).astype(x.dtype)
   dw = _weight_gradient(p2, g2).astype(w.dtype).reshape(w.shape)
   dp = _dot(g2, w2, (1, 1)).reshape(p.shape)  # float32, scattered back onto x's positions in float32

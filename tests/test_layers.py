@@ -322,3 +322,25 @@ def test_dots_conv_is_flax_conv_forward_and_matmul_backward(rng, shape, features
     assert got[0]["params"]["kernel"].dtype == jnp.float32 and layer.apply(p, x).dtype == dtype
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
       assert np.abs(np.asarray(g, np.float64) - np.asarray(w)).max() <= rtol * np.abs(np.asarray(w)).max()
+
+
+def test_dots_conv_takes_flax_s_layer_where_its_path_does_not_apply(rng):
+  """A 1-D convolution (an integer kernel), cropping (negative padding) and an empty output run flax's layer; a
+  bfloat16 kernel in a float32 computation (param_dtype) takes vitjax's path with flax's promotion: the same
+  outputs as flax's, bitwise, and a kernel gradient in the kernel's dtype."""
+  from vitjax import dots
+
+  cases = [
+    (dict(features=4, kernel_size=3, strides=2), (2, 9, 5)),
+    (dict(features=4, kernel_size=(3, 3), strides=2, padding=((-1, 0), (0, 0))), (2, 9, 9, 5)),
+    (dict(features=4, kernel_size=(4, 4), strides=4, padding="VALID"), (2, 3, 9, 5)),
+    (dict(features=4, kernel_size=(2, 2), strides=2, param_dtype=jnp.bfloat16), (2, 8, 8, 5)),
+  ]
+  for kw, shape in cases:
+    x = jnp.asarray(rng.randn(*shape), jnp.float32)
+    ours, theirs = dots.Conv(**kw), nn.Conv(**kw)
+    p = ours.init(jax.random.key(0), x)
+    jax.tree.map(np.testing.assert_array_equal, p, theirs.init(jax.random.key(0), x))
+    np.testing.assert_array_equal(ours.apply(p, x), theirs.apply(p, x))
+    g = jax.grad(lambda p, x, m=ours: jnp.sum(m.apply(p, x) ** 2))(p, x)
+    assert g["params"]["kernel"].dtype == kw.get("param_dtype", jnp.float32)

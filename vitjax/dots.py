@@ -10,7 +10,7 @@ whose forward and both backward matmuls take the layer's bf16 operands and accum
 in float32 and the result rounded once; the kernel and bias gradients come out in float32, unrounded. Elsewhere
 (float32 layers, GPUs and TPUs, whose bfloat16 dots accumulate in float32 already) they are flax's layers unchanged.
 `tied_logits` does the same for a Transformer's output logits through its tied embedding (a float32 result there).
-`Conv` is flax's convolution whose backward on a CPU, for strided convolutions (patch embeddings, stems), is matmuls.
+`Conv` is flax's convolution whose backward on a CPU, for strided and 1x1 ones (patch embeddings, stems), is matmuls.
 """
 
 from __future__ import annotations
@@ -69,12 +69,16 @@ class Conv(nn.Conv):
     kh, kw = self.kernel_size
     kernel = self.param("kernel", self.kernel_init, (kh, kw, inputs.shape[-1], self.features), self.param_dtype)
     bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype) if self.use_bias else None
-    x, _, _ = self.promote_dtype(inputs, kernel, bias, dtype=self.dtype)  # flax's dtype rule, for x
-    return strided_conv(x, kernel, bias, *plan)
+    x, k, b = self.promote_dtype(inputs, kernel, bias, dtype=self.dtype)  # flax's dtype rule
+    if x.dtype in LOW_PRECISION:  # the float32 parameters themselves: strided_conv adds the bias in float32
+      k, b = kernel, bias
+    return strided_conv(x, k, b, *plan)
 
 
 def _conv_plan(layer, inputs):
   """(strides, ((top, bottom), (left, right)) padding) for `strided_conv`, or None where flax's layer runs."""
+  if isinstance(layer.kernel_size, int):  # flax's 1-D convolution
+    return None
   ks, st = tuple(layer.kernel_size), layer.strides
   st = (st,) * len(ks) if isinstance(st, int) else tuple(st or (1,) * len(ks))
   ones = lambda d: d is None or tuple(np.atleast_1d(d).tolist()) in ((1,), (1,) * len(ks))
@@ -83,6 +87,7 @@ def _conv_plan(layer, inputs):
     and inputs.ndim == 4
     and len(ks) == 2
     and (min(st) >= 2 or ks == st)  # strided, or patchify / 1x1
+    and jnp.dtype(layer.dtype or jnp.result_type(inputs, layer.param_dtype)) in (jnp.float32, *LOW_PRECISION)
     and layer.feature_group_count == 1
     and ones(layer.input_dilation)
     and ones(layer.kernel_dilation)
@@ -106,7 +111,11 @@ def _conv_plan(layer, inputs):
     pads = tuple(tuple(q) for q in p)
   else:
     return None
-  return st, tuple(tuple(int(v) for v in q) for q in pads)
+  pads = tuple(tuple(int(v) for v in q) for q in pads)
+  out = [(n + lo + hi - k) // s + 1 for n, (lo, hi), k, s in zip(inputs.shape[1:3], pads, ks, st)]
+  if min(min(q) for q in pads) < 0 or min(out) < 1:  # cropping, or an empty output: flax's
+    return None
+  return st, pads
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
@@ -122,11 +131,11 @@ def _strided_conv_fwd(x, w, b, strides, pads):
     p = _patches(x, w.shape[:2], strides, pads)  # [B, H', W', kh * kw * C], kept for the backward
     y = _dot(p.reshape(-1, p.shape[-1]), w.reshape(-1, w.shape[-1]).astype(x.dtype), (1, 0))
     y = y.reshape(p.shape[:3] + w.shape[-1:])
-  else:  # float32: flax's convolution itself
+  else:  # float32 (w and b promoted to it): flax's convolution itself
     p, dn = None, ("NHWC", "HWIO", "NHWC")
-    y = jax.lax.conv_general_dilated(x, w, strides, pads, dimension_numbers=dn, preferred_element_type=jnp.float32)
+    y = jax.lax.conv_general_dilated(x, w, strides, pads, dimension_numbers=dn)
   if b is not None:
-    y = y + b.astype(jnp.float32)
+    y = y + b.astype(y.dtype)
   return y.astype(x.dtype), (x, w, b, p)
 
 
@@ -135,7 +144,9 @@ def _strided_conv_bwd(strides, pads, saved, g):
   kh, kw, c, o = w.shape
   p = _patches(x, (kh, kw), strides, pads) if p is None else p  # [B, H', W', kh * kw * C]
   p2, g2, w2 = p.reshape(-1, kh * kw * c), g.reshape(-1, o).astype(x.dtype), w.reshape(-1, o).astype(x.dtype)
-  dw = _weight_gradient(p2, g2).astype(w.dtype).reshape(w.shape)
+  # float32: the plain dot (the row split gains nothing there, and needs M unsharded on explicit-sharding meshes)
+  dw = (_weight_gradient(p2, g2) if x.dtype in LOW_PRECISION else _dot(p2, g2, (0, 0))).astype(w.dtype)
+  dw = dw.reshape(w.shape)
   dp = _dot(g2, w2, (1, 1)).reshape(p.shape)  # float32, scattered back onto x's positions in float32
   to_x = jax.linear_transpose(lambda z: _patches(z, (kh, kw), strides, pads), jax.ShapeDtypeStruct(x.shape, dp.dtype))
   dx = to_x(dp)[0].astype(x.dtype)
@@ -229,7 +240,7 @@ def tied_logits(embed: nn.Embed, x):
   flax's `attend` on float32 x (as flax's wmt example computes them), except for a low-precision x on a CPU: then
   `logits` below, one matmul with x's dtype as operands and float32 accumulation and result (XLA:CPU runs the float32
   matmul at about half the rate, the transformer's largest dots: experiments/README.md, issue 28)."""
-  if not low_precision_on_cpu(x.dtype):
+  if not low_precision_on_cpu(x.dtype) or (embed.dtype is not None and not low_precision_on_cpu(embed.dtype)):
     return embed.attend(x.astype(jnp.float32))
   return logits(x, embed.embedding)
 

@@ -144,14 +144,9 @@ def _strided_conv_bwd(strides, pads, saved, g):
   kh, kw, c, o = w.shape
   p = _patches(x, (kh, kw), strides, pads) if p is None else p  # [B, H', W', kh * kw * C]
   p2, g2, w2 = p.reshape(-1, kh * kw * c), g.reshape(-1, o).astype(x.dtype), w.reshape(-1, o).astype(x.dtype)
-  # float32: the plain dot (the row split gains nothing there, and needs M unsharded on explicit-sharding meshes)
-  dw = (_weight_gradient(p2, g2) if x.dtype in LOW_PRECISION else _dot(p2, g2, (0, 0))).astype(w.dtype)
-  dw = dw.reshape(w.shape)
   dp = _dot(g2, w2, (1, 1)).reshape(p.shape)  # float32, scattered back onto x's positions in float32
   to_x = jax.linear_transpose(lambda z: _patches(z, (kh, kw), strides, pads), jax.ShapeDtypeStruct(x.shape, dp.dtype))
-  dx = to_x(dp)[0].astype(x.dtype)
-  db = None if b is None else jnp.sum(g2, axis=0, dtype=jnp.float32).astype(b.dtype)
-  return dx, dw, db
+  return (to_x(dp)[0].astype(x.dtype), *_parameter_gradients(p2, g2, w, b))
 
 
 def _patches(x, kernel, strides, pads):
@@ -215,17 +210,24 @@ def _affine_bwd(n, saved, g):
   x2 = x.reshape(-1, w2.shape[0])
   g2 = g.reshape(x2.shape[0], w2.shape[1]).astype(x.dtype)
   dx = _dot(g2, w2, (1, 1)).astype(x.dtype).reshape(x.shape)  # [M, N] x [K, N] -> [M, K]
+  return (dx, *_parameter_gradients(x2, g2, w, b))
+
+
+def _parameter_gradients(x2, g2, w, b):
+  """Of y2 = x2 [M, K] @ w (reshaped [K, N]) + b [N], given g2 [M, N]: w's and b's gradients, float32 sums in the
+  parameters' own dtypes and shapes (b may be None)."""
   dw = _weight_gradient(x2, g2).astype(w.dtype).reshape(w.shape)
   db = None if b is None else jnp.sum(g2, axis=0, dtype=jnp.float32).astype(b.dtype).reshape(b.shape)
-  return dx, dw, db
+  return dw, db
 
 
 def _weight_gradient(x2, g2):
-  """x2 [M, K]^T @ g2 [M, N] -> float32 [K, N]. Written with M split in two contracted dimensions when M is even:
-  XLA then transposes x2 into [K, M] (in bf16) and runs a bf16 dot; the same dot written [M, K] x [M, N] it computes
-  in float32, 2.0-2.5x slower (ViT-S / Swin-T shapes, experiments/README.md, issue 28)."""
+  """x2 [M, K]^T @ g2 [M, N] -> float32 [K, N]. For low-precision operands, written with M split in two contracted
+  dimensions when M is even: XLA then transposes x2 into [K, M] (in bf16) and runs a bf16 dot; the same dot written
+  [M, K] x [M, N] it computes in float32, 2.0-2.5x slower (ViT-S / Swin-T shapes, experiments/README.md, issue 28).
+  Float32 operands take the plain dot (the split gains nothing there)."""
   m = x2.shape[0]
-  rows = (2, m // 2) if m % 2 == 0 else (m,)
+  rows = (2, m // 2) if m % 2 == 0 and x2.dtype in LOW_PRECISION else (m,)
   contract = tuple(range(len(rows)))
   x3, g3 = x2.reshape(rows + x2.shape[1:]), g2.reshape(rows + g2.shape[1:])
   return jax.lax.dot_general(x3, g3, ((contract, contract), ((), ())), preferred_element_type=jnp.float32)

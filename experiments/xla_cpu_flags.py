@@ -15,6 +15,10 @@ Flag sets (--sets, comma-separated names):
                --xla_cpu_experimental_onednn_fusion_type=dot): oneDNN is the library PyTorch's CPU matmuls use
   eigen_dot    dots by XLA's own Eigen path (--xla_cpu_experimental_ynn_fusion_type=-dot)
   no_ynn       no YNNPACK fusions at all (--xla_cpu_experimental_ynn_fusion_type=)
+  vector512    XLA's own loops with 512-bit vectors (--xla_cpu_prefer_vector_width=512; XLA's default is 256)
+  no_fusion_emitters   XLA's older loop emitters (--xla_cpu_use_fusion_emitters=false)
+  fast_runtime the "fast runtime" optimisation preset (--xla_cpu_opt_preset=CPU_OPT_PRESET_FAST_RUNTIME)
+  region_copies  copy insertion with region analysis (--xla_cpu_copy_insertion_use_region_analysis=true)
 Appends one JSON line per (model, flag set) to --out (experiments/results/xla_cpu_flags.jsonl) with the command,
 date, host, CPU flags, git revision, every round's median and the machine's load before and after.
 """
@@ -36,6 +40,10 @@ SETS = {
   "onednn_dot": "--xla_cpu_experimental_ynn_fusion_type=-dot --xla_cpu_experimental_onednn_fusion_type=dot",
   "eigen_dot": "--xla_cpu_experimental_ynn_fusion_type=-dot",
   "no_ynn": "--xla_cpu_experimental_ynn_fusion_type=",
+  "vector512": "--xla_cpu_prefer_vector_width=512",
+  "no_fusion_emitters": "--xla_cpu_use_fusion_emitters=false",
+  "fast_runtime": "--xla_cpu_opt_preset=CPU_OPT_PRESET_FAST_RUNTIME",
+  "region_copies": "--xla_cpu_copy_insertion_use_region_analysis=true",
 }
 
 

@@ -44,7 +44,9 @@ Categories (both frameworks):
 Columns: vitjax ms and torch ms, time per step in the category (op times summed, over the profiled steps); diff =
 vitjax - torch (above 0: vitjax spends longer there). Below: the sum over categories, the wall time of the profiled
 steps (bench_train's own timing of each step, mean) and their difference, time in no op (Python, dispatch, the
-runtime, waiting; for torch the profiler's per-op overhead too). --top lists each category's largest ops. The
+runtime, waiting; for torch the profiler's per-op overhead too). The "x torch >= 1.2" line is issue 28's goal as a
+budget: vitjax's step may take torch's / 1.2; its matmuls and attention take what they take, and the rest of its
+step (norms, activations, copies, runtime, ...) must fit in what is left, printed beside torch's own rest. --top lists each category's largest ops. The
 machine's load is printed: on a busy machine an op that loses its core mid-way is charged the wait.
 
 Appends one JSON line per (model, framework, category) to --out (experiments/results/op_profile.jsonl), with the
@@ -89,6 +91,7 @@ from bench_train import (  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results", "op_profile.jsonl")
 CATEGORIES = ("matmul", "attention", "norms", "activations", "window", "optimizer", "copies", "other")
+GOAL = 1.2  # issue 28: torch's step time over vitjax's
 # -- the compiled HLO: instructions, what they fuse, the Python stack that traced them
 
 _INSTR = re.compile(r"^\s+(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
@@ -687,12 +690,31 @@ def main():
       f.write(json.dumps({**row, **run}) + "\n")
 
 
+def goal_budget(results, goal: float = GOAL) -> dict:
+  """What issue 28's float32 goal (torch's step time / vitjax's >= `goal`) leaves vitjax: its step may take at most
+  torch's / goal; its matmuls and attention ("matmul + attention", comparable across the frameworks) take what
+  they take, and the rest of the step must fit in what is left, against torch's own rest."""
+  step = {fw: r["step_ms"] for fw, r in results.items()}
+  mm = {fw: sum(sum(r["ops"].get(c, {}).values()) for c in ("matmul", "attention")) for fw, r in results.items()}
+  budget = step["torch"] / goal
+  return {
+    "goal": goal,
+    "vitjax_step_budget_ms": round(budget, 2),
+    "vitjax_matmul_attention_ms": round(mm["vitjax"], 2),
+    "torch_matmul_attention_ms": round(mm["torch"], 2),
+    "rest_left_ms": round(budget - mm["vitjax"], 2),
+    "vitjax_rest_ms": round(step["vitjax"] - mm["vitjax"], 2),
+    "torch_rest_ms": round(step["torch"] - mm["torch"], 2),
+  }
+
+
 def _matmul_fields(results) -> dict:
   """The step's matmul GFLOP (XLA's count over vitjax's dots; the models are the same) and each framework's rate."""
   table = results["vitjax"]["matmuls"]
   gflop = sum(r["gflop"] for r in table)
   ms = {fw: sum(r["ops"].get("matmul", {}).values()) for fw, r in results.items()}
   return {
+    "goal_budget": goal_budget(results),
     "matmul_gflop_per_step": round(gflop, 3),
     "matmul_gflops_per_s": {fw: round(gflop / v * 1e3, 1) if v else None for fw, v in ms.items()},
     "vitjax_matmul_table": [{k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()} for r in table[:20]],
@@ -724,6 +746,13 @@ def _print_model(name, args, batch, results, m, seconds):
     + (f"; not in the HLO text: {vj['unmatched_ops']}" if vj["unmatched_ops"] else "")
   )
   print(f"torch: {tc['n_ops']} op names")
+  g = m["goal_budget"]
+  print(
+    f"x torch >= {g['goal']}: vitjax's step <= {g['vitjax_step_budget_ms']:.1f} ms; its matmul + attention take "
+    f"{g['vitjax_matmul_attention_ms']:.1f} (torch's {g['torch_matmul_attention_ms']:.1f}), leaving "
+    f"{g['rest_left_ms']:.1f} ms for the rest of the step (vitjax's rest now {g['vitjax_rest_ms']:.1f}, "
+    f"torch's {g['torch_rest_ms']:.1f})"
+  )
   rate = m["matmul_gflops_per_s"]
   print(
     f"matmuls: {m['matmul_gflop_per_step']:.1f} GFLOP per step (XLA's dots): vitjax {rate['vitjax']} GFLOP/s, "

@@ -456,7 +456,7 @@ def test_max_train_minutes_stops_with_a_final_eval_and_checkpoint(tmp_path, run_
 
 
 def test_compute_dtype_auto_is_bfloat16_on_cpus_with_bfloat16_instructions_only(monkeypatch):
-  # On AVX512-BF16 the bfloat16 step is 1.24-1.51x float32's speed for every bench_train model (issue 28).
+  # On AVX512-BF16 the bfloat16 step is 1.20-1.59x float32's speed for every bench_train model (issue 28).
   from vitjax.config import default_config
   from vitjax.train import state
 

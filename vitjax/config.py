@@ -104,7 +104,7 @@ def default_config() -> mlc.ConfigDict:
   # raw model's. None: off.
   c.ema_decay = mlc.FieldReference(None, field_type=float)
   # The activations' dtype: 'float32' | 'bfloat16' | 'auto' (bfloat16 on TPUs, GPUs from Ampere on and CPUs with
-  # AVX512-BF16 or AMX, where the bf16 step is 1.24-1.51x float32's speed, experiments/README.md, issue 28; float32
+  # AVX512-BF16 or AMX, where the bf16 step is 1.20-1.59x float32's speed, experiments/README.md, issue 28; float32
   # elsewhere).
   # Parameters, optimizer state and gradients are always float32.
   c.compute_dtype = "float32"

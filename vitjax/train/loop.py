@@ -274,7 +274,7 @@ def _begin(run: _Run, state, start: int, changes: dict) -> None:
   elif dtype == "float32" and bf16_cpu:
     logging.info(
       "compute_dtype=float32 on a CPU with AVX512-BF16 or AMX: bfloat16 (--config.compute_dtype=bfloat16 or auto) "
-      "trained 1.24-1.51x faster on an AVX512-BF16 EPYC (experiments/README.md, issue 28)"
+      "trained 1.20-1.59x faster on an AVX512-BF16 EPYC (experiments/README.md, issue 28)"
     )
   if config.get("ema_decay") and jax.tree.leaves(exp.abstract_state.model_state):
     logging.warning(

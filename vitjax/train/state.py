@@ -76,7 +76,7 @@ def bfloat16_is_fast() -> bool:
     return float(capability) >= 8.0
   # A CPU with AVX512-BF16 or AMX multiplies bfloat16 inputs into float32 at twice float32's rate (337 against 173
   # GFLOP/s on this project's EPYC). With every matmul of the step taking that path (vitjax.dots, the explicit
-  # attention's backward layout) the bf16 step there is 1.24-1.51x float32's speed on every bench_train model, the
+  # attention's backward layout) the bf16 step there is 1.20-1.59x float32's speed on every bench_train model, the
   # least for the small Fashion-MNIST ViT, whose 49-token attention's batched dots gain nothing from bf16
   # (experiments/dtype_ab.py, experiments/README.md, issue 28; measured on AVX512-BF16, no AMX machine yet).
   # Without those instructions bf16 matmuls are no faster than float32 (an AVX2 CPU: 144 against 153-157 GFLOP/s).

@@ -46,8 +46,9 @@ vitjax - torch (above 0: vitjax spends longer there). Below: the sum over catego
 steps (bench_train's own timing of each step, mean) and their difference, time in no op (Python, dispatch, the
 runtime, waiting; for torch the profiler's per-op overhead too). The "x torch >= 1.2" line is issue 28's goal as a
 budget: vitjax's step may take torch's / 1.2; its matmuls and attention take what they take, and the rest of its
-step (norms, activations, copies, runtime, ...) must fit in what is left, printed beside torch's own rest. --top lists each category's largest ops. The
-machine's load is printed: on a busy machine an op that loses its core mid-way is charged the wait.
+step (norms, activations, copies, runtime, ...) must fit in what is left, printed beside torch's own rest. --top
+lists each category's largest ops. The machine's load is printed: on a busy machine an op that loses its core
+mid-way is charged the wait.
 
 Appends one JSON line per (model, framework, category) to --out (experiments/results/op_profile.jsonl), with the
 command, date, host (bench_train.host_info), CPU flags (avx512_bf16, amx_bf16, ...) and the machine's load.
@@ -739,14 +740,14 @@ def _print_model(name, args, batch, results, m, seconds):
   line("sum of op times", sums["vitjax"], sums["torch"])
   line("step wall time (mean)", vj["step_ms"], tc["step_ms"])
   line("not in ops (wall - sum)", vj["step_ms"] - sums["vitjax"], tc["step_ms"] - sums["torch"])
-  line("matmul + attention", *(per[fw]["matmul"] + per[fw]["attention"] for fw in ("vitjax", "torch")))
+  g = m["goal_budget"]
+  line("matmul + attention", g["vitjax_matmul_attention_ms"], g["torch_matmul_attention_ms"])
   line("  attention's own matmuls", vj["attention_matmul_ms"], tc["attention_matmul_ms"])
   print(
     f"vitjax: {vj['n_ops']} XLA ops; their own times sum to {vj['ops_own_ms']:.2f} ms/step (concurrent thunks)"
     + (f"; not in the HLO text: {vj['unmatched_ops']}" if vj["unmatched_ops"] else "")
   )
   print(f"torch: {tc['n_ops']} op names")
-  g = m["goal_budget"]
   print(
     f"x torch >= {g['goal']}: vitjax's step <= {g['vitjax_step_budget_ms']:.1f} ms; its matmul + attention take "
     f"{g['vitjax_matmul_attention_ms']:.1f} (torch's {g['torch_matmul_attention_ms']:.1f}), leaving "

@@ -81,8 +81,9 @@ MODELS = {
   "vit_s16_320_b2": ("vit_s16", 2, 320),
   "vit_s16_448_b2": ("vit_s16", 2, 448),
   "vit_b16_224_b8": ("vit_b16", 8, 224),  # not in the default list on a CPU (--models): for a GPU
+  "transformer_base": ("transformer_base", 32, 64),  # likewise (experiments/gpu_check.sh)
 }
-DEFAULT_MODELS = [name for name in MODELS if not name.startswith("vit_b16")]
+DEFAULT_MODELS = [name for name in MODELS if not name.startswith(("vit_b16", "transformer_base"))]
 
 
 # -- timing, peaks, host
@@ -122,7 +123,7 @@ def _peak(make_call, sizes=(8192, 4096, 2048, 1024, 512), repeats=3, slow_s=2.0)
   return {"n": n, "gflops_per_s": round(2 * n**3 / t / 1e9, 2)}
 
 
-def matmul_peaks(torch, device) -> dict:
+def matmul_peaks(torch, device, slow_s: float = 2.0) -> dict:
   def jax_mm(dtype, out=None):
     def make(n):
       a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
@@ -141,11 +142,11 @@ def matmul_peaks(torch, device) -> dict:
     return make
 
   peaks = {
-    "jax_f32": _peak(jax_mm(jnp.float32)),
-    "jax_bf16": _peak(jax_mm(jnp.bfloat16)),
-    "jax_bf16_f32acc": _peak(jax_mm(jnp.bfloat16, jnp.float32)),
-    "torch_f32": _peak(torch_mm(torch.float32)),
-    "torch_bf16": _peak(torch_mm(torch.bfloat16)),
+    "jax_f32": _peak(jax_mm(jnp.float32), slow_s=slow_s),
+    "jax_bf16": _peak(jax_mm(jnp.bfloat16), slow_s=slow_s),
+    "jax_bf16_f32acc": _peak(jax_mm(jnp.bfloat16, jnp.float32), slow_s=slow_s),
+    "torch_f32": _peak(torch_mm(torch.float32), slow_s=slow_s),
+    "torch_bf16": _peak(torch_mm(torch.bfloat16), slow_s=slow_s),
   }
   return peaks
 
@@ -392,10 +393,10 @@ def _sinusoidal(n: int, d: int) -> np.ndarray:
   return np.asarray(sinusoidal_1d(n, d), np.float32)
 
 
-def transformer_case(name: str, sentences: int, tokens: int, dtype: str, torch) -> Case:
+def transformer_case(name: str, kind: str, sentences: int, tokens: int, dtype: str, torch) -> Case:
   from vitjax import models
 
-  module = models.create("transformer_small", vocab_size=VOCAB)
+  module = models.create(kind, vocab_size=VOCAB)
   if dtype == "bfloat16":
     module = module.clone(dtype=jnp.bfloat16)
   rng = np.random.RandomState(0)
@@ -626,11 +627,13 @@ def main():
   ap.add_argument("--peak_tflops", type=float, default=0.0, help="the accelerator's spec peak: adds an MFU column")
   ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   ap.add_argument("--repeats", type=int, default=7)
+  ap.add_argument("--peak_s", type=float, default=2.0, help="the matmul peaks' size: the largest n x n under this")
   ap.add_argument("--max_row_s", type=float, default=20.0, help="fewer repeats (at least 1) for rows slower than this")
   ap.add_argument(
     "--max_step_s", type=float, default=30.0, help="skip torch rows whose step would take longer at torch's matmul peak"
   )
   ap.add_argument("--batch", type=int, default=0, help="override every model's batch (0: the models' own)")
+  ap.add_argument("--size", type=int, default=0, help="override the image size (Transformer: tokens a side); 0: own")
   ap.add_argument("--no_compile", action="store_true", help="skip the torch.compile rows")
   ap.add_argument("--no_trainer", action="store_true", help="skip the vitjax-trainer rows")
   ap.add_argument("--out", default=RESULTS)
@@ -644,7 +647,7 @@ def main():
   host = host_info(torch, timm)
   print(f"host: {host['cpu']}, {host['cpu_count']} CPUs ({taskset}), jax {jax.__version__}, torch {torch.__version__}")
   print(f"before: load {before['loadavg']}, CI running: {before['ci_running']}, busy: {before['cpu_users']}")
-  peaks = matmul_peaks(torch, device)
+  peaks = matmul_peaks(torch, device, args.peak_s)
   print("matmul peaks (GFLOP/s): " + ", ".join(f"{k} {v['gflops_per_s']:.1f} (n={v['n']})" for k, v in peaks.items()))
   own_peak = {
     "vitjax": peaks["jax_f32" if args.dtype == "float32" else "jax_bf16"]["gflops_per_s"],
@@ -653,45 +656,34 @@ def main():
   own_peak["vitjax-trainer"] = own_peak["vitjax"]
   own_peak["torch.compile"] = own_peak["torch"]
 
+  run = {
+    "command": command,
+    "taskset": taskset,
+    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    "host": host,
+    "cpu_flags": cpu_flags(),
+    "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    "git": git_revision(),
+    "peaks": peaks,
+    "machine_before": before,
+    "jax_backend": jax.default_backend(),
+    "jax_devices": [str(d) for d in jax.devices()],
+    "torch_device": args.torch_device,
+    "peak_tflops": args.peak_tflops or None,
+    "lr": LR,
+    "weight_decay": WEIGHT_DECAY,
+  }
+  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   rows = []
-  for name in names:
-    kind, batch, size = MODELS[name]
-    batch = args.batch or batch
-    t0 = time.perf_counter()
-    if kind == "transformer_small":
-      case = transformer_case(name, batch, size, args.dtype, torch)
-    else:
-      case = image_case(name, kind, batch, size, args.dtype, torch)
-    err = parity(case, args.dtype, torch, device) if case.units == "examples" else None
-    results, reps = {}, (args.repeats, args.max_row_s)
-    results["vitjax"] = vitjax_step(case, *reps)
-    if case.config is None or args.no_trainer:
-      results["vitjax-trainer"] = {"error": case.trainer_skip or "skipped (--no_trainer)"}
-    else:
-      results["vitjax-trainer"] = trainer_step(case, *reps)
-    predicted = case.analytic_flops / (own_peak["torch"] * 1e9)  # at least this long, at torch's matmul peak
-    if predicted > args.max_step_s:
-      skip = {
-        "error": f"skipped: at least {predicted:.0f} s a step at torch's {args.dtype} matmul peak "
-        f"({own_peak['torch']:.1f} GFLOP/s) > --max_step_s={args.max_step_s:g}"
-      }
-      results["torch"] = results["torch.compile"] = skip
-    else:
-      results["torch"] = torch_step(case, *reps, args.dtype, False, torch, device)
-    if "torch.compile" in results:  # skipped with torch above
-      pass
-    elif args.no_compile:
-      results["torch.compile"] = {"error": "skipped (--no_compile)"}
-    else:
-      try:
-        results["torch.compile"] = torch_step(case, *reps, args.dtype, True, torch, device)
-      except Exception as e:  # inductor needs a C++ toolchain and can fail in many ways
-        results["torch.compile"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
-      torch._dynamo.reset()
+
+  def write(name, case, results, frameworks, err, batch):
+    """Appends the rows of `frameworks` (keys of results) to --out; returns the machine's state after."""
     xla = results["vitjax"]["xla_flops"]
     t_jax = results["vitjax"]["step_s"]
     t_torch = results.get("torch", {}).get("step_s")
-    for fw, r in results.items():
+    model_rows = []
+    for fw in frameworks:
+      r = results[fw]
       row = {
         "model": name,
         "framework": fw,
@@ -733,36 +725,57 @@ def main():
           row["trainer_xla_gflop_per_step"] = round(r["xla_flops"] / 1e9, 3)
         if "first_loss" in r:
           row["first_loss"] = round(r["first_loss"], 5)
-      rows.append(row)
+      model_rows.append(row)
       _print_row(row)
+    # rows as soon as they are measured: a run stopped by a time limit (in torch.compile, say) keeps them
+    after = machine_state()
+    with open(args.out, "a") as f:
+      for row in model_rows:
+        f.write(json.dumps({**row, **run, "machine_after": after}) + "\n")
+    rows.extend(model_rows)
+    return after
+
+  for name in names:
+    kind, batch, size = MODELS[name]
+    batch, size = args.batch or batch, args.size or size
+    t0 = time.perf_counter()
+    if kind.startswith("transformer"):
+      case = transformer_case(name, kind, batch, size, args.dtype, torch)
+    else:
+      case = image_case(name, kind, batch, size, args.dtype, torch)
+    err = parity(case, args.dtype, torch, device) if case.units == "examples" else None
+    results, reps = {}, (args.repeats, args.max_row_s)
+    results["vitjax"] = vitjax_step(case, *reps)
+    if case.config is None or args.no_trainer:
+      results["vitjax-trainer"] = {"error": case.trainer_skip or "skipped (--no_trainer)"}
+    else:
+      results["vitjax-trainer"] = trainer_step(case, *reps)
+    predicted = case.analytic_flops / (own_peak["torch"] * 1e9)  # at least this long, at torch's matmul peak
+    if predicted > args.max_step_s:
+      skip = {
+        "error": f"skipped: at least {predicted:.0f} s a step at torch's {args.dtype} matmul peak "
+        f"({own_peak['torch']:.1f} GFLOP/s) > --max_step_s={args.max_step_s:g}"
+      }
+      results["torch"] = results["torch.compile"] = skip
+    else:
+      results["torch"] = torch_step(case, *reps, args.dtype, False, torch, device)
+    after = write(name, case, results, ("vitjax", "vitjax-trainer", "torch"), err, batch)
+    if "torch.compile" in results:  # skipped with torch above
+      pass
+    elif args.no_compile:
+      results["torch.compile"] = {"error": "skipped (--no_compile)"}
+    else:
+      try:
+        results["torch.compile"] = torch_step(case, *reps, args.dtype, True, torch, device)
+      except Exception as e:  # inductor needs a C++ toolchain and can fail in many ways
+        results["torch.compile"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
+      torch._dynamo.reset()
+    after = write(name, case, results, ("torch.compile",), err, batch)
     print(f"  ({name}: {time.perf_counter() - t0:.0f} s)", flush=True)
 
-  after = machine_state()
-  run = {
-    "command": command,
-    "taskset": taskset,
-    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    "host": host,
-    "cpu_flags": cpu_flags(),
-    "xla_flags": os.environ.get("XLA_FLAGS", ""),
-    "git": git_revision(),
-    "peaks": peaks,
-    "machine_before": before,
-    "machine_after": after,
-    "jax_backend": jax.default_backend(),
-    "jax_devices": [str(d) for d in jax.devices()],
-    "torch_device": args.torch_device,
-    "peak_tflops": args.peak_tflops or None,
-    "lr": LR,
-    "weight_decay": WEIGHT_DECAY,
-  }
   print(f"after: load {after['loadavg']}, CI running: {after['ci_running']}, busy: {after['cpu_users']}")
   print()
   _print_table(rows)
-  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-  with open(args.out, "a") as f:
-    for row in rows:
-      f.write(json.dumps({**row, **run}) + "\n")
 
 
 def _fmt(v, spec):

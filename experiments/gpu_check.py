@@ -13,7 +13,7 @@ gradients of q, k, v and the bias), decode forward only. "truth" is the "referen
 HIGHEST matmul precision; a row gives the max abs and relative (over max |truth|) error of "fast" and of "reference"
 in the row's dtype, which path "fast" took (cudnn, xla or explicit, read from the compiled program), and ok: fast's
 error is at most twice the reference's, or under 1e-5 (float32) / 1e-2 (bfloat16). Times are ms per layer call
-(median of 20 after a warm-up), vitjax "fast" against torch.nn.functional.scaled_dot_product_attention on the same
+(median of 10 after a warm-up), vitjax "fast" against torch.nn.functional.scaled_dot_product_attention on the same
 shapes, masks as torch's attn_mask (torch on its GPU where it has one).
 """
 
@@ -225,8 +225,10 @@ def _torch_sdpa(q, k, v, bias, mask, backward, dry):
 def attention_step(args) -> None:
   import jax.numpy as jnp
 
-  for case in _cases(args.dry):
-    for dtype in (jnp.bfloat16, jnp.float32):
+  cases = args.cases.split(",") if args.cases else list(_cases(args.dry))
+  for case in cases:
+    for dtype in [jnp.dtype(d).type for d in args.dtypes.split(",")]:
+      t0 = time.perf_counter()
       row = {
         "step": "attention",
         "case": case,
@@ -238,6 +240,7 @@ def attention_step(args) -> None:
       except Exception as e:  # noqa: BLE001 (a report: the failing case is written down and the next one runs)
         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
         row["ok"] = False
+      row["seconds"] = round(time.perf_counter() - t0, 1)
       emit(args.out, row)
 
 
@@ -259,30 +262,30 @@ def _attention_case(case: str, dtype, dry: bool) -> dict:
   def fwd(q, k, v, bias, impl):
     return dot_product_attention(q, k, v, bias=bias, mask=mask, implementation=impl)
 
-  def loss(q, k, v, bias, impl):
-    return jnp.sum(fwd(q, k, v, bias, impl).astype(jnp.float32) * dout)
+  def both(impl, inputs):  # one program: the output and the gradients
+    g = jax.value_and_grad(lambda *a: (lambda o: (loss_of(o), o))(fwd(*a, impl)), argnums=argnums, has_aux=True)
+    return jax.jit(lambda *a: (lambda r: (r[0][1], r[1]))(g(*a))).lower(*inputs).compile()
 
-  def programs(impl, inputs):
-    f = jax.jit(functools.partial(fwd, impl=impl))
-    g = jax.jit(jax.grad(functools.partial(loss, impl=impl), argnums=argnums))
-    return f.lower(*inputs).compile(), g.lower(*inputs).compile()
+  def loss_of(out):
+    return jnp.sum(out.astype(jnp.float32) * dout)
 
   cast = lambda d: tuple(None if a is None else jnp.asarray(a, d) for a in (q0, k0, v0, bias0))
   with jax.default_matmul_precision("highest"):
-    f_true, g_true = programs("reference", cast(jnp.float32))
-    truth_out, truth_grads = f_true(*cast(jnp.float32)), g_true(*cast(jnp.float32))
-  low, row, backend, reps = cast(dtype), {}, jax.default_backend(), 3 if dry else 20
+    truth_out, truth_grads = both("reference", cast(jnp.float32))(*cast(jnp.float32))
+  low, row, backend, reps = cast(dtype), {}, jax.default_backend(), 3 if dry else 10
   for impl in ("fast", "reference"):
-    cf, cg = programs(impl, low)
-    row[f"{impl}_fwd_max_abs"], row[f"{impl}_fwd_max_rel"] = _errors(cf(*low), truth_out)
-    grad_errors = [_errors(a, b) for a, b in zip(cg(*low), truth_grads)]
+    cb = both(impl, low)
+    out, grads = cb(*low)
+    row[f"{impl}_fwd_max_abs"], row[f"{impl}_fwd_max_rel"] = _errors(out, truth_out)
+    grad_errors = [_errors(a, b) for a, b in zip(grads, truth_grads)]
     row[f"{impl}_bwd_max_abs"] = max(e[0] for e in grad_errors)
     row[f"{impl}_bwd_max_rel"] = max(e[1] for e in grad_errors)
     if impl == "fast":
+      cf = jax.jit(functools.partial(fwd, impl=impl)).lower(*low).compile()
       row["path_fwd"] = _compiled_path(cf.as_text(), impl, backend)
-      row["path_bwd"] = _compiled_path(cg.as_text(), impl, backend)
+      row["path_bwd"] = _compiled_path(cb.as_text(), impl, backend)
       row["vitjax_fwd_ms"] = _time(lambda f: jax.block_until_ready(f(*low)), cf, reps)
-      row["vitjax_fwd_bwd_ms"] = _time(lambda f: jax.block_until_ready(f(*low)), cg, reps)
+      row["vitjax_fwd_bwd_ms"] = _time(lambda f: jax.block_until_ready(f(*low)), cb, reps)
   row["ok"] = all(_ok(row[f"fast_{p}_max_rel"], row[f"reference_{p}_max_rel"], dtype) for p in ("fwd", "bwd"))
   arrays = [np.asarray(a, np.float32) for a in (q0, k0, v0)]
   arrays = [a.astype(jnp.bfloat16) if dtype == jnp.bfloat16 else a for a in arrays]
@@ -456,6 +459,8 @@ def main():
   ap.add_argument("what", choices=["env", "attention", "run", "curve", "summary", "status"])
   ap.add_argument("--out", required=True)
   ap.add_argument("--dry", action="store_true")
+  ap.add_argument("--cases", default="", help="attention: a comma-separated subset of vit,swin,causal,decode")
+  ap.add_argument("--dtypes", default="bfloat16,float32", help="attention: the dtypes")
   ap.add_argument("--workdir")
   ap.add_argument("--name", default="")
   ap.add_argument("--curve", default="")

@@ -32,13 +32,20 @@ cd "$ROOT"
 DRY=0
 PACK=0
 OUTDIR=${OUT:-}
+STEPS=""  # --steps=env,attention,...: only these steps (a second try that fills in what the first one missed)
+NO_COMPILE=""
+ATTENTION_ARGS=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry) DRY=1 ;;
     --pack) PACK=1 ;;
     --out) OUTDIR=$2; shift ;;
     --out=*) OUTDIR=${1#--out=} ;;
-    *) echo "gpu_check: unknown argument $1 (use --dry, --pack or --out DIR)"; exit 2 ;;
+    --steps=*) STEPS=,${1#--steps=}, ;;
+    --no_compile) NO_COMPILE=--no_compile ;;
+    --attention=*) ATTENTION_ARGS=${1#--attention=} ;;
+    *) echo "gpu_check: unknown argument $1 (use --dry, --pack, --out DIR, --steps=A,B, --no_compile," \
+      "--attention='--cases=vit --dtypes=bfloat16')"; exit 2 ;;
   esac
   shift
 done
@@ -87,6 +94,7 @@ FASHION=/usr/share/datasets/fashion-mnist
 step() {
   local name=$1 limit=$2 left rc t0 status
   shift 2
+  if [ -n "$STEPS" ] && [[ "$STEPS" != *",$name,"* ]]; then return 1; fi
   left=$((BUDGET - ($(date +%s) - START)))
   if [ "$left" -lt 10 ]; then
     echo "== $name: skipped, the ${BUDGET}s budget is spent"
@@ -118,7 +126,7 @@ JAX_DEFAULT_MATMUL_PRECISION=float32 XLA_PYTHON_CLIENT_PREALLOCATE=false \
 
 # (c) attention: "fast" (cuDNN where it applies) against "reference", against torch's SDPA
 XLA_PYTHON_CLIENT_PREALLOCATE=false step attention 80 "$PY" experiments/gpu_check.py attention --out "$OUTDIR" \
-  $([ "$DRY" = 1 ] && echo --dry)
+  $([ "$DRY" = 1 ] && echo --dry) $ATTENTION_ARGS
 
 # (d) the training step, vitjax against torch eager (AMP) and torch.compile, bf16, MFU at the device's dense bf16
 # peak (H100 SXM and H200: 989.4 TFLOP/s; H100 PCIe: 756). JAX keeps under half the GPU's memory, torch the rest.
@@ -128,14 +136,16 @@ bench() {  # bench NAME LIMIT ARGS...
   local name=$1 limit=$2
   shift 2
   XLA_PYTHON_CLIENT_MEM_FRACTION=0.45 step "$name" "$limit" "$PY" experiments/bench_train.py --dtype=bfloat16 \
-    --peak_tflops=$peak --no_trainer --out "$OUTDIR/bench_train_$name.jsonl" "$@"
+    --peak_tflops=$peak --no_trainer $NO_COMPILE --out "$OUTDIR/bench_train_$name.jsonl" "$@"
 }
+measured() { grep -q '"framework": "vitjax", .*"step_s": [0-9]' "$OUTDIR/bench_train_$1.jsonl" 2>/dev/null; }
 if [ "$DRY" = 1 ]; then
   bench bench_dry 90 --torch_device=cpu --models=vit_s16_224_b2,swin_t_224_b4,transformer_small --size=32 --batch=2 \
     --repeats=1 --peak_s=0.05 --no_compile --max_row_s=2
 else
-  bench bench_vit_b16 130 --torch_device=cuda --models=vit_b16_224_b8 --batch=256 --repeats=10 \
-    || bench bench_vit_b16_b128 100 --torch_device=cuda --models=vit_b16_224_b8 --batch=128 --repeats=10
+  bench bench_vit_b16 130 --torch_device=cuda --models=vit_b16_224_b8 --batch=256 --repeats=10
+  measured bench_vit_b16 || bench bench_vit_b16_b128 100 --torch_device=cuda --models=vit_b16_224_b8 --batch=128 \
+    --repeats=10
   bench bench_swin_t 110 --torch_device=cuda --models=swin_t_224_b4 --batch=128 --repeats=10
   bench bench_transformer_base 90 --torch_device=cuda --models=transformer_base --batch=256 --repeats=10
 fi

@@ -191,3 +191,58 @@ def test_kv_cache_decoding_equals_full_causal_pass(rng):
   y0, upd = dec.apply({"params": params, "cache": cache}, x[:, :4], mutable=["cache"])
   y1, _ = dec.apply({"params": params, "cache": upd["cache"]}, x[:, 4:], mutable=["cache"])
   np.testing.assert_allclose(jnp.concatenate([y0, y1], 1), want, atol=1e-5)
+
+
+@pytest.mark.parametrize("bias_shape", [None, (1, 2, 9, 9)], ids=["no_bias", "bias"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_cudnn_padding_of_odd_lengths_is_exact(rng, bias_shape, masked, monkeypatch, caplog):
+  """cudnn_attention pads odd lengths to even ones (jax refuses cuDNN's backward otherwise); the padding and its
+  masking are checked here with XLA's kernel in cuDNN's place (no GPU), forward and gradients."""
+  from vitjax import attention
+
+  real = jax.nn.dot_product_attention
+  calls = []
+
+  def xla_in_place_of_cudnn(*args, implementation=None, **kw):
+    calls.append(args[0].shape)
+    return real(*args, implementation="xla", **kw)
+
+  monkeypatch.setattr(attention.jax.nn, "dot_product_attention", xla_in_place_of_cudnn)
+  q, k, v = (jnp.asarray(rng.randn(2, 9, 2, 8), jnp.float32) for _ in range(3))
+  bias = None if bias_shape is None else jnp.asarray(rng.randn(*bias_shape), jnp.float32)
+  mask = jnp.asarray(rng.rand(2, 1, 9, 9) > 0.3) if masked else None
+
+  def loss(fn, q, k, v, b):
+    return jnp.sum(fn(q, k, v, b) * jnp.arange(8.0))
+
+  cudnn = lambda q, k, v, b: attention.cudnn_attention(q, k, v, b, mask, 8**-0.5)
+  ref = lambda q, k, v, b: attention.reference_attention(q, k, v, bias=b, mask=mask)
+  np.testing.assert_allclose(cudnn(q, k, v, bias), ref(q, k, v, bias), atol=2e-6)
+  argnums = (0, 1, 2, 3) if bias is not None else (0, 1, 2)
+  got = jax.grad(lambda *a: loss(cudnn, *a), argnums=argnums)(q, k, v, bias)
+  want = jax.grad(lambda *a: loss(ref, *a), argnums=argnums)(q, k, v, bias)
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, atol=5e-6)
+  assert calls and calls[0] == (2, 10, 2, 8)  # padded to an even length
+
+
+def test_fast_attention_logs_once_when_cudnn_refuses(rng, monkeypatch, caplog):
+  """On a GPU, "fast" falls back to XLA's attention when cuDNN refuses, and says so once (forced here on the CPU)."""
+  from vitjax import attention
+
+  def refuse(*args, implementation=None, **kw):
+    if implementation == "cudnn":
+      raise NotImplementedError("The head dim must be <= 256 and a multiple of 8, but got 6.")
+    return real(*args, implementation=implementation, **kw)
+
+  real = jax.nn.dot_product_attention
+  monkeypatch.setattr(attention.jax.nn, "dot_product_attention", refuse)
+  monkeypatch.setattr(attention.jax, "default_backend", lambda: "gpu")
+  attention._fallback_once.cache_clear()
+  q = jnp.asarray(rng.randn(1, 4, 2, 6), jnp.bfloat16)
+  with caplog.at_level("WARNING"):
+    out = [dot_product_attention(q, q, q) for _ in range(3)]
+  want = dot_product_attention(q, q, q, implementation="reference")
+  np.testing.assert_allclose(np.float32(out[0]), np.float32(want), atol=2e-2)
+  lines = [r.getMessage() for r in caplog.records if "cuDNN refused" in r.getMessage()]
+  assert len(lines) == 1 and "multiple of 8" in lines[0], lines

@@ -34,6 +34,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 
 from vitjax import dots
 
@@ -118,15 +119,47 @@ def _fast_attention(q, k, v, bias, mask, scale, implementation):
     return explicit_attention(q, k, v, bias, mask, scale)
   if bias is not None:
     bias = bias.astype(q.dtype)
-  call = functools.partial(jax.nn.dot_product_attention, q, k, v, bias, mask, scale=scale)
   if implementation == "cudnn":
-    return call(implementation="cudnn")
+    return cudnn_attention(q, k, v, bias, mask, scale)
   if implementation in ("fast", "auto") and q.dtype in (jnp.bfloat16, jnp.float16):
     try:  # cuDNN refuses at trace time what it cannot run (e.g. head size, bias layouts).
-      return call(implementation="cudnn")
-    except Exception:  # pylint: disable=broad-except
-      pass
-  return call(implementation="xla")
+      return cudnn_attention(q, k, v, bias, mask, scale)
+    except Exception as e:  # pylint: disable=broad-except
+      _fallback_once(f"{type(e).__name__}: {e}".splitlines()[0], q.shape, k.shape)
+  return jax.nn.dot_product_attention(q, k, v, bias, mask, scale=scale, implementation="xla")
+
+
+@functools.lru_cache(maxsize=64)
+def _fallback_once(reason: str, q_shape, k_shape) -> None:
+  """Logs, once per reason and shapes, that "fast" attention took XLA's path because cuDNN refused."""
+  logging.warning("attention: cuDNN refused q %s, k %s (%s); using XLA's attention", q_shape, k_shape, reason)
+
+
+def cudnn_attention(q, k, v, bias, mask, scale):
+  """jax.nn.dot_product_attention's cuDNN kernel, for any sequence lengths: jax refuses cuDNN's training kernels
+  (the backward pass) for an odd query or key length (ViT's 197 tokens, Swin's 49-token windows), so odd lengths are
+  padded by one; the padded keys are masked out (by cuDNN's own padding mask where there is no other mask or bias)
+  and the padded query's row is sliced off. Raises at trace time where cuDNN cannot run (head size, no cuDNN)."""
+  t, s = q.shape[1], k.shape[1]
+  pt, ps = t % 2, s % 2
+  call = functools.partial(jax.nn.dot_product_attention, scale=scale, implementation="cudnn")
+  if not (pt or ps):
+    return call(q, k, v, bias, mask)
+  grow = lambda x, n: jnp.pad(x, ((0, 0), (0, n), (0, 0), (0, 0)))
+  q, k, v = grow(q, pt), grow(k, ps), grow(v, ps)
+  if bias is None and mask is None:  # cuDNN's PADDING mask: no bias tensor at all
+    lengths = jnp.full((q.shape[0],), s, jnp.int32)
+    return call(q, k, v, query_seq_lengths=jnp.full((q.shape[0],), t, jnp.int32), key_value_seq_lengths=lengths)[:, :t]
+
+  def grow_ts(x, fill):  # [.., .., T or 1, S or 1] -> padded where the dimension is the sequence's
+    return jnp.pad(
+      x, ((0, 0), (0, 0), (0, pt if x.shape[2] == t else 0), (0, ps if x.shape[3] == s else 0)), constant_values=fill
+    )
+
+  key_valid = (jnp.arange(s + ps) < s)[None, None, None, :]
+  mask = key_valid if mask is None else jnp.logical_and(grow_ts(mask, False), key_valid)
+  bias = None if bias is None else grow_ts(bias, 0)
+  return call(q, k, v, bias, mask)[:, :t]
 
 
 def _heads_first(x):  # [B, T, H, K] <-> [B, H, T, K]

@@ -5,7 +5,7 @@
     python experiments/bench_train.py --models=fashion_mnist,transformer_small --repeats=1   # a quick look
 
 On a GPU (torch's CUDA build; JAX on its default backend, the GPU), bf16 at large batches, MFU against the
-H100 SXM's dense bf16 peak (989.4 TFLOP/s; experiments/README.md, "On a lent GPU", has the whole recipe):
+H100 SXM's dense bf16 peak (989.4 TFLOP/s; experiments/gpu_check.sh runs it on a lent GPU; experiments/README.md, "On a GPU"):
 
     python3 experiments/bench_train.py --torch_device=cuda --dtype=bfloat16 --peak_tflops=989.4 \
       --models=vit_b16_224_b8,swin_t_224_b4,transformer_small --batch=128 --no_trainer

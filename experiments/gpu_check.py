@@ -270,10 +270,13 @@ def _attention_case(case: str, dtype, dry: bool) -> dict:
     return jnp.sum(out.astype(jnp.float32) * dout)
 
   cast = lambda d: tuple(None if a is None else jnp.asarray(a, d) for a in (q0, k0, v0, bias0))
+  t0 = time.perf_counter()
   with jax.default_matmul_precision("highest"):
     truth_out, truth_grads = both("reference", cast(jnp.float32))(*cast(jnp.float32))
   low, row, backend, reps = cast(dtype), {}, jax.default_backend(), 3 if dry else 10
+  row["truth_s"] = round(time.perf_counter() - t0, 2)  # where the step's time goes (the H100 took ~25 s a row)
   for impl in ("fast", "reference"):
+    t0 = time.perf_counter()
     cb = both(impl, low)
     out, grads = cb(*low)
     row[f"{impl}_fwd_max_abs"], row[f"{impl}_fwd_max_rel"] = _errors(out, truth_out)
@@ -286,11 +289,14 @@ def _attention_case(case: str, dtype, dry: bool) -> dict:
       row["path_bwd"] = _compiled_path(cb.as_text(), impl, backend)
       row["vitjax_fwd_ms"] = _time(lambda f: jax.block_until_ready(f(*low)), cf, reps)
       row["vitjax_fwd_bwd_ms"] = _time(lambda f: jax.block_until_ready(f(*low)), cb, reps)
+    row[f"{impl}_s"] = round(time.perf_counter() - t0, 2)
   row["ok"] = all(_ok(row[f"fast_{p}_max_rel"], row[f"reference_{p}_max_rel"], dtype) for p in ("fwd", "bwd"))
   arrays = [np.asarray(a, np.float32) for a in (q0, k0, v0)]
   arrays = [a.astype(jnp.bfloat16) if dtype == jnp.bfloat16 else a for a in arrays]
+  t0 = time.perf_counter()
   row["torch_fwd_ms"] = _torch_sdpa(*arrays, bias0, mask0, False, dry)
   row["torch_fwd_bwd_ms"] = _torch_sdpa(*arrays, bias0, mask0, True, dry)
+  row["torch_s"] = round(time.perf_counter() - t0, 2)
   return row
 
 
@@ -446,6 +452,9 @@ def summary_step(args) -> None:
       )
   failed = [r["name"] for r in steps if r["status"] != "ok"]
   print(f"\nsteps failed: {', '.join(failed) if failed else 'none'}")
+  again = [r["name"] for r in steps if r["status"] in ("skipped", "timeout")]
+  if again:
+    print(f"not run or not finished in the time given; their own call: {args.command} --steps={','.join(again)}")
 
 
 def status_step(args) -> None:
@@ -464,7 +473,7 @@ def main():
   ap.add_argument("--workdir")
   ap.add_argument("--name", default="")
   ap.add_argument("--curve", default="")
-  ap.add_argument("--command", default="")
+  ap.add_argument("--command", default="bash experiments/gpu_check.sh", help="curve: the run's; summary: this one's")
   ap.add_argument("--host", default="")
   ap.add_argument("--status", default="")
   ap.add_argument("--seconds", type=float, default=0.0)

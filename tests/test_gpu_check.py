@@ -1,0 +1,64 @@
+"""experiments/gpu_check.sh --dry: every step of the GPU check, on this CPU at toy sizes (issue 44), so that the
+command a lent GPU runs cannot rot between the rare days one is lent."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import train_helpers as th
+
+FASHION = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
+
+
+def test_dry_run_does_every_step(tmp_path):
+  missing = [m for m in ("torch", "timm") if importlib.util.find_spec(m) is None]
+  if missing:  # the check compares with torch and timm (the README's test install has them)
+    pytest.skip(f"{', '.join(missing)} not installed")
+  out = tmp_path / "out"
+  env = {**th.env(), "PYTHON": sys.executable, "GPU_CHECK_BUDGET_S": "900"}  # no budget cuts on a loaded CI machine
+  env.pop("OUT", None)
+  proc = subprocess.run(
+    ["bash", "experiments/gpu_check.sh", "--dry", "--out", str(out)],
+    cwd=th.ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=1200,
+  )
+  log = proc.stdout + proc.stderr
+  assert proc.returncode == 0, log[-3000:]
+  rows = [json.loads(line) for line in (out / "gpu_check.jsonl").read_text().splitlines()]
+  status = {r["name"]: r["status"] for r in rows if r["step"] == "status"}
+  want = {"env", "attention", "bench_dry", "main_job", "fashion_mnist", "bringup"}
+  assert set(status) == want, status
+  have_fashion = os.path.exists(FASHION)
+  assert {n: s for n, s in status.items() if n != "fashion_mnist" or have_fashion} == {
+    n: "ok" for n in want if n != "fashion_mnist" or have_fashion
+  }, log[-3000:]
+
+  env_row = next(r for r in rows if r["step"] == "env")
+  assert env_row["jax_backend"] == "cpu" and env_row["versions"]["jax"]
+
+  attention = [r for r in rows if r["step"] == "attention"]
+  assert {(r["case"], r["dtype"]) for r in attention} == {
+    (c, d) for c in ("vit", "swin", "causal", "decode") for d in ("bfloat16", "float32")
+  }
+  for r in attention:  # on a CPU "fast" is the explicit path; it must match the reference
+    assert r["ok"] and r["path_fwd"] == "explicit" and r["vitjax_fwd_ms"] > 0, r
+
+  bench = [json.loads(line) for line in (out / "bench_train_bench_dry.jsonl").read_text().splitlines()]
+  timed = {(r["model"], r["framework"]) for r in bench if r.get("step_s")}
+  for model in ("vit_s16_224_b2", "swin_t_224_b4", "transformer_small"):
+    assert {(model, "vitjax"), (model, "torch")} <= timed, timed
+
+  runs = {r["name"]: r for r in rows if r["step"] == "run"}
+  main = runs["main_job_digits"]
+  assert main["steps"] == 20 and main["steps_per_s_median"] > 0 and "eval/accuracy" in main["test"]
+  if have_fashion:  # the first step's loss is the CPU curve's (the same data, initialisation and batch)
+    fashion = runs["fashion_mnist_1_epoch"]
+    assert fashion["cpu_loss"] == {"1": 2.3026} and fashion["max_abs_loss_diff"] < 1e-3, fashion
+  assert "steps failed: none" in log and "== gpu_check summary ==" in log
+  assert (out / "gpu_check.log").stat().st_size > 0

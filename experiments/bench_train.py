@@ -337,13 +337,15 @@ def _torch_conv_stem(torch, stem_params: dict, stats: dict):
   return nn.Sequential(*layers), sd
 
 
-def image_case(name: str, kind: str, batch: int, image_size: int | None, dtype: str, torch) -> Case:
+def image_case(name: str, kind: str, batch: int, image_size: int | None, dtype: str, torch, layers: int = 0) -> Case:
   from vitjax import convert, models
   from vitjax.train import build_model
 
   config, channels, classes = _image_config(kind, image_size, batch, dtype)
   # head_zeroinit=False (ViT): a zero head would make the parity check compare zeros
   overrides = {"head_zeroinit": False} if "vit" in kind or kind == "fashion_mnist" else {}
+  if layers:  # --layers: a toy depth (gpu_check.sh --dry)
+    overrides.update({"depths": (layers,) * 4} if kind.startswith("swin") else {"depth": layers})
   config.model.update(overrides)
   module = build_model(config)
   size = config.data.image_size
@@ -393,10 +395,10 @@ def _sinusoidal(n: int, d: int) -> np.ndarray:
   return np.asarray(sinusoidal_1d(n, d), np.float32)
 
 
-def transformer_case(name: str, kind: str, sentences: int, tokens: int, dtype: str, torch) -> Case:
+def transformer_case(name: str, kind: str, sentences: int, tokens: int, dtype: str, torch, layers: int = 0) -> Case:
   from vitjax import models
 
-  module = models.create(kind, vocab_size=VOCAB)
+  module = models.create(kind, vocab_size=VOCAB, **({"num_layers": layers} if layers else {}))
   if dtype == "bfloat16":
     module = module.clone(dtype=jnp.bfloat16)
   rng = np.random.RandomState(0)
@@ -633,6 +635,7 @@ def main():
     "--max_step_s", type=float, default=30.0, help="skip torch rows whose step would take longer at torch's matmul peak"
   )
   ap.add_argument("--batch", type=int, default=0, help="override every model's batch (0: the models' own)")
+  ap.add_argument("--layers", type=int, default=0, help="override the depth (Swin: each stage's); 0: the models' own")
   ap.add_argument("--size", type=int, default=0, help="override the image size (Transformer: tokens a side); 0: own")
   ap.add_argument("--no_compile", action="store_true", help="skip the torch.compile rows")
   ap.add_argument("--no_trainer", action="store_true", help="skip the vitjax-trainer rows")
@@ -740,9 +743,9 @@ def main():
     batch, size = args.batch or batch, args.size or size
     t0 = time.perf_counter()
     if kind.startswith("transformer"):
-      case = transformer_case(name, kind, batch, size, args.dtype, torch)
+      case = transformer_case(name, kind, batch, size, args.dtype, torch, args.layers)
     else:
-      case = image_case(name, kind, batch, size, args.dtype, torch)
+      case = image_case(name, kind, batch, size, args.dtype, torch, args.layers)
     err = parity(case, args.dtype, torch, device) if case.units == "examples" else None
     results, reps = {}, (args.repeats, args.max_row_s)
     results["vitjax"] = vitjax_step(case, *reps)

@@ -140,7 +140,7 @@ bench() {  # bench NAME LIMIT ARGS...
 measured() { grep -q '"framework": "vitjax", .*"step_s": [0-9]' "$OUTDIR/bench_train_$1.jsonl" 2>/dev/null; }
 if [ "$DRY" = 1 ]; then
   bench bench_dry 90 --torch_device=cpu --models=vit_s16_224_b2,swin_t_224_b4,transformer_small --size=32 --batch=2 \
-    --repeats=1 --peak_s=0.05 --no_compile --max_row_s=2
+    --layers=1 --repeats=1 --peak_s=0.05 --no_compile --max_row_s=2
 else
   bench bench_vit_b16 150 --torch_device=cuda --models=vit_b16_224_b8 --batch=256 --repeats=10
   measured bench_vit_b16 || bench bench_vit_b16_b128 100 --torch_device=cuda --models=vit_b16_224_b8 --batch=128 \

@@ -117,18 +117,10 @@ def test_unknown_layouts_name_the_known_ones():
 
 # ------------------------------------------------------------------------------------------------ out: timm
 
-torch = pytest.importorskip("torch")
-sys.path.insert(0, os.environ.get("VITJAX_REFS", os.path.dirname(os.path.abspath(__file__))))
-try:
-  # isort: off
-  import torchvision_ops_shim  # noqa: F401  lets torchvision (and timm) import on CPU-only torch; must come first
-  import timm  # noqa: F401
-  # isort: on
-except Exception as e:
-  pytest.skip(f"timm is not importable here ({type(e).__name__}: {e}); see README, 'Tests'", allow_module_level=True)
 
-
-def _timm_logits(state_dict, cfg, images):
+def _timm_logits(torch, state_dict, cfg, images):
+  """timm's model for an exported (state dict, config), loaded strictly, on images [B, H, W, C] (the test asks for
+  the timm_ref fixture first: convert.build_timm imports timm)."""
   model = convert.build_timm(cfg)
   model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state_dict.items()}, strict=True)
   with torch.no_grad():
@@ -148,27 +140,31 @@ TINY_VIT = dict(num_classes=5, patch_size=(4, 4), width=24, depth=2, mlp_dim=40,
   ],
   ids=["tok", "gap-fc_norm", "map-tanh", "sincos2d"],
 )
-def test_vit_to_timm_loads_strictly_and_round_trips(options):
+def test_vit_to_timm_loads_strictly_and_round_trips(options, torch_ref, timm_ref):
   module = models.ViT(**TINY_VIT, **options)
   x = _images((16, 16))
   variables = _randomised(jax.jit(module.init)(jax.random.key(0), x))
   state_dict, cfg = convert.to_timm(module, variables, 16)
   want, _ = jax.jit(module.apply)(variables, x)
-  assert _rel(_timm_logits(state_dict, cfg, x), want) <= TOL
+  assert _rel(_timm_logits(torch_ref, state_dict, cfg, x), want) <= TOL
   if options.get("posemb") == "sincos2d":
     return  # timm learns the table: it comes back as posemb="learn"
+  assert cfg["kwargs"]["act_layer"] == module.act  # the export's config carries the activation
   back, back_vars = convert.from_timm("vit_tiny_patch4_16", state_dict)  # the name gives the heads (Ti: 3)
   _same_params(variables, back_vars)
-  assert back.clone(act=module.act) == module.clone(parent=None)
+  # a bare state dict carries no activation: it reads back as exact GELU, timm's; with the config's, the same model
+  assert back.act == "gelu"
+  assert back.clone(act=cfg["kwargs"]["act_layer"]) == module.clone(parent=None)
+  assert (_rel(jax.jit(back.apply)(back_vars, x)[0], want) <= TOL) == (module.act == "gelu")
 
 
-def test_swin_to_timm_loads_strictly_and_round_trips():
+def test_swin_to_timm_loads_strictly_and_round_trips(torch_ref, timm_ref):
   module = models.Swin(num_classes=5, embed_dim=16, depths=(2, 2), num_heads=(2, 4), window_size=4)
   x = _images((32, 32))
   variables = _randomised(jax.jit(module.init)(jax.random.key(0), x))
   state_dict, cfg = convert.to_timm(module, variables, 32)
   want, _ = jax.jit(module.apply)(variables, x)
-  assert _rel(_timm_logits(state_dict, cfg, x), want) <= TOL
+  assert _rel(_timm_logits(torch_ref, state_dict, cfg, x), want) <= TOL
   back, back_vars = convert.from_timm("swin_tiny_patch4_window4_32", state_dict)
   _same_params(variables, back_vars)
   for field in ("embed_dim", "depths", "num_heads", "window_size", "patch_size", "num_classes", "act"):
@@ -188,7 +184,7 @@ def test_export_refuses_what_the_format_cannot_express():
 # ------------------------------------------------------------------------------------------------- out: npz
 
 
-def test_vit_npz_round_trip_and_timm_reads_it(tmp_path):
+def test_vit_npz_round_trip_and_timm_reads_it(tmp_path, torch_ref, timm_ref):
   module = models.ViT(**TINY_VIT, representation_size=None)
   x = _images((16, 16))
   variables = _randomised(jax.jit(module.init)(jax.random.key(0), x))
@@ -204,8 +200,8 @@ def test_vit_npz_round_trip_and_timm_reads_it(tmp_path):
     img_size=16, patch_size=4, embed_dim=24, depth=2, num_heads=3, mlp_ratio=40 / 24, num_classes=5
   ).eval()
   _load_weights(ref, path)
-  with torch.no_grad():
-    got = ref(torch.from_numpy(x.transpose(0, 3, 1, 2))).numpy()
+  with torch_ref.no_grad():
+    got = ref(torch_ref.from_numpy(x.transpose(0, 3, 1, 2))).numpy()
   assert _rel(got, jax.jit(module.apply)(variables, x)[0]) <= TOL
 
 
@@ -220,7 +216,7 @@ def test_safetensors_export_feeds_init_from(tmp_path):
 # ------------------------------------------------------------------------------------------ the export command
 
 
-def test_export_command_writes_what_timm_and_from_vit_npz_load(finished_run, tmp_path):
+def test_export_command_writes_what_timm_and_from_vit_npz_load(finished_run, tmp_path, torch_ref, timm_ref):
   import vitjax
 
   out = str(tmp_path / "new" / "folder" / "digits.safetensors")  # export creates the folder
@@ -251,7 +247,7 @@ def test_export_command_writes_what_timm_and_from_vit_npz_load(finished_run, tmp
     cfg = json.load(f)
   for path in (out, tmp_path / "new" / "folder" / "digits.json", tmp_path / "digits.npz"):  # as any file, not 0600
     assert os.stat(path).st_mode & 0o777 == 0o666 & ~_umask(), path
-  assert _rel(_timm_logits(load_file(out), cfg, x), want) <= TOL
+  assert _rel(_timm_logits(torch_ref, load_file(out), cfg, x), want) <= TOL
   back, back_vars = convert.from_vit_npz(str(tmp_path / "digits.npz"), act=trained.model.act)
   _same_params(jax.device_get(trained.variables["params"]), back_vars["params"])
   bad = subprocess.run([*cmd, "--format=npz", "--out=x.bin"], cwd=th.ROOT, env=env, capture_output=True, text=True)

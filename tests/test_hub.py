@@ -12,12 +12,12 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
 import train_helpers as th
+from conftest import _import_reference
 
 import vitjax
 from vitjax import convert, hub
@@ -71,26 +71,12 @@ def hub_cache(tmp_path, monkeypatch):
 
 
 def _transformers():
-  """transformers (after the torchvision shim, as tests/test_parity.py imports timm), or a skip."""
-  pytest.importorskip("torch")
-  refs = os.environ.get("VITJAX_REFS", os.path.dirname(os.path.abspath(__file__)))
-  if refs not in sys.path:
-    sys.path.insert(0, refs)
-  try:
-    import torchvision_ops_shim  # noqa: F401  lets torchvision (which transformers imports) load on CPU torch
-    import transformers
-  except Exception as e:
-    pytest.skip(f"transformers is not importable here ({type(e).__name__}: {e}); see README, 'Tests'")
-  return transformers
+  """transformers (after the torchvision shim, as the parity tests import timm), or a skip (under CI, a failure)."""
+  return _import_reference("transformers")
 
 
 def _timm():
-  _transformers()  # the shim first
-  try:
-    import timm
-  except Exception as e:
-    pytest.skip(f"timm is not importable here ({type(e).__name__}: {e})")
-  return timm
+  return _import_reference("timm")
 
 
 def _perturbed(model):

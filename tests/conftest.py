@@ -55,7 +55,13 @@ def naive_attention(q, k, v, bias=None, mask=None):
 @pytest.fixture(scope="session")
 def compile_cache(tmp_path_factory):
   """A persistent jax compilation cache shared by this session's subprocesses."""
-  th.CACHE_DIR = str(tmp_path_factory.mktemp("jax_cache"))
+  if os.environ.get("PYTEST_XDIST_WORKER"):  # one cache for all workers: a program compiled by one is not compiled
+    # again by another (the tiny runs of most tests share their steps); JAX writes its entries atomically
+    path = tmp_path_factory.getbasetemp().parent / "jax_cache"
+    path.mkdir(exist_ok=True)
+    th.CACHE_DIR = str(path)
+  else:
+    th.CACHE_DIR = str(tmp_path_factory.mktemp("jax_cache"))
   yield th.CACHE_DIR
   th.CACHE_DIR = None
 

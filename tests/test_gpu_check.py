@@ -51,12 +51,12 @@ def test_dry_run_does_every_step(tmp_path):
 
   bench = [json.loads(line) for line in (out / "bench_train_bench_dry.jsonl").read_text().splitlines()]
   timed = {(r["model"], r["framework"]) for r in bench if r.get("step_s")}
-  for model in ("vit_s16_224_b2", "swin_t_224_b4", "transformer_small"):
+  for model in ("vit_s16_224_b2", "transformer_small"):
     assert {(model, "vitjax"), (model, "torch")} <= timed, timed
 
   runs = {r["name"]: r for r in rows if r["step"] == "run"}
   main = runs["main_job_digits"]
-  assert main["steps"] == 20 and main["steps_per_s_median"] > 0 and "eval/accuracy" in main["test"]
+  assert main["steps"] == 10 and main["steps_per_s_median"] > 0 and "eval/accuracy" in main["test"]
   if have_fashion:  # the first step's loss is the CPU curve's (the same data, initialisation and batch)
     fashion = runs["fashion_mnist_1_epoch"]
     assert fashion["cpu_loss"] == {"1": 2.3026} and fashion["max_abs_loss_diff"] < 1e-3, fashion

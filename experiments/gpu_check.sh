@@ -6,7 +6,7 @@
 # budget (GPU_CHECK_BUDGET_S, 450 s) caps every step's limit and skips what would not fit.
 #
 #   bash experiments/gpu_check.sh [--out DIR]   # on the GPU machine (OUT: $OUT, else experiments/results/gpu_check)
-#   bash experiments/gpu_check.sh --dry         # every step on this CPU at toy sizes, under 3 minutes
+#   bash experiments/gpu_check.sh --dry         # every step on this CPU at toy sizes (87 s on the 2-core EPYC)
 #                                               # (tests/test_gpu_check.py runs it)
 #   bash experiments/gpu_check.sh --pack        # fills .gpucheck/ (git-ignored), what the GPU call carries
 #

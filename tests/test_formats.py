@@ -108,7 +108,7 @@ def test_unknown_layouts_name_the_known_ones():
   with pytest.raises(ValueError, match="not an original-ViT or big_vision checkpoint"):
     convert.from_vit_npz({"foo": np.zeros(3)})
   vit = models.ViT(num_classes=3, patch_size=(4, 4), width=24, depth=1, num_heads=3)
-  npz = convert.to_vit_npz(vit, vit.init(jax.random.key(0), jnp.zeros((1, 8, 8, 3))))
+  npz = convert.to_vit_npz(vit, jax.jit(vit.init)(jax.random.key(0), jnp.zeros((1, 8, 8, 3))))
   with pytest.raises(ValueError, match=r"weights are in the vit-npz layout \(another model family\); use from_vit_npz"):
     convert.from_timm("vit_tiny_patch4_8", npz)
   with pytest.raises(ValueError, match="not a B/16: width 768 != 24"):
@@ -172,13 +172,14 @@ def test_swin_to_timm_loads_strictly_and_round_trips(torch_ref, timm_ref):
 
 
 def test_export_refuses_what_the_format_cannot_express():
+  x = jnp.zeros((1, 16, 16, 3))
   vit = models.ViT(**TINY_VIT, stem="conv")
-  variables = vit.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)))
+  variables = jax.jit(vit.init)(jax.random.key(0), x)  # jitted: op by op, an init takes seconds
   with pytest.raises(ValueError, match="no equivalent for stem='conv'"):
     convert.to_timm(vit, variables, 16)
   gap = models.ViT(**TINY_VIT, pool_type="map")
   with pytest.raises(ValueError, match="no equivalent for pool_type='map'"):
-    convert.to_vit_npz(gap, gap.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3))))
+    convert.to_vit_npz(gap, jax.jit(gap.init)(jax.random.key(0), x))
 
 
 # ------------------------------------------------------------------------------------------------- out: npz
@@ -278,7 +279,7 @@ def test_init_from_fits_a_scanned_checkpoint_to_a_model_that_is_not_and_back():
   module, variables = convert.from_vit_npz(os.path.join(GOLDEN, "big_vision_scan_gap_sincos.npz"))
   params = jax.device_get(variables["params"])
   x = jnp.zeros((1, 16, 16, 3))
-  scanned = jax.device_get(module.clone(scan=True).init(jax.random.key(0), x)["params"])
+  scanned = jax.device_get(jax.jit(module.clone(scan=True).init)(jax.random.key(0), x)["params"])
   stacked, changes = adapt_params(params, scanned)
   assert changes == ["stacked the checkpoint's layers for the scanned model"]
   q = stacked["encoder"]["blocks"]["block"]["attn"]["query"]["kernel"]

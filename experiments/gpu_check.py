@@ -3,6 +3,7 @@
     python experiments/gpu_check.py env --out=DIR                    # (a) device, driver, versions, jax.devices()
     python experiments/gpu_check.py attention --out=DIR [--dry]      # (c) "fast" vs "reference", vs torch's SDPA
     python experiments/gpu_check.py run --out=DIR --workdir=W --name=N [--curve=FILE]   # (e) one run's figures
+    python experiments/gpu_check.py subset --src=DIR --dst=DIR --n=N  # a small Fashion-MNIST for --dry
     python experiments/gpu_check.py summary --out=DIR                # the table at the end
 
 Attention cases (--dry: the same cases at toy sizes): ViT-B/16 (197 tokens, 12 heads of 64, no mask), Swin-T's first
@@ -391,6 +392,24 @@ def curve_step(args) -> None:
     f.write("\n")
 
 
+def subset_step(args) -> None:
+  """The first --n training and --n / 5 test examples of the Fashion-MNIST IDX files in --src, written to --dst (a
+  dry run's data: preparing 70,000 images would be most of its time)."""
+  import gzip
+
+  os.makedirs(args.dst, exist_ok=True)
+  for name, n in (("train", args.n), ("t10k", args.n // 5)):
+    for kind, header in (("images-idx3", 16), ("labels-idx1", 8)):
+      file = f"{name}-{kind}-ubyte.gz"
+      with gzip.open(os.path.join(args.src, file)) as f:
+        data = f.read()
+      item = 28 * 28 if kind.startswith("images") else 1
+      head = bytearray(data[:header])
+      head[4:8] = n.to_bytes(4, "big")  # the record count
+      with gzip.open(os.path.join(args.dst, file), "wb") as f:
+        f.write(bytes(head) + data[header : header + n * item])
+
+
 # -- the summary
 
 
@@ -465,7 +484,7 @@ def status_step(args) -> None:
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("what", choices=["env", "attention", "run", "curve", "summary", "status"])
+  ap.add_argument("what", choices=["env", "attention", "run", "curve", "subset", "summary", "status"])
   ap.add_argument("--out", required=True)
   ap.add_argument("--dry", action="store_true")
   ap.add_argument("--cases", default="", help="attention: a comma-separated subset of vit,swin,causal,decode")
@@ -475,6 +494,9 @@ def main():
   ap.add_argument("--curve", default="")
   ap.add_argument("--command", default="bash experiments/gpu_check.sh", help="curve: the run's; summary: this one's")
   ap.add_argument("--host", default="")
+  ap.add_argument("--src", default="")
+  ap.add_argument("--dst", default="")
+  ap.add_argument("--n", type=int, default=2000)
   ap.add_argument("--status", default="")
   ap.add_argument("--seconds", type=float, default=0.0)
   ap.add_argument("--note", default="")
@@ -485,6 +507,7 @@ def main():
     "attention": attention_step,
     "run": run_step,
     "curve": curve_step,
+    "subset": subset_step,
     "summary": summary_step,
     "status": status_step,
   }

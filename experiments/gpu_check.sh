@@ -149,9 +149,9 @@ else
 fi
 
 # (e) real runs: the README's main job (digits), and Fashion-MNIST for one epoch beside its CPU curve
-if [ "$DRY" = 1 ]; then main_len="--config.total_steps=10 --config.log_every=5"; fm_len="--config.total_steps=6 --config.data.cache=False"
+if [ "$DRY" = 1 ]; then main_len="--config.total_steps=10 --config.log_every=5"; fm_len="--config.total_steps=6"
 else main_len=""; fm_len="--config.num_epochs=1"; fi
-export TFDS_DATA_DIR=$WORK/tfds PY OUTDIR WORK FASHION main_len fm_len
+export TFDS_DATA_DIR=$WORK/tfds PY OUTDIR WORK FASHION DRY main_len fm_len
 # each run's bash waits for its process on a SIGTERM (a trap defers to the command in flight), so that a time limit
 # lets vitjax stop with its checkpoint, and nothing outlives its step
 main_job() {
@@ -164,7 +164,12 @@ main_job() {
 fashion() {
   trap 'exit 143' TERM
   [ -f "$FASHION/train-images-idx3-ubyte.gz" ] || { echo "no Fashion-MNIST in $FASHION"; return 1; }
-  "$PY" -m vitjax.data.prepare --dataset=fashion_mnist --manual_dir="$FASHION" &&
+  local source=$FASHION
+  if [ "$DRY" = 1 ]; then  # its first 2,000 images: the same code, not 70,000 PNGs to encode
+    source=$WORK/fashion-mnist-2000
+    "$PY" experiments/gpu_check.py subset --out "$OUTDIR" --src "$FASHION" --dst "$source" --n 2000 || return 1
+  fi
+  "$PY" -m vitjax.data.prepare --dataset=fashion_mnist --manual_dir="$source" &&
     "$PY" -m vitjax.main --config=configs/vit_fashion_mnist.py --workdir="$WORK/fmnist" --config.log_every=50 $fm_len &&
     "$PY" experiments/gpu_check.py run --out "$OUTDIR" --workdir "$WORK/fmnist" --name fashion_mnist_1_epoch \
       --curve experiments/results/gpu_check_cpu_curve_fashion_mnist.json

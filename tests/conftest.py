@@ -14,6 +14,12 @@ if ROOT not in sys.path:
 
 import train_helpers as th  # noqa: E402  (tests/ is on sys.path: pytest's default import mode)
 
+# The tests start hundreds of Python processes. Where PYTHONDONTWRITEBYTECODE=1 is set (these machines set it), each
+# of them compiled every vitjax module it imported (0.15 s a process): let this run and its subprocesses keep the
+# bytecode in __pycache__ (git-ignored).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
 # before any test imports jax: the tests' XLA flags (train_helpers.XLA_TEST_FLAGS) for this process and the
 # subprocesses that inherit its environment
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {th.XLA_TEST_FLAGS}".strip()

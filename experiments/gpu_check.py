@@ -4,6 +4,8 @@
     python experiments/gpu_check.py attention --out=DIR [--dry]      # (c) "fast" vs "reference", vs torch's SDPA
     python experiments/gpu_check.py run --out=DIR --workdir=W --name=N [--curve=FILE]   # (e) one run's figures
     python experiments/gpu_check.py subset --src=DIR --dst=DIR --n=N  # a small Fashion-MNIST for --dry
+    python experiments/gpu_check.py curve --out=DIR --workdir=W --curve=FILE --command=... --host=...
+                                     # a CPU run's losses as the reference curve (results/gpu_check_cpu_curve_*.json)
     python experiments/gpu_check.py summary --out=DIR                # the table at the end
 
 Attention cases (--dry: the same cases at toy sizes): ViT-B/16 (197 tokens, 12 heads of 64, no mask), Swin-T's first

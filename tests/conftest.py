@@ -102,6 +102,13 @@ def finished_run(tmp_path_factory, run_args):
   return workdir
 
 
+# Tests of XLA:CPU's own bf16 dot path (vitjax.dots takes it on a CPU only): the bring-up on a GPU
+# (experiments/gpu_check.sh) skips them. The condition is evaluated in the test module, which imports jax.
+cpu_backend_only = pytest.mark.skipif(
+  "jax.default_backend() != 'cpu'", reason="checks XLA:CPU's bf16 dot path (vitjax.dots); this backend is not a CPU"
+)
+
+
 def dot_operand_types(hlo: str) -> list[tuple[str, str]]:
   """(lhs, rhs) types of every dot in a compiled HLO module's text (operand names resolved per computation)."""
   types, found = {}, []

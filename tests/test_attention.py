@@ -3,7 +3,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import dot_operand_types, naive_attention
+from conftest import cpu_backend_only, dot_operand_types, naive_attention
 
 from vitjax.attention import MultiHeadAttention, causal_mask, dot_product_attention, padding_mask
 
@@ -93,6 +93,7 @@ def test_explicit_backward_in_bfloat16_matches_float32_autodiff(rng, bias_shape,
     assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max()
 
 
+@cpu_backend_only
 def test_bfloat16_attention_layer_dots_stay_bfloat16_on_cpu(rng):
   """XLA:CPU computes a bf16 dot in float32 (a third of the speed) unless it takes bf16 operands to a float32
   result with the lhs's last dimension contracted: every dot of a bf16 attention layer's forward and backward

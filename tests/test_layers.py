@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import dot_operand_types, naive_attention
+from conftest import cpu_backend_only, dot_operand_types, naive_attention
 
 from vitjax import posenc
 from vitjax.layers import NORMS, DecoderBlock, DropPath, EncoderBlock, FeedForward, Stack, drop_path_rates, gelu
@@ -235,6 +235,7 @@ def test_dots_dense_layers_are_flax_layers_with_the_same_parameters(rng, dtype):
       assert np.abs(g_ours - g_flax).max() <= 2e-2 * np.abs(g_flax).max()  # flax's rounds more: bf16's rounding
 
 
+@cpu_backend_only
 @pytest.mark.parametrize("rows", [(2, 3), (3, 5)])  # 6 rows: split in two for the weight gradient; 15: not
 def test_bf16_affine_accumulates_in_float32_forward_and_backward(rng, rows):
   """On a CPU a bfloat16 layer's matmul + bias is vitjax.dots.affine (bf16 operands, float32 accumulation, the bias
@@ -262,6 +263,7 @@ def test_bf16_affine_accumulates_in_float32_forward_and_backward(rng, rows):
   assert dots.affine(x, w, None, 2).dtype == jnp.bfloat16  # a layer without a bias
 
 
+@cpu_backend_only
 @pytest.mark.parametrize("rows", [(2, 3), (3, 5)])
 def test_bf16_tied_logits_accumulate_in_float32_forward_and_backward(rng, rows):
   """A bfloat16 Transformer's tied output logits on a CPU are vitjax.dots.logits (bf16 operands, float32 accumulation

@@ -34,7 +34,7 @@ def get_config():
   c.batch_size = 128
   c.num_epochs = 10
   c.optim.lr = 1e-3
-  c.optim.b2 = 0.95
+  c.optim.kwargs = dict(b2=0.95)
   c.optim.weight_decay = 0.05
   c.schedule.warmup_epochs = 1
   c.best_metric = "eval/loss"

@@ -19,7 +19,7 @@ from vitjax.train import optim
 def _scales(model, shape, decay=0.5):
   variables = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros(shape)))
   scales = optim.layer_decay_scales(model, variables["params"], decay)
-  return {optim._path(p): np.asarray(s) for p, s in jax.tree_util.tree_flatten_with_path(scales)[0]}
+  return {optim.path_of(p): np.asarray(s) for p, s in jax.tree_util.tree_flatten_with_path(scales)[0]}
 
 
 def test_vit_layer_of_every_parameter():

@@ -19,7 +19,7 @@ SCRIPT = textwrap.dedent("""
 
   c = default_config()
   c.model = mlc.ConfigDict(dict(name="Ti/2", width=16, depth=1, num_heads=8, mlp_dim=32, num_classes=10))
-  c.optim.name = OPTIMIZER
+  c.optim.name, c.optim.kwargs, c.frozen = OPTIMIZER, KWARGS, FROZEN
   # query/key/value kernels are all [16, 8, 2]: only the query's heads are split over the 8 devices.
   c.sharding_rules = ((r"attn/query/kernel$", (None, "data", None)),)
   # A task described as a trained run's task.json would be: no dataset needed.
@@ -41,8 +41,9 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _run(optimizer: str) -> dict:
-  script = SCRIPT.replace("OPTIMIZER", repr(optimizer))
+def _run(optimizer: str, kwargs=None, frozen=()) -> dict:
+  script = SCRIPT.replace("OPTIMIZER", repr(optimizer)).replace("KWARGS", repr(kwargs or {}))
+  script = script.replace("FROZEN", repr(frozen))
   proc = subprocess.run(
     [sys.executable, "-c", script], cwd=th.ROOT, env=th.env(devices=8), capture_output=True, text=True, timeout=300
   )
@@ -51,8 +52,8 @@ def _run(optimizer: str) -> dict:
 
 
 def test_optimizer_moments_take_their_parameters_sharding_not_a_same_shape_ones():
-  for optimizer, fields in (("adamw", ("mu", "nu")), ("sgd", ("trace",))):
-    out = _run(optimizer)
+  for optimizer, kwargs, fields in (("adamw", {}, ("mu", "nu")), ("sgd", {"momentum": 0.9}, ("trace",))):
+    out = _run(optimizer, kwargs)
     assert out["devices"] == 8
     params = out["params"]
     query, key = params["encoder/block_0/attn/query/kernel"], params["encoder/block_0/attn/key/kernel"]
@@ -62,6 +63,16 @@ def test_optimizer_moments_take_their_parameters_sharding_not_a_same_shape_ones(
       for pname, (shape, spec) in params.items():
         assert out["moments"][f"{field}:{pname}"] == [shape, spec], (optimizer, field, pname)
     assert len(out["moments"]) == len(fields) * len(params)
+
+
+def test_frozen_parameters_have_no_moments_and_the_trained_ones_keep_their_sharding():
+  """config.frozen (optax.multi_transform): Adam's moments exist for the trained parameters only (the frozen
+  ones' entries are optax.MaskedNode, no array), each sharded like its parameter on the 8-device mesh."""
+  out = _run("adamw", frozen=("^(?!encoder/block_0/attn/).*",))
+  params = out["params"]
+  trained = {k: v for k, v in params.items() if k.startswith("encoder/block_0/attn/")}
+  assert 0 < len(trained) < len(params) and params["encoder/block_0/attn/query/kernel"][1] == "P(None, 'data', None)"
+  assert out["moments"] == {f"{f}:{k}": v for f in ("mu", "nu") for k, v in trained.items()}
 
 
 def test_tp_splits_scanned_blocks_like_unscanned_ones():

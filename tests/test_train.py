@@ -365,7 +365,7 @@ def _step_config(accum):
   c.model = mlc.ConfigDict(
     dict(name="Ti/2", width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=10, dropout_rate=0.0)
   )
-  c.optim.name, c.optim.lr, c.optim.momentum, c.optim.grad_clip_norm = "sgd", 0.5, 0.0, 0.0
+  c.optim.name, c.optim.lr, c.optim.kwargs, c.optim.grad_clip_norm = "sgd", 0.5, {}, 0.0
   c.optim.accum_steps = accum
   c.schedule.warmup_steps, c.schedule.decay = 0, "constant"
   return c

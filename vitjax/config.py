@@ -7,9 +7,18 @@ one line naming the nearest field (--config.optim.lr) instead of being silently 
 from __future__ import annotations
 
 import importlib.util
+import inspect
+import json
 import os
 
 import ml_collections as mlc
+
+from vitjax.errors import ConfigError
+
+# The config's schema version. A workdir's config.json of an older version is brought to this one by migrate(),
+# the one place that knows the old names: 1 (no config_version field) -> 2: optim.b1/b2/eps/momentum/nesterov
+# became optim.kwargs; lr_mults, wd_mults and frozen were added.
+CONFIG_VERSION = 2
 
 
 def load_module(path: str):
@@ -23,6 +32,7 @@ def load_module(path: str):
 
 def default_config() -> mlc.ConfigDict:
   c = mlc.ConfigDict()
+  c.config_version = CONFIG_VERSION
   c.task = "classification"  # 'classification' | 'translation' | 'mae' (vitjax.tasks.TASKS)
   c.seed = 0
   # Model: `name` goes to vitjax.models.create; every other field overrides a model attribute.
@@ -73,21 +83,27 @@ def default_config() -> mlc.ConfigDict:
   # total_steps); a rerun after a stop goes on to the same end, one after the end trains nothing. None: no budget.
   c.max_train_minutes = mlc.FieldReference(None, field_type=float)
 
+  # The optimizer (vitjax.train.optim): any optax optimizer by name, optax.NAME(learning_rate=schedule, **kwargs):
+  # "adamw", "sgd", "lion", "adafactor", "lamb", "nadamw", ...; kwargs are NAME's own arguments (optax's defaults
+  # for the rest), e.g. --config.optim.kwargs="{'b2': 0.95}" or, for sgd, "{'momentum': 0.9, 'nesterov': True}".
   c.optim = mlc.ConfigDict()
-  c.optim.name = "adamw"  # 'adamw' | 'sgd'
+  c.optim.name = "adamw"
   c.optim.lr = 1e-3  # peak learning rate
-  c.optim.b1 = 0.9
-  c.optim.b2 = 0.999
-  c.optim.eps = 1e-8
-  c.optim.momentum = 0.9  # sgd
-  c.optim.nesterov = False  # sgd
-  c.optim.weight_decay = 1e-4  # decoupled; not applied to biases, norms, position embeddings, bias tables
+  c.optim.kwargs = mlc.FieldReference({}, field_type=object)
+  # The optimizer's own decoupled decay where it has one (adamw, lion, ...), else L2 on the gradient (sgd, ...);
+  # per parameter by wd_mults (None: the model family's rules, no decay on biases, norms, positions, bias tables)
+  c.optim.weight_decay = 1e-4
   c.optim.grad_clip_norm = 1.0  # global-norm clipping; 0 disables
   c.optim.accum_steps = 1  # gradient accumulation: micro-batches per step
   # Layer-wise learning-rate decay (ViT and Swin; BEiT's and MAE's fine-tuning recipe, e.g. 0.65-0.75): the
   # parameters of layer i of L learn at lr * layer_decay ** (L + 1 - i), the head at lr; None (or 1) is off. The layer of
   # every parameter: ViT.layer_index and Swin.layer_index (vitjax/models).
   c.optim.layer_decay = mlc.FieldReference(None, field_type=float)
+  # Per-parameter rules, (regex, value) over 'a/b/kernel' paths; the first rule a path matches (re.search) decides.
+  # The run's log opens with one line per rule and what it matched; a rule that matches nothing is an error.
+  c.lr_mults = ()  # learning-rate multipliers, e.g. (("pos_embedding", 0.1),); times layer_decay's
+  c.wd_mults = mlc.FieldReference(None, field_type=tuple)  # weight-decay multipliers, e.g. ((".*/bias$", 0.0),)
+  c.frozen = ()  # regexes of parameters never updated (no optimizer state), e.g. ("^(?!head/).*",): the head only
 
   c.schedule = mlc.ConfigDict()
   c.schedule.warmup_steps = mlc.FieldReference(None, field_type=object)  # a duration, or warmup_epochs
@@ -196,7 +212,7 @@ def translation_config(source: str, src_lang: str, tgt_lang: str, size: str = "s
   )
   c.decode = mlc.ConfigDict(dict(method="beam", beam_size=4, alpha=0.6, temperature=1.0, top_k=0, extra_len=10))
   c.optim.name = "adamw"  # with weight_decay 0: Adam
-  c.optim.b1, c.optim.b2, c.optim.eps = 0.9, 0.98, 1e-9
+  c.optim.kwargs = dict(b1=0.9, b2=0.98, eps=1e-9)
   c.optim.weight_decay = 0.0
   c.optim.grad_clip_norm = 0.0
   c.optim.lr = 1e-3  # peak, reached at the end of the warm-up
@@ -209,3 +225,45 @@ def translation_config(source: str, src_lang: str, tgt_lang: str, size: str = "s
   c.eval_every = 1000
   c.checkpoint_every = 500
   return c
+
+
+# ------------------------------------------------------------------------------------ old workdirs
+
+
+def _optax_defaults(name: str) -> dict:
+  import optax
+
+  fn = getattr(optax, str(name), None)
+  if not inspect.isfunction(fn):
+    return {}
+  return {k: p.default for k, p in inspect.signature(fn).parameters.items() if p.default is not inspect.Parameter.empty}
+
+
+def migrate(flat: dict) -> dict:
+  """A workdir's config (config.json with its history applied, flat 'a.b' keys) in the schema of CONFIG_VERSION,
+  so that older runs load, evaluate and resume. Fields added since the run was written take their defaults (the
+  task's), so code reads every field directly. ConfigError for a config from a newer vitjax."""
+  flat = dict(flat)
+  version = flat.get("config_version") or 1
+  if version > CONFIG_VERSION:
+    raise ConfigError(
+      f"this workdir's config is version {version}, newer than this vitjax's {CONFIG_VERSION}: upgrade vitjax"
+    )
+  has = lambda key: key in flat or any(k.startswith(key + ".") for k in flat)
+  if "model.prenorm" in flat:  # (before version 1 had a number) model.prenorm (bool) became model.norm
+    prenorm = flat.pop("model.prenorm")
+    flat.setdefault("model.norm", "pre" if prenorm else "post")
+  if version < 2:  # optim's own fields became optax's keyword arguments, those that differ from optax's defaults
+    old = {k: flat.pop(f"optim.{k}") for k in ("b1", "b2", "eps", "momentum", "nesterov") if f"optim.{k}" in flat}
+    if not has("optim.kwargs"):
+      defaults = _optax_defaults(flat.get("optim.name", "adamw"))
+      kept = {k: v for k, v in old.items() if k in defaults and defaults[k] != v}
+      flat.update({f"optim.kwargs.{k}": v for k, v in kept.items()} if kept else {"optim.kwargs": {}})
+  from vitjax.train.workdir import flatten
+
+  task_defaults = translation_config("bible", "en", "es") if flat.get("task") == "translation" else default_config()
+  for key, value in flatten(json.loads(task_defaults.to_json_best_effort())).items():
+    if not key.startswith(("model.", "data.")) and not has(key) and not any(key.startswith(k + ".") for k in flat):
+      flat[key] = value
+  flat["config_version"] = CONFIG_VERSION
+  return flat

@@ -212,13 +212,23 @@ def device_bytes(tree) -> int:
   return total
 
 
-def opt_state_shardings(tx: optax.GradientTransformation, opt_state, params_sharding, mesh: Mesh) -> Any:
-  """The optimizer state's shardings: every parameter-shaped subtree (Adam's mu and nu, momentum, ...) takes
-  its parameter's sharding, matched by position in the tree; everything else (step counts) is replicated."""
+def opt_state_shardings(opt_state, params_sharding, mesh: Mesh) -> Any:
+  """The optimizer state's shardings: every subtree laid out like the parameters (Adam's mu and nu, momentum, the
+  EMA; with some leaves optax.MaskedNode where config.frozen leaves a parameter without state) takes the
+  parameters' shardings leaf by leaf; everything else (step counts) is replicated."""
   replicated = NamedSharding(mesh, P())
-  return optax.tree_map_params(
-    tx, lambda _, sharding: sharding, opt_state, params_sharding, transform_non_params=lambda _: replicated
-  )
+  masked = lambda x: isinstance(x, optax.MaskedNode)
+  layout = jax.tree.structure(params_sharding)
+
+  def like_params(x) -> bool:
+    return not masked(x) and jax.tree.structure(x, is_leaf=masked) == layout
+
+  def shard(x):
+    if like_params(x):
+      return jax.tree.map(lambda leaf, s: leaf if masked(leaf) else s, x, params_sharding, is_leaf=masked)
+    return x if masked(x) else replicated
+
+  return jax.tree.map(shard, opt_state, is_leaf=lambda x: masked(x) or like_params(x))
 
 
 def to_global(batch: dict, sharding: NamedSharding, keys) -> dict:

@@ -59,7 +59,7 @@ class Trained:
     """uint8 images [N, H, W, C] as the dataset stores them -> class probabilities, numpy float32 [N, classes].
     They are resized and normalised as in evaluation."""
     if not hasattr(self.task, "predict"):
-      raise TypeError(f"{self.workdir} is a {self.config.get('task')} run: use .translate(lines)")
+      raise TypeError(f"{self.workdir} is a {self.config.task} run: use .translate(lines)")
     with jax.set_mesh(self.mesh):
       return self.task.predict(self.model, self.variables, images, self.sharding, batch_size)
 
@@ -75,7 +75,7 @@ class Trained:
     decode_args override the config's decoding: method ("beam", "greedy", "sample"), beam_size, alpha,
     temperature, top_k."""
     if not hasattr(self.task, "translate"):
-      raise TypeError(f"{self.workdir} is a {self.config.get('task')} run: use .predict(images)")
+      raise TypeError(f"{self.workdir} is a {self.config.task} run: use .predict(images)")
     with jax.set_mesh(self.mesh):
       return self.task.translate(self.model, self.variables, list(lines), self.sharding, batch_size, **decode_args)
 

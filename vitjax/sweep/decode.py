@@ -85,7 +85,7 @@ def _sweep(workdir, checkpoint, points, split, limit, storage, write) -> dict:
 
   trained = vitjax.load(workdir, checkpoint)
   if not hasattr(trained.task, "translate"):
-    task = trained.config.get("task", "classification")
+    task = trained.config.task
     raise ConfigError(f"{workdir} is a {task} run: decode sweeps are for translation (config.task='translation')")
   decode = trained.task.config.decode
   method, beam0, alpha0 = str(decode.method), int(decode.beam_size), float(decode.alpha)

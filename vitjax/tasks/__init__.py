@@ -20,7 +20,7 @@ TASKS = {"classification": ImageClassification, "translation": Translation, "mae
 def get(config, workdir: str, described: dict | None = None, layout: mesh_lib.Layout | None = None) -> Task:
   """The task named by config.task. described: a trained run's WORKDIR/task.json (prediction without data);
   layout: config.mesh as the caller resolved it (vitjax.mesh.Layout; None: the task resolves it)."""
-  name = config.get("task", "classification")
+  name = config.task
   if name not in TASKS:
     raise ConfigError(f"unknown task {name!r}; use one of {sorted(TASKS)}")
   return TASKS[name](config, workdir, described, layout)

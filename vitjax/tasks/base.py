@@ -154,7 +154,7 @@ def ema_metric(name: str) -> str:
 
 def check_best_metric(config, valid) -> None:
   """best_metric is one of the task's `valid` metrics, or with config.ema_decay one of their eval_ema/ twins."""
-  if config.get("ema_decay"):
+  if config.ema_decay:
     valid = (*valid, *(ema_metric(k) for k in valid))
   if config.best_metric not in valid:
     raise ConfigError(f"best_metric={config.best_metric!r} is not reported by this task; use one of {list(valid)}")

@@ -87,7 +87,7 @@ class ImageClassification:
     if self._preprocess is None:
       given = self.config.data.get("preprocess") or {}
       fields = {k: given.get(k) for k in ("mean", "std", "crop_fraction", "interpolation")}
-      source = convert.WeightSource.parse(self.config.get("init_from"))
+      source = convert.WeightSource.parse(self.config.init_from)
       if source.imported and any(v is None for v in fields.values()):
         known = convert.pretrained_preprocess(source) or {}
         fields = {k: known.get(k) if v is None else v for k, v in fields.items()}

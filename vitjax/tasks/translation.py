@@ -67,7 +67,7 @@ class Translation:
     """WORKDIR/tokenizer.model; copied from init_from's workdir, or trained on the training split, if missing."""
     if self._tokenizer is None:
       path = os.path.join(self.workdir, "tokenizer.model")
-      source = convert.WeightSource.parse(self.config.get("init_from"))
+      source = convert.WeightSource.parse(self.config.init_from)
       parent = os.path.join(source.path, "tokenizer.model") if source.kind == "workdir" else ""
       if not os.path.exists(path) and parent and os.path.exists(parent):
         os.makedirs(self.workdir, exist_ok=True)  # fine-tuning keeps the vocabulary of the weights it starts from

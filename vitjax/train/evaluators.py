@@ -68,9 +68,9 @@ def plan(
   (with the task, also for an entry its kind cannot run on it), before anything is written."""
   split = config.data.eval_split
   evals = [Eval(PRIMARY, split, "task", eval_every)]
-  if config.get("ema_decay"):
+  if config.ema_decay:
     evals.append(Eval(PRIMARY_EMA, split, "ema", eval_every))
-  for entry in config.get("evals") or ():
+  for entry in config.evals:
     if not (isinstance(entry, list | tuple) and len(entry) == 4):
       raise ConfigError(
         f"config.evals: {entry!r} is not a (name, split, kind, every) entry, e.g. ('test', 'test', 'task', '5 epochs')"
@@ -78,7 +78,7 @@ def plan(
     name, split, kind, every = entry
     if kind not in KINDS:
       raise ConfigError(f"config.evals: {name!r} has kind {kind!r}; the kinds are {', '.join(KINDS)}")
-    if kind == "ema" and not config.get("ema_decay"):
+    if kind == "ema" and not config.ema_decay:
       raise ConfigError(f"config.evals: {name!r} evaluates the EMA: set config.ema_decay (e.g. 0.9999)")
     if not isinstance(name, str) or not name.isidentifier() or name in {e.name for e in evals} | {"train"}:
       raise ConfigError(f"config.evals: the name {name!r} is taken or not a plain word; give each evaluation its own")

@@ -45,12 +45,12 @@ def check_config(config) -> None:
   for key in ("keep_checkpoints", "max_nonfinite_skips"):
     if config[key] < 1:
       raise ConfigError(f"{key}={config[key]} must be at least 1 (e.g. --config.{key}=500)")
-  p = config.get("profile_steps")
+  p = config.profile_steps
   if p is not None and (len(p) != 2 or not 1 <= p[0] <= p[1]):
     raise ConfigError(f"profile_steps={tuple(p)}: give (first, last) steps, 1 <= first <= last, e.g. (10, 12)")
   if config.on_nonfinite not in ("stop", "skip"):
     raise ConfigError(f"on_nonfinite={config.on_nonfinite!r}: use 'stop' or 'skip'")
-  if config.get("max_train_minutes") is not None and config.max_train_minutes <= 0:
+  if config.max_train_minutes is not None and config.max_train_minutes <= 0:
     raise ConfigError(f"max_train_minutes={config.max_train_minutes} must be positive (or None: no budget)")
 
 
@@ -149,7 +149,7 @@ def _checked_train(config, workdir, allow_config_change, stop) -> dict:
     if start >= total:
       logging.info("the run in %s is complete (step %d of %d): nothing to train", workdir, start, total)
       return _best_result(config, ckpts)
-    budget = config.get("max_train_minutes")
+    budget = config.max_train_minutes
     # the budget counts the earlier sessions' training time too: a stopped and resumed run ends where one would have
     spent = workdir_lib.train_seconds(workdir, start) if start else 0.0
     if budget and spent >= 60 * budget:
@@ -217,7 +217,7 @@ def _train(run: _Run, state, start: int, data_state, changes: dict) -> dict:
   )
   _begin(run, state, start, changes)
   spent = run.spent
-  deadline = time.time() + 60 * config.max_train_minutes - spent if config.get("max_train_minutes") else None
+  deadline = time.time() + 60 * config.max_train_minutes - spent if config.max_train_minutes else None
   reporter = Reporter(
     run.workdir, plan.total, plan.log_every, run.data.examples_per_step, deadline, purge_step=start + 1, spent=spent
   )
@@ -262,6 +262,8 @@ def _begin(run: _Run, state, start: int, changes: dict) -> None:
     jax.device_count(),
     jax.process_count(),
   )
+  for line in optim.describe(config, exp.model, exp.abstract_state.params):
+    logging.info("%s", line)
   dtype = state_lib.compute_dtype(config.compute_dtype)
   bf16_cpu = None if jax.default_backend() != "cpu" else state_lib.bfloat16_is_fast()  # None: not a CPU
   if config.compute_dtype == "auto":
@@ -276,7 +278,7 @@ def _begin(run: _Run, state, start: int, changes: dict) -> None:
       "compute_dtype=float32 on a CPU with AVX512-BF16 or AMX: bfloat16 (--config.compute_dtype=bfloat16 or auto) "
       "trained 1.20-1.59x faster on an AVX512-BF16 EPYC (experiments/README.md, issue 28)"
     )
-  if config.get("ema_decay") and jax.tree.leaves(exp.abstract_state.model_state):
+  if config.ema_decay and jax.tree.leaves(exp.abstract_state.model_state):
     logging.warning(
       "ema_decay: the moving average covers the parameters only; this model's %s (BatchNorm statistics) stay the "
       "raw model's, so eval_ema/... can lag the raw weights: compare them before choosing best by eval_ema",
@@ -287,7 +289,7 @@ def _begin(run: _Run, state, start: int, changes: dict) -> None:
 def _steps(run: _Run, train_step, state, start: int, reporter: Reporter, evaluations, deadline) -> None:
   """The training steps from start + 1: progress, evaluations, checkpoints; Preempted on a signal."""
   config, plan, ckpts, stop = run.config, run.plan, run.ckpts, run.stop
-  profiler = Profiler(run.workdir, config.get("profile_steps"))
+  profiler = Profiler(run.workdir, config.profile_steps)
   guard = _NonfiniteGuard(config, ckpts)
   total = plan.total
   batches = _prefetch(run.data, run.task, run.exp.batch_sharding)
@@ -467,7 +469,7 @@ def evaluate(config, workdir: str, checkpoint: str = "best", split: str | None =
   WORKDIR/eval_SPLIT_STEP[_ema].json (eval_SPLIT_averaged.json) and a row of metrics.jsonl."""
   workdir = os.path.abspath(workdir)
   split = split or config.data.eval_split
-  if not ckpt_lib.has_checkpoints(workdir) and config.get("init_from"):
+  if not ckpt_lib.has_checkpoints(workdir) and config.init_from:
     return _evaluate_imported(config, workdir, split, weights)
   task = tasks.get(config, workdir, described=workdir_lib.read_json(workdir, "task.json"))
   exp = state_lib.setup(config, task)

@@ -1,11 +1,27 @@
-"""Optimizer and learning-rate schedule from the config: AdamW or SGD, weight decay on kernels and embeddings
-only, global-norm clipping, layer-wise learning-rate decay, warm-up then cosine / linear / inverse-sqrt / constant
-decay.
+"""Optimizer and learning-rate schedule from the config, big_vision's way: any optax optimizer by name with its
+keyword arguments, per-parameter rules by regex over 'a/b/kernel' paths (lr_mults, wd_mults, frozen), global-norm
+clipping, layer-wise learning-rate decay (a generator of learning-rate multipliers), an EMA of the parameters;
+warm-up then cosine / linear / inverse-sqrt / constant decay.
+
+    config.optim = dict(name="adamw", lr=1e-3, kwargs=dict(b2=0.95), weight_decay=0.05, ...)
+    config.lr_mults = (("pos_embedding", 0.1),)   # (regex, multiplier): the first rule a path matches decides
+    config.wd_mults = ((".*/bias$", 0.0),)        # None: the model family's (no decay on biases, norms, positions)
+    config.frozen = ("^(?!head/).*",)             # not updated, no optimizer state
+
+The optimizer is optax.NAME(learning_rate=schedule, **kwargs). Weight decay is the optimizer's own where optax's
+function takes it with a mask (adamw, lion, lamb, nadamw, adan, adafactor's weight_decay_rate, lars: decoupled as
+each defines it), scaled per parameter by wd_mults; for any other (sgd, adam, rmsprop, ...) it is added to the
+gradient before the optimizer (L2, SGD's weight decay). lr_mults scale a parameter's update after the optimizer,
+so a decoupled decay is scaled with its learning rate (BEiT's and MAE's parameter groups); optim.layer_decay
+multiplies in decay ** (L + 1 - layer). A rule that matches no parameter is an error naming the nearest paths;
+`describe` gives the run's opening lines, one per rule with what it matched.
 """
 
 from __future__ import annotations
 
-import functools
+import difflib
+import inspect
+import re
 from typing import Any, NamedTuple
 
 import jax
@@ -16,15 +32,6 @@ import optax
 from vitjax import models
 from vitjax.errors import ConfigError
 from vitjax.train import durations
-
-
-def decay_mask(params, model=None):
-  """True where weight decay applies: kernels and embeddings, not biases, norms, nor what the model's family
-  names in its `no_decay` (positions, bias tables, class tokens, ...; every family's when `model` is None)."""
-  no_decay = models.registry.no_decay_pattern(model)
-  return jax.tree_util.tree_map_with_path(
-    lambda path, x: not no_decay.search(str(getattr(path[-1], "key", path[-1]))) and x.ndim > 1, params
-  )
 
 
 def make_schedule(config, total_steps: int, steps_per_epoch: int, warmup: int | None = None) -> optax.Schedule:
@@ -55,15 +62,10 @@ def make_schedule(config, total_steps: int, steps_per_epoch: int, warmup: int | 
 def check(config) -> None:
   """The optimizer's and schedule's numbers are in range (ConfigError naming the field otherwise)."""
   o, s = config.optim, config.schedule
-  # (.get: a workdir's config.json from before these fields existed has neither)
-  layer_decay, ema_decay = o.get("layer_decay"), config.get("ema_decay")
+  layer_decay, ema_decay = o.layer_decay, config.ema_decay
   rules = [
     ("optim.lr", o.lr, o.lr > 0, "positive, e.g. 1e-3"),
     ("optim.weight_decay", o.weight_decay, o.weight_decay >= 0, "0 or more"),
-    ("optim.b1", o.b1, 0 <= o.b1 < 1, "in [0, 1)"),
-    ("optim.b2", o.b2, 0 <= o.b2 < 1, "in [0, 1)"),
-    ("optim.eps", o.eps, o.eps > 0, "positive"),
-    ("optim.momentum", o.momentum, 0 <= o.momentum < 1, "in [0, 1)"),
     ("optim.grad_clip_norm", o.grad_clip_norm, o.grad_clip_norm >= 0, "0 (off) or positive"),
     ("optim.accum_steps", o.accum_steps, o.accum_steps >= 1, "at least 1"),
     ("optim.layer_decay", layer_decay, layer_decay is None or 0 < layer_decay <= 1, "in (0, 1], or None"),
@@ -77,10 +79,197 @@ def check(config) -> None:
   for name, value, ok, want in rules:
     if not ok:
       raise ConfigError(f"{name}={value} must be {want} (--config.{name}=...)")
+  optimizer(o.name, kwargs(o))
+  for what in ("lr_mults", "wd_mults"):
+    _rules(config[what] or (), what)
+  _rules(tuple((r, 1.0) for r in config.frozen or ()), "frozen")
 
 
-def _path(path) -> str:
+def kwargs(o) -> dict:
+  """optim.kwargs as a plain dict (a config file's dict, or the ConfigDict a workdir's config.json becomes)."""
+  k = o.kwargs
+  if k is None:
+    return {}
+  if hasattr(k, "to_dict"):
+    k = k.to_dict()
+  if not isinstance(k, dict):
+    raise ConfigError(
+      f"optim.kwargs={k!r} must be a dict of the optimizer's arguments, e.g. --config.optim.kwargs=\"{{'b2': 0.95}}\""
+    )
+  return dict(k)
+
+
+# (weight decay argument, its mask argument) of the optax optimizers that decay weights themselves
+OWN_DECAY = (
+  ("weight_decay", "mask"),
+  ("weight_decay", "weight_decay_mask"),
+  ("weight_decay_rate", "weight_decay_mask"),
+)
+
+
+def _optimizers() -> list[str]:
+  return sorted(
+    n
+    for n in dir(optax)
+    if not n.startswith("_")
+    and inspect.isfunction(getattr(optax, n))
+    and next(iter(inspect.signature(getattr(optax, n)).parameters), None) == "learning_rate"
+  )
+
+
+def optimizer(name: str, kw: dict):
+  """(optax's function NAME, its weight-decay argument names or None); ConfigError for a name optax lacks or an
+  argument NAME does not take."""
+  fn = getattr(optax, str(name), None)
+  params = inspect.signature(fn).parameters if inspect.isfunction(fn) else {}
+  if next(iter(params), None) != "learning_rate":
+    near = difflib.get_close_matches(str(name), _optimizers(), 4, 0.5)
+    raise ConfigError(
+      f"optim.name={name!r} is not an optax optimizer; {'nearest: ' + ', '.join(near) if near else 'e.g. adamw, sgd, lion, adafactor'}"
+      f" (any optax function whose first argument is learning_rate)"
+    )
+  own = next((pair for pair in OWN_DECAY if set(pair) <= set(params)), None)
+  reserved = {"learning_rate", *(own or ())}
+  for k in kw:
+    if k in reserved:
+      raise ConfigError(
+        f"optim.kwargs: {k!r} is vitjax's to set (optim.lr and the schedule; optim.weight_decay and wd_mults)"
+      )
+    if k not in params:
+      accepted = [p for p in params if p not in reserved]
+      raise ConfigError(f"optim.kwargs: optax.{name} takes no {k!r}; it takes {', '.join(accepted)}")
+  return fn, own
+
+
+def _rules(rules, what: str) -> tuple[tuple[re.Pattern, float], ...]:
+  """config.lr_mults / wd_mults / frozen as compiled (regex, value) pairs; ConfigError for a malformed entry."""
+  if isinstance(rules, str) or not isinstance(rules, (list, tuple)):
+    raise ConfigError(f"config.{what}={rules!r} must be a tuple of rules, e.g. {_EXAMPLES[what]}")
+  out = []
+  for rule in rules:
+    ok = isinstance(rule, (list, tuple)) and len(rule) == 2 and isinstance(rule[0], str)
+    ok = ok and isinstance(rule[1], (int, float)) and not isinstance(rule[1], bool) and rule[1] >= 0
+    if not ok:
+      raise ConfigError(f"config.{what}: {rule!r} is not a (regex, multiplier >= 0) rule, e.g. {_EXAMPLES[what]}")
+    try:
+      out.append((re.compile(rule[0]), float(rule[1])))
+    except re.error as e:
+      raise ConfigError(f"config.{what}: {rule[0]!r} is not a regular expression ({e})") from None
+  return tuple(out)
+
+
+_EXAMPLES = {
+  "lr_mults": "--config.lr_mults=\"(('pos_embedding', 0.1),)\"",
+  "wd_mults": "--config.wd_mults=\"(('.*/bias$', 0.0),)\"",
+  "frozen": "--config.frozen=\"('^(?!head/).*',)\"",
+}
+
+
+def path_of(path) -> str:
+  """A parameter's key path as 'a/b/kernel', the form every rule matches."""
   return "/".join(str(getattr(k, "key", k)) for k in path)
+
+
+def _decide(rules, params, what: str, default: float, strict: bool = True):
+  """(tree of values, {rule index: [paths it decided]}): each leaf takes the value of the first rule whose regex
+  matches (re.search) its path, else `default`. ConfigError for a rule that decides no parameter (strict: the
+  config's own rules; a family's defaults may find nothing to decide)."""
+  compiled = _rules(rules, what)
+  decided: dict[int, list[str]] = {i: [] for i in range(len(compiled))}
+
+  def value(path, _):
+    name = path_of(path)
+    for i, (pattern, v) in enumerate(compiled):
+      if pattern.search(name):
+        decided[i].append(name)
+        return v
+    return default
+
+  tree = jax.tree_util.tree_map_with_path(value, params)
+  paths = [path_of(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+  for i, names in decided.items():
+    if not names and strict:
+      pattern = compiled[i][0].pattern
+      near = difflib.get_close_matches(pattern, paths, 3, 0.0)
+      shadow = any(compiled[i][0].search(p) for p in paths)
+      why = "every parameter it matches is decided by an earlier rule" if shadow else "it matches no parameter"
+      raise ConfigError(
+        f"config.{what}: the rule {pattern!r} decides nothing ({why}); nearest paths: {', '.join(near)}"
+      )
+  return tree, decided
+
+
+def default_wd_mults(model=None) -> tuple[tuple[str, float], ...]:
+  """The model family's weight-decay rules (config.wd_mults=None): no decay on the leaves its family names in
+  `no_decay` (biases, norms' scales, positions, bias tables, class tokens, ...; every family's when model is None)."""
+  return ((models.registry.no_decay_pattern(model).pattern, 0.0),)
+
+
+def decay_mask(params, model=None):
+  """True where the family's default rules decay a parameter (every family's when `model` is None)."""
+  return jax.tree.map(lambda m: m != 0, _decide(default_wd_mults(model), params, "wd_mults", 1.0, strict=False)[0])
+
+
+def wd_mults(config, model=None) -> tuple:
+  return tuple(config.wd_mults) if config.wd_mults is not None else default_wd_mults(model)
+
+
+def frozen_tree(config, params):
+  """True for the parameters config.frozen names (any of its regexes matches the path)."""
+  rules = tuple((r, 1.0) for r in config.frozen or ())
+  if not rules:
+    return jax.tree.map(lambda _: False, params)
+  tree, _ = _decide(rules, params, "frozen", 0.0)
+  if all(jax.tree.leaves(tree)):
+    raise ConfigError("config.frozen freezes every parameter: nothing would train; leave out what should learn")
+  return jax.tree.map(bool, tree)
+
+
+def lr_mults_tree(config, model, params):
+  """Each parameter's learning-rate multiplier: its lr_mults rule's value (1 if none) times, with optim.layer_decay,
+  decay ** (L + 1 - layer) (an array over a scanned parameter's stacked layers)."""
+  tree, _ = _decide(config.lr_mults or (), params, "lr_mults", 1.0)
+  tree = jax.tree.map(np.float32, tree)
+  decay = config.optim.layer_decay
+  if decay not in (None, 1.0):
+    if model is None:
+      raise ValueError("the learning-rate multipliers need the model for optim.layer_decay")
+    tree = jax.tree.map(lambda m, s: m * s, tree, layer_decay_scales(model, params, decay))
+  return tree
+
+
+def describe(config, model, params) -> list[str]:
+  """The run's opening lines about its optimizer: the call, then one line per rule with what it decided."""
+  o = config.optim
+  fn, own = optimizer(o.name, kwargs(o))
+  args = ", ".join(f"{k}={v!r}" for k, v in kwargs(o).items())
+  how = f"optax's own ({own[0]})" if own else "L2 on the gradient"
+  lines = [
+    f"optimizer: optax.{o.name}(learning_rate=schedule{', ' + args if args else ''}), weight decay "
+    f"{o.weight_decay:g} ({how})"
+  ]
+  sizes = {path_of(p): int(np.prod(x.shape)) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+  count = lambda names: f"{len(names)} tensors, {sum(sizes[n] for n in names):,} values"
+  frozen = [n for n, f in zip(sizes, jax.tree.leaves(frozen_tree(config, params))) if f]
+  for r in config.frozen or ():
+    names = [n for n in frozen if re.search(r, n)]
+    lines.append(f"frozen {r!r}: {count(names)}")
+  if frozen:
+    lines.append(f"frozen in all: {count(frozen)}; training {count([n for n in sizes if n not in frozen])}")
+  for what, rules, default in (
+    ("lr_mults", tuple(config.lr_mults or ()), 1.0),
+    ("wd_mults" + ("" if config.wd_mults is not None else " (the model family's)"), wd_mults(config, model), 1.0),
+  ):
+    _, decided = _decide(
+      rules, params, what.split()[0], default, strict=what == "lr_mults" or config.wd_mults is not None
+    )
+    for i, (pattern, value) in enumerate(rules):
+      lines.append(f"{what} {pattern!r} x{value:g}: {count(decided[i])}")
+  if o.layer_decay not in (None, 1.0):
+    lines.append(
+      f"optim.layer_decay {o.layer_decay:g}: learning rate x{o.layer_decay:g}^(L + 1 - layer), L = {model.num_layers}"
+    )
+  return lines
 
 
 def layer_decay_scales(model, params, decay: float):
@@ -93,49 +282,104 @@ def layer_decay_scales(model, params, decay: float):
     )
 
   def scale(path, x):
-    layer = np.asarray(model.layer_index(_path(path)))
+    layer = np.asarray(model.layer_index(path_of(path)))
     out = decay ** (model.num_layers + 1 - layer.astype(np.float64))
     return out.reshape(out.shape + (1,) * (np.ndim(x) - out.ndim)).astype(np.float32)
 
   return jax.tree_util.tree_map_with_path(scale, params)
 
 
-def scale_by_layer_decay(model, decay: float) -> optax.GradientTransformation:
-  """Multiplies each parameter's update by its layer_decay_scales entry (after the optimizer, so AdamW's decoupled
-  weight decay is scaled with the learning rate, as in BEiT's and MAE's parameter groups)."""
+def scale_by_mults(mults) -> optax.GradientTransformation:
+  """Multiplies each parameter's update by mults(params)'s entry (after the optimizer, so that a decoupled weight
+  decay is scaled with the learning rate, as in BEiT's and MAE's parameter groups). Stateless."""
 
   def update(updates, state, params=None):
     del params
-    scales = layer_decay_scales(model, updates, decay)
-    return jax.tree.map(lambda u, s: u * s.astype(u.dtype), updates, scales), state
+    scales = mults(updates)
+    return jax.tree.map(lambda u, s: u * jnp.asarray(s, u.dtype), updates, scales), state
 
-  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+  return optax.GradientTransformation(_checked_empty(mults), update)
+
+
+def _checked_empty(mults):
+  """A stateless transform's init that applies its rules once, so that a rule deciding nothing is a ConfigError
+  when the state is built (setup, before a run writes anything), not at the first step."""
+
+  def init(params):
+    mults(params)
+    return optax.EmptyState()
+
+  return init
+
+
+class DecayState(NamedTuple):
+  count: jax.Array
+
+
+def decoupled_weight_decay(schedule, weight_decay: float, mults) -> optax.GradientTransformation:
+  """update -= schedule(step) * weight_decay * mult * param, AdamW's decoupled decay with a multiplier per
+  parameter (for an optimizer whose own decay wd_mults other than 0 and 1 cannot scale)."""
+
+  def update(updates, state, params=None):
+    lr = schedule(state.count)
+    scales = mults(params)
+    updates = jax.tree.map(lambda u, p, m: u - (lr * weight_decay * m) * p.astype(u.dtype), updates, params, scales)
+    return updates, DecayState(state.count + 1)
+
+  def init(params):
+    mults(params)
+    return DecayState(jnp.zeros((), jnp.int32))
+
+  return optax.GradientTransformation(init, update)
+
+
+def l2_weight_decay(weight_decay: float, mults) -> optax.GradientTransformation:
+  """grad += weight_decay * mult * param (L2, before an optimizer without a decay of its own). Stateless."""
+
+  def update(updates, state, params=None):
+    scales = mults(params)
+    return jax.tree.map(lambda u, p, m: u + (weight_decay * m) * p.astype(u.dtype), updates, params, scales), state
+
+  return optax.GradientTransformation(_checked_empty(mults), update)
 
 
 def make_optimizer(config, schedule, model=None) -> optax.GradientTransformation:
-  """The config's optimizer; ``model`` is needed for optim.layer_decay (the layer of each parameter)."""
+  """The config's optimizer; ``model`` is needed for the family's default wd_mults and optim.layer_decay.
+
+  The chain, outermost first: [frozen: optax.multi_transform, the frozen parameters' updates zero and stateless]
+  -> [global-norm clipping] -> the optimizer with its weight decay -> [lr multipliers] -> [EMA]. For a config
+  without lr_mults, frozen or wd_mults other than 0 and 1 it is the chain vitjax built before these rules existed,
+  so older checkpoints resume."""
   check(config)
   o = config.optim
-  decay_mask_fn = functools.partial(decay_mask, model=model)
-  if o.name == "adamw":
-    tx = optax.adamw(schedule, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=decay_mask_fn)
-  elif o.name == "sgd":
-    tx = optax.chain(
-      optax.add_decayed_weights(o.weight_decay, mask=decay_mask_fn),
-      optax.sgd(schedule, momentum=o.momentum, nesterov=o.nesterov),
-    )
+  fn, own = optimizer(o.name, kwargs(o))
+  rules = wd_mults(config, model)
+  strict = config.wd_mults is not None
+  wd_tree = lambda params: _decide(rules, params, "wd_mults", 1.0, strict)[0]
+  binary = all(v in (0.0, 1.0) for _, v in rules)
+  if own:
+    mask = lambda params: jax.tree.map(lambda m: m != 0, wd_tree(params))
+    decay, decay_mask = own
+    tx = fn(schedule, **{decay: o.weight_decay if binary else 0.0, decay_mask: mask}, **kwargs(o))
+    if not binary and o.weight_decay:
+      tx = optax.chain(tx, decoupled_weight_decay(schedule, o.weight_decay, wd_tree))
+  elif binary:
+    mask = lambda params: jax.tree.map(lambda m: m != 0, wd_tree(params))
+    tx = optax.chain(optax.add_decayed_weights(o.weight_decay, mask=mask), fn(schedule, **kwargs(o)))
   else:
-    raise ConfigError(f"unknown optim.name {o.name!r}; use 'adamw' or 'sgd'")
-  layer_decay = o.get("layer_decay")
-  if layer_decay not in (None, 1.0):
-    if model is None:
+    tx = optax.chain(l2_weight_decay(o.weight_decay, wd_tree), fn(schedule, **kwargs(o)))
+  if (o.layer_decay not in (None, 1.0)) and model is not None and not hasattr(model, "layer_index"):
+    layer_decay_scales(model, {}, o.layer_decay)  # the ConfigError
+  if config.lr_mults or o.layer_decay not in (None, 1.0):
+    if model is None and o.layer_decay not in (None, 1.0):
       raise ValueError("make_optimizer needs the model for optim.layer_decay")
-    if not hasattr(model, "layer_index"):
-      layer_decay_scales(model, {}, layer_decay)  # the ConfigError
-    tx = optax.chain(tx, scale_by_layer_decay(model, layer_decay))
+    tx = optax.chain(tx, scale_by_mults(lambda params: lr_mults_tree(config, model, params)))
   if o.grad_clip_norm:
     tx = optax.chain(optax.clip_by_global_norm(o.grad_clip_norm), tx)
-  if config.get("ema_decay"):
+  if config.frozen:
+    labels = lambda params: jax.tree.map(lambda f: "frozen" if f else "train", frozen_tree(config, params))
+    tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
+  if config.ema_decay:
     tx = optax.chain(tx, track_ema(config.ema_decay))
   return tx
 

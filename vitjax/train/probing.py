@@ -32,7 +32,7 @@ def features(config, task, exp, variables, splits, limit=None, stop=None) -> dic
   """{split: (features [N, D], labels [N])} for the training split (capped by config.probe.fit_examples) and each
   of `splits` (capped by `limit`). ConfigError for a task without image features (translation)."""
   fit = config.data.train_split
-  caps = {fit: config.get("probe", {}).get("fit_examples"), **{s: limit for s in splits if s != fit}}
+  caps = {fit: config.probe.fit_examples, **{s: limit for s in splits if s != fit}}
   with jax.set_mesh(exp.mesh):
     return {s: task.features(exp.model, variables, s, exp.batch_sharding, cap, stop) for s, cap in caps.items()}
 
@@ -42,7 +42,7 @@ def check(config, task, split: str, what: str = "probe") -> None:
   image features, the training split itself (the probes' fitting set), or a split ('valid', where the linear probe
   chooses its regulariser, included) the data does not have; and bad config.probe options."""
   if not hasattr(task, "features"):
-    raise ConfigError(f"the {config.get('task', 'classification')} task has no image features to probe")
+    raise ConfigError(f"the {config.task} task has no image features to probe")
   if split == config.data.train_split:
     raise ConfigError(f"{what}: {split!r} is the split the probes are fitted on; report on '{VALID}' or 'test'")
   for s in dict.fromkeys((VALID, split)):
@@ -75,13 +75,13 @@ def probe(config, workdir: str, checkpoint: str = "best", split: str | None = No
   task = tasks.get(config, workdir)  # the config's data: the workdir's own, or another dataset
   check(config, task, split, "--split")
   exp = state_lib.setup(config, task)
-  if checkpoint == "init" or (not ckpt_lib.has_checkpoints(workdir) and config.get("init_from")):
+  if checkpoint == "init" or (not ckpt_lib.has_checkpoints(workdir) and config.init_from):
     if weights != "params":
       raise ConfigError("--weights=ema: initial weights have no moving average")
     workdir_lib.check_path(workdir)
     step, checkpoint = 0, "init"
     variables = state_lib.variables(state_lib.initial_state(exp))
-    source = f"init_from={config.init_from}" if config.get("init_from") else f"random init (seed {config.seed})"
+    source = f"init_from={config.init_from}" if config.init_from else f"random init (seed {config.seed})"
     logging.info("probing the initial weights: %s", source)
   else:
     if not ckpt_lib.has_checkpoints(workdir):

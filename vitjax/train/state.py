@@ -138,13 +138,13 @@ def setup(
   except ValueError as e:  # impossible shapes (image size vs patch, widths vs heads): say which setting
     raise ConfigError(f"{e} (the model's input comes from config.data; e.g. set --config.data.image_size)") from None
   params = mesh_lib.param_shardings(
-    mesh, abstract.params, config.get("sharding", "dp"), config.sharding_rules, models.registry.tp_rules(model)
+    mesh, abstract.params, config.sharding, config.sharding_rules, models.registry.tp_rules(model)
   )
   replicated = NamedSharding(mesh, jax.sharding.PartitionSpec())
   sharding = TrainState(
     replicated,
     params,
-    mesh_lib.opt_state_shardings(tx, abstract.opt_state, params, mesh),
+    mesh_lib.opt_state_shardings(abstract.opt_state, params, mesh),
     jax.tree.map(lambda _: replicated, abstract.model_state),
   )
   abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, sharding)

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from vitjax.train import optim
 from vitjax.train.state import TrainState
 
 
@@ -28,6 +29,9 @@ def make_train_step(model, tx, schedule, config, task, grad_sharding=None) -> Ca
   batch_key = jax.random.key(config.seed + 3)
 
   def loss_fn(params, model_state, batch, rng):
+    if config.frozen:  # no gradient flows to frozen parameters: their backward pass is not computed at all
+      frozen = optim.frozen_tree(config, params)
+      params = jax.tree.map(lambda p, f: jax.lax.stop_gradient(p) if f else p, params, frozen)
     variables = {"params": params, **model_state}
     out, new_state = model.apply(
       variables, *task.model_inputs(batch), train=True, rngs={"dropout": rng}, mutable=list(model_state)

@@ -28,11 +28,13 @@ import jax
 import ml_collections as mlc
 from absl import logging
 
+from vitjax import config as config_lib
 from vitjax.errors import ConfigError
 from vitjax.mesh import all_agree
 
 # Fields that do not change what is trained: how often things happen, evaluation, layout on devices, paths.
 BOOKKEEPING = (
+  "config_version",  # (a workdir's config is migrated to today's version when read)
   "log_every",
   "eval_every",
   "evals",
@@ -180,16 +182,7 @@ def effective_config(workdir: str) -> dict | None:
   for row in history(workdir):
     for key, (_, new) in row["changes"].items():
       flat[key] = new
-  return _unflatten(_upgrade(flat))
-
-
-def _upgrade(flat: dict) -> dict:
-  """A workdir's flat config in today's field names, so older runs load and resume: model.prenorm (bool)
-  became model.norm ("pre" | "post")."""
-  if "model.prenorm" in flat:
-    prenorm = flat.pop("model.prenorm")
-    flat.setdefault("model.norm", "pre" if prenorm else "post")
-  return flat
+  return _unflatten(config_lib.migrate(flat))
 
 
 def read_config(workdir: str) -> mlc.ConfigDict:

@@ -1,0 +1,90 @@
+"""Old workdirs load, evaluate and resume: tests/golden/workdir_v1 holds two runs in config version 1's layout
+(before optim.kwargs, lr_mults, wd_mults, frozen), written by an older vitjax with what it evaluated and resumed
+them to (expected.json). vitjax.config.migrate is the one place that reads their old names."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import train_helpers as th
+
+from vitjax import config as config_lib
+from vitjax.errors import ConfigError
+from vitjax.train import workdir as workdir_lib
+
+GOLDEN = os.path.join(th.ROOT, "tests", "golden", "workdir_v1")
+EXPECTED = json.load(open(os.path.join(GOLDEN, "expected.json")))
+# what a resume with today's names gives the command line (the old --config.optim.b2=0.95 is optim.kwargs now)
+RESUME_NOW = {
+  "adamw": ["--config.ema_decay=0.9", "--config.optim.layer_decay=0.75", "--config.optim.kwargs={'b2': 0.95}"],
+  "sgd": [
+    "--config.optim.name=sgd",
+    "--config.optim.lr=0.1",
+    "--config.optim.kwargs={'momentum': 0.9, 'nesterov': True}",
+  ],
+}
+
+
+def test_version_1_configs_migrate_to_todays_names_and_defaults():
+  adamw = workdir_lib.read_config(os.path.join(GOLDEN, "adamw"))
+  sgd = workdir_lib.read_config(os.path.join(GOLDEN, "sgd"))
+  # optax's defaults are dropped (adamw's b1 0.9, eps 1e-8; sgd's nesterov False), the rest kept
+  assert adamw.optim.kwargs.to_dict() == {"b2": 0.95} and "b1" not in adamw.optim
+  assert sgd.optim.kwargs.to_dict() == {"momentum": 0.9, "nesterov": True}
+  for c in (adamw, sgd):
+    assert c.config_version == config_lib.CONFIG_VERSION
+    assert tuple(c.lr_mults) == () and c.wd_mults is None and tuple(c.frozen) == ()
+  # a migrated config is today's: migrating again changes nothing, and the file's own fields are kept
+  flat = workdir_lib.flatten(workdir_lib.effective_config(os.path.join(GOLDEN, "adamw")))
+  assert config_lib.migrate(flat) == flat
+  assert flat["optim.layer_decay"] == 0.75 and flat["ema_decay"] == 0.9 and flat["model.width"] == 16
+
+
+def test_a_config_from_a_newer_vitjax_is_one_error():
+  with pytest.raises(ConfigError, match="newer than this vitjax's"):
+    config_lib.migrate({"config_version": config_lib.CONFIG_VERSION + 1})
+
+
+def _run(workdir, data_dir, *args):
+  env = {**th.env(), "TFDS_DATA_DIR": data_dir}
+  proc = subprocess.run(
+    [sys.executable, "-m", "vitjax.main", f"--workdir={workdir}", "--json", *args],
+    cwd=th.ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  return json.loads(th.check_ok(proc).stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", ["adamw", "sgd"])
+def test_a_version_1_workdir_evaluates_and_resumes_as_it_did(name, data_dir, tmp_path):
+  """Evaluation of the kept checkpoint gives the old numbers; a resume to step 6 restores the optimizer state
+  (adamw with EMA and layer decay, sgd with Nesterov momentum: the same optax chains as before) and lands where
+  the old code did. Tolerance: the tests compile with XLA's optimisations off, the old numbers were not."""
+  want = EXPECTED[name]
+  workdir = str(tmp_path / name)
+  shutil.copytree(os.path.join(GOLDEN, name), workdir)
+  got = _run(workdir, data_dir, "--mode=eval", "--split=test")
+  assert got["step"] == 4
+  np.testing.assert_allclose(got["eval/loss"], want["eval_test"]["eval/loss"], rtol=1e-5)
+  if name == "adamw":
+    ema = _run(workdir, data_dir, "--mode=eval", "--split=test", "--weights=ema")
+    np.testing.assert_allclose(ema["eval/loss"], want["eval_test_ema"]["eval/loss"], rtol=1e-5)
+  common = EXPECTED["common"].split()
+  resumed = _run(workdir, data_dir, *common, *RESUME_NOW[name], "--config.total_steps=6", "--allow_config_change")
+  assert resumed["step"] == {"adamw": 6, "sgd": 4}[name]  # the best by accuracy (sgd's step 6 is worse)
+  rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+  step6 = {k: v for r in rows if r.get("step") == 6 for k, v in r.items()}
+  for key, value in want["resumed_to_6_valid"].items():
+    np.testing.assert_allclose(step6[key], value, rtol=1e-5)
+  np.testing.assert_allclose(step6["train/loss"], want["resumed_to_6_train_loss"], rtol=1e-5)
+  # the change of total_steps is recorded in today's names; the workdir still reads as version 2
+  history = [json.loads(line) for line in open(os.path.join(workdir, "config_history.jsonl"))]
+  assert "total_steps" in history[-1]["changes"] and not any(k.startswith("optim.b") for k in history[-1]["changes"])
+  assert workdir_lib.read_config(workdir).total_steps == 6

@@ -39,7 +39,7 @@ def test_version_1_configs_migrate_to_todays_names_and_defaults():
     assert c.config_version == config_lib.CONFIG_VERSION
     assert tuple(c.lr_mults) == () and c.wd_mults is None and tuple(c.frozen) == ()
   # a migrated config is today's: migrating again changes nothing, and the file's own fields are kept
-  flat = workdir_lib.flatten(workdir_lib.effective_config(os.path.join(GOLDEN, "adamw")))
+  flat = config_lib.flatten(workdir_lib.effective_config(os.path.join(GOLDEN, "adamw")))
   assert config_lib.migrate(flat) == flat
   assert flat["optim.layer_decay"] == 0.75 and flat["ema_decay"] == 0.9 and flat["model.width"] == 16
 

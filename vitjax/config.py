@@ -259,11 +259,20 @@ def migrate(flat: dict) -> dict:
       defaults = _optax_defaults(flat.get("optim.name", "adamw"))
       kept = {k: v for k, v in old.items() if k in defaults and defaults[k] != v}
       flat.update({f"optim.kwargs.{k}": v for k, v in kept.items()} if kept else {"optim.kwargs": {}})
-  from vitjax.train.workdir import flatten
-
   task_defaults = translation_config("bible", "en", "es") if flat.get("task") == "translation" else default_config()
   for key, value in flatten(json.loads(task_defaults.to_json_best_effort())).items():
     if not key.startswith(("model.", "data.")) and not has(key) and not any(key.startswith(k + ".") for k in flat):
       flat[key] = value
   flat["config_version"] = CONFIG_VERSION
   return flat
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+  """A nested config dict as {'a.b': value}, its values as config.json holds them (tuples as lists)."""
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict) and v:
+      out.update(flatten(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = json.loads(json.dumps(v))
+  return out

@@ -97,10 +97,10 @@ def load(workdir: str, checkpoint: str | int = "best", weights: str = "params") 
   workdir = os.path.abspath(os.path.expanduser(workdir))
   config = workdir_lib.read_config(workdir)
   task = tasks.get(config, workdir, described=workdir_lib.read_json(workdir, "task.json"))
-  exp = state_lib.setup(config, task)
-  step, params, model_state = ckpt_lib.read_variables(workdir, config, checkpoint, exp.abstract_state, weights)
+  net = state_lib.network(config, task)
+  step, params, model_state = ckpt_lib.read_variables(workdir, config, checkpoint, net.abstract, weights)
   variables = {"params": params, **model_state}
-  return Trained(exp.model, variables, config, step, workdir, exp.mesh, exp.batch_sharding, task)
+  return Trained(net.model, variables, config, step, workdir, net.mesh, net.batch_sharding, task)
 
 
 def load_hub(spec: str, checkpoint: str | int = "best", weights: str = "params") -> Trained:
@@ -157,8 +157,8 @@ def load_hub(spec: str, checkpoint: str | int = "best", weights: str = "params")
     config.data.preprocess[k] = getattr(pre, k)
   config.init_from = spec
   task = tasks.get(config, spec, described=described)
-  exp = state_lib.setup(config, task)
-  if convert.model_config(exp.model) != config.model.to_dict():  # the config must rebuild the converted module
-    raise RuntimeError(f"{spec}: config.model {config.model.to_dict()} builds {exp.model}, not {module}")
-  params = jax.device_put(variables["params"], exp.state_sharding.params)
-  return Trained(exp.model, {"params": params}, config, 0, spec, exp.mesh, exp.batch_sharding, task)
+  net = state_lib.network(config, task)
+  if convert.model_config(net.model) != config.model.to_dict():  # the config must rebuild the converted module
+    raise RuntimeError(f"{spec}: config.model {config.model.to_dict()} builds {net.model}, not {module}")
+  params = jax.device_put(variables["params"], net.sharding["params"])
+  return Trained(net.model, {"params": params}, config, 0, spec, net.mesh, net.batch_sharding, task)

@@ -68,13 +68,13 @@ def average(config, workdir: str, last: int | None = None, steps=None) -> dict:
 
 def _average(config, workdir: str, last, steps) -> dict:
   task = tasks.get(config, workdir, described=workdir_lib.read_json(workdir, "task.json"))
-  exp = state_lib.setup(config, task)
+  net = state_lib.network(config, task)
   with ckpt_lib.Checkpoints(workdir, config.best_metric, config.best_mode, read_only=True) as ckpts:
     members = choose(ckpts.steps(), last, steps)
     total = None
     for step in members:
       try:
-        _, variables, _ = ckpts.restore(str(step), exp.abstract_state, with_data=False, variables_only=True)
+        _, variables, _ = ckpts.restore(str(step), net.abstract, with_data=False, variables_only=True)
       except ConfigError as e:
         others = [str(s) for s in members if s != step]
         hint = f"--steps={','.join(others)}" if others else "--steps= other steps"

@@ -186,7 +186,8 @@ class Checkpoints:
   def restore(self, which: str, abstract_state, with_data: bool = True, variables_only: bool = False):
     """(step, state, data position) of the first intact candidate of `which` (see candidates()).
 
-    variables_only: restore only params and model_state (as a dict), no optimizer state (evaluation, loading).
+    variables_only: restore only params and model_state (a dict; abstract is {"params", "model_state"}), no
+    optimizer state (evaluation, loading); "ema": the moving average of the parameters in place of them.
     Corrupt steps are logged and skipped (and, when training, moved to WORKDIR/corrupt/); a step of other
     shapes raises ConfigError; no intact step raises ConfigError listing what is wrong with each.
     """
@@ -217,28 +218,22 @@ class Checkpoints:
       "start again in a new --workdir"
     )
 
-  def restore_variables(self, which: str, abstract_state, weights: str = "params"):
-    """(step, parameters, other collections) of `which` (see restore). weights: "params" (the trained
-    parameters) or "ema" (their moving average, config.ema_decay; ConfigError if the run kept none)."""
-    from vitjax.train import optim  # pylint: disable=g-import-not-at-top
-
-    if weights == "params":
-      step, (params, model_state), _ = self.restore(which, abstract_state, with_data=False, variables_only=True)
-      return step, params, model_state
-    if weights != "ema":
+  def restore_variables(self, which: str, abstract: dict, weights: str = "params"):
+    """(step, parameters, other collections) of `which` (see restore): only those arrays are read, not the
+    optimizer's. abstract: {"params", "model_state"} as state.Network.abstract. weights: "params" (the trained
+    parameters) or "ema" (their moving average, config.ema_decay, found by its place in the saved optimizer state;
+    ConfigError if the run kept none)."""
+    if weights not in ("params", "ema"):
       raise ConfigError(f"weights={weights!r}: use 'params' (the trained parameters) or 'ema' (their average)")
-    if optim.ema_params(abstract_state.opt_state) is None:
-      raise ConfigError(
-        f"weights='ema': the run in {self.workdir} keeps no moving average of its parameters (config.ema_decay is "
-        "not set); evaluate its parameters (weights='params'), or train with --config.ema_decay=0.9999"
-      )
-    step, state, _ = self.restore(which, abstract_state, with_data=False)  # the average is in the optimizer state
-    return step, optim.ema_params(state.opt_state), dict(state.model_state)
+    step, (params, model_state), _ = self.restore(which, abstract, with_data=False, variables_only=weights)
+    return step, params, model_state
 
-  def _restore_verified(self, step, abstract_state, with_data, variables_only):
-    target = abstract_state
-    if variables_only:
-      target = {"params": abstract_state.params, "model_state": abstract_state.model_state}
+  def _restore_verified(self, step, abstract, with_data, variables_only):
+    target = abstract
+    if variables_only == "ema":
+      target = {"model_state": abstract["model_state"], "opt_state": self._ema_target(step, abstract["params"])}
+    elif variables_only:
+      target = {"params": abstract["params"], "model_state": abstract["model_state"]}
     self._check_shapes(step, target)
     expected = None
     if os.path.isdir(os.path.join(self.directory, str(step), "checksums")):
@@ -261,8 +256,10 @@ class Checkpoints:
     except Exception as e:
       raise CorruptCheckpoint(f"orbax cannot read it: {_first_line(e)}") from None
     state, data = restored["state"], restored.get("data") if with_data else None
+    if variables_only == "ema":  # the placeholders left out of the read, and the average as the parameters
+      state = {"params": _ema_of(state["opt_state"]), "model_state": state["model_state"]}
     if expected is not None:
-      got = checksums(state)
+      got = checksums(_without_placeholders(restored["state"]) if variables_only == "ema" else state)
       bad = [k for k, v in got.items() if expected["state"].get(k) != v]
       if bad:
         raise CorruptCheckpoint(f"{len(bad)} arrays differ from their checksums, e.g. {bad[0]}")
@@ -271,6 +268,32 @@ class Checkpoints:
     if variables_only:
       state = (state["params"], dict(state.get("model_state") or {}))
     return state, data
+
+  def _ema_target(self, step, params) -> list | dict:
+    """The saved optimizer state's tree with orbax's PLACEHOLDER everywhere but the moving average of the
+    parameters (optim.track_ema's `ema`, laid out as the parameters): a read of that alone, with no optimizer
+    to rebuild. ConfigError if the run kept no average."""
+    path = os.path.join(self.directory, str(step), "state")
+    try:
+      with open(os.path.join(path, "_METADATA")) as f:
+        entries = [e["key_metadata"] for e in json.load(f)["tree_metadata"].values()]
+    except (OSError, ValueError, KeyError) as e:
+      raise CorruptCheckpoint(f"its metadata cannot be read: {_first_line(e)}") from None
+    wanted = {path_name(p): a for p, a in jax.tree_util.tree_leaves_with_path(params)}
+    tree, found = {}, False
+    for keys in entries:
+      if keys[0]["key"] != "opt_state":
+        continue
+      names = [str(k["key"]) for k in keys]
+      inside = "/".join(names[names.index("ema") + 1 :]) if "ema" in names else None
+      found |= inside in wanted
+      _insert(tree, keys, wanted.get(inside, ocp.PLACEHOLDER))
+    if not found:
+      raise ConfigError(
+        f"weights='ema': the run in {self.workdir} keeps no moving average of its parameters (config.ema_decay is "
+        "not set); evaluate its parameters (weights='params'), or train with --config.ema_decay=0.9999"
+      )
+    return tree["opt_state"]
 
   def _check_shapes(self, step, target) -> None:
     """ConfigError when the step's arrays have other shapes than `target` (another config's checkpoint);
@@ -281,7 +304,8 @@ class Checkpoints:
       raise CorruptCheckpoint(f"its metadata cannot be read: {_first_line(e)}") from None
     if not saved:
       raise CorruptCheckpoint("its metadata lists no arrays")
-    wanted = {path_name(p): tuple(a.shape) for p, a in jax.tree_util.tree_leaves_with_path(target)}
+    leaves = jax.tree_util.tree_leaves_with_path(target)
+    wanted = {path_name(p): tuple(a.shape) for p, a in leaves if a is not ocp.PLACEHOLDER}
     differ = [f"{k}: {saved.get(k)} there, {v} now" for k, v in wanted.items() if saved.get(k) != v]
     if differ:
       raise ConfigError(
@@ -319,12 +343,13 @@ class Checkpoints:
     self.close()
 
 
-def read_variables(workdir: str, config, which, abstract_state, weights: str = "params"):
+def read_variables(workdir: str, config, which, abstract: dict, weights: str = "params"):
   """(step, parameters, other collections) of a workdir's checkpoint `which`: 'best', 'latest', a step (see
-  Checkpoints.candidates), or 'averaged' (vitjax.average's mean; its step is its newest member's)."""
+  Checkpoints.candidates), or 'averaged' (vitjax.average's mean; its step is its newest member's). abstract:
+  state.Network.abstract."""
   if str(which) != AVERAGED:
     with Checkpoints(workdir, config.best_metric, config.best_mode, read_only=True) as ckpts:
-      return ckpts.restore_variables(str(which), abstract_state, weights)
+      return ckpts.restore_variables(str(which), abstract, weights)
   if weights != "params":
     raise ConfigError("--checkpoint=averaged holds averaged parameters, not a moving average: use --weights=params")
   found = [d for d in (AVERAGED, AVERAGED + ".old") if os.path.isdir(os.path.join(workdir, d))]
@@ -333,7 +358,42 @@ def read_variables(workdir: str, config, which, abstract_state, weights: str = "
       f"no averaged checkpoint in {workdir}: write one with python -m vitjax.average --workdir={workdir} --last=5"
     )
   with Checkpoints(workdir, config.best_metric, config.best_mode, read_only=True, subdir=found[0]) as ckpts:
-    return ckpts.restore_variables("latest", abstract_state)
+    return ckpts.restore_variables("latest", abstract)
+
+
+def _insert(tree, keys, value) -> None:
+  """Puts `value` at `keys` (orbax's key metadata: key_type 1 a sequence index, else a dict key) in a nested
+  tree of lists and dicts, making the containers on the way."""
+  node = tree
+  for i, k in enumerate(keys):
+    key = int(k["key"]) if k["key_type"] == 1 else str(k["key"])
+    if isinstance(node, list):
+      node.extend([None] * (key + 1 - len(node)))
+    if i == len(keys) - 1:
+      node[key] = value
+    else:
+      child = node[key] if isinstance(node, list) else node.get(key)
+      if child is None:
+        child = [] if keys[i + 1]["key_type"] == 1 else {}
+        node[key] = child
+      node = child
+
+
+def _without_placeholders(tree):
+  return jax.tree.map(lambda x: None if x is ocp.PLACEHOLDER else x, tree)
+
+
+def _ema_of(opt_state):
+  """The `ema` entry of a restored optimizer state (see Checkpoints._ema_target)."""
+  if isinstance(opt_state, dict):
+    if "ema" in opt_state:
+      return opt_state["ema"]
+    children = opt_state.values()
+  elif isinstance(opt_state, list | tuple):
+    children = opt_state
+  else:
+    return None
+  return next((e for e in map(_ema_of, children) if e is not None), None)
 
 
 def saved_shapes(path: str) -> dict[str, tuple]:

@@ -472,10 +472,10 @@ def evaluate(config, workdir: str, checkpoint: str = "best", split: str | None =
   if not ckpt_lib.has_checkpoints(workdir) and config.init_from:
     return _evaluate_imported(config, workdir, split, weights)
   task = tasks.get(config, workdir, described=workdir_lib.read_json(workdir, "task.json"))
-  exp = state_lib.setup(config, task)
-  step, params, model_state = ckpt_lib.read_variables(workdir, config, checkpoint, exp.abstract_state, weights)
-  with jax.set_mesh(exp.mesh):
-    result = task.evaluate(exp.model, {"params": params, **model_state}, split, exp.batch_sharding, step=step)
+  net = state_lib.network(config, task)
+  step, params, model_state = ckpt_lib.read_variables(workdir, config, checkpoint, net.abstract, weights)
+  with jax.set_mesh(net.mesh):
+    result = task.evaluate(net.model, {"params": params, **model_state}, split, net.batch_sharding, step=step)
   row = {"step": step, "checkpoint": str(checkpoint), "split": split, "weights": weights, **result}
   which = "averaged" if str(checkpoint) == ckpt_lib.AVERAGED else step
   workdir_lib.write_json(workdir, f"eval_{split}_{which}{'_ema' if weights == 'ema' else ''}.json", row)
@@ -493,10 +493,10 @@ def _evaluate_imported(config, workdir: str, split: str, weights: str) -> dict:
   workdir_lib.check_path(workdir)
   task = tasks.get(config, workdir)
   task.check()
-  exp = state_lib.setup(config, task)
-  state = state_lib.initial_state(exp)
-  with jax.set_mesh(exp.mesh):
-    result = task.evaluate(exp.model, state_lib.variables(state), split, exp.batch_sharding)
+  net = state_lib.network(config, task)
+  params, model_state = state_lib.initial_variables(net)
+  with jax.set_mesh(net.mesh):
+    result = task.evaluate(net.model, {"params": params, **model_state}, split, net.batch_sharding)
   row = {"step": 0, "init_from": config.init_from, "split": split, "weights": weights, **result}
   workdir_lib.write_json(workdir, f"eval_{split}_imported.json", row)
   if jax.process_index() == 0:

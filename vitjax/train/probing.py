@@ -67,20 +67,29 @@ def evaluate_probe(task, exp, state, split, limit, stop, step) -> dict:
 
 def probe(config, workdir: str, checkpoint: str = "best", split: str | None = None, weights: str = "params") -> dict:
   """--mode=probe: the three evaluations of a checkpoint's (or, with checkpoint='init' or imported weights and no
-  checkpoints, the initial) encoder on 'valid' and `split` (default 'test'). Writes WORKDIR/probe_SPLIT_STEP.json
-  (probe_SPLIT_init.json, probe_SPLIT_averaged.json) for each and logs one line each; returns {"step",
-  "checkpoint", "weights", "probe": {split: row}}."""
+  checkpoints, the initial) encoder on 'valid' and `split` (default 'test', or 'valid' alone for a dataset without
+  one). Writes WORKDIR/probe_SPLIT_STEP.json (probe_SPLIT_init.json, probe_SPLIT_averaged.json) for each and logs
+  one line each; returns {"step", "checkpoint", "weights", "probe": {split: row}}."""
   workdir = os.path.abspath(workdir)
-  split = split or "test"
   task = tasks.get(config, workdir)  # the config's data: the workdir's own, or another dataset
+  if split is None:  # 'test' where the dataset has one; a folder of your own may have train (and valid) only
+    split = "test"
+    try:
+      task.check_split(split, "--split")
+    except ConfigError:
+      split = VALID
+      logging.info(
+        "%s has no 'test' split: the probes report on '%s' (--split= names another)", config.data.name, VALID
+      )
   check(config, task, split, "--split")
-  exp = state_lib.setup(config, task)
+  net = state_lib.network(config, task)
   if checkpoint == "init" or (not ckpt_lib.has_checkpoints(workdir) and config.init_from):
     if weights != "params":
       raise ConfigError("--weights=ema: initial weights have no moving average")
     workdir_lib.check_path(workdir)
     step, checkpoint = 0, "init"
-    variables = state_lib.variables(state_lib.initial_state(exp))
+    params, model_state = state_lib.initial_variables(net)
+    variables = {"params": params, **model_state}
     source = f"init_from={config.init_from}" if config.init_from else f"random init (seed {config.seed})"
     logging.info("probing the initial weights: %s", source)
   else:
@@ -89,9 +98,9 @@ def probe(config, workdir: str, checkpoint: str = "best", split: str | None = No
         f"{workdir} has no checkpoints: train first, give --config.init_from, or probe the initial (random) "
         "weights with --checkpoint=init"
       )
-    step, params, model_state = ckpt_lib.read_variables(workdir, config, checkpoint, exp.abstract_state, weights)
+    step, params, model_state = ckpt_lib.read_variables(workdir, config, checkpoint, net.abstract, weights)
     variables = {"params": params, **model_state}
-  result = run(config, task, features(config, task, exp, variables, (VALID, split)))
+  result = run(config, task, features(config, task, net, variables, (VALID, split)))
   rows = {}
   for s in dict.fromkeys((VALID, split)):
     rows[s] = result[s]

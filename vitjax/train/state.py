@@ -1,8 +1,9 @@
 """The model and its training state: build the model from the config, lay its state out on the mesh, initialise
 it (optionally from other weights, `config.init_from`).
 
-`setup()` makes the `Experiment` that training, evaluation and vitjax.load share: task, model, mesh, the
-abstract sharded state, optimizer and schedule. It compiles and allocates nothing.
+`network()` makes the `Network` that prediction needs (vitjax.load, evaluation, probing): task, model, mesh, the
+variables' abstract sharded layout, with no optimizer. `setup()` adds what training needs to it: schedule,
+optimizer and the whole TrainState's layout, as an `Experiment`. Neither compiles nor allocates anything.
 """
 
 from __future__ import annotations
@@ -101,79 +102,127 @@ def _tuples(v):
 
 
 @dataclasses.dataclass
-class Experiment:
-  """What training, evaluation and vitjax.load share."""
+class Network:
+  """What prediction needs, and no more: the model on the task's mesh, its variables' abstract layout, how to
+  initialise them. No schedule, no optimizer: vitjax.load, evaluation and probing stop here."""
 
   config: Any
   task: Task
   model: nn.Module
   mesh: Mesh
+  abstract: dict  # {"params": ..., "model_state": ...}: ShapeDtypeStructs carrying their shardings
+  sharding: dict  # NamedSharding per leaf, laid out as `abstract`
+  batch_sharding: NamedSharding
+  init: Callable[[], tuple[Any, dict]]  # () -> (params, model_state), from config.seed
+
+
+def network(config, task: Task) -> Network:
+  """The Network of a config on the devices of the task's layout (config.mesh as resolved once). Raises
+  ConfigError for a model the config cannot build. Compiles and allocates nothing."""
+  mesh = task.layout.mesh()
+  model = build_model(config, task.model_overrides())
+  inputs = task.example_inputs()
+
+  def init():
+    rngs = {"params": jax.random.key(config.seed), "dropout": jax.random.key(config.seed + 1)}
+    variables = model.init(rngs, *inputs)
+    params = variables.pop("params")
+    return params, dict(variables)
+
+  try:
+    params, model_state = jax.eval_shape(init)
+  except ValueError as e:  # impossible shapes (image size vs patch, widths vs heads): say which setting
+    raise ConfigError(f"{e} (the model's input comes from config.data; e.g. set --config.data.image_size)") from None
+  replicated = NamedSharding(mesh, jax.sharding.PartitionSpec())
+  sharding = {
+    "params": mesh_lib.param_shardings(
+      mesh, params, config.sharding, config.sharding_rules, models.registry.tp_rules(model)
+    ),
+    "model_state": jax.tree.map(lambda _: replicated, model_state),
+  }
+  abstract = _with_shardings({"params": params, "model_state": model_state}, sharding)
+  return Network(config, task, model, mesh, abstract, sharding, mesh_lib.batch_sharding(mesh), init)
+
+
+def _with_shardings(abstract, sharding):
+  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, sharding)
+
+
+@dataclasses.dataclass
+class Experiment:
+  """What training shares: the Network, and the optimizer and schedule with the whole TrainState's layout."""
+
+  network: Network
   abstract_state: TrainState  # ShapeDtypeStructs carrying their shardings
   state_sharding: TrainState  # NamedSharding per leaf
-  batch_sharding: NamedSharding
   init_state: Callable[[], TrainState]
   schedule: optax.Schedule
   tx: optax.GradientTransformation
+
+  config = property(lambda self: self.network.config)
+  task = property(lambda self: self.network.task)
+  model = property(lambda self: self.network.model)
+  mesh = property(lambda self: self.network.mesh)
+  batch_sharding = property(lambda self: self.network.batch_sharding)
 
 
 def setup(
   config, task: Task, total_steps: int | None = None, steps_per_epoch: int = 1, warmup: int | None = None
 ) -> Experiment:
-  """The Experiment of a config (total_steps and warmup in steps, vitjax.train.durations), on the devices of the
-  task's layout (config.mesh as resolved once). Raises ConfigError for a model the config cannot build."""
-  mesh = task.layout.mesh()
-  model = build_model(config, task.model_overrides())
-  inputs = task.example_inputs()
+  """The Experiment of a config (total_steps and warmup in steps, vitjax.train.durations): its Network, and the
+  schedule and optimizer that training adds. Raises ConfigError for a model or rule the config cannot build."""
+  net = network(config, task)
   schedule = optim.make_schedule(config, total_steps or 1, steps_per_epoch, warmup)
-  tx = optim.make_optimizer(config, schedule, model)
+  tx = optim.make_optimizer(config, schedule, net.model)
 
   def init_state():
-    rngs = {"params": jax.random.key(config.seed), "dropout": jax.random.key(config.seed + 1)}
-    variables = model.init(rngs, *inputs)
-    params = variables.pop("params")
-    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), dict(variables))
+    params, model_state = net.init()
+    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), model_state)
 
-  try:
-    abstract = jax.eval_shape(init_state)
-  except ValueError as e:  # impossible shapes (image size vs patch, widths vs heads): say which setting
-    raise ConfigError(f"{e} (the model's input comes from config.data; e.g. set --config.data.image_size)") from None
-  params = mesh_lib.param_shardings(
-    mesh, abstract.params, config.sharding, config.sharding_rules, models.registry.tp_rules(model)
-  )
-  replicated = NamedSharding(mesh, jax.sharding.PartitionSpec())
+  opt_state = jax.eval_shape(tx.init, net.abstract["params"])
+  replicated = NamedSharding(net.mesh, jax.sharding.PartitionSpec())
   sharding = TrainState(
     replicated,
-    params,
-    mesh_lib.opt_state_shardings(abstract.opt_state, params, mesh),
-    jax.tree.map(lambda _: replicated, abstract.model_state),
+    net.sharding["params"],
+    mesh_lib.opt_state_shardings(opt_state, net.sharding["params"], net.mesh),
+    net.sharding["model_state"],
   )
-  abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, sharding)
-  return Experiment(
-    config, task, model, mesh, abstract, sharding, mesh_lib.batch_sharding(mesh), init_state, schedule, tx
+  abstract = TrainState(
+    jax.ShapeDtypeStruct((), jnp.int32), net.abstract["params"], opt_state, net.abstract["model_state"]
   )
+  return Experiment(net, _with_shardings(abstract, sharding), sharding, init_state, schedule, tx)
 
 
-def initial_state(exp: Experiment) -> TrainState:
-  """The initialised TrainState, with parameters from config.init_from if set (ConfigError if they do not fit)."""
-  config = exp.config
-  state = jax.jit(exp.init_state, out_shardings=exp.state_sharding)()
+def initial_variables(net: Network) -> tuple[Any, dict]:
+  """(params, model_state) at initialisation, laid out on the mesh: from config.seed, or config.init_from's
+  weights adapted to the model (ConfigError if they do not fit)."""
+  config = net.config
+  params, model_state = jax.jit(net.init, out_shardings=(net.sharding["params"], net.sharding["model_state"]))()
   if not config.init_from:
-    return state
+    return params, model_state
   if convert.WeightSource.parse(config.init_from).imported:
     loaded, loaded_ms = convert.load_params(config.init_from), {}
   else:
     loaded, loaded_ms = checkpoints.load_params(config.init_from)
-  params, changes = adapt_params(loaded, jax.device_get(state.params), exp.model)
+  adapted, changes = adapt_params(loaded, jax.device_get(params), net.model)
   for line in changes:
     logging.info("init_from: %s", line)
-  params = jax.device_put(params, exp.state_sharding.params)
-  opt_state = jax.jit(exp.tx.init, out_shardings=exp.state_sharding.opt_state)(params)
-  state = state.replace(params=params, opt_state=opt_state)
-  if loaded_ms and jax.tree.map(np.shape, loaded_ms) == jax.tree.map(np.shape, jax.device_get(state.model_state)):
-    state = state.replace(model_state=jax.device_put(loaded_ms, exp.state_sharding.model_state))
+  params = jax.device_put(adapted, net.sharding["params"])
+  if loaded_ms and jax.tree.map(np.shape, loaded_ms) == jax.tree.map(np.shape, jax.device_get(model_state)):
+    model_state = jax.device_put(loaded_ms, net.sharding["model_state"])
     logging.info("init_from: BatchNorm statistics carried over")
   logging.info("initialised parameters from %s", config.init_from)
-  return state
+  return params, model_state
+
+
+def initial_state(exp: Experiment) -> TrainState:
+  """The initialised TrainState (initial_variables, and the optimizer's state of them)."""
+  if not exp.config.init_from:
+    return jax.jit(exp.init_state, out_shardings=exp.state_sharding)()
+  params, model_state = initial_variables(exp.network)
+  opt_state = jax.jit(exp.tx.init, out_shardings=exp.state_sharding.opt_state)(params)
+  step = jax.device_put(jnp.zeros((), jnp.int32), exp.state_sharding.step)
+  return TrainState(step, params, opt_state, model_state)
 
 
 def variables(state: TrainState) -> dict:

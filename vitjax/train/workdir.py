@@ -144,16 +144,6 @@ def as_dict(config) -> dict:
   return json.loads(config.to_json_best_effort()) if isinstance(config, mlc.ConfigDict) else dict(config)
 
 
-def flatten(d: dict, prefix: str = "") -> dict:
-  out = {}
-  for k, v in d.items():
-    if isinstance(v, dict) and v:
-      out.update(flatten(v, f"{prefix}{k}."))
-    else:
-      out[f"{prefix}{k}"] = json.loads(json.dumps(v))  # tuples -> lists, as in config.json
-  return out
-
-
 def _unflatten(flat: dict) -> dict:
   out: dict = {}
   for key, v in flat.items():
@@ -178,7 +168,7 @@ def effective_config(workdir: str) -> dict | None:
   base = read_json(workdir, "config.json")
   if base is None:
     return None
-  flat = flatten(base)
+  flat = config_lib.flatten(base)
   for row in history(workdir):
     for key, (_, new) in row["changes"].items():
       flat[key] = new
@@ -199,7 +189,7 @@ def config_changes(workdir: str, config) -> dict:
   old = effective_config(workdir)
   if old is None:
     return {}
-  old, new = flatten(old), flatten(as_dict(config))
+  old, new = config_lib.flatten(old), config_lib.flatten(as_dict(config))
   return {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
 
 

@@ -3,9 +3,10 @@
 One concern per module:
 
     loop.py         train() and evaluate(): the order of things
-    state.py        the model, its sharded TrainState, setup() -> Experiment, init_from
+    state.py        network() -> Network (model, variables' layout: what prediction needs), setup() -> Experiment
+                    (adds the optimizer and the sharded TrainState), init_from
     step.py         the jit-compiled training step (gradient accumulation included)
-    optim.py        optimizer and learning-rate schedule
+    optim.py        any optax optimizer by name, lr_mults / wd_mults / frozen rules, learning-rate schedule
     durations.py    cadences and lengths in steps, epochs or examples, resolved once
     evaluators.py   the evaluations a run makes (config.evals), run by the loop without knowing what they are
     probing.py      linear probe, few-shot and k-NN of a frozen encoder (--mode=probe, the 'probe' evaluator)
@@ -23,7 +24,7 @@ from vitjax.train.checkpoints import Checkpoints
 from vitjax.train.loop import evaluate, train
 from vitjax.train.optim import decay_mask, make_optimizer, make_schedule
 from vitjax.train.probing import probe
-from vitjax.train.state import Experiment, TrainState, build_model, initial_state, setup
+from vitjax.train.state import Experiment, Network, TrainState, build_model, initial_state, network, setup
 from vitjax.train.step import make_train_step
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
   "ConfigError",
   "Diverged",
   "Experiment",
+  "Network",
   "TrainState",
   "build_model",
   "decay_mask",
@@ -38,6 +40,7 @@ __all__ = [
   "initial_state",
   "make_optimizer",
   "make_schedule",
+  "network",
   "make_train_step",
   "Preempted",
   "probe",

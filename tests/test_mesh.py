@@ -17,43 +17,59 @@ SCRIPT = textwrap.dedent("""
   from vitjax.config import default_config
   from vitjax.train import state as state_lib
 
-  c = default_config()
-  c.model = mlc.ConfigDict(dict(name="Ti/2", width=16, depth=1, num_heads=8, mlp_dim=32, num_classes=10))
-  c.optim.name, c.optim.kwargs, c.frozen = OPTIMIZER, KWARGS, FROZEN
-  # query/key/value kernels are all [16, 8, 2]: only the query's heads are split over the 8 devices.
-  c.sharding_rules = ((r"attn/query/kernel$", (None, "data", None)),)
-  # A task described as a trained run's task.json would be: no dataset needed.
-  task = tasks.get(c, "/nonexistent", described={"image_size": [8, 8], "channels": 1, "num_classes": 10})
-  exp = state_lib.setup(c, task)
-  state = jax.jit(exp.init_state, out_shardings=exp.state_sharding)()  # real arrays laid out on the mesh
-
   name = lambda path: "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
-  params = {name(p): (a.shape, a.sharding.spec) for p, a in jax.tree_util.tree_leaves_with_path(state.params)}
-  moments = {}
-  for path, a in jax.tree_util.tree_leaves_with_path(state.opt_state):
-    keys = [str(getattr(k, "name", getattr(k, "key", ""))) for k in path]
-    for field in ("mu", "nu", "trace"):
-      if field in keys:
-        moments[field + ":" + name(path[keys.index(field) + 1 :])] = (a.shape, a.sharding.spec)
-  print(json.dumps({"devices": jax.device_count(),
-                    "params": {k: [list(s), str(p)] for k, (s, p) in params.items()},
-                    "moments": {k: [list(s), str(p)] for k, (s, p) in moments.items()}}))
+  out = []
+  for optimizer, kwargs, frozen in CASES:
+    c = default_config()
+    c.model = mlc.ConfigDict(dict(name="Ti/2", width=16, depth=1, num_heads=8, mlp_dim=32, num_classes=10))
+    c.optim.name, c.optim.kwargs, c.frozen = optimizer, kwargs, frozen
+    # query/key/value kernels are all [16, 8, 2]: only the query's heads are split over the 8 devices.
+    c.sharding_rules = ((r"attn/query/kernel$", (None, "data", None)),)
+    # A task described as a trained run's task.json would be: no dataset needed.
+    task = tasks.get(c, "/nonexistent", described={"image_size": [8, 8], "channels": 1, "num_classes": 10})
+    exp = state_lib.setup(c, task)
+    state = jax.jit(exp.init_state, out_shardings=exp.state_sharding)()  # real arrays laid out on the mesh
+    params = {name(p): (a.shape, a.sharding.spec) for p, a in jax.tree_util.tree_leaves_with_path(state.params)}
+    moments = {}
+    for path, a in jax.tree_util.tree_leaves_with_path(state.opt_state):
+      keys = [str(getattr(k, "name", getattr(k, "key", ""))) for k in path]
+      for field in ("mu", "nu", "trace", "v_row", "v_col"):
+        if field in keys:
+          moments[field + ":" + name(path[keys.index(field) + 1 :])] = (a.shape, a.sharding.spec)
+    out.append({"devices": jax.device_count(),
+                "params": {k: [list(s), str(p)] for k, (s, p) in params.items()},
+                "moments": {k: [list(s), str(p)] for k, (s, p) in moments.items()}})
+  print(json.dumps(out))
 """)
+# (optimizer, kwargs, frozen) of each case, set up in one process (one compilation cache, one start)
+CASES = [
+  ("adamw", {}, ()),
+  ("sgd", {"momentum": 0.9}, ()),
+  ("adamw", {}, ("^(?!encoder/block_0/attn/).*",)),
+  ("adafactor", {}, ()),
+]
 
 
-def _run(optimizer: str, kwargs=None, frozen=()) -> dict:
-  script = SCRIPT.replace("OPTIMIZER", repr(optimizer)).replace("KWARGS", repr(kwargs or {}))
-  script = script.replace("FROZEN", repr(frozen))
+def _run() -> list[dict]:
   proc = subprocess.run(
-    [sys.executable, "-c", script], cwd=th.ROOT, env=th.env(devices=8), capture_output=True, text=True, timeout=300
+    [sys.executable, "-c", SCRIPT.replace("CASES", repr(CASES))],
+    cwd=th.ROOT,
+    env=th.env(devices=8),
+    capture_output=True,
+    text=True,
+    timeout=300,
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_optimizer_moments_take_their_parameters_sharding_not_a_same_shape_ones():
-  for optimizer, kwargs, fields in (("adamw", {}, ("mu", "nu")), ("sgd", {"momentum": 0.9}, ("trace",))):
-    out = _run(optimizer, kwargs)
+def test_optimizer_state_takes_its_parameters_sharding_not_a_same_shape_ones():
+  """Adam's moments and SGD's momentum take their own parameter's sharding (never a same-shape parameter's);
+  with config.frozen (optax.multi_transform) only the trained parameters have moments (the frozen ones' entries
+  are optax.MaskedNode, no array), each sharded like its parameter; Adafactor's factored statistics, laid out
+  like the parameters but of other shapes, are replicated."""
+  adamw, sgd, frozen, adafactor = _run()
+  for out, fields in ((adamw, ("mu", "nu")), (sgd, ("trace",))):
     assert out["devices"] == 8
     params = out["params"]
     query, key = params["encoder/block_0/attn/query/kernel"], params["encoder/block_0/attn/key/kernel"]
@@ -61,18 +77,14 @@ def test_optimizer_moments_take_their_parameters_sharding_not_a_same_shape_ones(
     assert query[1] == "P(None, 'data', None)" and key[1] == "P()"  # ... different rules
     for field in fields:
       for pname, (shape, spec) in params.items():
-        assert out["moments"][f"{field}:{pname}"] == [shape, spec], (optimizer, field, pname)
+        assert out["moments"][f"{field}:{pname}"] == [shape, spec], (field, pname)
     assert len(out["moments"]) == len(fields) * len(params)
-
-
-def test_frozen_parameters_have_no_moments_and_the_trained_ones_keep_their_sharding():
-  """config.frozen (optax.multi_transform): Adam's moments exist for the trained parameters only (the frozen
-  ones' entries are optax.MaskedNode, no array), each sharded like its parameter on the 8-device mesh."""
-  out = _run("adamw", frozen=("^(?!encoder/block_0/attn/).*",))
-  params = out["params"]
+  params = frozen["params"]
   trained = {k: v for k, v in params.items() if k.startswith("encoder/block_0/attn/")}
   assert 0 < len(trained) < len(params) and params["encoder/block_0/attn/query/kernel"][1] == "P(None, 'data', None)"
-  assert out["moments"] == {f"{f}:{k}": v for f in ("mu", "nu") for k, v in trained.items()}
+  assert frozen["moments"] == {f"{f}:{k}": v for f in ("mu", "nu") for k, v in trained.items()}
+  rows = {k: v for k, v in adafactor["moments"].items() if k.endswith("attn/query/kernel")}
+  assert rows and all(spec == "P()" for _, spec in rows.values()), rows  # factored: not the [16, 8, 2] kernel's
 
 
 def test_tp_splits_scanned_blocks_like_unscanned_ones():

@@ -88,3 +88,26 @@ def test_a_version_1_workdir_evaluates_and_resumes_as_it_did(name, data_dir, tmp
   history = [json.loads(line) for line in open(os.path.join(workdir, "config_history.jsonl"))]
   assert "total_steps" in history[-1]["changes"] and not any(k.startswith("optim.b") for k in history[-1]["changes"])
   assert workdir_lib.read_config(workdir).total_steps == 6
+
+
+def test_optim_kwargs_is_compared_and_recorded_whole(tmp_path):
+  """A resume that changes optim.kwargs records the dict as one change, and the workdir reads back with it (field by
+  field, a new key beside an empty dict could not be read back)."""
+  from vitjax.config import default_config
+
+  workdir = str(tmp_path / "w")
+  shutil.copytree(os.path.join(GOLDEN, "adamw"), workdir)
+  config = default_config()
+  config.update_from_flattened_dict(
+    {
+      k: v
+      for k, v in config_lib.flatten(workdir_lib.effective_config(workdir)).items()
+      if k in config_lib.flatten(workdir_lib.as_dict(config))
+    }
+  )
+  config.optim.kwargs = {"b2": 0.9, "eps": 1e-6}
+  changes = workdir_lib.config_changes(workdir, config)
+  assert changes["optim.kwargs"] == ({"b2": 0.95}, {"b2": 0.9, "eps": 1e-6})
+  assert not any(k.startswith("optim.kwargs.") for k in changes)
+  workdir_lib.record_config_change(workdir, 4, changes)
+  assert workdir_lib.read_config(workdir).optim.kwargs.to_dict() == {"b2": 0.9, "eps": 1e-6}

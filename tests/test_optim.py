@@ -79,6 +79,9 @@ def test_frozen_parameters_do_not_move_and_have_no_optimizer_state():
   moments = [x for x in jax.tree.leaves(state) if np.ndim(x) > 0]
   trained_and_ema = 2 * 2 + len(jax.tree.leaves(params))  # Adam's mu and nu of the head; the EMA of everything
   assert len(moments) == trained_and_ema
+  c.frozen, c.lr_mults = ("^(?!head/).*",), (("pos_embedding", 0.1),)  # a rule may name a frozen parameter
+  updates, _ = _update(c, model, params)
+  assert {p for p, u in updates.items() if np.any(u)} == {"head/kernel", "head/bias"}
   c.frozen = (".*",)
   with pytest.raises(ConfigError, match="freezes every parameter"):
     _update(c, model, params)
@@ -138,3 +141,38 @@ def test_kwargs_read_back_from_a_workdir_as_a_configdict():
   c, model, params = _setup()
   c.optim.kwargs = mlc.ConfigDict({"b2": 0.95})  # what config.json gives back
   assert optim.kwargs(c.optim) == {"b2": 0.95}
+
+
+def test_malformed_options_are_one_config_error_each():
+  c, model, params = _setup()
+  for field, value, says in (
+    ("optim__kwargs", "b2", "must be a dict"),
+    ("optim__kwargs", {"b2": [0.9]}, "must be a number"),
+    ("wd_mults", (("bias",),), r"is not a \(regex, multiplier >= 0\) rule"),
+    ("lr_mults", (("(", 0.1),), "is not a regular expression"),
+    ("optim__name", "lbfgs", "is not an optax optimizer"),
+  ):
+    c, model, params = _setup(**{field: value})
+    with pytest.raises(ConfigError, match=says):
+      _update(c, model, params)
+
+
+def test_optax_partials_are_optimizers_and_frozen_regexes_may_overlap():
+  for name in ("nadamw", "nadam"):  # functools.partial objects in optax
+    c, model, params = _setup(optim__name=name)
+    updates, _ = _update(c, model, params)
+    assert any(np.any(u) for u in updates.values())
+  c, model, params = _setup(frozen=("^encoder/", "^encoder/block_0/"))  # any of them freezes: overlap is fine
+  updates, _ = _update(c, model, params)
+  assert not any(np.any(u) for p, u in updates.items() if p.startswith("encoder/"))
+
+
+def test_fractional_wd_mults_only_where_the_decay_is_decoupled_or_l2():
+  rules = (("head/kernel", 0.5),)
+  for name, ok in (("adamw", True), ("lion", True), ("sgd", True), ("adafactor", False), ("lamb", False)):
+    c, model, params = _setup(optim__name=name, optim__weight_decay=0.1, wd_mults=rules)
+    if ok:
+      _update(c, model, params)
+    else:
+      with pytest.raises(ConfigError, match="on or off per parameter"):
+        _update(c, model, params)

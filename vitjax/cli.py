@@ -37,6 +37,10 @@ def _unknown_field_message(e: BaseException, argv) -> str | None:
       continue
     i = parts.index(bad, 1)
     parent, flag = ".".join(parts[:i]), "--" + path.group(1)
+    if parent == "config.optim" and bad in ("b1", "b2", "eps", "momentum", "nesterov"):  # config version 1's
+      return (
+        f"{flag}: optim.{bad} is now an argument of the optax optimizer: --config.optim.kwargs=\"{{'{bad}': ...}}\""
+      )
     suggestion = re.search(r'Did you mean "([^"]+)"', text)
     if suggestion:
       fixed = "--" + ".".join(parts[:i] + [suggestion.group(1)] + parts[i + 1 :])

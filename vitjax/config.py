@@ -233,10 +233,11 @@ def translation_config(source: str, src_lang: str, tgt_lang: str, size: str = "s
 def _optax_defaults(name: str) -> dict:
   import optax
 
-  fn = getattr(optax, str(name), None)
-  if not inspect.isfunction(fn):
+  try:
+    params = inspect.signature(getattr(optax, str(name))).parameters
+  except (AttributeError, TypeError, ValueError):
     return {}
-  return {k: p.default for k, p in inspect.signature(fn).parameters.items() if p.default is not inspect.Parameter.empty}
+  return {k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}
 
 
 def migrate(flat: dict) -> dict:
@@ -245,7 +246,7 @@ def migrate(flat: dict) -> dict:
   task's), so code reads every field directly. ConfigError for a config from a newer vitjax."""
   flat = dict(flat)
   version = flat.get("config_version") or 1
-  if version > CONFIG_VERSION:
+  if not isinstance(version, int) or version > CONFIG_VERSION:
     raise ConfigError(
       f"this workdir's config is version {version}, newer than this vitjax's {CONFIG_VERSION}: upgrade vitjax"
     )
@@ -257,8 +258,7 @@ def migrate(flat: dict) -> dict:
     old = {k: flat.pop(f"optim.{k}") for k in ("b1", "b2", "eps", "momentum", "nesterov") if f"optim.{k}" in flat}
     if not has("optim.kwargs"):
       defaults = _optax_defaults(flat.get("optim.name", "adamw"))
-      kept = {k: v for k, v in old.items() if k in defaults and defaults[k] != v}
-      flat.update({f"optim.kwargs.{k}": v for k, v in kept.items()} if kept else {"optim.kwargs": {}})
+      flat["optim.kwargs"] = {k: v for k, v in old.items() if k in defaults and defaults[k] != v}
   task_defaults = translation_config("bible", "en", "es") if flat.get("task") == "translation" else default_config()
   for key, value in flatten(json.loads(task_defaults.to_json_best_effort())).items():
     if not key.startswith(("model.", "data.")) and not has(key) and not any(key.startswith(k + ".") for k in flat):
@@ -267,11 +267,16 @@ def migrate(flat: dict) -> dict:
   return flat
 
 
+# fields whose value is a dict of their own, compared and recorded whole (not field by field)
+WHOLE = ("optim.kwargs",)
+
+
 def flatten(d: dict, prefix: str = "") -> dict:
-  """A nested config dict as {'a.b': value}, its values as config.json holds them (tuples as lists)."""
+  """A nested config dict as {'a.b': value}, its values as config.json holds them (tuples as lists); the WHOLE
+  fields stay one value."""
   out = {}
   for k, v in d.items():
-    if isinstance(v, dict) and v:
+    if isinstance(v, dict) and v and f"{prefix}{k}" not in WHOLE:
       out.update(flatten(v, f"{prefix}{k}."))
     else:
       out[f"{prefix}{k}"] = json.loads(json.dumps(v))

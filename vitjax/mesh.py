@@ -212,10 +212,11 @@ def device_bytes(tree) -> int:
   return total
 
 
-def opt_state_shardings(opt_state, params_sharding, mesh: Mesh) -> Any:
+def opt_state_shardings(opt_state, params, params_sharding, mesh: Mesh) -> Any:
   """The optimizer state's shardings: every subtree laid out like the parameters (Adam's mu and nu, momentum, the
-  EMA; with some leaves optax.MaskedNode where config.frozen leaves a parameter without state) takes the
-  parameters' shardings leaf by leaf; everything else (step counts) is replicated."""
+  EMA; with some leaves optax.MaskedNode where config.frozen leaves a parameter without state) takes, leaf by
+  leaf, its parameter's sharding where it has the parameter's shape; everything else (step counts, Adafactor's
+  factored rows and columns) is replicated."""
   replicated = NamedSharding(mesh, P())
   masked = lambda x: isinstance(x, optax.MaskedNode)
   layout = jax.tree.structure(params_sharding)
@@ -223,9 +224,12 @@ def opt_state_shardings(opt_state, params_sharding, mesh: Mesh) -> Any:
   def like_params(x) -> bool:
     return not masked(x) and jax.tree.structure(x, is_leaf=masked) == layout
 
+  def leaf(x, p, s):
+    return x if masked(x) else s if tuple(x.shape) == tuple(p.shape) else replicated
+
   def shard(x):
     if like_params(x):
-      return jax.tree.map(lambda leaf, s: leaf if masked(leaf) else s, x, params_sharding, is_leaf=masked)
+      return jax.tree.map(leaf, x, params, params_sharding, is_leaf=masked)
     return x if masked(x) else replicated
 
   return jax.tree.map(shard, opt_state, is_leaf=lambda x: masked(x) or like_params(x))

@@ -284,8 +284,8 @@ class Checkpoints:
     for keys in entries:
       if keys[0]["key"] != "opt_state":
         continue
-      names = [str(k["key"]) for k in keys]
-      inside = "/".join(names[names.index("ema") + 1 :]) if "ema" in names else None
+      names = [str(k["key"]) for k in keys]  # opt_state / i / ema / param path: track_ema is the chain's last
+      inside = "/".join(names[3:]) if len(names) > 3 and names[2] == "ema" else None
       found |= inside in wanted
       _insert(tree, keys, wanted.get(inside, ocp.PLACEHOLDER))
     if not found:
@@ -384,16 +384,8 @@ def _without_placeholders(tree):
 
 
 def _ema_of(opt_state):
-  """The `ema` entry of a restored optimizer state (see Checkpoints._ema_target)."""
-  if isinstance(opt_state, dict):
-    if "ema" in opt_state:
-      return opt_state["ema"]
-    children = opt_state.values()
-  elif isinstance(opt_state, list | tuple):
-    children = opt_state
-  else:
-    return None
-  return next((e for e in map(_ema_of, children) if e is not None), None)
+  """The `ema` entry of a restored optimizer state (see Checkpoints._ema_target): the top-level chain's last."""
+  return opt_state[-1]["ema"]
 
 
 def saved_shapes(path: str) -> dict[str, tuple]:

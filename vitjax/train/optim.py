@@ -9,9 +9,10 @@ warm-up then cosine / linear / inverse-sqrt / constant decay.
     config.frozen = ("^(?!head/).*",)             # not updated, no optimizer state
 
 The optimizer is optax.NAME(learning_rate=schedule, **kwargs). Weight decay is the optimizer's own where optax's
-function takes it with a mask (adamw, lion, lamb, nadamw, adan, adafactor's weight_decay_rate, lars: decoupled as
-each defines it), scaled per parameter by wd_mults; for any other (sgd, adam, rmsprop, ...) it is added to the
-gradient before the optimizer (L2, SGD's weight decay). lr_mults scale a parameter's update after the optimizer,
+function takes it with a mask (adamw, nadamw, adamaxw, lion: decoupled, p -= lr * wd * p; lamb, lars, adan,
+adafactor's weight_decay_rate: as each defines it), on or off per parameter by wd_mults; for any other (sgd,
+adam, rmsprop, ...) it is added to the gradient before the optimizer (L2, SGD's weight decay). wd_mults other
+than 0 and 1 scale a decoupled decay (vitjax's beside the optimizer's, which is then off) or the L2 one. lr_mults scale a parameter's update after the optimizer,
 so a decoupled decay is scaled with its learning rate (BEiT's and MAE's parameter groups); optim.layer_decay
 multiplies in decay ** (L + 1 - layer). A rule that matches no parameter is an error naming the nearest paths;
 `describe` gives the run's opening lines, one per rule with what it matched.
@@ -107,30 +108,40 @@ OWN_DECAY = (
 )
 
 
-def _optimizers() -> list[str]:
-  return sorted(
-    n
-    for n in dir(optax)
-    if not n.startswith("_")
-    and inspect.isfunction(getattr(optax, n))
-    and next(iter(inspect.signature(getattr(optax, n)).parameters), None) == "learning_rate"
-  )
+# optax functions whose first argument is learning_rate but that are not optimizers vitjax can step with
+NOT_OPTIMIZERS = ("lbfgs",)
+# optimizers whose own decay is AdamW's, decoupled and scaled by the learning rate (p -= lr * wd * p): the only
+# ones where wd_mults other than 0 and 1 can be vitjax's own decay beside theirs
+DECOUPLED = ("adamw", "adamaxw", "nadamw", "lion")
+
+
+def _signature(fn) -> dict:
+  try:
+    return dict(inspect.signature(fn).parameters) if callable(fn) else {}
+  except (TypeError, ValueError):
+    return {}
+
+
+def _is_optimizer(name: str) -> bool:
+  fn = getattr(optax, name, None)
+  ok = not name.startswith(("_", "scale_by")) and name not in NOT_OPTIMIZERS and not isinstance(fn, type)
+  return ok and next(iter(_signature(fn)), None) == "learning_rate"
 
 
 def optimizer(name: str, kw: dict):
   """(optax's function NAME, its weight-decay argument names or None); ConfigError for a name optax lacks or an
   argument NAME does not take."""
-  fn = getattr(optax, str(name), None)
-  params = inspect.signature(fn).parameters if inspect.isfunction(fn) else {}
-  if next(iter(params), None) != "learning_rate":
-    near = difflib.get_close_matches(str(name), _optimizers(), 4, 0.5)
+  if not _is_optimizer(str(name)):
+    near = difflib.get_close_matches(str(name), [n for n in dir(optax) if _is_optimizer(n)], 4, 0.5)
     raise ConfigError(
       f"optim.name={name!r} is not an optax optimizer; {'nearest: ' + ', '.join(near) if near else 'e.g. adamw, sgd, lion, adafactor'}"
-      f" (any optax function whose first argument is learning_rate)"
+      f" (any optax optimizer whose first argument is learning_rate)"
     )
+  fn = getattr(optax, name)
+  params = _signature(fn)
   own = next((pair for pair in OWN_DECAY if set(pair) <= set(params)), None)
-  reserved = {"learning_rate", *(own or ())}
-  for k in kw:
+  reserved = {"learning_rate", "weight_decay", *(own or ())}
+  for k, v in kw.items():
     if k in reserved:
       raise ConfigError(
         f"optim.kwargs: {k!r} is vitjax's to set (optim.lr and the schedule; optim.weight_decay and wd_mults)"
@@ -138,6 +149,8 @@ def optimizer(name: str, kw: dict):
     if k not in params:
       accepted = [p for p in params if p not in reserved]
       raise ConfigError(f"optim.kwargs: optax.{name} takes no {k!r}; it takes {', '.join(accepted)}")
+    if not isinstance(v, (bool, int, float, str, type(None))):
+      raise ConfigError(f"optim.kwargs: {k}={v!r} must be a number, a bool, a string or None")
   return fn, own
 
 
@@ -219,7 +232,7 @@ def frozen_tree(config, params):
   rules = tuple((r, 1.0) for r in config.frozen or ())
   if not rules:
     return jax.tree.map(lambda _: False, params)
-  tree, _ = _decide(rules, params, "frozen", 0.0)
+  tree, _ = _decide(rules, params, "frozen", 0.0, strict=False)
   if all(jax.tree.leaves(tree)):
     raise ConfigError("config.frozen freezes every parameter: nothing would train; leave out what should learn")
   return jax.tree.map(bool, tree)
@@ -228,7 +241,7 @@ def frozen_tree(config, params):
 def lr_mults_tree(config, model, params):
   """Each parameter's learning-rate multiplier: its lr_mults rule's value (1 if none) times, with optim.layer_decay,
   decay ** (L + 1 - layer) (an array over a scanned parameter's stacked layers)."""
-  tree, _ = _decide(config.lr_mults or (), params, "lr_mults", 1.0)
+  tree, _ = _decide(config.lr_mults or (), params, "lr_mults", 1.0, strict=False)
   tree = jax.tree.map(np.float32, tree)
   decay = config.optim.layer_decay
   if decay not in (None, 1.0):
@@ -298,18 +311,7 @@ def scale_by_mults(mults) -> optax.GradientTransformation:
     scales = mults(updates)
     return jax.tree.map(lambda u, s: u * jnp.asarray(s, u.dtype), updates, scales), state
 
-  return optax.GradientTransformation(_checked_empty(mults), update)
-
-
-def _checked_empty(mults):
-  """A stateless transform's init that applies its rules once, so that a rule deciding nothing is a ConfigError
-  when the state is built (setup, before a run writes anything), not at the first step."""
-
-  def init(params):
-    mults(params)
-    return optax.EmptyState()
-
-  return init
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
 class DecayState(NamedTuple):
@@ -326,11 +328,7 @@ def decoupled_weight_decay(schedule, weight_decay: float, mults) -> optax.Gradie
     updates = jax.tree.map(lambda u, p, m: u - (lr * weight_decay * m) * p.astype(u.dtype), updates, params, scales)
     return updates, DecayState(state.count + 1)
 
-  def init(params):
-    mults(params)
-    return DecayState(jnp.zeros((), jnp.int32))
-
-  return optax.GradientTransformation(init, update)
+  return optax.GradientTransformation(lambda params: DecayState(jnp.zeros((), jnp.int32)), update)
 
 
 def l2_weight_decay(weight_decay: float, mults) -> optax.GradientTransformation:
@@ -340,7 +338,7 @@ def l2_weight_decay(weight_decay: float, mults) -> optax.GradientTransformation:
     scales = mults(params)
     return jax.tree.map(lambda u, p, m: u + (weight_decay * m) * p.astype(u.dtype), updates, params, scales), state
 
-  return optax.GradientTransformation(_checked_empty(mults), update)
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
 def make_optimizer(config, schedule, model=None) -> optax.GradientTransformation:
@@ -354,9 +352,14 @@ def make_optimizer(config, schedule, model=None) -> optax.GradientTransformation
   o = config.optim
   fn, own = optimizer(o.name, kwargs(o))
   rules = wd_mults(config, model)
-  strict = config.wd_mults is not None
-  wd_tree = lambda params: _decide(rules, params, "wd_mults", 1.0, strict)[0]
+  wd_tree = lambda params: _decide(rules, params, "wd_mults", 1.0, strict=False)[0]
   binary = all(v in (0.0, 1.0) for _, v in rules)
+  if own and not binary and o.weight_decay and o.name not in DECOUPLED:
+    raise ConfigError(
+      f"config.wd_mults: multipliers other than 0 and 1 scale a decoupled decay (p -= lr * wd * p: "
+      f"{', '.join(DECOUPLED)}) or L2 on the gradient (optimizers without a decay of their own, e.g. sgd, adam); "
+      f"optax.{o.name}'s own decay is on or off per parameter: use 0 and 1"
+    )
   if own:
     mask = lambda params: jax.tree.map(lambda m: m != 0, wd_tree(params))
     decay, decay_mask = own
@@ -381,7 +384,25 @@ def make_optimizer(config, schedule, model=None) -> optax.GradientTransformation
     tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
   if config.ema_decay:
     tx = optax.chain(tx, track_ema(config.ema_decay))
-  return tx
+
+  def init(params):  # the rules checked once, on all the parameters, when the state is built (before any write)
+    check_rules(config, model, params)
+    return tx.init(params)
+
+  return tx._replace(init=init)
+
+
+def check_rules(config, model, params) -> None:
+  """ConfigError for a config.lr_mults, wd_mults (when given) or frozen rule that decides no parameter, naming
+  the nearest paths, or for frozen rules that leave nothing to train. (Inside the optimizer a rule sees only
+  the parameters that train, where a rule about frozen ones would find nothing: the check is here, once.)"""
+  _decide(config.lr_mults or (), params, "lr_mults", 1.0)
+  if config.wd_mults is not None:
+    _decide(tuple(config.wd_mults), params, "wd_mults", 1.0)
+  for r in config.frozen or ():  # any of them freezes a parameter: each must match one, overlaps are fine
+    _decide(((r, 1.0),), params, "frozen", 0.0)
+  if config.frozen:
+    frozen_tree(config, params)
 
 
 class EmaState(NamedTuple):

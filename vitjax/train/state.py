@@ -184,7 +184,7 @@ def setup(
   sharding = TrainState(
     replicated,
     net.sharding["params"],
-    mesh_lib.opt_state_shardings(opt_state, net.sharding["params"], net.mesh),
+    mesh_lib.opt_state_shardings(opt_state, net.abstract["params"], net.sharding["params"], net.mesh),
     net.sharding["model_state"],
   )
   abstract = TrainState(

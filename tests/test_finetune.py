@@ -13,13 +13,14 @@ import train_helpers as th
 from vitjax import models
 from vitjax.config import default_config
 from vitjax.errors import ConfigError
+from vitjax.mesh import path_name
 from vitjax.train import optim
 
 
 def _scales(model, shape, decay=0.5):
   variables = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros(shape)))
   scales = optim.layer_decay_scales(model, variables["params"], decay)
-  return {optim.path_of(p): np.asarray(s) for p, s in jax.tree_util.tree_flatten_with_path(scales)[0]}
+  return {path_name(p): np.asarray(s) for p, s in jax.tree_util.tree_flatten_with_path(scales)[0]}
 
 
 def test_vit_layer_of_every_parameter():

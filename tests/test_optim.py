@@ -14,6 +14,7 @@ import pytest
 from vitjax import models
 from vitjax.config import default_config
 from vitjax.errors import ConfigError
+from vitjax.mesh import path_name
 from vitjax.train import optim
 
 LR = 0.1
@@ -38,7 +39,7 @@ def _update(c, model, params, grads=None):
   tx = optim.make_optimizer(c, optax.constant_schedule(LR), model)
   grads = grads if grads is not None else jax.tree.map(jnp.ones_like, params)
   updates, state = tx.update(grads, tx.init(params), params)
-  return {optim.path_of(p): np.asarray(u) for p, u in jax.tree_util.tree_flatten_with_path(updates)[0]}, state
+  return {path_name(p): np.asarray(u) for p, u in jax.tree_util.tree_flatten_with_path(updates)[0]}, state
 
 
 def test_lr_mults_scale_the_update_the_first_matching_rule_decides():
@@ -54,7 +55,7 @@ def test_lr_mults_scale_the_update_the_first_matching_rule_decides():
 
 def test_wd_mults_scale_the_decoupled_decay_and_the_family_default_spares_biases():
   c, model, params = _setup(optim__weight_decay=0.5)
-  flat = {optim.path_of(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+  flat = {path_name(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
   zero = jax.tree.map(jnp.zeros_like, params)
   default, _ = _update(c, model, params, zero)  # zero gradients: Adam's step is 0, the update is the decay alone
   for path, u in default.items():

@@ -32,6 +32,7 @@ import optax
 
 from vitjax import models
 from vitjax.errors import ConfigError
+from vitjax.mesh import path_name
 from vitjax.train import durations
 
 
@@ -178,11 +179,6 @@ _EXAMPLES = {
 }
 
 
-def path_of(path) -> str:
-  """A parameter's key path as 'a/b/kernel', the form every rule matches."""
-  return "/".join(str(getattr(k, "key", k)) for k in path)
-
-
 def _decide(rules, params, what: str, default: float, strict: bool = True):
   """(tree of values, {rule index: [paths it decided]}): each leaf takes the value of the first rule whose regex
   matches (re.search) its path, else `default`. ConfigError for a rule that decides no parameter (strict: the
@@ -191,7 +187,7 @@ def _decide(rules, params, what: str, default: float, strict: bool = True):
   decided: dict[int, list[str]] = {i: [] for i in range(len(compiled))}
 
   def value(path, _):
-    name = path_of(path)
+    name = path_name(path)
     for i, (pattern, v) in enumerate(compiled):
       if pattern.search(name):
         decided[i].append(name)
@@ -199,7 +195,7 @@ def _decide(rules, params, what: str, default: float, strict: bool = True):
     return default
 
   tree = jax.tree_util.tree_map_with_path(value, params)
-  paths = [path_of(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+  paths = [path_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
   for i, names in decided.items():
     if not names and strict:
       pattern = compiled[i][0].pattern
@@ -245,8 +241,6 @@ def lr_mults_tree(config, model, params):
   tree = jax.tree.map(np.float32, tree)
   decay = config.optim.layer_decay
   if decay not in (None, 1.0):
-    if model is None:
-      raise ValueError("the learning-rate multipliers need the model for optim.layer_decay")
     tree = jax.tree.map(lambda m, s: m * s, tree, layer_decay_scales(model, params, decay))
   return tree
 
@@ -254,14 +248,14 @@ def lr_mults_tree(config, model, params):
 def describe(config, model, params) -> list[str]:
   """The run's opening lines about its optimizer: the call, then one line per rule with what it decided."""
   o = config.optim
-  fn, own = optimizer(o.name, kwargs(o))
+  _, own = optimizer(o.name, kwargs(o))
   args = ", ".join(f"{k}={v!r}" for k, v in kwargs(o).items())
   how = f"optax's own ({own[0]})" if own else "L2 on the gradient"
   lines = [
     f"optimizer: optax.{o.name}(learning_rate=schedule{', ' + args if args else ''}), weight decay "
     f"{o.weight_decay:g} ({how})"
   ]
-  sizes = {path_of(p): int(np.prod(x.shape)) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+  sizes = {path_name(p): int(np.prod(x.shape)) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
   count = lambda names: f"{len(names)} tensors, {sum(sizes[n] for n in names):,} values"
   frozen = [n for n, f in zip(sizes, jax.tree.leaves(frozen_tree(config, params))) if f]
   for r in config.frozen or ():
@@ -273,9 +267,7 @@ def describe(config, model, params) -> list[str]:
     ("lr_mults", tuple(config.lr_mults or ()), 1.0),
     ("wd_mults" + ("" if config.wd_mults is not None else " (the model family's)"), wd_mults(config, model), 1.0),
   ):
-    _, decided = _decide(
-      rules, params, what.split()[0], default, strict=what == "lr_mults" or config.wd_mults is not None
-    )
+    _, decided = _decide(rules, params, what.split()[0], default, strict=False)
     for i, (pattern, value) in enumerate(rules):
       lines.append(f"{what} {pattern!r} x{value:g}: {count(decided[i])}")
   if o.layer_decay not in (None, 1.0):
@@ -295,7 +287,7 @@ def layer_decay_scales(model, params, decay: float):
     )
 
   def scale(path, x):
-    layer = np.asarray(model.layer_index(path_of(path)))
+    layer = np.asarray(model.layer_index(path_name(path)))
     out = decay ** (model.num_layers + 1 - layer.astype(np.float64))
     return out.reshape(out.shape + (1,) * (np.ndim(x) - out.ndim)).astype(np.float32)
 
@@ -353,6 +345,7 @@ def make_optimizer(config, schedule, model=None) -> optax.GradientTransformation
   fn, own = optimizer(o.name, kwargs(o))
   rules = wd_mults(config, model)
   wd_tree = lambda params: _decide(rules, params, "wd_mults", 1.0, strict=False)[0]
+  mask = lambda params: jax.tree.map(lambda m: m != 0, wd_tree(params))
   binary = all(v in (0.0, 1.0) for _, v in rules)
   if own and not binary and o.weight_decay and o.name not in DECOUPLED:
     raise ConfigError(
@@ -361,21 +354,20 @@ def make_optimizer(config, schedule, model=None) -> optax.GradientTransformation
       f"optax.{o.name}'s own decay is on or off per parameter: use 0 and 1"
     )
   if own:
-    mask = lambda params: jax.tree.map(lambda m: m != 0, wd_tree(params))
     decay, decay_mask = own
     tx = fn(schedule, **{decay: o.weight_decay if binary else 0.0, decay_mask: mask}, **kwargs(o))
     if not binary and o.weight_decay:
       tx = optax.chain(tx, decoupled_weight_decay(schedule, o.weight_decay, wd_tree))
   elif binary:
-    mask = lambda params: jax.tree.map(lambda m: m != 0, wd_tree(params))
     tx = optax.chain(optax.add_decayed_weights(o.weight_decay, mask=mask), fn(schedule, **kwargs(o)))
   else:
     tx = optax.chain(l2_weight_decay(o.weight_decay, wd_tree), fn(schedule, **kwargs(o)))
-  if (o.layer_decay not in (None, 1.0)) and model is not None and not hasattr(model, "layer_index"):
+  layer_decay = o.layer_decay not in (None, 1.0)
+  if layer_decay and model is None:
+    raise ValueError("make_optimizer needs the model for optim.layer_decay")
+  if layer_decay and not hasattr(model, "layer_index"):
     layer_decay_scales(model, {}, o.layer_decay)  # the ConfigError
-  if config.lr_mults or o.layer_decay not in (None, 1.0):
-    if model is None and o.layer_decay not in (None, 1.0):
-      raise ValueError("make_optimizer needs the model for optim.layer_decay")
+  if config.lr_mults or layer_decay:
     tx = optax.chain(tx, scale_by_mults(lambda params: lr_mults_tree(config, model, params)))
   if o.grad_clip_norm:
     tx = optax.chain(optax.clip_by_global_norm(o.grad_clip_norm), tx)

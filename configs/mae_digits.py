@@ -16,7 +16,7 @@ configs/vit_digits.py (its 4 blocks see 4 patches and the class token), the deco
 
 import ml_collections as mlc
 
-from vitjax.config import default_config
+from vitjax.config import default_config, evaluator
 
 
 def get_config():
@@ -41,8 +41,8 @@ def get_config():
   c.optim.kwargs = dict(b2=0.95)
   c.optim.weight_decay = 0.05
   c.schedule.warmup_epochs = 2
-  c.best_metric = "eval/loss"
-  c.best_mode = "min"
+  c.evals = {"eval": evaluator("mae")}  # the reconstruction loss under fixed masks (lower is better)
+  c.best = "eval/loss"
   c.log_every = 100
   c.eval_every = 210
   c.checkpoint_every = 210

@@ -16,7 +16,7 @@ dropped, the encoder sees 12; decoder: 2 blocks of width 64. AdamW (b2 0.95), lr
 
 import ml_collections as mlc
 
-from vitjax.config import default_config
+from vitjax.config import default_config, evaluator
 
 ENCODER = dict(name="Ti/4", width=96, depth=4, num_heads=4, mlp_dim=192, pool_type="gap")
 
@@ -37,8 +37,8 @@ def get_config():
   c.optim.kwargs = dict(b2=0.95)
   c.optim.weight_decay = 0.05
   c.schedule.warmup_epochs = 1
-  c.best_metric = "eval/loss"
-  c.best_mode = "min"
+  c.evals = {"eval": evaluator("mae")}  # the reconstruction loss under fixed masks (lower is better)
+  c.best = "eval/loss"
   c.log_every = 100
   c.eval_every = "2 epochs"
   c.checkpoint_every = "1 epoch"

@@ -50,7 +50,7 @@ def get_config(arg=None):
   c = translation_config("bible", "en", "es")
   # Sized for 2 CPU cores and at most an hour: smaller batches (more updates), a short warm-up, a time budget.
   c.data.tokens_per_batch = 2048
-  c.data.eval_examples = 300
+  c.evals.eval.examples = 300
   c.schedule.warmup_steps = 400
   c.total_steps = 20000  # the schedule's horizon; max_train_minutes ends the run first on a CPU
   c.max_train_minutes = 55

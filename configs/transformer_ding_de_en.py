@@ -22,7 +22,7 @@ def get_config():
   c = translation_config("ding", "de", "en")
   c.data.max_len = 64
   c.data.num_valid, c.data.num_test = 1000, 2000
-  c.data.eval_examples = 1000
+  c.evals.eval.examples = 1000
   c.data.eval_batch_size = 128
   # Sized for 2 CPU cores and at most an hour: smaller batches (more updates), a short warm-up, a time budget.
   c.data.tokens_per_batch = 2048

@@ -41,15 +41,17 @@ def main() -> None:
 
   import vitjax
   from vitjax.data.text import sources
+  from vitjax.evaluators.translation import decoding
 
   trained = vitjax.load(args.workdir, args.checkpoint)
   d = trained.config.data
   if trained.config.get("task") != "translation" or d.source != "bible" or (d.src_lang, d.tgt_lang) != ("en", "es"):
     sys.exit(f"error: {args.workdir} is not a Bible EN->ES translation run")
   split_of = {pair: name for name, pairs in trained.task.splits.items() for pair in pairs}
+  g = decoding(trained.config)
   lines = [
     f"Translations by `{args.workdir}` (checkpoint {args.checkpoint}, step {trained.step}, "
-    f"{trained.config.decode.method} {trained.config.decode.beam_size}, alpha {trained.config.decode.alpha}):",
+    f"{g['method']} {g['beam_size']}, alpha {g['alpha']}):",
     "",
   ]
   verses = sources.load_pairs("bible", src_lang=d.src_lang, tgt_lang=d.tgt_lang, data_dir=d.data_dir)

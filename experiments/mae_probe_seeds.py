@@ -1,11 +1,11 @@
 """MAE against training from scratch on Fashion-MNIST, over seeds, judged two ways: fine-tuned at equal training
-FLOPs (experiments/README.md, "Pre-training"), and frozen (linear probe, 10-shot, k-NN: `--mode=probe`) beside
+FLOPs (experiments/README.md, "Pre-training"), and frozen (linear probe, 10-shot, k-NN: `--eval=probe`) beside
 a random encoder and the supervised one.
 
 Each (arm, seed) runs in its own workdir under --root and appends one JSON line to
 results/mae_probe_seeds.jsonl (skipped when that line exists: rerun to resume after an interruption):
 
-    random   the encoder at initialisation (--mode=probe --checkpoint=init)
+    random   the encoder at initialisation (--eval=probe --checkpoint=init)
     mae      MAE pre-training, 5 epochs; its encoder probed; then fine-tuned 7.12 epochs (layer decay 0.75) and
              evaluated on test (5 MAE epochs cost 2.88 classifier epochs: 2.88 + 7.12 = 10)
     scratch  the same ViT trained 10 epochs from scratch; probed; evaluated on test
@@ -47,28 +47,28 @@ def main_cmd(cores: str | None, *args: str) -> dict:
   return {**json.loads(proc.stdout.strip().splitlines()[-1]), "wall_s": round(time.time() - start, 1)}
 
 
-def probe_row(result: dict) -> dict:
+def probe(cores, *args) -> dict:
+  """--eval=probe on valid and on test: {split: {linear, knn, 10shot, ...}} and the seconds both took."""
   keep = ("linear", "knn", "10shot", "10shot_std", "1shot", "5shot", "25shot")
-  return {split: {k: row[k] for k in keep} for split, row in result["probe"].items()}
+  rows = {s: main_cmd(cores, "--mode=eval", "--eval=probe", f"--split={s}", *args) for s in ("valid", "test")}
+  return {s: {k: r[f"probe/{k}"] for k in keep} for s, r in rows.items()}, sum(r["wall_s"] for r in rows.values())
 
 
 def run(arm: str, seed: int, root: str, cores: str | None) -> dict:
   w = os.path.join(root, f"{arm}_{seed}")
   s = f"--config.seed={seed}"
   if arm == "random":
-    r = main_cmd(
-      cores, "--mode=probe", f"--config={VIT}", f"--workdir={w}", s, "--config.init_from=", "--checkpoint=init"
-    )
-    return {"probe": probe_row(r), "probe_s": r["wall_s"]}
+    rows, wall = probe(cores, f"--config={VIT}", f"--workdir={w}", s, "--config.init_from=", "--checkpoint=init")
+    return {"probe": rows, "probe_s": wall}
   if arm == "scratch":
     train = [f"--config={VIT}", "--config.init_from=", "--config.optim.layer_decay=1.0", "--config.num_epochs=10"]
     t = main_cmd(cores, *train, f"--workdir={w}", s)
     e = main_cmd(cores, "--mode=eval", f"--workdir={w}", "--split=test")
-    p = main_cmd(cores, "--mode=probe", f"--workdir={w}")
-    return {"valid": t["eval/accuracy"], "test": e["eval/accuracy"], "train_s": t["wall_s"], "probe": probe_row(p)}
+    p, _ = probe(cores, f"--workdir={w}")
+    return {"valid": t["eval/accuracy"], "test": e["eval/accuracy"], "train_s": t["wall_s"], "probe": p}
   if arm == "mae":
     pre = main_cmd(cores, f"--config={MAE}", f"--workdir={w}/mae", "--config.num_epochs=5", s)
-    p = main_cmd(cores, "--mode=probe", f"--workdir={w}/mae")
+    p, _ = probe(cores, f"--workdir={w}/mae")
     ft = [f"--config={VIT}", f"--config.init_from={w}/mae", "--config.num_epochs=7.12"]
     t = main_cmd(cores, *ft, f"--workdir={w}/finetune", s)
     e = main_cmd(cores, "--mode=eval", f"--workdir={w}/finetune", "--split=test")
@@ -76,7 +76,7 @@ def run(arm: str, seed: int, root: str, cores: str | None) -> dict:
       "valid": t["eval/accuracy"],
       "test": e["eval/accuracy"],
       "train_s": pre["wall_s"] + t["wall_s"],
-      "probe": probe_row(p),
+      "probe": p,
     }
   raise SystemExit(f"unknown arm {arm!r}: use random, mae, scratch")
 

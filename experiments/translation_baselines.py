@@ -23,7 +23,7 @@ import sacrebleu
 
 from vitjax.config import load_module
 from vitjax.data import text
-from vitjax.tasks.translation import synonym_scores
+from vitjax.evaluators.translation import synonym_scores
 
 
 def main():
@@ -60,7 +60,7 @@ def main():
   references = text.load_references(d.source, src_lang=d.src_lang, tgt_lang=d.tgt_lang, data_dir=d.data_dir)
   for name, hyps in (("copy", srcs), ("lookup", lookup)):
     for key, value in synonym_scores(references or {}, held, hyps).items():
-      row[f"{key.removeprefix('eval/')}_{name}"] = value
+      row[f"{key}_{name}"] = value
   print(json.dumps(row, indent=1))
   if args.out:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

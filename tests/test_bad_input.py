@@ -59,11 +59,21 @@ def _cases():
   add("unknown model", "new", ["--config.model.name=vit_x99"], "config.model", "unknown model 'vit_x99'")
   add("num_classes", "new", ["--config.model.num_classes=7"], "has 10 classes", "--config.model.num_classes=10")
   add("image size vs patch", "new", ["--config.data.image_size=9"], "not divisible by the patch size", "image_size")
-  add("best_metric", "new", ["--config.best_metric=eval/bleu"], "best_metric='eval/bleu' is not reported")
+  add("best", "new", ["--config.best=eval/acuracy"], "best='eval/acuracy' is not reported", "'eval/accuracy'")
+  add("evaluator type", "new", ["--config.evals.eval.type=clasification"], "no evaluator type 'clasification'")
+  add(
+    "evaluator option",
+    "new",
+    ["--config.evals={'eval': {'type': 'classification', 'topk': 3}}"],
+    "did you mean 'top_k'",
+  )
+  add("evaluator shift", "new", ["--config.evals.eval.shift=rotate"], "shift='rotate': give one of rotate:X")
   add("valid_fraction", "new", ["--config.data.valid_fraction=1.5"], "data.valid_fraction=1.5 must be in [0, 1)")
   add("unknown dataset", "new", ["--config.data.name=nosuchset"], "nosuchset", "tfds build nosuchset")
-  add("no valid split", "new", ["--config.data.valid_fraction=0"], "eval_split='valid' but data.valid_fraction is 0")
-  add("unknown eval split", "notes", ["--config.data.eval_split=tset"], "eval_split='tset'", "tset")
+  add(
+    "no valid split", "new", ["--config.data.valid_fraction=0"], "evals.eval.split='valid' but data.valid_fraction is 0"
+  )
+  add("unknown eval split", "notes", ["--config.evals.eval.split=tset"], "evals.eval.split='tset'", "tset")
   add("unknown train split", "new", ["--config.data.train_split=trian"], "train_split='trian'", "trian")
   add("not prepared", "notes", ["--config.data.data_dir=EMPTY"], "python -m vitjax.data.prepare --dataset=digits")
   add("misspelt key", "notes", ["--config.optim.lrr=1"], "optim has no field 'lrr'", "--config.optim.lr ")
@@ -72,7 +82,7 @@ def _cases():
   add("config syntax error", "new", ["--config=SYNTAX"], "line 1: SyntaxError")
   add("config argument", "new", ["--config=configs/vit.py:varaint=S/16"], "unknown argument 'varaint'")
   add("train without config", "new", ["--config="], "training needs --config", "has no config.json")
-  add("unknown mode", "new", ["--mode=evaluate"], "--mode", "one of <train|eval|probe>")
+  add("unknown mode", "new", ["--mode=evaluate"], "--mode", "one of <train|eval>")
   add("workdir is a file", "file", [], "is a file, not a directory")
   add("read-only workdir", "readonly", [], "is not writable", "another --workdir")
   # weights to start from

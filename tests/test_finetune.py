@@ -111,7 +111,7 @@ def test_layer_decay_is_refused_where_there_are_no_layers_to_count():
 def test_top5_counts_the_label_among_the_five_largest_logits():
   import flax.linen as nn
 
-  from vitjax.tasks import classification
+  from vitjax.evaluators import classification
 
   class Logits(nn.Module):  # the "image" is the logits
     def __call__(self, images, train=False):
@@ -132,8 +132,8 @@ def test_top5_counts_the_label_among_the_five_largest_logits():
     "label": jnp.asarray([0, 4, 5, 6, 6], jnp.int32),
     "mask": jnp.asarray([True, True, True, True, False]),
   }
-  sums = jax.device_get(classification._eval_step(Logits(), {}, batch))
-  assert (float(sums["correct"]), float(sums["correct5"]), float(sums["count"])) == (1.0, 3.0, 4.0)
+  sums = jax.device_get(classification._step(Logits(), {}, batch, None, None, 5, 0))
+  assert (float(sums["correct"]), float(sums["correct_k"]), float(sums["count"])) == (1.0, 3.0, 4.0)
 
 
 # ----------------------------------------------------------------------------
@@ -164,8 +164,11 @@ def test_ema_run_evaluates_checkpoints_loads_and_exports_its_average(tmp_path, d
 
   workdir = str(tmp_path / "ema")
   common = [*th.TINY, f"--config.data.data_dir={data_dir}"]
-  evals = "--config.evals=(('test', 'test', 'task', 15),)"  # one more evaluator (vitjax.train.evaluators)
-  proc = th.run_main(workdir, *common, "--config.ema_decay=0.8", "--config.best_metric=eval_ema/accuracy", evals)
+  evals = (  # the moving average's evaluator, and one more on the test split every 15 steps (vitjax.evaluators)
+    "--config.evals={'eval': {'type': 'classification'}, 'eval_ema': {'type': 'classification', 'weights': 'ema'},"
+    " 'test': {'type': 'classification', 'split': 'test', 'every': 15}}"
+  )
+  proc = th.run_main(workdir, *common, "--config.ema_decay=0.8", "--config.best=eval_ema/accuracy", evals)
   assert "covers the parameters only" not in th.check_ok(proc).stderr  # no BatchNorm here, so no warning
   rows = [r for r in th.read_metrics(workdir) if "eval/accuracy" in r and "source" not in r]
   assert [r["step"] for r in rows] == [10, 20, 30]
@@ -173,14 +176,16 @@ def test_ema_run_evaluates_checkpoints_loads_and_exports_its_average(tmp_path, d
   assert any(r["eval_ema/loss"] != r["eval/loss"] for r in rows)  # two sets of weights
   tests = [r for r in th.read_metrics(workdir) if "test/accuracy" in r]
   assert [(r["step"], r["test/examples"]) for r in tests] == [(15, 300), (30, 300)], tests
-  assert "step 15 | test (test): loss" in proc.stderr and "step 15 | valid" not in proc.stderr
+  assert "step 15 | test/loss" in proc.stderr and "step 15 | eval/" not in proc.stderr
 
   # --mode=eval --weights=ema reproduces the logged eval_ema metrics of the step it restores (from its checkpoint)
-  proc = th.check_ok(th.run_main(workdir, "--mode=eval", "--checkpoint=latest", "--weights=ema", config=None))
+  proc = th.check_ok(
+    th.run_main(workdir, "--mode=eval", "--eval=eval", "--checkpoint=latest", "--weights=ema", config=None)
+  )
   got = json.load(open(os.path.join(workdir, "eval_valid_30_ema.json")))
   assert got["weights"] == "ema" and got["eval/loss"] == pytest.approx(rows[-1]["eval_ema/loss"], rel=1e-6)
   assert got["eval/accuracy"] == pytest.approx(rows[-1]["eval_ema/accuracy"], abs=1e-6)
-  assert proc.stdout.startswith("checkpoint latest (step 30, EMA weights) | valid: ")  # the result: stdout
+  assert proc.stdout.startswith("checkpoint latest (step 30, EMA weights) | eval/loss ")  # the result: stdout
 
   # vitjax.load and export take the average too; best is chosen by eval_ema/accuracy
   raw, ema = vitjax.load(workdir, "latest"), vitjax.load(workdir, "latest", weights="ema")
@@ -207,7 +212,7 @@ def test_ema_run_evaluates_checkpoints_loads_and_exports_its_average(tmp_path, d
   # a run without an average: one line naming the fix, exit 2
   plain = str(shutil.copytree(finished_run, tmp_path / "plain"))  # a finished run without an average
   proc = th.run_main(plain, "--mode=eval", "--weights=ema", config=None)
-  assert proc.returncode == 2 and "error: weights='ema'" in proc.stderr and "--config.ema_decay" in proc.stderr
+  assert proc.returncode == 2 and "weights='ema' needs the moving average" in proc.stderr and "config.ema_decay" in proc.stderr
   assert "Traceback" not in proc.stderr
 
 
@@ -224,7 +229,7 @@ def test_eval_mode_evaluates_imported_weights_without_training(tmp_path, data_di
   assert got["init_from"] == source and got["step"] == 0
   assert got["eval/accuracy"] == pytest.approx(logged["eval/accuracy"], abs=1e-6)
   assert got["eval/loss"] == pytest.approx(logged["eval/loss"], rel=1e-5)
-  assert proc.stdout.startswith(f"imported weights (init_from={source}), no training | valid: ")
+  assert proc.stdout.startswith(f"imported weights (init_from={source}), no training | eval/loss ")
   assert not os.path.exists(os.path.join(target, "checkpoints"))  # nothing trained, nothing saved
   # without init_from, an empty workdir is still an error naming the fix
   proc = th.run_main(str(tmp_path / "empty"), *common, "--mode=eval")

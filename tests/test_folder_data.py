@@ -311,7 +311,11 @@ def test_train_on_a_folder_and_load_names_its_classes(tmp_path):
   assert names == [["circle", "square", "triangle"][i] for i in probs.argmax(-1)]
   ev = th.check_ok(th.run_module("main", "--mode=eval", f"--workdir={workdir}", "--json"))
   assert json.loads(ev.stdout)["eval/examples"] == 6  # the folder's own valid/
-  # the probes on a folder without test/: they report on valid and say so (they used to stop: "Unknown split 'test'")
-  probe = th.check_ok(th.run_module("main", "--mode=probe", f"--workdir={workdir}", "--json"))
-  assert list(json.loads(probe.stdout.strip().splitlines()[-1])["probe"]) == ["valid"]
-  assert "has no 'test' split: the probes report on 'valid'" in probe.stderr
+  # any evaluator asked for 'test' on a folder without test/: it reports on valid and says so (the probes used to
+  # stop: "Unknown split 'test'")
+  probe = th.check_ok(
+    th.run_module("main", "--mode=eval", "--eval=probe", "--split=test", f"--workdir={workdir}", "--json")
+  )
+  row = json.loads(probe.stdout.strip().splitlines()[-1])
+  assert row["split"] == "valid" and 0 <= row["probe/knn"] <= 1
+  assert "has no 'test' split: evaluating 'valid'" in probe.stderr

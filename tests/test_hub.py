@@ -335,5 +335,5 @@ def test_init_from_hf_evaluates_the_imported_weights(tmp_path, hub_cache, data_d
   )
   proc, workdir = _run_cli(tmp_path, os.path.dirname(hub_cache), data_dir, config=str(config))
   th.check_ok(proc)
-  assert proc.stdout.startswith("imported weights (init_from=hf:someone/vit-digits), no training | valid: ")
+  assert proc.stdout.startswith("imported weights (init_from=hf:someone/vit-digits), no training | eval/loss ")
   assert json.load(open(os.path.join(workdir, "eval_valid_imported.json")))["init_from"] == "hf:someone/vit-digits"

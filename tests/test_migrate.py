@@ -20,7 +20,13 @@ GOLDEN = os.path.join(th.ROOT, "tests", "golden", "workdir_v1")
 EXPECTED = json.load(open(os.path.join(GOLDEN, "expected.json")))
 # what a resume with today's names gives the command line (the old --config.optim.b2=0.95 is optim.kwargs now)
 RESUME_NOW = {
-  "adamw": ["--config.ema_decay=0.9", "--config.optim.layer_decay=0.75", "--config.optim.kwargs={'b2': 0.95}"],
+  "adamw": [
+    "--config.ema_decay=0.9",
+    "--config.optim.layer_decay=0.75",
+    "--config.optim.kwargs={'b2': 0.95}",
+    # the moving average's evaluation is an evaluator of its own since version 3
+    "--config.evals={'eval': {'type': 'classification'}, 'eval_ema': {'type': 'classification', 'weights': 'ema'}}",
+  ],
   "sgd": [
     "--config.optim.name=sgd",
     "--config.optim.lr=0.1",
@@ -38,6 +44,13 @@ def test_version_1_configs_migrate_to_todays_names_and_defaults():
   for c in (adamw, sgd):
     assert c.config_version == config_lib.CONFIG_VERSION
     assert tuple(c.lr_mults) == () and c.wd_mults is None and tuple(c.frozen) == ()
+  # version 3: the primary evaluation and the moving average's are named evaluators, best_metric is best
+  assert adamw.evals.to_dict() == {
+    "eval": {"type": "classification", "split": "valid"},
+    "eval_ema": {"type": "classification", "split": "valid", "weights": "ema"},
+  }
+  assert sgd.evals.to_dict() == {"eval": {"type": "classification", "split": "valid"}}
+  assert adamw.best == sgd.best == "eval/accuracy" and "best_metric" not in adamw and "probe" not in adamw
   # a migrated config is today's: migrating again changes nothing, and the file's own fields are kept
   flat = config_lib.flatten(workdir_lib.effective_config(os.path.join(GOLDEN, "adamw")))
   assert config_lib.migrate(flat) == flat
@@ -84,7 +97,7 @@ def test_a_version_1_workdir_evaluates_and_resumes_as_it_did(name, data_dir, tmp
   for key, value in want["resumed_to_6_valid"].items():
     np.testing.assert_allclose(step6[key], value, rtol=1e-5)
   np.testing.assert_allclose(step6["train/loss"], want["resumed_to_6_train_loss"], rtol=1e-5)
-  # the change of total_steps is recorded in today's names; the workdir still reads as version 2
+  # the change of total_steps is recorded in today's names; the workdir still reads as today's version
   history = [json.loads(line) for line in open(os.path.join(workdir, "config_history.jsonl"))]
   assert "total_steps" in history[-1]["changes"] and not any(k.startswith("optim.b") for k in history[-1]["changes"])
   assert workdir_lib.read_config(workdir).total_steps == 6

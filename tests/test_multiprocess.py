@@ -182,7 +182,8 @@ def test_translation_follows_the_same_curve_on_1x4_2x2_and_4x1(compile_cache, tm
       def get_config():
         c = translation_config("tsv:{tmp_path / "pairs.tsv"}", "xx", "yy", size="tiny")
         c.data.update(dict(vocab_size=40, tokenizer_sentences=2000, max_len=32, tokens_per_batch=300,
-                           num_valid=40, num_test=40, eval_examples=16, eval_batch_size=8))
+                           num_valid=40, num_test=40, eval_batch_size=8))
+        c.evals.eval.examples = 16
         c.update(dict(total_steps=30, log_every=1, eval_every=30, checkpoint_every=30))
         c.schedule.warmup_steps = 10
         c.optim.lr = 3e-3

@@ -1,5 +1,5 @@
-"""Representation evaluation (vitjax.probe, vitjax.train.probing): the closed-form ridge against a direct solve,
-the weighted k-NN against a loop written from its definition, few-shot draws, and --mode=probe / the 'probe'
+"""Representation evaluation (vitjax.probe, vitjax.evaluators.probe): the closed-form ridge against a direct solve,
+the weighted k-NN against a loop written from its definition, few-shot draws, and --eval=probe / the 'probe'
 evaluator on the tiny digits run, with its bad input."""
 
 import json
@@ -71,12 +71,11 @@ def test_few_shot_draws_are_fixed_and_spread():
   assert a == b  # the same draws every time (options.seed), so runs are compared on the same shots
   assert a[1]["test"][1] > 0  # draws differ
   assert a[10]["test"][0] > a[1]["test"][0]
-  from vitjax.config import default_config
+  from vitjax.config import evaluator
 
-  c = default_config()
-  c.probe.seed = 7  # config.probe.seed reaches the draws: another seed, other shots
-  assert probe.Options.of(c).seed == 7
-  assert probe.few_shot(fit, {"test": test}, 3, probe.Options.of(c))[1] != a[1]
+  entry = evaluator("probe", seed=7)  # the evaluator's seed reaches the draws: another seed, other shots
+  assert probe.Options.of(entry).seed == 7
+  assert probe.few_shot(fit, {"test": test}, 3, probe.Options.of(entry))[1] != a[1]
 
 
 def test_mae_features_are_its_encoders_over_all_patches():
@@ -96,17 +95,18 @@ def test_mae_features_are_its_encoders_over_all_patches():
 # ------------------------------------------------------------------------------------------ command line
 
 
-def test_probe_mode_writes_the_three_evaluations(finished_run, tmp_path):
+def test_eval_probe_writes_the_three_evaluations(finished_run, tmp_path):
+  """--eval=probe on a run that configured no probe: the type by name, with its default options."""
   workdir = str(tmp_path / "w")
   shutil.copytree(finished_run, workdir)
-  proc = th.check_ok(th.run_module("main", "--mode=probe", f"--workdir={workdir}"))
-  assert "probe valid: linear" in proc.stdout and "probe test: linear" in proc.stdout
   for split in ("valid", "test"):
+    proc = th.check_ok(th.run_module("main", "--mode=eval", "--eval=probe", f"--split={split}", f"--workdir={workdir}"))
+    assert proc.stdout.startswith("checkpoint best (step 30) | probe/linear ")
     row = json.load(open(os.path.join(workdir, f"probe_{split}_30.json")))
     assert row["split"] == split and row["checkpoint"] == "best" and row["step"] == 30
     for key in ("linear", "knn", "1shot", "5shot", "10shot", "25shot", "10shot_std"):
-      assert 0.0 <= row[key] <= 1.0, key
-    assert row["linear"] > 0.2  # 10 classes: a trained encoder's features beat chance (0.1)
+      assert 0.0 <= row[f"probe/{key}"] <= 1.0, key
+    assert row["probe/linear"] > 0.2  # 10 classes: a trained encoder's features beat chance (0.1)
 
 
 def test_an_mae_run_reports_its_encoders_probe_at_each_evaluation(data_dir, tmp_path):
@@ -114,7 +114,9 @@ def test_an_mae_run_reports_its_encoders_probe_at_each_evaluation(data_dir, tmp_
   workdir = str(tmp_path / "w")
   args = [f"--config.data.data_dir={data_dir}", "--config.total_steps=6", "--config.eval_every=3"]
   args += ["--config.checkpoint_every=3", "--config.model.encoder.depth=1", "--config.model.decoder_depth=1"]
-  args += ["--config.evals=(('probe', 'test', 'probe', 3),)", "--config.probe.shots=(1, 2)", "--config.probe.draws=2"]
+  args += [
+    "--config.evals={'eval': {'type': 'mae'}, 'probe': {'type': 'probe', 'split': 'test', 'shots': (1, 2), 'draws': 2}}"
+  ]
   th.check_ok(th.run_main(workdir, *args, config=os.path.join(th.ROOT, "configs", "mae_digits.py")))
   rows = [r for r in th.read_metrics(workdir) if "probe/knn" in r]
   assert [r["step"] for r in rows] == [3, 6]
@@ -127,13 +129,18 @@ def test_an_mae_run_reports_its_encoders_probe_at_each_evaluation(data_dir, tmp_
   [
     (["--split=train"], "the split the probes are fitted on"),
     (["--checkpoint=best"], "has no checkpoints: train first"),
-    (["--config.probe.knn_k=0"], "config.probe.knn_k=0 must be an integer >= 1"),
+    (
+      ["--config.evals={'probe': {'type': 'probe', 'knn_k': 0}}"],
+      "config.evals.probe: knn_k=0 must be an integer >= 1",
+    ),
     (["--config.data.valid_fraction=0"], "data.valid_fraction is 0"),  # the linear probe chooses on valid
   ],
 )
 def test_probe_bad_input_is_one_line_and_leaves_the_workdir(run_args, tmp_path, args, says):
   workdir = str(tmp_path / "w")
-  proc = th.run_module("main", "--mode=probe", f"--workdir={workdir}", f"--config={th.CONFIG}", *run_args, *args)
+  proc = th.run_module(
+    "main", "--mode=eval", "--eval=probe", f"--workdir={workdir}", f"--config={th.CONFIG}", *run_args, *args
+  )
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert says in th.error_lines(proc) and len(th.error_lines(proc).splitlines()) == 1
   assert not os.path.exists(workdir)
@@ -142,6 +149,10 @@ def test_probe_bad_input_is_one_line_and_leaves_the_workdir(run_args, tmp_path, 
 def test_a_probe_evaluator_that_cannot_run_stops_the_run_before_it_writes(run_args, tmp_path):
   """Checked with the task before the first step (it used to fail at the first evaluation, mid-run)."""
   workdir = str(tmp_path / "w")
-  proc = th.run_main(workdir, *run_args, "--config.evals=(('probe', 'train', 'probe', 5),)")
+  proc = th.run_main(
+    workdir,
+    *run_args,
+    "--config.evals={'eval': {'type': 'classification'}, 'probe': {'type': 'probe', 'split': 'train'}}",
+  )
   assert proc.returncode == 2 and "the split the probes are fitted on" in th.error_lines(proc), proc.stderr[-1500:]
   assert not os.path.exists(workdir)

@@ -149,4 +149,6 @@ def test_the_readme_main_job_prints_at_most_60_lines(tmp_path):
   assert proc.returncode == 0, out[-3000:]
   lines = out.splitlines()
   assert len(lines) <= 60, "\n".join(lines)
-  assert re.search(r"checkpoint best \(step \d+\) \| test: loss [\d.]+, accuracy 0\.9\d+, top5 [\d.]+ \(300", out), out
+  assert re.search(
+    r"checkpoint best \(step \d+\) \| eval/loss [\d.]+, eval/accuracy 0\.9\d+, eval/top5 [\d.]+ \(test, 300", out
+  ), out

@@ -99,7 +99,7 @@ def test_load_grid_and_space(tmp_path):
     (
       "def get_sweep():\n  return dict(grid=sweep.values('optim.lr', [1e-3]), objective='accuracy', "
       "direction='maximize')\n",
-      "name an evaluation metric",
+      "name an evaluator's metric",
     ),
     (
       "def get_sweep():\n  return dict(grid=sweep.values('optim.lr', [1e-3]), objective='eval/accuracy', "

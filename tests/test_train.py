@@ -208,7 +208,8 @@ def test_eval_mode_reproduces_training_eval(finished_run, tmp_path):
   result = th.read_metrics(workdir)[-1]
   assert result["step"] == 30 and result["split"] == "valid" and result["source"] == "evaluate"
   assert re.fullmatch(
-    r"checkpoint latest \(step 30\) \| valid: loss [\d.]+, accuracy [\d.]+, top5 [\d.]+ \(150 examples\)\n", proc.stdout
+    r"checkpoint latest \(step 30\) \| eval/loss [\d.]+, eval/accuracy [\d.]+, eval/top5 [\d.]+ \(valid, 150 examples\)\n",
+    proc.stdout,
   )
   assert "checkpoint latest (step 30)" not in proc.stderr
   as_json = th.check_ok(th.run_main(workdir, "--mode=eval", "--checkpoint=latest", "--json", config=None))
@@ -235,7 +236,7 @@ def test_eval_mode_reproduces_training_eval(finished_run, tmp_path):
   again = th.check_ok(th.run_main(workdir, config=None))
   assert "is complete (step 30 of 30): nothing to train" in again.stderr
   best = [r for r in train_evals if r["step"] == best_step][0]
-  assert again.stdout.startswith(f"checkpoint best (step {best_step}) | valid: loss {best['eval/loss']:.4f}, ")
+  assert again.stdout.startswith(f"checkpoint best (step {best_step}) | eval/loss {best['eval/loss']:.4f}, ")
   new = th.run_main(str(tmp_path / "new"), config=None)
   assert new.returncode == 2 and th.error_lines(new).startswith("error: training needs --config=configs/NAME.py")
   assert not os.path.exists(tmp_path / "new")
@@ -585,32 +586,3 @@ def test_durations_in_steps_epochs_or_examples_resolve_once_into_steps():
     c.eval_every = bad
     with pytest.raises(ConfigError, match=why):
       durations.check(c)
-
-
-def test_evaluators_are_planned_from_config_evals_with_one_line_for_a_bad_entry():
-  from vitjax.config import default_config
-  from vitjax.errors import ConfigError
-  from vitjax.train import evaluators
-
-  c = default_config()
-  c.ema_decay, c.evals = 0.9, (("test", "test", "task", "2 epochs"), ("test_ema", "test", "ema", 7))
-  planned = evaluators.plan(c, eval_every=50, steps_per_epoch=11)
-  assert [(e.name, e.split, e.kind, e.every) for e in planned] == [
-    ("eval", "valid", "task", 50),
-    ("eval_ema", "valid", "ema", 50),
-    ("test", "test", "task", 22),
-    ("test_ema", "test", "ema", 7),
-  ]
-  assert [e.name for e in planned if e.due(22, 100)] == ["test"] and all(e.due(100, 100) for e in planned)
-  for evals, why in (
-    ((("t", "test", "knn", 5),), "kinds are task, ema, probe"),
-    ((("eval", "test", "task", 5),), "taken"),
-    ((("t", "test", "task"),), "not a \\(name, split, kind, every\\) entry"),
-    ((("t", "test", "task", "2 weeks"),), "with a unit"),
-  ):
-    c.evals = evals
-    with pytest.raises(ConfigError, match=why):
-      evaluators.plan(c, 50, 11)
-  c.ema_decay, c.evals = None, (("t", "test", "ema", 5),)
-  with pytest.raises(ConfigError, match="set config.ema_decay"):
-    evaluators.plan(c, 50, 11)

@@ -41,10 +41,10 @@ def run(tmp_path_factory):
       tokens_per_batch=512,
       num_valid=40,
       num_test=40,
-      eval_examples=24,
       eval_batch_size=8,
     )
   )
+  c.evals.eval.examples = 24
   c.update(dict(total_steps=40, log_every=10, eval_every=20, checkpoint_every=20))
   c.schedule.warmup_steps = 10
   c.optim.lr = 3e-3
@@ -71,7 +71,11 @@ def test_evaluating_the_checkpoint_reproduces_the_logged_metrics(run):
   logged = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl")) if "eval/bleu" in line][-1]
   trained = vitjax.load(workdir, "latest")
   assert trained.step == 40 and set(trained.variables) == {"params"}
-  got = trained.task.evaluate(trained.model, trained.variables, "valid", trained.sharding, limit=24)
+  from vitjax import evaluators
+
+  ev = evaluators.named(trained.config, trained.task, "eval")
+  assert (ev.split, ev.examples, ev.options["method"]) == ("valid", 24, "beam")
+  got = ev.run(trained, trained.variables)
   assert got["eval/bleu"] == pytest.approx(logged["eval/bleu"], abs=1e-6)
   assert got["eval/loss"] == pytest.approx(logged["eval/loss"], rel=1e-5)
 
@@ -84,7 +88,7 @@ def test_load_translates_without_the_data_from_a_relative_workdir(run, tmp_path)
   d = config.data
   pairs = text.split_pairs(
     text.load_pairs(d.source, src_lang=d.src_lang, tgt_lang=d.tgt_lang), d.split_seed, d.num_valid, d.num_test
-  )["valid"][: d.eval_examples]
+  )["valid"][: config.evals.eval.examples]
   shutil.copytree(workdir, tmp_path / "runs" / "tr")
   (tmp_path / "lines.json").write_text(json.dumps(pairs))
   corpus = d.source.removeprefix("tsv:")
@@ -171,7 +175,7 @@ def test_command_line_evaluation_of_the_test_split(run, tmp_path):
     text=True,
     timeout=300,
   )
-  assert bad.returncode == 2 and "no split 'tset'" in bad.stderr
+  assert bad.returncode == 2 and "split='tset': this task has the splits" in bad.stderr
 
 
 def test_translate_reads_bytes_that_are_not_utf8_as_unknown_characters(run, tmp_path):
@@ -205,7 +209,8 @@ from vitjax.config import translation_config
 def get_config():
   c = translation_config("tsv:PAIRS", "xx", "yy", size="tiny")
   c.data.update(dict(vocab_size=40, tokenizer_sentences=2000, max_len=32, tokens_per_batch=512, num_valid=40,
-                     num_test=40, eval_examples=16, eval_batch_size=8))
+                     num_test=40, eval_batch_size=8))
+  c.evals.eval.examples = 16
   c.update(dict(total_steps=20, log_every=1, eval_every=20, checkpoint_every=5))
   c.schedule.warmup_steps = 5
   c.optim.lr = 3e-3
@@ -245,7 +250,7 @@ def test_sigterm_and_resume_of_a_translation_run_is_bitwise_exact(run, compile_c
   "args, words",
   [
     (["--config.total_steps=0"], "the run has 0 steps"),  # found after the tokenizer is trained
-    (["--config.data.eval_split=nope"], "eval_split='nope'"),
+    (["--config.evals.eval.split=nope"], "evals.eval.split='nope'"),
   ],
 )
 def test_bad_input_leaves_no_tokenizer_behind(run, tmp_path, args, words):
@@ -314,11 +319,11 @@ def test_decode_sweep_chooses_on_valid_writes_the_config_and_resumes(run, tmp_pa
   values = {(t.user_attrs["beam_size"], t.user_attrs["alpha"]): t.value for t in study.trials}
   assert len(values) == 4
   best = max(values, key=lambda p: (round(values[p], 6), -p[0], -p[1]))
-  decode = vitjax.load(workdir).config.decode  # the config as the run reads it now
+  decode = vitjax.load(workdir).config.evals.eval  # the config as the run reads it now: its evaluator's decoding
   assert (decode.beam_size, decode.alpha) == best
   if best != (4, 0.6):  # the config's point: beam 4, alpha 0.6 (outside this grid)
     history = [json.loads(line) for line in open(os.path.join(workdir, "config_history.jsonl"))]
-    assert "decode.beam_size" in history[-1]["changes"]
+    assert "evals.eval.beam_size" in history[-1]["changes"]
 
   again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
   assert again.returncode == 0 and "point " not in again.stderr  # the four points are done: nothing to evaluate

@@ -17,8 +17,10 @@ from vitjax.errors import ConfigError
 
 # The config's schema version. A workdir's config.json of an older version is brought to this one by migrate(),
 # the one place that knows the old names: 1 (no config_version field) -> 2: optim.b1/b2/eps/momentum/nesterov
-# became optim.kwargs; lr_mults, wd_mults and frozen were added.
-CONFIG_VERSION = 2
+# became optim.kwargs; lr_mults, wd_mults and frozen were added. 2 -> 3: evaluators by name (config.evals as
+# named entries with their own options; data.eval_split, data.eval_examples, probe and decode moved into them; the
+# moving average's evaluation became an entry), best_metric and best_mode became best.
+CONFIG_VERSION = 3
 
 
 def load_module(path: str):
@@ -43,10 +45,8 @@ def default_config() -> mlc.ConfigDict:
   c.data.name = "digits"
   c.data.data_dir = mlc.FieldReference(None, field_type=str)  # None: $TFDS_DATA_DIR or ~/tensorflow_datasets
   c.data.train_split = "train"
-  # Evaluation during training (and the choice of `best`) uses "valid": valid_fraction of train_split, drawn by
-  # valid_seed and held out of training (vitjax.data.images.holdout_split). The test split is for reporting only:
-  # python -m vitjax.main --mode=eval --workdir=W --split=test.
-  c.data.eval_split = "valid"
+  # "valid" (what evaluators read unless told otherwise, so `best` is chosen without the test split) is
+  # valid_fraction of train_split, drawn by valid_seed and held out of training (vitjax.data.images.holdout_split).
   c.data.valid_fraction = 0.1
   c.data.valid_seed = 0
   c.data.image_size = 8
@@ -115,8 +115,9 @@ def default_config() -> mlc.ConfigDict:
   c.label_smoothing = 0.0
   # An exponential moving average of the parameters, ema = d * ema + (1 - d) * params after every applied step
   # (e.g. 0.9999 over ~10^4+ steps; it starts from the initial parameters, with no warm-up). Kept in the optimizer
-  # state, so checkpointed with it; every evaluation also reports it as eval_ema/... (best_metric may name one);
-  # `--mode=eval --weights=ema`, vitjax.load(W, weights="ema") and export use it. BatchNorm statistics are the
+  # state, so checkpointed with it; an evaluator with weights="ema" evaluates it (e.g. c.evals.eval_ema =
+  # evaluator("classification", weights="ema"), and best="eval_ema/accuracy"); `--mode=eval --weights=ema`,
+  # vitjax.load(W, weights="ema") and export use it. BatchNorm statistics are the
   # raw model's. None: off.
   c.ema_decay = mlc.FieldReference(None, field_type=float)
   # The activations' dtype: 'float32' | 'bfloat16' | 'auto' (bfloat16 on TPUs, GPUs from Ampere on and CPUs with
@@ -139,28 +140,39 @@ def default_config() -> mlc.ConfigDict:
   c.on_nonfinite = "stop"
   c.max_nonfinite_skips = 10
 
-  # Cadences, durations as above (an int is steps): a progress line (also at least every 30 s), an evaluation (also
-  # at the end), a checkpoint.
-  # Evaluations beside the primary one (data.eval_split every eval_every, which chooses best): (name, split, kind,
-  # every) entries, e.g. (("test", "test", "task", "5 epochs"),) logs test/accuracy, ... (vitjax.train.evaluators).
-  c.evals = ()
-  # Representation evaluation (vitjax.probe): --mode=probe, and config.evals entries of kind 'probe' (e.g.
-  # ("probe", "valid", "probe", "1 epoch")): a linear probe, few-shot classifiers at `shots` examples per class
-  # (mean and deviation over `draws` draws, drawn from `seed`) and weighted k-NN, fitted on the training split's
-  # features (its first fit_examples; None: all of them).
-  c.probe = mlc.ConfigDict(dict(shots=(1, 5, 10, 25), draws=5, knn_k=20, knn_temperature=0.07, seed=0))
-  c.probe.fit_examples = mlc.FieldReference(None, field_type=int)
+  # Cadences, durations as above (an int is steps): a progress line (also at least every 30 s), a checkpoint, and
+  # the evaluators' default cadence (each also runs at the end).
   c.log_every = mlc.FieldReference(50, field_type=object)
   c.eval_every = mlc.FieldReference(500, field_type=object)
   c.checkpoint_every = mlc.FieldReference(500, field_type=object)
-  c.keep_checkpoints = 3  # the latest N steps, plus the best evaluated one by best_metric (one orbax manager)
-  c.best_metric = "eval/accuracy"
-  c.best_mode = "max"
+  # Evaluators by name (vitjax.evaluators: one module per type, each with its own options): their metrics are
+  # NAME/METRIC in the log, metrics.jsonl, TensorBoard and --json; `best` names one of them (higher is better, or
+  # lower where the type says so: losses, ece). E.g. --config.evals.eval.every="1 epoch", or a config file's
+  # c.evals.test = evaluator("classification", split="test", every="5 epochs").
+  c.evals = mlc.ConfigDict({"eval": evaluator("classification")})
+  c.best = "eval/accuracy"
+  c.keep_checkpoints = 3  # the latest N steps, plus the best evaluated one by `best` (one orbax manager)
   # a workdir, 'timm:NAME:FILE' (.safetensors/.pth; Swin also Microsoft's .pth), 'npz:FILE' or 'hf:ORG/NAME[@REV]'
   c.init_from = ""
   # (first, last): a jax.profiler trace of those steps into WORKDIR/tb/plugins/profile (TensorBoard's profile tab).
   c.profile_steps = mlc.FieldReference(None, field_type=tuple)
   return c
+
+
+def evaluator(type_: str, **options) -> mlc.ConfigDict:
+  """A config.evals entry of evaluator type `type_` with every field present (so that each can be set from the
+  command line): type, split ('valid'), every (None: config.eval_every), data (None: the run's), weights
+  ('params' or 'ema'), examples (a cap during training; None: all), and the type's options (vitjax.evaluators.TYPE.OPTIONS)."""
+  from vitjax import evaluators  # pylint: disable=g-import-not-at-top
+
+  module = evaluators.get(type_)
+  fields = {"type": type_, "split": "valid", "every": None, "data": None, "weights": "params", "examples": None}
+  fields = {**fields, **module.OPTIONS}
+  unknown = sorted(set(options) - set(fields))
+  if unknown:
+    raise ConfigError(f"evaluator type {type_!r} has no option {unknown[0]!r}; its options are {', '.join(fields)}")
+  fields.update(options)
+  return mlc.ConfigDict({k: mlc.FieldReference(None, field_type=object) if v is None else v for k, v in fields.items()})
 
 
 def translation_config(source: str, src_lang: str, tgt_lang: str, size: str = "small") -> mlc.ConfigDict:
@@ -205,12 +217,12 @@ def translation_config(source: str, src_lang: str, tgt_lang: str, size: str = "s
       split_seed=0,
       num_valid=500,
       num_test=1000,
-      eval_split="valid",
-      eval_examples=500,
       eval_batch_size=64,
     )
   )
-  c.decode = mlc.ConfigDict(dict(method="beam", beam_size=4, alpha=0.6, temperature=1.0, top_k=0, extra_len=10))
+  # BLEU and chrF of the first 500 validation pairs, decoded with beam search; how the model translates too
+  c.evals = mlc.ConfigDict({"eval": evaluator("translation", examples=500)})
+  c.best = "eval/bleu"
   c.optim.name = "adamw"  # with weight_decay 0: Adam
   c.optim.kwargs = dict(b1=0.9, b2=0.98, eps=1e-9)
   c.optim.weight_decay = 0.0
@@ -219,7 +231,6 @@ def translation_config(source: str, src_lang: str, tgt_lang: str, size: str = "s
   c.schedule.warmup_steps = 1000
   c.schedule.decay = "rsqrt"  # lr * sqrt(warmup / step) after the warm-up: the paper's schedule
   c.label_smoothing = 0.1
-  c.best_metric = "eval/bleu"
   c.total_steps = 6000
   c.log_every = 100
   c.eval_every = 1000
@@ -259,11 +270,47 @@ def migrate(flat: dict) -> dict:
     if not has("optim.kwargs"):
       defaults = _optax_defaults(flat.get("optim.name", "adamw"))
       flat["optim.kwargs"] = {k: v for k, v in old.items() if k in defaults and defaults[k] != v}
+  if version < 3:
+    flat = _evaluators_by_name(flat)
   task_defaults = translation_config("bible", "en", "es") if flat.get("task") == "translation" else default_config()
   for key, value in flatten(json.loads(task_defaults.to_json_best_effort())).items():
-    if not key.startswith(("model.", "data.")) and not has(key) and not any(key.startswith(k + ".") for k in flat):
-      flat[key] = value
+    if key.startswith(("model.", "data.", "evals.")) or has(key) or any(key.startswith(k + ".") for k in flat):
+      continue
+    flat[key] = value
   flat["config_version"] = CONFIG_VERSION
+  return flat
+
+
+def _evaluators_by_name(flat: dict) -> dict:
+  """Version 2 -> 3: the primary evaluation (data.eval_split every eval_every, the task's own), its moving
+  average's twin with ema_decay, and the (name, split, kind, every) entries of config.evals become named entries;
+  the probe and decode blocks and data.eval_examples become their options; best_metric becomes best."""
+  task = flat.get("task", "classification")
+  probe = {k.removeprefix("probe."): flat.pop(k) for k in [k for k in flat if k.startswith("probe.")]}
+  decode = {k.removeprefix("decode."): flat.pop(k) for k in [k for k in flat if k.startswith("decode.")]}
+  examples = flat.pop("data.eval_examples", None)
+  own = {"type": task, "split": flat.pop("data.eval_split", "valid"), "examples": examples}
+  if task == "translation":
+    own.update(decode)
+  entries = {"eval": own}
+  if flat.get("ema_decay"):
+    entries["eval_ema"] = {**own, "weights": "ema"}
+  old = flat.pop("evals", None) or []
+  for k in [k for k in flat if k.startswith("evals.")]:  # (an older config's evals is a list: nothing here)
+    flat.pop(k)
+  for name, split, kind, every in old:
+    entry = {"type": task, "split": split, "every": every, "examples": examples}
+    if kind == "ema":
+      entry["weights"] = "ema"
+    elif kind == "probe":
+      entry = {"type": "probe", "split": split, "every": every, **probe}
+    entries[name] = entry
+  for name, entry in entries.items():
+    for key, value in entry.items():
+      if value is not None:
+        flat[f"evals.{name}.{key}"] = value
+  flat["best"] = flat.pop("best_metric", "eval/loss" if task == "mae" else "eval/accuracy")
+  flat.pop("best_mode", None)
   return flat
 
 

@@ -4,10 +4,12 @@
     python -m vitjax.main --config=configs/vit_digits.py --workdir=workdirs/vit_digits --config.optim.lr=3e-3
     python -m vitjax.main --config=configs/vit.py:variant=S/16,dataset=fashion_mnist --workdir=...
     python -m vitjax.main --mode=eval --workdir=workdirs/vit_digits [--checkpoint=best|latest|STEP] [--split=test]
-    python -m vitjax.main --mode=probe --workdir=workdirs/vit_digits    # linear probe, few-shot, k-NN (valid, test)
+    python -m vitjax.main --mode=eval --eval=probe --workdir=workdirs/vit_digits   # linear probe, few-shot, k-NN
 
 Training resumes from the workdir's latest checkpoint. Without --config, a resume and an evaluation take the config
-saved in the workdir (config.json). In eval mode --checkpoint=best is the kept step with the best validation metric.
+saved in the workdir (config.json). In eval mode --checkpoint=best is the kept step with the best `config.best`, and
+--eval=NAME runs any evaluator of config.evals (default: the one `best` names), or any type by name with its
+default options (classification, probe, mae, translation: vitjax.evaluators).
 
 Several processes (hosts): the same command on each, with --multihost --coordinator_address=HOST0:PORT
 --num_processes=N --process_id=I (or --multihost alone under SLURM, Open MPI, Kubernetes or on TPU pods, where
@@ -40,26 +42,22 @@ from vitjax import cli
 
 config_flags.DEFINE_config_file("config", None, "experiment config file (configs/*.py), with :args", lock_config=True)
 flags.DEFINE_string("workdir", None, "where checkpoints, metrics and summaries go", required=True)
-flags.DEFINE_enum(
-  "mode",
-  "train",
-  ["train", "eval", "probe"],
-  "train (resumes if possible), evaluate a checkpoint, or probe its frozen encoder (linear, few-shot, k-NN)",
+flags.DEFINE_enum("mode", "train", ["train", "eval"], "train (resumes if possible), or evaluate a checkpoint")
+flags.DEFINE_string(
+  "eval", None, "eval mode: the evaluator, a name in config.evals or a type (probe, ...); default: best's"
 )
 flags.DEFINE_string(
   "checkpoint",
   "best",
-  "eval/probe: 'best' (best validation metric), 'latest', a step number or 'averaged' (vitjax.average); probe "
-  "also 'init' (the initial weights)",
+  "eval mode: 'best' (by config.best), 'latest', a step number, 'averaged' (vitjax.average) or 'init' (the "
+  "initial weights)",
 )
-flags.DEFINE_string(
-  "split", None, "eval: split to evaluate (default: config.data.eval_split); probe: reported beside valid (test)"
-)
+flags.DEFINE_string("split", None, "eval mode: the split to evaluate (default: the evaluator's)")
 flags.DEFINE_enum(
   "weights",
-  "params",
+  None,
   ["params", "ema"],
-  "eval mode: the trained parameters, or their moving average (config.ema_decay)",
+  "eval mode: the trained parameters, or their moving average (config.ema_decay); default: the evaluator's",
 )
 flags.DEFINE_bool("multihost", False, "run as one of several processes (jax.distributed; see --coordinator_address)")
 flags.DEFINE_string(
@@ -115,10 +113,8 @@ def main() -> None:
     config = _config(os.path.abspath(FLAGS.workdir))
     if FLAGS.mode == "train":
       result = train.train(config, FLAGS.workdir, allow_config_change=FLAGS.allow_config_change)
-    elif FLAGS.mode == "probe":
-      result = train.probe(config, FLAGS.workdir, FLAGS.checkpoint, FLAGS.split, FLAGS.weights)
     else:
-      result = train.evaluate(config, FLAGS.workdir, FLAGS.checkpoint, FLAGS.split, FLAGS.weights)
+      result = train.evaluate(config, FLAGS.workdir, FLAGS.checkpoint, FLAGS.split, FLAGS.weights, FLAGS.eval)
   _print_result(result)
 
 

@@ -36,20 +36,19 @@ class Options:
   seed: int = 0
 
   @classmethod
-  def of(cls, config) -> Options:
-    """config.probe's options; ConfigError for values out of range."""
-    from vitjax.errors import ConfigError  # pylint: disable=g-import-not-at-top
-
-    p = dict(config.get("probe") or {})
+  def of(cls, options: dict, what: str = "probe") -> Options:
+    """The Options in a dict (the probe evaluator's options; others ignored); ValueError, naming `what`, for
+    values out of range."""
+    p = dict(options)
     shots = p.get("shots", cls.shots)
     shots = tuple(shots) if isinstance(shots, list | tuple) else (shots,)
     if not shots or not all(isinstance(n, int) and n >= 1 for n in shots):
-      raise ConfigError(f"config.probe.shots={shots!r}: give examples per class, integers >= 1, e.g. (1, 5, 10, 25)")
+      raise ValueError(f"{what}: shots={shots!r}: give examples per class, integers >= 1, e.g. (1, 5, 10, 25)")
     for key, low in (("draws", 1), ("knn_k", 1), ("seed", 0)):
       if not isinstance(p.get(key, 1), int) or p.get(key, 1) < low:
-        raise ConfigError(f"config.probe.{key}={p.get(key)!r} must be an integer >= {low}")
+        raise ValueError(f"{what}: {key}={p.get(key)!r} must be an integer >= {low}")
     if not p.get("knn_temperature", 1.0) > 0:
-      raise ConfigError(f"config.probe.knn_temperature={p.get('knn_temperature')!r} must be positive")
+      raise ValueError(f"{what}: knn_temperature={p.get('knn_temperature')!r} must be positive")
     fields = {f.name for f in dataclasses.fields(cls)} - {"shots"}
     return cls(shots=shots, **{k: v for k, v in p.items() if k in fields})
 

@@ -50,6 +50,10 @@ class Trained:
   task: Any
 
   @property
+  def batch_sharding(self) -> NamedSharding:  # (what evaluators take: a Trained serves as their network)
+    return self.sharding
+
+  @property
   def class_names(self) -> list[str] | None:
     """The classes' names by index (a classification run's dataset's, a hub model's config's), None if unknown."""
     describe = getattr(self.task, "describe", None)
@@ -72,8 +76,8 @@ class Trained:
 
   def translate(self, lines, batch_size: int = 32, **decode_args) -> list[str]:
     """Source sentences -> translations (one per line, in order; an empty line gives an empty line).
-    decode_args override the config's decoding: method ("beam", "greedy", "sample"), beam_size, alpha,
-    temperature, top_k."""
+    decode_args override the run's decoding (its best evaluator's: vitjax.evaluators.translation.decoding):
+    method ("beam", "greedy", "sample"), beam_size, alpha, temperature, top_k."""
     if not hasattr(self.task, "translate"):
       raise TypeError(f"{self.workdir} is a {self.config.task} run: use .predict(images)")
     with jax.set_mesh(self.mesh):

@@ -24,8 +24,9 @@ or, instead of `grid`, a search space that Optuna's sampler (TPE, or random) dra
         },
         trials=12,
 
-Keys: `grid` or `space` + `trials`; `objective`, a metric of the evaluations during training (eval/accuracy,
-eval/bleu, eval/loss: a trial's objective is its best evaluation, and its best step is where that was);
+Keys: `grid` or `space` + `trials`; `objective`, a metric of an evaluator during training, NAME/METRIC
+(eval/accuracy, eval/bleu, probe/knn: a trial's objective is its best evaluation, and its best step is where that
+was);
 `direction` (maximize or minimize); `pruner` ("none", "median": stop a trial whose evaluation is worse than the
 median of earlier trials at the same step, "halving": successive halving; default "none"); `sampler` ("tpe" or
 "random", search spaces only; default "tpe"); `seed` (the sampler's; default none).
@@ -259,8 +260,10 @@ def load(config_arg: str, config) -> Sweep:
   )
   if s.seed is not None and (not isinstance(s.seed, int) or isinstance(s.seed, bool)):
     raise ConfigError(f"{path}: get_sweep() seed={s.seed!r}: give an integer (or leave it out)")
-  if not isinstance(s.objective, str) or not s.objective.startswith("eval/"):
-    raise ConfigError(f"{path}: get_sweep() objective={s.objective!r}: name an evaluation metric, e.g. 'eval/accuracy'")
+  if not isinstance(s.objective, str) or "/" not in s.objective or s.objective.startswith("train/"):
+    raise ConfigError(
+      f"{path}: get_sweep() objective={s.objective!r}: name an evaluator's metric, NAME/METRIC, e.g. 'eval/accuracy'"
+    )
   if s.direction not in ("maximize", "minimize"):
     raise ConfigError(f"{path}: get_sweep() direction={s.direction!r}: use 'maximize' or 'minimize'")
   if s.pruner not in PRUNERS:

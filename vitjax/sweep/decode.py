@@ -8,8 +8,9 @@ Every (beam_size, alpha) point is one trial of an Optuna study on a grid, in W/d
 the checkpoint translates the validation split (its first --limit pairs, if given) with that beam and length
 penalty, and the trial's value is its BLEU. The model is loaded once and each beam size compiled once. Rerun the
 same command after an interruption: finished points are kept. At the end W/decode_sweep.md holds the table, the
-best point (highest validation BLEU; ties: the smaller beam, then the smaller alpha) is written into the run's
-decode config (a row of W/config_history.jsonl, which --mode=eval, vitjax.load and vitjax.translate then use),
+best point (highest validation BLEU; ties: the smaller beam, then the smaller alpha) is written into the options of
+the run's translation evaluator that chooses best (config.evals.NAME.beam_size and .alpha, a row of
+W/config_history.jsonl), which --mode=eval, vitjax.load and vitjax.translate then use,
 and one line reports it beside the config's own point.
 
 The study's name holds the workdir, the checkpoint and its step, the split and --limit: a newer "best" is a new
@@ -22,6 +23,7 @@ holding the workdir, a grid value out of range).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from absl import flags, logging
@@ -35,7 +37,7 @@ flags.DEFINE_list("alphas", ["0.0", "0.2", "0.4", "0.6", "0.8", "1.0", "1.2"], "
 flags.DEFINE_string("split", "valid", "the split decoding is chosen on")
 flags.DEFINE_integer("limit", None, "translate only the split's first N pairs (a quicker, noisier choice)")
 flags.DEFINE_string("storage", None, "Optuna storage URL (default sqlite:///WORKDIR/decode_sweep.db)")
-flags.DEFINE_bool("write", True, "write the best point into the run's decode config")
+flags.DEFINE_bool("write", True, "write the best point into the decoding of the run's best evaluator")
 FLAGS = flags.FLAGS
 
 
@@ -87,8 +89,14 @@ def _sweep(workdir, checkpoint, points, split, limit, storage, write) -> dict:
   if not hasattr(trained.task, "translate"):
     task = trained.config.task
     raise ConfigError(f"{workdir} is a {task} run: decode sweeps are for translation (config.task='translation')")
-  decode = trained.task.config.decode
-  method, beam0, alpha0 = str(decode.method), int(decode.beam_size), float(decode.alpha)
+  from vitjax import evaluators
+
+  name = str(trained.config.best).split("/")[0]
+  entry = evaluators.entries(trained.config).get(name, {})
+  if entry.get("type") != "translation":
+    raise ConfigError(f"{workdir}: best={trained.config.best!r} is not a translation evaluator's metric")
+  ev = evaluators.resolve(trained.config, trained.task, name, {**entry, "split": split, "examples": limit}, None)
+  method, beam0, alpha0 = str(ev.options["method"]), int(ev.options["beam_size"]), float(ev.options["alpha"])
   before = (beam0, alpha0) if method == "beam" else None
   # Process 0 keeps the study (one record per point); every process translates. The name holds what the BLEU
   # depends on: the weights (the workdir, the checkpoint and its step), the split and its part.
@@ -116,12 +124,12 @@ def _sweep(workdir, checkpoint, points, split, limit, storage, write) -> dict:
     if trial is not None:
       trial.set_user_attr("beam_size", beam)
       trial.set_user_attr("alpha", alpha)
-    decode.beam_size, decode.alpha, decode.method = beam, alpha, "beam"
+    point = dataclasses.replace(ev, options={**ev.options, "beam_size": beam, "alpha": alpha, "method": "beam"})
     with jax.set_mesh(trained.mesh):
-      metrics = trained.task.evaluate(trained.model, trained.variables, split, trained.sharding, limit=limit)
-    bleu[(beam, alpha)] = metrics["eval/bleu"]
+      metrics = point.run(trained, trained.variables)
+    bleu[(beam, alpha)] = metrics[f"{name}/bleu"]
     if trial is not None:
-      study.tell(trial, metrics["eval/bleu"])
+      study.tell(trial, bleu[(beam, alpha)])
     logging.info(
       "point %d/%d: beam %d, alpha %.2f | %s BLEU %.2f", i + 1, len(todo), beam, alpha, split, bleu[(beam, alpha)]
     )
@@ -133,8 +141,10 @@ def _sweep(workdir, checkpoint, points, split, limit, storage, write) -> dict:
   _write_report(workdir, results, best, before, checkpoint, split, limit)
   if not write or best == before:
     return {"best": best, "bleu": results, "before": before, "written": False}
-  changes = {"decode.method": (method, "beam"), "decode.beam_size": (beam0, best[0]), "decode.alpha": (alpha0, best[1])}
-  workdir_lib.record_config_change(workdir, trained.step, {k: v for k, v in changes.items() if v[0] != v[1]})
+  name = str(trained.config.best).split("/")[0]
+  changes = {"method": (method, "beam"), "beam_size": (beam0, best[0]), "alpha": (alpha0, best[1])}
+  changes = {f"evals.{name}.{k}": v for k, v in changes.items() if v[0] != v[1]}
+  workdir_lib.record_config_change(workdir, trained.step, changes)
   return {"best": best, "bleu": results, "before": before, "written": True}
 
 

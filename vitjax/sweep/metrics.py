@@ -11,12 +11,17 @@ def at_step(step) -> str:
   return f" after step {step}" if step is not None else ""
 
 
+def is_metric(key: str) -> bool:
+  """An evaluator's NAME/METRIC (not training's train/...)."""
+  return "/" in key and not key.startswith("train/")
+
+
 def metric_names(rows) -> list[str]:
-  return sorted({k for r in rows for k in r if k.startswith("eval/")})
+  return sorted({k for r in rows for k in r if is_metric(k)})
 
 
 def is_eval(row: dict) -> bool:
-  return "source" not in row and any(k.startswith("eval/") for k in row)  # not a --mode=eval row
+  return "source" not in row and any(is_metric(k) for k in row)  # not a --mode=eval row
 
 
 def metric_rows(workdir: str) -> list[dict]:

@@ -1,7 +1,8 @@
 """The task interface, and the pieces every task shares (loss, batch checks).
 
 A task is what differs between image classification, masked-image pre-training (MAE) and translation: its data, the model's inputs and the
-attributes the data decides, the loss, the evaluation, and what prediction needs. The trainer (vitjax.train)
+attributes the data decides, the loss, and what prediction needs. What a run measures is not the task's: evaluators
+(vitjax.evaluators) read the task's evaluation batches and compute their metrics themselves. The trainer (vitjax.train)
 holds the rest and never asks which task it runs.
 """
 
@@ -9,13 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
-from flax import linen as nn
-from jax.sharding import NamedSharding
 
 from vitjax import mesh as mesh_lib
 from vitjax.errors import ConfigError
@@ -28,7 +27,7 @@ class EvaluationInterrupted(Exception):
 
 
 def check_stop(stop) -> None:
-  """Raises EvaluationInterrupted if `stop` (a callable or None) says so; tasks call it between batches."""
+  """Raises EvaluationInterrupted if `stop` (a callable or None) says so; evaluators call it between batches."""
   if stop is not None and stop():
     raise EvaluationInterrupted()
 
@@ -103,19 +102,12 @@ class Task(Protocol):
     """(scalar loss, {name: scalar}) of one batch; a "tokens" entry is summed, not averaged, over
     micro-batches."""
 
-  def evaluate(
-    self,
-    model: nn.Module,
-    variables: dict,
-    split: str,
-    sharding: NamedSharding,
-    limit: int | None = None,
-    stop: Callable[[], bool] | None = None,
-    step: int | None = None,
-  ) -> dict:
-    """{"eval/...": float} on a split (all processes take part); `limit` caps the examples. `stop()` is asked
-    between batches: True raises EvaluationInterrupted (training was asked to stop). `step`: the training step
-    evaluated, for what a task writes beside its metrics (MAE's reconstructions)."""
+  def check_split(self, split: str, what: str) -> None:
+    """ConfigError naming the setting `what` if the data has no split `split`."""
+
+  def eval_batches(self, split: str, limit: int | None = None):
+    """A split's evaluation data for its evaluators (vitjax.evaluators), at least `limit` examples (None: all);
+    its form is the task's (image batches; translation's pairs and batches), as evaluators are written for tasks."""
 
 
 def cross_entropy(logits, labels, num_classes: int, smoothing: float = 0.0):
@@ -145,18 +137,3 @@ def check_batch(batch_size: int, what: str, layout: mesh_lib.Layout, accum: int 
     )
   if batch_size % procs:
     raise ConfigError(f"{what}={batch_size} is not divisible by the {procs} processes")
-
-
-def ema_metric(name: str) -> str:
-  """The name under which the EMA's evaluation reports metric `name`: eval/accuracy -> eval_ema/accuracy."""
-  return name.replace("eval/", "eval_ema/", 1)
-
-
-def check_best_metric(config, valid) -> None:
-  """best_metric is one of the task's `valid` metrics, or with config.ema_decay one of their eval_ema/ twins."""
-  if config.ema_decay:
-    valid = (*valid, *(ema_metric(k) for k in valid))
-  if config.best_metric not in valid:
-    raise ConfigError(f"best_metric={config.best_metric!r} is not reported by this task; use one of {list(valid)}")
-  if config.best_mode not in ("max", "min"):
-    raise ConfigError(f"best_mode must be 'max' or 'min', got {config.best_mode!r}")

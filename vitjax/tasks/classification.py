@@ -4,8 +4,8 @@ Splits: `config.data.train_split` minus a held-out validation part is what train
 (`data.valid_fraction` of the training split, drawn by `data.valid_seed`; see vitjax.data.images.holdout_split),
 unless the dataset has a `valid` split of its own (a `folder:PATH` with `PATH/valid/`): then that split is
 `"valid"`, the whole training split trains and `data.valid_fraction` is not used; any other name is a tfds split
-read as it is ("test", "train[:10%]", ...). Evaluation during training uses
-`data.eval_split` ("valid" by default, so `best` is chosen without looking at the test split).
+read as it is ("test", "train[:10%]", ...). Evaluators (vitjax.evaluators, config.evals) read 'valid' unless
+told otherwise, so `best` is chosen without looking at the test split.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from vitjax import mesh as mesh_lib
 from vitjax.data import augment, device_ops, folder
 from vitjax.errors import ConfigError
 from vitjax.logs import Progress
-from vitjax.tasks.base import VALID, TrainInput, check_batch, check_best_metric, check_stop, cross_entropy
+from vitjax.tasks.base import VALID, TrainInput, check_batch, check_stop, cross_entropy
 
 
 class ImageClassification:
@@ -104,10 +104,6 @@ class ImageClassification:
     check_batch(c.data.eval_batch_size, "data.eval_batch_size", self.layout)
     if not 0 <= c.data.valid_fraction < 1:
       raise ConfigError(f"data.valid_fraction={c.data.valid_fraction} must be in [0, 1)")
-    check_best_metric(c, ("eval/accuracy", "eval/top5", "eval/loss"))
-    self.check_split(c.data.eval_split, "data.eval_split")
-    for name, split, *_ in (e for e in c.get("evals") or () if isinstance(e, list | tuple) and len(e) == 4):
-      self.check_split(split, f"evals[{name}] split")
     info = self.describe()
     mean = self.preprocess().mean
     if mean is not None and len(mean) != info["channels"]:
@@ -120,6 +116,18 @@ class ImageClassification:
         f"config.model.num_classes={c.model.get('num_classes')} but {c.data.name} has "
         f"{info['num_classes']} classes; set --config.model.num_classes={info['num_classes']}"
       )
+
+  @property
+  def data_name(self) -> str:
+    return self.config.data.name
+
+  def has_split(self, split: str) -> bool:
+    """Whether the data has `split` ('valid': held out or its own)."""
+    try:
+      self.check_split(split, "split")
+    except ConfigError:
+      return False
+    return True
 
   def check_split(self, split: str, what: str) -> None:
     """ConfigError (naming `what`, the setting) if `split` cannot be read: 'valid' without a held-out part or a
@@ -195,23 +203,18 @@ class ImageClassification:
     hard = labels if labels.ndim == 1 else labels.argmax(-1)
     return loss, {"accuracy": jnp.mean(logits.argmax(-1) == hard)}
 
-  def evaluate(self, model, variables, split, sharding, limit=None, stop=None, step=None) -> dict:
+  def eval_batches(self, split: str, limit: int | None = None):
+    """The process-local evaluation batches of a split (image uint8, label, mask: 0 for padding rows), at least
+    `limit` examples (None: all), with a progress line: what evaluators (vitjax.evaluators) read."""
     it, info = self._input(split, False)
     progress = Progress(f"eval {split}", info.steps_per_epoch, unit="images")
-    sums = None
+    seen = 0
     for batch in it:
-      check_stop(stop)
-      batch = mesh_lib.to_global(batch, sharding, ("image", "label", "mask"))
-      out = _eval_step(model, variables, batch, self.preprocess().mean, self.preprocess().std)
-      sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
+      yield batch
+      seen += len(batch["label"]) * jax.process_count()
       progress.update(len(batch["label"]) * jax.process_count())
-    sums = jax.device_get(sums)
-    return {
-      "eval/loss": float(sums["loss_sum"] / sums["count"]),
-      "eval/accuracy": float(sums["correct"] / sums["count"]),
-      "eval/top5": float(sums["correct5"] / sums["count"]),
-      "eval/examples": float(sums["count"]),
-    }
+      if limit is not None and seen >= limit:
+        return
 
   # -- representations (vitjax.probe)
   def features(self, model, variables, split, sharding, limit=None, stop=None) -> tuple[np.ndarray, np.ndarray]:
@@ -290,26 +293,6 @@ def check_images(images, channels: int) -> np.ndarray:
   lo, hi = (float(images.min()), float(images.max())) if images.size else (0.0, 0.0)
   hint = "np.round(x * 255).astype(np.uint8)" if 0 <= lo and hi <= 1 else "x.astype(np.uint8) after rescaling to 0..255"
   raise ValueError(f"{want}; got {images.dtype} with values {lo:g}..{hi:g}: convert them, e.g. {hint}")
-
-
-@functools.partial(jax.jit, static_argnums=(0, 3, 4))
-def _eval_step(model, variables, batch, mean=None, std=None):
-  logits, _ = model.apply(variables, device_ops.to_float(batch["image"], mean, std), train=False)
-  mask = batch["mask"].astype(jnp.float32)
-  loss = cross_entropy(logits, batch["label"], logits.shape[-1])
-  return {
-    "loss_sum": jnp.sum(loss * mask),
-    "correct": jnp.sum((logits.argmax(-1) == batch["label"]) * mask),
-    "correct5": jnp.sum((_rank(logits, batch["label"]) < 5) * mask),
-    "count": jnp.sum(mask),
-  }
-
-
-def _rank(logits, labels):
-  """The label's rank among the classes, 0 for the top: how many logits are strictly larger (ties count for the
-  label)."""
-  label_logit = jnp.take_along_axis(logits, labels[:, None].astype(jnp.int32), axis=-1)
-  return jnp.sum(logits > label_logit, axis=-1)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 4, 5))

@@ -12,7 +12,6 @@ ConfigError naming the value to set.
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 
@@ -26,9 +25,11 @@ from vitjax import mesh as mesh_lib
 from vitjax.data import text
 from vitjax.errors import ConfigError
 from vitjax.logs import Progress
-from vitjax.tasks.base import TrainInput, check_batch, check_best_metric, check_stop, cross_entropy
+from vitjax.tasks.base import TrainInput, check_batch, cross_entropy
 
-METHODS = ("beam", "greedy", "sample")
+# How translate() decodes unless told otherwise: the decoding of the evaluator that chose the run's best
+# (vitjax.evaluators.translation.decoding), else these.
+DECODING = {"method": "beam", "beam_size": 4, "alpha": 0.6, "temperature": 1.0, "top_k": 0, "extra_len": 10}
 
 
 class Translation:
@@ -42,7 +43,7 @@ class Translation:
     self.layout = layout or mesh_lib.Layout.of(config)
     self._splits = None
     self._tokenizer = None
-    self._references = None  # _synonym_scores(): {pair: every acceptable target}, read once
+    self._references = None  # references(), read once
 
   # -- data
   @property
@@ -116,17 +117,20 @@ class Translation:
   def check(self):
     c = self.config
     check_batch(c.data.eval_batch_size, "data.eval_batch_size", self.layout)
-    if c.decode.method not in METHODS:
-      raise ConfigError(f"unknown decode.method {c.decode.method!r}; use 'beam', 'greedy' or 'sample'")
-    check_best_metric(c, ("eval/bleu", "eval/chrf", "eval/loss"))
     if convert.WeightSource.parse(c.init_from).imported:
       raise ConfigError("translation can start only from another translation workdir (init_from=WORKDIR)")
-    # reads the data now: a missing source stops the run before anything is written
-    if c.data.eval_split not in self.splits:
-      raise ConfigError(f"config.data.eval_split={c.data.eval_split!r}: this task has the splits {list(self.splits)}")
-    for name, split, *_ in (e for e in c.get("evals") or () if isinstance(e, list | tuple) and len(e) == 4):
-      if split not in self.splits:
-        raise ConfigError(f"config.evals[{name}]: split {split!r}; this task has the splits {list(self.splits)}")
+    self.splits  # noqa: B018 (reads the data now: a missing source stops the run before anything is written)
+
+  def check_split(self, split: str, what: str) -> None:
+    if split not in self.splits:
+      raise ConfigError(f"config.{what}={split!r}: this task has the splits {list(self.splits)}")
+
+  def has_split(self, split: str) -> bool:
+    return split in self.splits
+
+  @property
+  def data_name(self) -> str:
+    return self.config.data.source
 
   def describe(self) -> dict:
     d = self.config.data
@@ -176,12 +180,9 @@ class Translation:
     return (ce * w).sum() / n, {"accuracy": ((logits.argmax(-1) == tgt) * w).sum() / n, "tokens": w.sum()}
 
   # -- decoding
-  def decode_len(self, src_len: int) -> int:
-    return int(min(self.config.data.max_len, src_len * 1.5 + self.config.decode.extra_len))
-
-  def translate_batch(self, model, params, src, max_len: int, **overrides):
-    """Token ids [B, S] (global array) -> token ids [B, max_len] with config.decode (and `overrides`)."""
-    g = {**self.config.decode.to_dict(), **{k: v for k, v in overrides.items() if v is not None}}
+  def translate_batch(self, model, params, src, max_len: int, decoding: dict):
+    """Token ids [B, S] (global array) -> token ids [B, max_len] with `decoding` (DECODING's keys)."""
+    g = {**DECODING, **decoding}
     if g["method"] == "beam":
       return decode.beam_search(model, params, src, beam_size=g["beam_size"], max_len=max_len, alpha=g["alpha"])[0]
     if g["method"] == "greedy":
@@ -189,14 +190,16 @@ class Translation:
     if g["method"] == "sample":
       key = jax.random.key(self.config.seed)
       return decode.sample(model, params, src, key, max_len=max_len, temperature=g["temperature"], top_k=g["top_k"])
-    raise ConfigError(f"unknown decode method {g['method']!r}; use 'beam', 'greedy' or 'sample'")
+    raise ConfigError(f"unknown decoding method {g['method']!r}; use 'beam', 'greedy' or 'sample'")
 
-  def evaluate(self, model, variables, split, sharding, limit=None, stop=None, step=None) -> dict:
-    import sacrebleu
+  def decode_len(self, src_len: int, extra_len: int) -> int:
+    return int(min(self.config.data.max_len, src_len * 1.5 + extra_len))
 
+  def eval_batches(self, split: str, limit: int | None = None):
+    """(pairs, this process's batches: src, tgt, index (-1 for padding rows), mask) of a split's first `limit`
+    pairs (None: all), what evaluators (vitjax.evaluators.translation) read."""
+    self.check_split(split, "split")
     d = self.config.data
-    if split not in self.splits:
-      raise ConfigError(f"no split {split!r}; translation splits are {sorted(self.splits)}")
     pairs = self.splits[split][:limit] if limit else self.splits[split]
     batches = text.make_eval_batches(
       pairs,
@@ -206,48 +209,29 @@ class Translation:
       process_index=jax.process_index(),
       process_count=jax.process_count(),
     )
-    params = variables["params"]
-    progress = Progress(f"eval {split}", len(batches), unit="sentences")
-    hyps = [""] * len(pairs)
-    loss_sum = count = 0.0
-    for b in batches:
-      check_stop(stop)
-      g = mesh_lib.to_global(b, sharding, ("src", "tgt", "mask"))
-      batch_loss, n = _eval_loss(model, params, g)
-      loss_sum, count = loss_sum + float(batch_loss), count + float(n)
-      out = self.translate_batch(model, params, g["src"], self.decode_len(b["src"].shape[1]))
-      out = mesh_lib.gather(out)
-      index = mesh_lib.gather(jax.make_array_from_process_local_data(sharding, b["index"]))
-      for row, i in zip(self.tokenizer.decode_batch(out), index):
-        if i >= 0:
-          hyps[i] = row
-      progress.update(int((index >= 0).sum()))
-    refs = [t for _, t in pairs]
-    return {
-      "eval/loss": loss_sum / max(count, 1.0),
-      "eval/bleu": sacrebleu.corpus_bleu(hyps, [refs]).score,
-      "eval/chrf": sacrebleu.corpus_chrf(hyps, [refs]).score,
-      "eval/bleu_copy_source": sacrebleu.corpus_bleu([s for s, _ in pairs], [refs]).score,
-      "eval/examples": float(len(pairs)),
-      **self._synonym_scores(pairs, hyps),
-    }
+    return pairs, batches
 
-  def _synonym_scores(self, pairs, hyps) -> dict:
-    """synonym_scores() against the source's references, read once; {} for a source with one reference each."""
+  def references(self) -> dict:
+    """{pair: every acceptable target} for a source with several (the Ding dictionary's synonyms), read once;
+    {} for a source with one reference each."""
     if self._references is None:
       d = self.config.data
       found = text.load_references(d.source, src_lang=d.src_lang, tgt_lang=d.tgt_lang, data_dir=d.data_dir)
       self._references = found if found is not None else {}
-    return synonym_scores(self._references, pairs, hyps)
+    return self._references
 
   # -- prediction (vitjax.load, vitjax.translate)
   def translate(self, model, variables, lines, sharding, batch_size: int = 32, warn=logging.warning, **decode_args):
     """Source strings -> translated strings, one per line and in order; an empty line gives an empty line.
 
     Lines longer than the model's max_len tokens are truncated (with a warning naming the line); characters the
-    tokenizer does not know become the unknown token. decode_args override config.decode (method, beam_size,
-    alpha, temperature, top_k). Every process passes the same lines and gets all translations.
+    tokenizer does not know become the unknown token. decode_args (method, beam_size, alpha, temperature, top_k,
+    extra_len; None: left as is) override the run's decoding: that of the evaluator that chose its best
+    (vitjax.evaluators.translation.decoding). Every process passes the same lines and gets all translations.
     """
+    from vitjax.evaluators import translation as evaluator  # pylint: disable=g-import-not-at-top
+
+    g = {**evaluator.decoding(self.config), **{k: v for k, v in decode_args.items() if v is not None}}
     tok, max_len = self.tokenizer, self.config.data.max_len
     out = [""] * len(lines)
     todo = []
@@ -273,35 +257,9 @@ class Translation:
       local = src.reshape(jax.process_count(), -1, width)[jax.process_index()]
       src = mesh_lib.to_global({"src": local}, sharding, ("src",))["src"]
       tokens = mesh_lib.gather(
-        self.translate_batch(model, variables["params"], src, self.decode_len(width), **decode_args)
+        self.translate_batch(model, variables["params"], src, self.decode_len(width, g["extra_len"]), g)
       )
       for (i, _), line in zip(chunk, tok.decode_batch(tokens[: len(chunk)])):
         out[i] = line
       progress.update(len(chunk))
     return out
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _eval_loss(model, params, batch):
-  logits, _ = model.apply({"params": params}, batch["src"], batch["tgt"], train=False)
-  w = (batch["tgt"] != model.pad_id) & batch["mask"][:, None]
-  ce = cross_entropy(logits, batch["tgt"], logits.shape[-1])
-  return jnp.sum(ce * w), jnp.sum(w)
-
-
-def synonym_scores(references: dict, pairs, hyps) -> dict:
-  """For a source whose entries have several correct translations (the Ding dictionary's synonyms; references as
-  text.load_references gives them): eval/exact_match (the share of translations equal to one of them) and
-  eval/bleu_synonyms (BLEU with all of them as references); {} when references is empty."""
-  import sacrebleu
-
-  if not references:
-    return {}
-  refs = [references.get(pair, [pair[1]]) for pair in pairs]
-  width = max(len(r) for r in refs)
-  streams = [[r[k] if k < len(r) else None for r in refs] for k in range(width)]
-  exact = sum(h.strip() in r for h, r in zip(hyps, refs, strict=True))
-  return {
-    "eval/exact_match": exact / max(len(pairs), 1),
-    "eval/bleu_synonyms": sacrebleu.corpus_bleu(hyps, streams).score,
-  }

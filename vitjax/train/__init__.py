@@ -8,14 +8,13 @@ One concern per module:
     step.py         the jit-compiled training step (gradient accumulation included)
     optim.py        any optax optimizer by name, lr_mults / wd_mults / frozen rules, learning-rate schedule
     durations.py    cadences and lengths in steps, epochs or examples, resolved once
-    evaluators.py   the evaluations a run makes (config.evals), run by the loop without knowing what they are
-    probing.py      linear probe, few-shot and k-NN of a frozen encoder (--mode=probe, the 'probe' evaluator)
     checkpoints.py  one orbax manager (latest N + best), checksums, fallback to the newest intact step
     workdir.py      config.json and its history, the one-writer lock, metrics.jsonl rows, task.json
     preemption.py   SIGTERM / SIGINT: checkpoint the step in flight, then stop
     reporting.py    progress lines, metrics.jsonl, TensorBoard, the profiler
 
-Around it: vitjax.tasks (what differs between tasks), vitjax.mesh (devices and shardings), vitjax.logs, and
+Around it: vitjax.tasks (what differs between tasks: data, inputs, loss), vitjax.evaluators (what a run measures,
+config.evals: the loop runs them without knowing what they are), vitjax.mesh (devices and shardings), vitjax.logs, and
 vitjax.errors. `python -m vitjax.main` is the command line; vitjax.load restores a trained model.
 """
 
@@ -23,7 +22,6 @@ from vitjax.errors import ConfigError, Diverged, Preempted
 from vitjax.train.checkpoints import Checkpoints
 from vitjax.train.loop import evaluate, train
 from vitjax.train.optim import decay_mask, make_optimizer, make_schedule
-from vitjax.train.probing import probe
 from vitjax.train.state import Experiment, Network, TrainState, build_model, initial_state, network, setup
 from vitjax.train.step import make_train_step
 
@@ -43,7 +41,6 @@ __all__ = [
   "network",
   "make_train_step",
   "Preempted",
-  "probe",
   "setup",
   "train",
 ]

@@ -1,6 +1,6 @@
 """Checkpoint averaging (Vaswani et al. 2017; T2T's and fairseq's average_checkpoints): the mean of several steps'
 parameters, written as WORKDIR/averaged, which --checkpoint=averaged reads wherever a checkpoint is read
-(`--mode=eval`, `--mode=probe`, vitjax.load, export, translate).
+(`--mode=eval` with any evaluator, vitjax.load, export, translate).
 
 The members are restored as the other checkpoints are (sharded over the mesh, every array checked against its
 checksum): a corrupt member stops the averaging with one line naming it, and nothing is written. The mean is taken
@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
-from vitjax import tasks
+from vitjax import evaluators, tasks
 from vitjax.errors import ConfigError
 from vitjax.mesh import sync
 from vitjax.train import checkpoints as ckpt_lib
@@ -69,7 +69,7 @@ def average(config, workdir: str, last: int | None = None, steps=None) -> dict:
 def _average(config, workdir: str, last, steps) -> dict:
   task = tasks.get(config, workdir, described=workdir_lib.read_json(workdir, "task.json"))
   net = state_lib.network(config, task)
-  with ckpt_lib.Checkpoints(workdir, config.best_metric, config.best_mode, read_only=True) as ckpts:
+  with ckpt_lib.Checkpoints(workdir, config.best, evaluators.best_mode(config), read_only=True) as ckpts:
     members = choose(ckpts.steps(), last, steps)
     total = None
     for step in members:
@@ -88,7 +88,7 @@ def _average(config, workdir: str, last, steps) -> dict:
   if jax.process_index() == 0:
     shutil.rmtree(os.path.join(workdir, new), ignore_errors=True)  # a half-written one from an interrupted run
   sync("averaging_start")
-  with ckpt_lib.Checkpoints(workdir, config.best_metric, config.best_mode, keep=1, subdir=new) as out:
+  with ckpt_lib.Checkpoints(workdir, config.best, evaluators.best_mode(config), keep=1, subdir=new) as out:
     out.save(members[-1], mean, json.dumps({"averaged_steps": members}))
   if jax.process_index() == 0:
     final, old = os.path.join(workdir, ckpt_lib.AVERAGED), os.path.join(workdir, ckpt_lib.AVERAGED + ".old")

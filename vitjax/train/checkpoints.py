@@ -3,7 +3,7 @@
 A step holds the TrainState, the data iterator's position and their checksums, written asynchronously and
 atomically. It is saved every `checkpoint_every` steps, at every evaluation (after it, with its metrics) and at the
 end. Orbax's preservation policies keep the latest `keep_checkpoints` steps plus the best evaluated one by
-`best_metric` (`best_mode`; a non-finite evaluation is never best). A step is written once, except one whose
+`best` (config.best, 'max' or 'min' by its evaluator; a non-finite evaluation is never best). A step is written once, except one whose
 evaluation a stop interrupted: it is evaluated on resume and written again with its metrics. `--checkpoint=best`
 is that step, `latest` the newest, or a step number.
 
@@ -32,6 +32,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
+from vitjax import evaluators
 from vitjax.errors import ConfigError
 from vitjax.mesh import agree, path_name, sync
 
@@ -96,13 +97,13 @@ class Checkpoints:
   ITEMS = ("state", "data", "checksums")
 
   def __init__(
-    self, workdir: str, best_metric: str, best_mode: str, keep: int | None = None, read_only=False, subdir=CHECKPOINTS
+    self, workdir: str, best: str, best_mode: str, keep: int | None = None, read_only=False, subdir=CHECKPOINTS
   ):
     self.workdir = workdir
     self.directory = os.path.join(workdir, subdir)
-    self.best_metric, self.best_mode, self.read_only = best_metric, best_mode, read_only
+    self.best, self.best_mode, self.read_only = best, best_mode, read_only
     worst = -math.inf if best_mode == "max" else math.inf
-    best_fn = lambda metrics: metrics[best_metric] if math.isfinite(metrics[best_metric]) else worst
+    best_fn = lambda metrics: metrics[best] if math.isfinite(metrics[best]) else worst
     if read_only:
       if not os.path.isdir(self.directory):
         raise ConfigError(
@@ -152,7 +153,7 @@ class Checkpoints:
 
   def _ranked(self) -> list[int]:
     """Evaluated steps (finite metric), best first."""
-    scored = [(s, (self.metrics(s) or {}).get(self.best_metric)) for s in self.steps()]
+    scored = [(s, (self.metrics(s) or {}).get(self.best)) for s in self.steps()]
     sign = 1 if self.best_mode == "max" else -1
     ranked = sorted(((sign * v, s) for s, v in scored if v is not None and math.isfinite(v)), reverse=True)
     return [s for _, s in ranked]
@@ -348,7 +349,7 @@ def read_variables(workdir: str, config, which, abstract: dict, weights: str = "
   Checkpoints.candidates), or 'averaged' (vitjax.average's mean; its step is its newest member's). abstract:
   state.Network.abstract."""
   if str(which) != AVERAGED:
-    with Checkpoints(workdir, config.best_metric, config.best_mode, read_only=True) as ckpts:
+    with Checkpoints(workdir, config.best, evaluators.best_mode(config), read_only=True) as ckpts:
       return ckpts.restore_variables(str(which), abstract, weights)
   if weights != "params":
     raise ConfigError("--checkpoint=averaged holds averaged parameters, not a moving average: use --weights=params")
@@ -357,7 +358,7 @@ def read_variables(workdir: str, config, which, abstract: dict, weights: str = "
     raise ConfigError(
       f"no averaged checkpoint in {workdir}: write one with python -m vitjax.average --workdir={workdir} --last=5"
     )
-  with Checkpoints(workdir, config.best_metric, config.best_mode, read_only=True, subdir=found[0]) as ckpts:
+  with Checkpoints(workdir, config.best, evaluators.best_mode(config), read_only=True, subdir=found[0]) as ckpts:
     return ckpts.restore_variables("latest", abstract)
 
 

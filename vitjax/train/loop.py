@@ -2,9 +2,9 @@
 
 train(): check the config and data -> lock the workdir -> build the data, model and initial state, or restore the
 newest intact checkpoint (a check that fails here puts the workdir back as it was) -> steps, progress,
-evaluations, checkpoints -> final evaluation. It goes on or stops with one line: Preempted (SIGTERM/SIGINT, after
+evaluations (vitjax.evaluators, config.evals), checkpoints -> final evaluation. It goes on or stops with one line: Preempted (SIGTERM/SIGINT, after
 checkpointing), Diverged (a non-finite step), ConfigError (input to fix).
-evaluate(): restore a checkpoint and evaluate it on a split.
+evaluate(): restore a checkpoint (or take the initial weights) and run one evaluator on it.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ import jax
 import ml_collections as mlc
 from absl import logging
 
+from vitjax import evaluators, tasks
 from vitjax import mesh as mesh_lib
-from vitjax import tasks
 from vitjax.errors import ConfigError, Diverged, Preempted
 from vitjax.mesh import agree, to_global
 from vitjax.tasks.base import EvaluationInterrupted
 from vitjax.train import checkpoints as ckpt_lib
-from vitjax.train import durations, evaluators, optim
+from vitjax.train import durations, optim
 from vitjax.train import state as state_lib
 from vitjax.train import workdir as workdir_lib
 from vitjax.train.preemption import StopRequest
@@ -126,8 +126,9 @@ def _checked_train(config, workdir, allow_config_change, stop) -> dict:
       data = task.train_input()
       plan = durations.resolve(config, data.steps_per_epoch, data.examples_per_step)
       total = plan.total
+      steps_of = lambda what, every: durations.steps(what, every, data.steps_per_epoch, data.examples_per_step)
+      evals = evaluators.plan(config, task, steps_of, workdir)
       exp = state_lib.setup(config, task, total, data.steps_per_epoch, warmup=plan.warmup)
-      evals = evaluators.plan(config, plan.eval_every, data.steps_per_epoch, data.examples_per_step, task)
       if resuming:
         ckpts = _checkpoints(config, workdir)
         start, state, data_state = ckpts.restore("latest", exp.abstract_state)
@@ -148,7 +149,7 @@ def _checked_train(config, workdir, allow_config_change, stop) -> dict:
       raise
     if start >= total:
       logging.info("the run in %s is complete (step %d of %d): nothing to train", workdir, start, total)
-      return _best_result(config, ckpts)
+      return _best_result(config, ckpts, evals)
     budget = config.max_train_minutes
     # the budget counts the earlier sessions' training time too: a stopped and resumed run ends where one would have
     spent = workdir_lib.train_seconds(workdir, start) if start else 0.0
@@ -159,7 +160,7 @@ def _checked_train(config, workdir, allow_config_change, stop) -> dict:
         budget,
         start,
       )
-      return _best_result(config, ckpts)
+      return _best_result(config, ckpts, evals)
     if stop.requested():
       raise Preempted(f"{stop.name} before the first step: nothing new to checkpoint; rerun the same command")
     run = _Run(config, workdir, task, data, exp, plan, evals, ckpts, lock, stop, spent)
@@ -186,7 +187,7 @@ def _restore_data(data, data_state: str, workdir: str) -> None:
 
 
 def _checkpoints(config, workdir: str) -> ckpt_lib.Checkpoints:
-  return ckpt_lib.Checkpoints(workdir, config.best_metric, config.best_mode, keep=config.keep_checkpoints)
+  return ckpt_lib.Checkpoints(workdir, config.best, evaluators.best_mode(config), keep=config.keep_checkpoints)
 
 
 @dataclasses.dataclass
@@ -199,7 +200,7 @@ class _Run:
   data: tasks.TrainInput
   exp: state_lib.Experiment
   plan: durations.Durations
-  evals: tuple[evaluators.Eval, ...]
+  evals: tuple[evaluators.Evaluator, ...]
   ckpts: ckpt_lib.Checkpoints
   lock: workdir_lib.Lock
   stop: StopRequest
@@ -224,16 +225,16 @@ def _train(run: _Run, state, start: int, data_state, changes: dict) -> dict:
   evaluations = _Evaluations(run, reporter)
   try:
     with jax.set_mesh(exp.mesh):
-      if start and start % plan.eval_every == 0 and ckpts.metrics(start) is None:
+      if start and evaluations.best.due(start, plan.total) and ckpts.metrics(start) is None:
         logging.info("step %d was saved without its evaluation (interrupted): evaluating it now", start)
-        primary = tuple(e for e in run.evals if e.name in (evaluators.PRIMARY, evaluators.PRIMARY_EMA))
-        evaluations.run(start, state, data_state, primary, resave=True)
+        due = tuple(e for e in run.evals if e.due(start, plan.total))
+        evaluations.run(start, state, data_state, due, resave=True)
       _steps(run, train_step, state, start, reporter, evaluations, deadline)
   finally:
     reporter.close()
   ckpts.wait()
   logging.info("done: checkpoints in %s (best: step %s)", ckpts.directory, ckpts.best_step())
-  return _best_result(config, ckpts)
+  return _best_result(config, ckpts, run.evals)
 
 
 def _begin(run: _Run, state, start: int, changes: dict) -> None:
@@ -332,82 +333,72 @@ def _steps(run: _Run, train_step, state, start: int, reporter: Reporter, evaluat
 
 
 class _Evaluations:
-  """Evaluates a step and saves it with its metrics (a candidate for best), reporting the best so far."""
+  """Evaluates a step and saves it: with its metrics (a candidate for best) when the evaluator of config.best ran;
+  one log line per evaluator, the best one's saying whether it is the best so far."""
 
   def __init__(self, run: _Run, reporter: Reporter):
     self.run_, self.reporter = run, reporter
     config, ckpts = run.config, run.ckpts
+    self.best, mode = evaluators.best_of(config, run.evals)
     best = ckpts.best_step()
-    self.best_value = (ckpts.metrics(best) or {}).get(config.best_metric) if best is not None else None
-    self.sign = 1 if config.best_mode == "max" else -1
+    self.best_value = (ckpts.metrics(best) or {}).get(config.best) if best is not None else None
+    self.sign = 1 if mode == "max" else -1
 
   def _interrupted(self) -> bool:  # asked between evaluation batches
     self.run_.lock.touch()
     return self.run_.stop.requested()
 
-  def _metrics(self, step: int, state, due) -> dict:
-    run = self.run_
-    limit = run.config.data.get("eval_examples")
-    metrics = {}
-    for e in due:
-      metrics.update(e.run(run.task, run.exp, state, limit, self._interrupted, step))
-    return metrics
-
   def run(self, step: int, state, data_state, due, resave: bool = False) -> None:
-    """Runs the evaluations `due` at `step` and saves the step: with the metrics, a candidate for best, when the
-    primary evaluation is among them. An interrupted evaluation saves the step without metrics (it runs again on
-    resume) and raises Preempted."""
-    config, ckpts = self.run_.config, self.run_.ckpts
+    """Runs the evaluators `due` at `step` and saves the step. An interrupted evaluation saves the step without
+    metrics (it runs again on resume) and raises Preempted."""
+    run, ckpts = self.run_, self.run_.ckpts
+    weights = {"params": lambda: state_lib.variables(state)}
+    weights["ema"] = lambda: {"params": optim.ema_params(state.opt_state), **state.model_state}
+    results = {}
     try:
-      metrics = self._metrics(step, state, due)
+      for e in due:
+        results[e.name] = e.run(run.exp, weights[e.weights](), self._interrupted, step)
     except EvaluationInterrupted:
       if not resave:
         ckpts.save(step, state, data_state)
-      raise Preempted(_preempted(self.run_.stop, step, ckpts)) from None
-    primary = due[0].name == evaluators.PRIMARY
+      raise Preempted(_preempted(run.stop, step, ckpts)) from None
+    metrics = {k: v for r in results.values() for k, v in r.items()}
+    candidate = self.best.name in results
     if not _finite(metrics):
       logging.warning("step %d: the evaluation is not finite (%s): not a candidate for best", step, metrics)
     if resave:  # the step is saved already, without metrics: save it again with them
       ckpts.wait()
       ckpts.manager.delete(step)
-    ckpts.save(step, state, data_state, metrics=metrics if primary else None)
+    ckpts.save(step, state, data_state, metrics=metrics if candidate else None)
     if resave:
       ckpts.wait()
     self.reporter.write(step, metrics)
-    if primary:
-      self.reporter.evaluation(step, config.data.eval_split, _group(metrics, evaluators.PRIMARY), self._note(metrics))
     for e in due:
-      if e.name not in (evaluators.PRIMARY, evaluators.PRIMARY_EMA):  # those two share the line above
-        self.reporter.evaluation(step, f"{e.name} ({e.split})", _group(metrics, e.name, rename=True))
+      note = self._note(metrics) if e is self.best else ""
+      self.reporter.evaluation(step, e.split, results[e.name], note)
 
   def _note(self, metrics: dict) -> str:
     config = self.run_.config
-    value = metrics.get(config.best_metric)
-    name = config.best_metric.removeprefix("eval/").replace("eval_ema/", "ema ", 1)
+    value = metrics.get(config.best)
     if (
       value is not None
       and value == value
       and (self.best_value is None or self.sign * value > self.sign * self.best_value)
     ):
       self.best_value = value
-      return f" | best {name} so far"
+      return f" | best {config.best} so far"
     if value is not None and value == self.best_value:  # orbax keeps the later of equal steps as best
-      return f" | ties the best {name}: this later step becomes best"
+      return f" | ties the best {config.best}: this later step becomes best"
     return ""
 
 
-def _group(metrics: dict, name: str, rename: bool = False) -> dict:
-  """The primary evaluation's metrics (eval/ and eval_ema/), or another's (name/...) named as eval/... for the log."""
-  if not rename:
-    return {k: v for k, v in metrics.items() if k.startswith(("eval/", "eval_ema/"))}
-  return {k.replace(f"{name}/", "eval/", 1): v for k, v in metrics.items() if k.startswith(f"{name}/")}
-
-
-def _best_result(config, ckpts) -> dict:
+def _best_result(config, ckpts, evals) -> dict:
   """The run's result: the best kept step and its evaluation, in evaluate()'s layout."""
   best = ckpts.best_step()
   metrics = (ckpts.metrics(best) if best is not None else None) or {}
-  return {"step": best, "checkpoint": "best", "split": config.data.eval_split, "weights": "params", **metrics}
+  ev, _ = evaluators.best_of(config, evals)
+  row = {"step": best, "checkpoint": "best", "evaluator": ev.name, "split": ev.split, "weights": ev.weights}
+  return {**row, **metrics}
 
 
 def _preempted(stop: StopRequest, step: int, ckpts) -> str:
@@ -463,42 +454,56 @@ class _NonfiniteGuard:
     raise Diverged(message)
 
 
-def evaluate(config, workdir: str, checkpoint: str = "best", split: str | None = None, weights: str = "params") -> dict:
-  """Restores a checkpoint (best, latest, a step, or averaged: vitjax.average's; corrupt ones are skipped for
-  best and latest) and evaluates it on a split, its parameters or (weights="ema") their moving average; writes
-  WORKDIR/eval_SPLIT_STEP[_ema].json (eval_SPLIT_averaged.json) and a row of metrics.jsonl."""
+def evaluate(
+  config,
+  workdir: str,
+  checkpoint: str = "best",
+  split: str | None = None,
+  weights: str | None = None,
+  name: str | None = None,
+) -> dict:
+  """Runs evaluator `name` (a config.evals entry, or a type with its default options; None: the one that
+  chooses best) on a checkpoint: best, latest, a step, averaged (vitjax.average's; corrupt ones are skipped for best
+  and latest), or init (the initial weights: config.init_from's, else random; also what a workdir without
+  checkpoints but with config.init_from evaluates). `split` and `weights` ('params', 'ema') override the
+  evaluator's. Writes WORKDIR/NAME_SPLIT_STEP.json (STEP: averaged, init, imported; _ema added where --weights=ema
+  overrides the evaluator's weights) and a metrics.jsonl row."""
   workdir = os.path.abspath(workdir)
-  split = split or config.data.eval_split
-  if not ckpt_lib.has_checkpoints(workdir) and config.init_from:
-    return _evaluate_imported(config, workdir, split, weights)
-  task = tasks.get(config, workdir, described=workdir_lib.read_json(workdir, "task.json"))
+  trained = ckpt_lib.has_checkpoints(workdir)
+  imported = not trained and bool(config.init_from)
+  initial = str(checkpoint) == "init" or imported
+  task = tasks.get(config, workdir, described=None if initial else workdir_lib.read_json(workdir, "task.json"))
+  if initial or not trained:
+    workdir_lib.check_path(workdir)
+    task.check()
+  name = name or str(config.best).split("/")[0]
+  ev = evaluators.named(config, task, name, workdir)
+  configured = ev.weights
+  # the whole split: an entry's `examples` caps its evaluations during training only
+  entry = {**evaluators.entries(config).get(name, {"type": name}), "split": split or ev.split, "examples": None}
+  ev = evaluators.resolve(config, task, name, {**entry, "weights": weights or ev.weights}, None, workdir)
+  if not initial and not trained:
+    raise ConfigError(
+      f"{workdir} has no checkpoints: train first, give --config.init_from, or evaluate the initial (random) "
+      "weights with --checkpoint=init"
+    )
   net = state_lib.network(config, task)
-  step, params, model_state = ckpt_lib.read_variables(workdir, config, checkpoint, net.abstract, weights)
+  if initial:
+    if ev.weights != "params":
+      raise ConfigError("--weights=ema: initial weights have no moving average")
+    step, which = 0, "imported" if imported else "init"
+    params, model_state = state_lib.initial_variables(net)
+    source = f"init_from={config.init_from}" if config.init_from else f"random init (seed {config.seed})"
+    logging.info("evaluating the initial weights: %s", source)
+  else:
+    step, params, model_state = ckpt_lib.read_variables(workdir, config, checkpoint, net.abstract, ev.weights)
+    which = "averaged" if str(checkpoint) == ckpt_lib.AVERAGED else step
   with jax.set_mesh(net.mesh):
-    result = task.evaluate(net.model, {"params": params, **model_state}, split, net.batch_sharding, step=step)
-  row = {"step": step, "checkpoint": str(checkpoint), "split": split, "weights": weights, **result}
-  which = "averaged" if str(checkpoint) == ckpt_lib.AVERAGED else step
-  workdir_lib.write_json(workdir, f"eval_{split}_{which}{'_ema' if weights == 'ema' else ''}.json", row)
-  if jax.process_index() == 0:
-    with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
-      f.write(json.dumps({**row, "source": "evaluate"}) + "\n")
-  return row
-
-
-def _evaluate_imported(config, workdir: str, split: str, weights: str) -> dict:
-  """evaluate() of the weights config.init_from names, with no training: for a workdir without checkpoints.
-  Writes WORKDIR/eval_SPLIT_imported.json and a row (step 0) of metrics.jsonl."""
-  if weights != "params":
-    raise ConfigError(f"weights={weights!r}: imported weights (init_from={config.init_from}) have no moving average")
-  workdir_lib.check_path(workdir)
-  task = tasks.get(config, workdir)
-  task.check()
-  net = state_lib.network(config, task)
-  params, model_state = state_lib.initial_variables(net)
-  with jax.set_mesh(net.mesh):
-    result = task.evaluate(net.model, {"params": params, **model_state}, split, net.batch_sharding)
-  row = {"step": 0, "init_from": config.init_from, "split": split, "weights": weights, **result}
-  workdir_lib.write_json(workdir, f"eval_{split}_imported.json", row)
+    metrics = ev.run(net, {"params": params, **model_state}, step=step)
+  row = {"step": step, "checkpoint": "init" if initial else str(checkpoint), "evaluator": ev.name, "split": ev.split}
+  row = {**row, "weights": ev.weights, **({"init_from": config.init_from} if imported else {}), **metrics}
+  other = f"_{ev.weights}" if ev.weights != configured else ""  # --weights= against the evaluator's own
+  workdir_lib.write_json(workdir, f"{ev.name}_{ev.split}_{which}{other}.json", row)
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
       f.write(json.dumps({**row, "source": "evaluate"}) + "\n")

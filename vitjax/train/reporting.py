@@ -109,7 +109,7 @@ class Reporter:
     logging.info(" | ".join(parts))
 
   def evaluation(self, step: int, split: str, metrics: dict, note: str = "") -> None:
-    """Logs an evaluation's metrics in one line (the loop writes a step's evaluations once, together)."""
+    """Logs one evaluator's metrics in one line (the loop writes a step's evaluations once, together)."""
     logging.info("step %d | %s%s", step, format_evaluation(split, metrics), note)
 
   def close(self) -> None:
@@ -145,35 +145,27 @@ class _EventWriter:
 
 
 def format_evaluation(split: str, metrics: dict) -> str:
-  """'valid: accuracy 0.9800, loss 0.0712 (300 examples)'; the EMA's (eval_ema/...) as 'ema accuracy 0.9810'."""
-  name = lambda k: k.removeprefix("eval/").replace("eval_ema/", "ema ", 1)
-  shown = ", ".join(f"{name(k)} {v:.4f}" for k, v in metrics.items() if k != "eval/examples")
-  count = f" ({int(metrics['eval/examples'])} examples)" if "eval/examples" in metrics else ""
-  return f"{split}: {shown}{count}"
+  """'eval/loss 0.0712, eval/accuracy 0.9800, eval/top5 1.0000 (valid, 300 examples)': one evaluator's metrics by
+  the names metrics.jsonl and TensorBoard give them; spreads (*_std) and the probe's regulariser stay there."""
+  hidden = lambda k: k.endswith(("/examples", "_std", "_l2"))
+  shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if not hidden(k))
+  count = next((f", {int(v)} examples" for k, v in metrics.items() if k.endswith("/examples")), "")
+  return f"{shown} ({split}{count})"
 
 
 def format_result(row: dict) -> str:
-  """A result (train()'s, evaluate()'s or probe()'s) on one line: 'checkpoint best (step 1600) | test: accuracy
-  0.9833, ...'; imported weights: 'imported weights (init_from=...), no training | test: ...'; a probe's:
-  'checkpoint best (step 1600) | probe valid: linear ... | probe test: ...'."""
-  metrics = {k: v for k, v in row.items() if k.startswith(("eval/", "eval_ema/"))}
+  """A result (train()'s or evaluate()'s) on one line: 'checkpoint best (step 1600) | eval/loss 0.0712,
+  eval/accuracy 0.9833, ... (test, 300 examples)'; imported weights: 'imported weights (init_from=...), no training |
+  ...'."""
+  name = row.get("evaluator", "eval")
+  metrics = {k: v for k, v in row.items() if k.startswith(name + "/")}
   if "init_from" in row:
     what = f"imported weights (init_from={row['init_from']}), no training"
   elif row["checkpoint"] == "init":
     what = "initial weights (no training)"
   else:
     what = f"checkpoint {row['checkpoint']} (step {row['step']}{', EMA weights' if row['weights'] == 'ema' else ''})"
-  if "probe" in row:
-    return " | ".join([what, *(format_probe(split, r) for split, r in row["probe"].items())])
   return f"{what} | {format_evaluation(row['split'], metrics)}"
-
-
-def format_probe(split: str, row: dict) -> str:
-  """'probe test: linear 91.20%, knn 89.95%, 1-shot 41.2±3.1%, ...' (few-shot: mean ± deviation over draws)."""
-  shots = sorted(int(k[:-4]) for k in row if k.endswith("shot"))
-  parts = [f"linear {100 * row['linear']:.2f}%", f"knn {100 * row['knn']:.2f}%"]
-  parts += [f"{n}-shot {100 * row[f'{n}shot']:.1f}±{100 * row[f'{n}shot_std']:.1f}%" for n in shots]
-  return f"probe {split}: " + ", ".join(parts)
 
 
 class Profiler:

@@ -37,13 +37,12 @@ BOOKKEEPING = (
   "config_version",  # (a workdir's config is migrated to today's version when read)
   "log_every",
   "eval_every",
-  "evals",
+  "evals.",
+  "best",
   "checkpoint_every",
   "keep_checkpoints",
   "max_train_minutes",
   "profile_steps",
-  "best_metric",
-  "best_mode",
   "init_from",  # only read at the first start
   "on_nonfinite",
   "max_nonfinite_skips",
@@ -55,11 +54,7 @@ BOOKKEEPING = (
   "data.read_threads",
   "data.cache",
   "data.cache_max_mb",
-  "data.eval_split",
   "data.eval_batch_size",
-  "data.eval_examples",
-  "decode.",
-  "probe.",
 )
 
 

@@ -1,0 +1,186 @@
+"""vitjax.evaluators: types found by module, entries resolved and checked with one line each, cadences, `best`,
+the classification metrics against their definitions, shifts, another dataset, and per_class (the type added as
+the example of adding one)."""
+
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+import train_helpers as th
+
+from vitjax import evaluators, tasks
+from vitjax.config import default_config, evaluator
+from vitjax.errors import ConfigError
+
+
+def _config(data_dir, **evals):
+  c = default_config()
+  c.data.data_dir = data_dir
+  if evals:
+    c.evals = evals
+  return c
+
+
+def test_types_are_the_modules_and_an_entry_names_its_mistakes(data_dir):
+  assert {"classification", "mae", "per_class", "probe", "translation"} <= set(evaluators.types())
+  with pytest.raises(ConfigError, match="no evaluator type 'clasification'; the types are .*classification"):
+    evaluators.get("clasification")
+  with pytest.raises(ConfigError, match="has no option 'topk'"):
+    evaluator("classification", topk=3)
+  c = _config(data_dir)
+  task = tasks.get(c, "")
+  for entry, says in (
+    ({"split": "test"}, "give a dict with a type"),
+    ({"type": "classification", "topk": 3}, "has no option 'topk'; did you mean 'top_k'"),
+    ({"type": "classification", "weights": "ema"}, "needs the moving average of config.ema_decay"),
+    ({"type": "classification", "weights": "last"}, "use 'params' or 'ema'"),
+    ({"type": "classification", "split": "tset"}, "evals.t.split='tset'"),
+    ({"type": "classification", "examples": 0}, "give a count >= 1"),
+    ({"type": "classification", "shift": "rotate"}, "give one of rotate:X"),
+    ({"type": "classification", "data": {"nmae": "x"}}, "data has no field 'nmae'"),
+    ({"type": "mae"}, "evaluates a masked autoencoder, not a 'classification' run"),
+    ({"type": "translation"}, "evaluates a translation run"),
+    ({"type": "probe", "split": "train"}, "the split the probes are fitted on"),
+  ):
+    with pytest.raises(ConfigError, match=says):
+      evaluators.resolve(c, task, "t", entry, None)
+
+
+def test_plan_resolves_cadences_and_best_and_refuses_a_best_nobody_reports(data_dir):
+  c = _config(
+    data_dir,
+    eval=evaluator("classification"),
+    test=evaluator("classification", split="test", every="2 epochs"),
+    probe=evaluator("probe", every=7, shots=(1, 3)),
+  )
+  c.eval_every = 50
+  task = tasks.get(c, "")
+  from vitjax.train import durations
+
+  steps_of = lambda what, every: durations.steps(what, every, 11, None)
+  planned = evaluators.plan(c, task, steps_of)
+  assert [(e.name, e.type, e.split, e.every) for e in planned] == [
+    ("eval", "classification", "valid", 50),
+    ("probe", "probe", "valid", 7),
+    ("test", "classification", "test", 22),
+  ]
+  assert [e.name for e in planned if e.due(22, 100)] == ["test"] and all(e.due(100, 100) for e in planned)
+  assert evaluators.best_of(c, planned)[0].name == "eval" and evaluators.best_mode(c) == "max"
+  for best, mode in (("eval/loss", "min"), ("probe/knn", "max"), ("probe/3shot", "max"), ("test/top5", "max")):
+    c.best = best
+    assert evaluators.best_of(c, planned)[1] == evaluators.best_mode(c) == mode
+  c.best = "probe/10shot"  # not among this probe's shots
+  with pytest.raises(ConfigError, match="best='probe/10shot' is not reported by config.evals"):
+    evaluators.plan(c, task, steps_of)
+  c.best, c.evals.test.every = "eval/accuracy", "2 weeks"
+  with pytest.raises(ConfigError, match="config.evals.test.every='2 weeks'"):
+    evaluators.plan(c, task, steps_of)
+  with pytest.raises(ConfigError, match="this run's are eval, probe, test, and any type by name"):
+    evaluators.named(c, task, "tset")
+  assert evaluators.named(c, task, "per_class").every is None  # a type by name, for --mode=eval
+
+
+def _finished(finished_run, data_dir):
+  from vitjax.train import checkpoints as ckpt_lib
+  from vitjax.train import state as state_lib
+  from vitjax.train import workdir as workdir_lib
+
+  config = workdir_lib.read_config(finished_run)
+  config.data.data_dir = data_dir
+  task = tasks.get(config, finished_run, described=workdir_lib.read_json(finished_run, "task.json"))
+  net = state_lib.network(config, task)
+  _, params, model_state = ckpt_lib.read_variables(finished_run, config, "best", net.abstract)
+  return config, task, net, {"params": params, **model_state}
+
+
+def test_classification_metrics_are_their_definitions(finished_run, data_dir):
+  """loss, accuracy, top-k and ECE from the logits of every test image, computed here in numpy."""
+  config, task, net, variables = _finished(finished_run, data_dir)
+  ev = evaluators.resolve(config, task, "t", {"type": "classification", "split": "test", "top_k": 3,
+                                               "calibration_bins": 10}, None)  # fmt: skip
+  with jax.set_mesh(net.mesh):
+    got = ev.run(net, variables)
+    logits, labels = [], []
+    pre = task.preprocess()
+    from vitjax.data import device_ops
+
+    for b in task.eval_batches("test"):
+      keep = b["mask"].astype(bool)
+      out, _ = net.model.apply(variables, device_ops.to_float(b["image"], pre.mean, pre.std), train=False)
+      logits.append(np.asarray(out, np.float64)[keep])
+      labels.append(b["label"][keep])
+  logits, labels = np.concatenate(logits), np.concatenate(labels)
+  p = np.exp(logits - logits.max(1, keepdims=True))
+  p /= p.sum(1, keepdims=True)
+  n = len(labels)
+  assert got["t/examples"] == n == 300
+  np.testing.assert_allclose(got["t/loss"], -np.log(p[np.arange(n), labels]).mean(), rtol=1e-5)
+  assert got["t/accuracy"] == pytest.approx((p.argmax(1) == labels).mean(), abs=1e-6)
+  rank = (logits > logits[np.arange(n), labels][:, None]).sum(1)
+  assert got["t/top3"] == pytest.approx((rank < 3).mean(), abs=1e-6)
+  conf, hit = p.max(1), p.argmax(1) == labels
+  bins = np.minimum((conf * 10).astype(int), 9)
+  ece = sum(abs(conf[bins == b].sum() - hit[bins == b].sum()) for b in range(10)) / n
+  assert got["t/ece"] == pytest.approx(ece, abs=1e-5)
+
+
+def test_shifts_and_other_data_reach_the_images(finished_run, data_dir):
+  """A shifted copy of the test split scores differently from the clean one and does not depend on the batch
+  size (noise is drawn from each image); data= reads another version of the data (a larger held-out part)."""
+  config, task, net, variables = _finished(finished_run, data_dir)
+  run = lambda **entry: evaluators.resolve(config, task, "t", {"type": "classification", **entry}, None).run(
+    net, variables
+  )
+  with jax.set_mesh(net.mesh):
+    clean, rotated = run(split="test"), run(split="test", shift="rotate:90")
+    noisy = run(split="test", shift="noise:0.3")
+    config.data.eval_batch_size = 64
+    assert run(split="test", shift="noise:0.3") == noisy
+    assert run(data={"valid_fraction": 0.2})["t/examples"] == 299 and run()["t/examples"] == 150
+  assert rotated["t/accuracy"] != clean["t/accuracy"] and rotated["t/loss"] > clean["t/loss"]
+  assert noisy["t/loss"] != clean["t/loss"]
+
+
+def test_per_class_is_one_file_and_agrees_with_accuracy(finished_run, data_dir, tmp_path):
+  """The type added as the example: its balanced accuracy over digits' (nearly balanced) test split is close to
+  the accuracy, each class's recall is in [0, 1], and --mode=eval --eval=per_class writes the confusion matrix."""
+  config, task, net, variables = _finished(finished_run, data_dir)
+  with jax.set_mesh(net.mesh):
+    got = evaluators.resolve(config, task, "pc", {"type": "per_class", "split": "test"}, None).run(net, variables)
+    acc = evaluators.resolve(config, task, "c", {"type": "classification", "split": "test"}, None).run(net, variables)
+  per_class = [v for k, v in got.items() if k.startswith("pc/accuracy_")]
+  assert len(per_class) == 10 and all(0 <= v <= 1 for v in per_class)
+  assert got["pc/balanced_accuracy"] == pytest.approx(np.mean(per_class))
+  assert got["pc/worst_class_accuracy"] == min(per_class)
+  assert abs(got["pc/balanced_accuracy"] - acc["c/accuracy"]) < 0.05
+  workdir = str(tmp_path / "w")
+  shutil.copytree(finished_run, workdir)
+  proc = th.check_ok(th.run_module("main", "--mode=eval", "--eval=per_class", "--split=test", f"--workdir={workdir}"))
+  assert proc.stdout.startswith("checkpoint best (step 30) | per_class/balanced_accuracy ")
+  confusion = json.load(open(os.path.join(workdir, "per_class_confusion_30.json")))
+  assert np.asarray(confusion["confusion"]).sum() == 300
+
+
+def test_a_run_logs_every_evaluator_by_name_and_chooses_best_by_any(run_args, tmp_path):
+  """Evaluators with their own cadences in one run: NAME/METRIC rows in metrics.jsonl, one log line each, and best
+  by the probe's k-NN accuracy (the step whose probe/knn is highest is what vitjax.load('best') restores)."""
+  import vitjax
+
+  workdir = str(tmp_path / "w")
+  evals = (
+    "--config.evals={'eval': {'type': 'classification'}, 'rotated': {'type': 'classification', 'split': 'test',"
+    " 'shift': 'rotate:30', 'every': 15}, 'probe': {'type': 'probe', 'shots': (1, 2), 'draws': 2}}"
+  )
+  proc = th.check_ok(th.run_main(workdir, *run_args, evals, "--config.best=probe/knn"))
+  rows = [r for r in th.read_metrics(workdir) if "source" not in r and "train/loss" not in r]
+  by_step = {}
+  for r in rows:
+    by_step.setdefault(r["step"], set()).update(k.split("/")[0] for k in r if "/" in k)
+  assert by_step == {10: {"eval", "probe"}, 15: {"rotated"}, 20: {"eval", "probe"}, 30: {"eval", "rotated", "probe"}}
+  assert "step 15 | rotated/loss" in proc.stderr and "| best probe/knn so far" in proc.stderr
+  knn = {r["step"]: r["probe/knn"] for r in rows if "probe/knn" in r}
+  best = max(knn, key=lambda s: (knn[s], s))  # orbax keeps the later of equal steps
+  assert vitjax.load(workdir).step == best

@@ -1,0 +1,204 @@
+"""Evaluators: what a run measures, configured by name, one module per type (big_vision's evaluators/ are the
+model). The trainer runs them without knowing what they are.
+
+    config.evals.eval = dict(type="classification")                                  # the run's 'valid' split
+    config.evals.test = dict(type="classification", split="test", every="5 epochs")
+    config.evals.rotated = dict(type="classification", split="test", shift="rotate:30")
+    config.evals.other = dict(type="classification", data=dict(name="fashion_mnist"), split="test")
+    config.evals.probe = dict(type="probe", every="2 epochs", shots=(1, 5, 10, 25))
+    config.best = "probe/knn"        # NAME/METRIC of any evaluator; higher is better unless the type says not
+
+An entry's keys: `type` (a module of this package), `split` (default 'valid'), `every` (a duration; default
+config.eval_every; every evaluator also runs at the end), `data` (fields of config.data for another dataset, e.g.
+dict(name="fashion_mnist")), `weights` ('params', or 'ema': the moving average of config.ema_decay), `examples`
+(a cap on the examples evaluated during training; None: all; --mode=eval reads the whole split), and the type's own OPTIONS. Metrics are NAME/METRIC everywhere:
+the log, metrics.jsonl, TensorBoard, --json, a sweep's objective, `best`.
+
+A type is one module here that defines
+
+    OPTIONS = {...}                               # its options and their defaults
+    def metrics(options) -> {metric: "max" | "min"}   # what it reports, and which way is better
+    def check(ev) -> None                         # ConfigError before anything is written
+    def run(ev, net, variables, stop=None, step=None) -> {metric: float}
+
+where `ev` is an Evaluator (below: its task, split, options, ...) and `net` the model on its mesh (model,
+batch_sharding: vitjax.train.state.Network or Experiment). Adding a type is one new file plus its test.
+
+On a folder or csv dataset without a 'test' split, an evaluator of split 'test' evaluates 'valid' and says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import pkgutil
+from types import ModuleType
+from typing import Any
+
+from absl import logging
+
+from vitjax.errors import ConfigError
+from vitjax.tasks.base import VALID, check_stop
+
+COMMON = ("type", "split", "every", "data", "weights", "examples")
+WEIGHTS = ("params", "ema")
+
+__all__ = ["Evaluator", "check_stop", "get", "plan", "resolve", "types"]
+
+
+def types() -> list[str]:
+  """The evaluator types: the modules of this package."""
+  return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+
+
+def get(name: str) -> ModuleType:
+  """The module of evaluator type `name`; ConfigError listing the types there are."""
+  if name not in types():
+    raise ConfigError(f"no evaluator type {name!r}; the types are {', '.join(types())} (vitjax/evaluators/)")
+  return importlib.import_module(f"{__name__}.{name}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluator:
+  """One configured evaluation, resolved: its module, the task that reads its data, the split, its cadence in
+  steps and its options (the type's OPTIONS with the entry's values)."""
+
+  name: str
+  module: ModuleType
+  task: Any
+  split: str
+  every: int | None  # steps; None: not during training (--mode=eval of a type no entry names)
+  weights: str
+  examples: int | None
+  options: dict
+  config: Any
+  workdir: str | None
+
+  @property
+  def type(self) -> str:
+    return self.module.__name__.rsplit(".", 1)[1]
+
+  def due(self, step: int, total: int) -> bool:
+    return self.every is not None and (step % self.every == 0 or step == total)
+
+  def metrics(self) -> dict[str, str]:
+    """{NAME/METRIC: 'max' | 'min'} of what it reports."""
+    return {f"{self.name}/{k}": v for k, v in self.module.metrics(self.options).items()}
+
+  def run(self, net, variables, stop=None, step=None) -> dict:
+    """{NAME/METRIC: float} of `variables` on the evaluator's split; stop() is asked between batches."""
+    metrics = self.module.run(self, net, variables, stop=stop, step=step)
+    return {f"{self.name}/{k}": float(v) for k, v in metrics.items()}
+
+
+def entries(config) -> dict[str, dict]:
+  """config.evals as {name: plain dict}."""
+  evals = config.get("evals") or {}
+  return {k: dict(v.to_dict() if hasattr(v, "to_dict") else v) for k, v in dict(evals).items()}
+
+
+def resolve(config, task, name: str, entry: dict, every: int | None, workdir: str | None = None) -> Evaluator:
+  """An Evaluator of one entry; ConfigError naming the entry for anything it cannot run."""
+  what = f"config.evals.{name}"
+  if not isinstance(entry, dict) or "type" not in entry:
+    raise ConfigError(f"{what}: give a dict with a type, e.g. dict(type='classification', split='test')")
+  if not name.isidentifier() or name == "train":
+    raise ConfigError(f"{what}: the name {name!r} is not a plain word (or is 'train', training's own)")
+  module = get(entry["type"])
+  unknown = sorted(set(entry) - set(COMMON) - set(module.OPTIONS))
+  if unknown:
+    near = difflib.get_close_matches(unknown[0], [*COMMON, *module.OPTIONS], n=1)
+    hint = f"did you mean {near[0]!r}? " if near else ""
+    raise ConfigError(
+      f"{what}: type {entry['type']!r} has no option {unknown[0]!r}; {hint}its options are "
+      f"{', '.join([*COMMON[1:], *module.OPTIONS])}"
+    )
+  weights = entry.get("weights") or "params"
+  if weights not in WEIGHTS:
+    raise ConfigError(f"{what}: weights={weights!r}; use 'params' or 'ema'")
+  if weights == "ema" and not config.ema_decay:
+    raise ConfigError(
+      f"{what}: weights='ema' needs the moving average of config.ema_decay: set it for a new run (e.g. 0.9999); a "
+      "run trained without it has none"
+    )
+  examples = entry.get("examples")
+  if examples is not None and (not isinstance(examples, int) or examples < 1):
+    raise ConfigError(f"{what}: examples={examples!r}; give a count >= 1, or None for all")
+  if entry.get("data"):
+    task = _task_of(config, task, entry["data"], what, workdir)
+  split = entry.get("split") or VALID
+  if split == "test" and hasattr(task, "has_split") and not task.has_split("test"):
+    logging.info("%s: %s has no 'test' split: evaluating '%s' (split= names another)", what, task.data_name, VALID)
+    split = VALID
+  options = {**module.OPTIONS, **{k: v for k, v in entry.items() if k in module.OPTIONS}}
+  ev = Evaluator(name, module, task, split, every, weights, examples, options, config, workdir)
+  module.check(ev)
+  return ev
+
+
+def _task_of(config, task, data: dict, what: str, workdir):
+  """The run's task over another dataset: config.data with `data`'s fields, and the run's preprocessing."""
+  from vitjax import tasks  # pylint: disable=g-import-not-at-top
+
+  if not isinstance(data, dict):
+    raise ConfigError(f"{what}: data={data!r}; give fields of config.data, e.g. dict(name='fashion_mnist')")
+  other = config.copy_and_resolve_references()
+  unknown = sorted(set(data) - set(other.data))
+  if unknown:
+    raise ConfigError(f"{what}: data has no field {unknown[0]!r}; config.data's are {', '.join(other.data)}")
+  with other.unlocked():
+    other.data.update(data)
+  described = task.describe() if hasattr(task, "describe") else None
+  return tasks.get(other, workdir, described=described, layout=task.layout)
+
+
+def plan(config, task, steps_of=None, workdir: str | None = None) -> tuple[Evaluator, ...]:
+  """The run's evaluators, in the order of their names (a ConfigDict's), with `every` in steps (steps_of(what, duration) -> steps;
+  None: no cadence, for evaluation after training); ConfigError for a bad entry or a `best` no evaluator
+  reports, before anything is written."""
+  found = []
+  for name, entry in entries(config).items():
+    every = None
+    if steps_of is not None:
+      every = max(1, steps_of(f"config.evals.{name}.every", entry.get("every") or config.eval_every))
+    found.append(resolve(config, task, name, entry, every, workdir))
+  best_of(config, found)
+  return tuple(found)
+
+
+def best_of(config, evals) -> tuple[Evaluator, str]:
+  """(the evaluator that reports config.best, 'max' or 'min'); ConfigError naming the metrics there are."""
+  reported = {k: (e, mode) for e in evals for k, mode in e.metrics().items()}
+  if config.best not in reported:
+    near = difflib.get_close_matches(str(config.best), list(reported), n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    raise ConfigError(f"best={config.best!r} is not reported by config.evals{hint}; use one of {sorted(reported)}")
+  return reported[config.best]
+
+
+def named(config, task, name: str, workdir: str | None = None) -> Evaluator:
+  """--eval=NAME: a configured entry, or a type with its default options (e.g. 'probe'); ConfigError listing
+  both."""
+  known = entries(config)
+  if name in known:
+    return resolve(config, task, name, known[name], None, workdir)
+  if name in types():
+    return resolve(config, task, name, {"type": name}, None, workdir)
+  raise ConfigError(
+    f"--eval={name}: no such evaluator; this run's are {', '.join(known) or 'none'}, and any type by name: "
+    f"{', '.join(types())}"
+  )
+
+
+def best_mode(config) -> str:
+  """'max' or 'min' for config.best, from its evaluator's type (without building anything); 'max' for a name
+  no entry reports (plan() refuses such a config before a run starts)."""
+  name, _, metric = str(config.best).partition("/")
+  entry = entries(config).get(name)
+  if not entry or entry.get("type") not in types():
+    return "max"
+  module = get(entry["type"])
+  return module.metrics({**module.OPTIONS, **{k: v for k, v in entry.items() if k in module.OPTIONS}}).get(
+    metric, "max"
+  )

@@ -1,0 +1,92 @@
+"""Image classification: loss, top-1 and top-k accuracy and, with calibration_bins > 0, the expected calibration
+error (ece: the gap between confidence and accuracy over equal-width confidence bins, weighted by their shares).
+
+Options: top_k (5: reported as top5), calibration_bins (0: no ece), shift (None, or a distribution shift applied to
+the images before preprocessing, vitjax.data.shifts: 'rotate:30', 'noise:0.2', 'contrast:0.3', 'blur:1.5').
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vitjax import mesh as mesh_lib
+from vitjax.data import device_ops, shifts
+from vitjax.errors import ConfigError
+from vitjax.tasks.base import check_stop, cross_entropy
+
+OPTIONS = {"top_k": 5, "calibration_bins": 0, "shift": None}
+
+
+def metrics(options: dict) -> dict[str, str]:
+  out = {"accuracy": "max", f"top{options['top_k']}": "max", "loss": "min", "examples": "max"}
+  return {**out, "ece": "min"} if options["calibration_bins"] else out
+
+
+def check(ev) -> None:
+  what = f"config.evals.{ev.name}"
+  if not hasattr(ev.task, "eval_batches") or ev.config.task != "classification":
+    raise ConfigError(f"{what}: type 'classification' evaluates a classifier, not a {ev.config.task!r} run")
+  if not isinstance(ev.options["top_k"], int) or ev.options["top_k"] < 1:
+    raise ConfigError(f"{what}: top_k={ev.options['top_k']!r} must be an integer >= 1")
+  if not isinstance(ev.options["calibration_bins"], int) or ev.options["calibration_bins"] < 0:
+    raise ConfigError(f"{what}: calibration_bins={ev.options['calibration_bins']!r} must be an integer >= 0")
+  try:
+    shifts.parse(ev.options["shift"])
+  except ValueError as e:
+    raise ConfigError(f"{what}: {e}") from None
+  ev.task.check_split(ev.split, f"evals.{ev.name}.split")
+
+
+def run(ev, net, variables, stop=None, step=None) -> dict:
+  del step
+  top_k, bins = ev.options["top_k"], ev.options["calibration_bins"]
+  shift = shifts.parse(ev.options["shift"])
+  pre = ev.task.preprocess()
+  sums = None
+  for batch in ev.task.eval_batches(ev.split, ev.examples):
+    check_stop(stop)
+    if shift is not None:
+      batch = {**batch, "image": shift(batch["image"])}
+    batch = mesh_lib.to_global(batch, net.batch_sharding, ("image", "label", "mask"))
+    out = _step(net.model, variables, batch, pre.mean, pre.std, top_k, bins)
+    sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
+  if sums is None:
+    raise ConfigError(f"config.evals.{ev.name}: split {ev.split!r} has no examples to evaluate")
+  sums = jax.device_get(sums)
+  n = float(sums["count"])
+  out = {
+    "loss": float(sums["loss_sum"] / n),
+    "accuracy": float(sums["correct"] / n),
+    f"top{top_k}": float(sums["correct_k"] / n),
+    "examples": n,
+  }
+  if bins:
+    out["ece"] = float(np.abs(np.asarray(sums["conf_sum"]) - np.asarray(sums["hit_sum"])).sum() / n)
+  return out
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3, 4, 5, 6))
+def _step(model, variables, batch, mean, std, top_k, bins):
+  logits, _ = model.apply(variables, device_ops.to_float(batch["image"], mean, std), train=False)
+  mask = batch["mask"].astype(jnp.float32)
+  labels = batch["label"]
+  label_logit = jnp.take_along_axis(logits, labels[:, None].astype(jnp.int32), axis=-1)
+  rank = jnp.sum(logits > label_logit, axis=-1)  # the label's rank, 0 for the top (ties count for the label)
+  hit = (logits.argmax(-1) == labels) * mask
+  out = {
+    "loss_sum": jnp.sum(cross_entropy(logits, labels, logits.shape[-1]) * mask),
+    "correct": jnp.sum(hit),
+    "correct_k": jnp.sum((rank < top_k) * mask),
+    "count": jnp.sum(mask),
+  }
+  if bins:
+    conf = jax.nn.softmax(logits.astype(jnp.float32)).max(-1)
+    which = jnp.clip((conf * bins).astype(jnp.int32), 0, bins - 1)
+    onehot = jax.nn.one_hot(which, bins) * mask[:, None]
+    out["conf_sum"] = jnp.sum(onehot * conf[:, None], 0)
+    out["hit_sum"] = jnp.sum(onehot * hit[:, None], 0)
+  return out

@@ -1,0 +1,78 @@
+"""Per-class accuracy of a classifier: balanced_accuracy (the mean of the classes' recalls, what a skewed test set
+needs), worst_class_accuracy and, for each class, accuracy_NAME (its recall; NAME is the class's name, or its
+index); the confusion matrix (rows: true class, columns: predicted) goes to WORKDIR/NAME_confusion_STEP.json.
+
+This type is also the example of adding one (CONTRIBUTING.md): this file and its test in tests/test_evaluators.py,
+nothing else. Options: none beyond the common ones (vitjax.evaluators), and `shift` as the classification
+evaluator's.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vitjax import mesh as mesh_lib
+from vitjax.data import device_ops, shifts
+from vitjax.errors import ConfigError
+from vitjax.tasks.base import check_stop
+
+OPTIONS = {"shift": None}
+
+
+def metrics(options: dict) -> dict[str, str]:
+  del options  # (the per-class names depend on the data: they are reported, not chosen by)
+  return {"balanced_accuracy": "max", "worst_class_accuracy": "max"}
+
+
+def check(ev) -> None:
+  what = f"config.evals.{ev.name}"
+  if not hasattr(ev.task, "eval_batches") or ev.config.task != "classification":
+    raise ConfigError(f"{what}: type 'per_class' evaluates a classifier, not a {ev.config.task!r} run")
+  try:
+    shifts.parse(ev.options["shift"])
+  except ValueError as e:
+    raise ConfigError(f"{what}: {e}") from None
+  ev.task.check_split(ev.split, f"evals.{ev.name}.split")
+
+
+def run(ev, net, variables, stop=None, step=None) -> dict:
+  info = ev.task.describe()
+  k, pre = info["num_classes"], ev.task.preprocess()
+  shift = shifts.parse(ev.options["shift"])
+  confusion = None
+  for batch in ev.task.eval_batches(ev.split, ev.examples):
+    check_stop(stop)
+    if shift is not None:
+      batch = {**batch, "image": shift(batch["image"])}
+    batch = mesh_lib.to_global(batch, net.batch_sharding, ("image", "label", "mask"))
+    counts = _step(net.model, variables, batch, pre.mean, pre.std, k)
+    confusion = counts if confusion is None else confusion + counts
+  if confusion is None:
+    raise ConfigError(f"config.evals.{ev.name}: split {ev.split!r} has no examples to evaluate")
+  confusion = np.asarray(jax.device_get(confusion)).astype(np.int64)
+  seen = confusion.sum(1) > 0
+  recall = np.diag(confusion)[seen] / confusion.sum(1)[seen]
+  names = info.get("class_names") or [str(i) for i in range(k)]
+  out = {"balanced_accuracy": float(recall.mean()), "worst_class_accuracy": float(recall.min())}
+  for name, r in zip(np.asarray(names)[seen], recall):
+    out[f"accuracy_{re.sub(r'[^A-Za-z0-9_]+', '_', str(name))}"] = float(r)
+  if step is not None and ev.workdir and jax.process_index() == 0:
+    path = os.path.join(ev.workdir, f"{ev.name}_confusion_{step}.json")
+    with open(path + ".tmp", "w") as f:
+      json.dump({"split": ev.split, "classes": list(names), "confusion": confusion.tolist()}, f)
+    os.replace(path + ".tmp", path)
+  return out
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3, 4, 5))
+def _step(model, variables, batch, mean, std, num_classes):
+  logits, _ = model.apply(variables, device_ops.to_float(batch["image"], mean, std), train=False)
+  true = jax.nn.one_hot(batch["label"], num_classes) * batch["mask"][:, None].astype(jnp.float32)
+  return true.T @ jax.nn.one_hot(logits.argmax(-1), num_classes)  # [true, predicted] counts

@@ -16,39 +16,17 @@ The model and training are configs/vit_fashion_mnist.py's (4 layers, width 96, c
 Expected: see experiments/README.md ("Evaluators: a clean, two shifted and a probe evaluation in one run").
 """
 
-import ml_collections as mlc
+import os
 
-from vitjax.config import default_config, evaluator
+from vitjax.config import evaluator, load_module
+
+_base = load_module(os.path.join(os.path.dirname(os.path.abspath(__file__)), "vit_fashion_mnist.py"))
 
 
 def get_config():
-  c = default_config()
-  c.model = mlc.ConfigDict(
-    dict(
-      name="Ti/4",
-      width=96,
-      depth=4,
-      num_heads=4,
-      mlp_dim=192,
-      num_classes=10,
-      pool_type="gap",
-      stem="conv",
-      dropout_rate=0.0,
-    )
-  )
-  c.data.name = "fashion_mnist"
-  c.data.image_size = 28
-  c.data.augment.flip = True
-  c.data.eval_batch_size = 512
-  c.batch_size = 128
+  c = _base.get_config()
   c.num_epochs = 6
-  c.optim.lr = 2e-3
-  c.optim.weight_decay = 0.05
-  c.schedule.warmup_epochs = 0.5
-  c.label_smoothing = 0.1
-  c.log_every = 100
   c.eval_every = "1 epoch"
-  c.checkpoint_every = "1 epoch"
   c.evals = dict(
     eval=evaluator("classification", calibration_bins=15),  # validation: accuracy, loss, calibration error
     test=evaluator("classification", split="test", calibration_bins=15),

@@ -28,34 +28,49 @@ def metrics(options: dict) -> dict[str, str]:
 
 def check(ev) -> None:
   what = f"config.evals.{ev.name}"
-  if not hasattr(ev.task, "eval_batches") or ev.config.task != "classification":
-    raise ConfigError(f"{what}: type 'classification' evaluates a classifier, not a {ev.config.task!r} run")
+  check_classifier(ev)
   if not isinstance(ev.options["top_k"], int) or ev.options["top_k"] < 1:
     raise ConfigError(f"{what}: top_k={ev.options['top_k']!r} must be an integer >= 1")
   if not isinstance(ev.options["calibration_bins"], int) or ev.options["calibration_bins"] < 0:
     raise ConfigError(f"{what}: calibration_bins={ev.options['calibration_bins']!r} must be an integer >= 0")
+
+
+def check_classifier(ev) -> None:
+  """What an evaluator of a classifier's images needs (this type's and per_class's): a classification run, a
+  readable split, a valid `shift` option."""
+  what = f"config.evals.{ev.name}"
+  if not hasattr(ev.task, "eval_batches") or ev.config.task != "classification":
+    raise ConfigError(f"{what}: type {ev.type!r} evaluates a classifier, not a {ev.config.task!r} run")
   try:
-    shifts.parse(ev.options["shift"])
+    shifts.parse(ev.options.get("shift"))
   except ValueError as e:
     raise ConfigError(f"{what}: {e}") from None
   ev.task.check_split(ev.split, f"evals.{ev.name}.split")
 
 
+def batches(ev, net):
+  """The split's global batches (image, label, mask) on the mesh, shifted if the options say so; the examples'
+  cap and the stop request between batches as every evaluator has them. ConfigError for an empty split."""
+  shift = shifts.parse(ev.options.get("shift"))
+  empty = True
+  for batch in ev.task.eval_batches(ev.split, ev.examples):
+    if shift is not None:
+      batch = {**batch, "image": shift(batch["image"])}
+    empty = False
+    yield mesh_lib.to_global(batch, net.batch_sharding, ("image", "label", "mask"))
+  if empty:
+    raise ConfigError(f"config.evals.{ev.name}: split {ev.split!r} has no examples to evaluate")
+
+
 def run(ev, net, variables, stop=None, step=None) -> dict:
   del step
   top_k, bins = ev.options["top_k"], ev.options["calibration_bins"]
-  shift = shifts.parse(ev.options["shift"])
   pre = ev.task.preprocess()
   sums = None
-  for batch in ev.task.eval_batches(ev.split, ev.examples):
+  for batch in batches(ev, net):
     check_stop(stop)
-    if shift is not None:
-      batch = {**batch, "image": shift(batch["image"])}
-    batch = mesh_lib.to_global(batch, net.batch_sharding, ("image", "label", "mask"))
     out = _step(net.model, variables, batch, pre.mean, pre.std, top_k, bins)
     sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
-  if sums is None:
-    raise ConfigError(f"config.evals.{ev.name}: split {ev.split!r} has no examples to evaluate")
   sums = jax.device_get(sums)
   n = float(sums["count"])
   out = {

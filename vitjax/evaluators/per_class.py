@@ -18,9 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vitjax import mesh as mesh_lib
-from vitjax.data import device_ops, shifts
-from vitjax.errors import ConfigError
+from vitjax.data import device_ops
+from vitjax.evaluators import classification
 from vitjax.tasks.base import check_stop
 
 OPTIONS = {"shift": None}
@@ -32,30 +31,17 @@ def metrics(options: dict) -> dict[str, str]:
 
 
 def check(ev) -> None:
-  what = f"config.evals.{ev.name}"
-  if not hasattr(ev.task, "eval_batches") or ev.config.task != "classification":
-    raise ConfigError(f"{what}: type 'per_class' evaluates a classifier, not a {ev.config.task!r} run")
-  try:
-    shifts.parse(ev.options["shift"])
-  except ValueError as e:
-    raise ConfigError(f"{what}: {e}") from None
-  ev.task.check_split(ev.split, f"evals.{ev.name}.split")
+  classification.check_classifier(ev)
 
 
 def run(ev, net, variables, stop=None, step=None) -> dict:
   info = ev.task.describe()
   k, pre = info["num_classes"], ev.task.preprocess()
-  shift = shifts.parse(ev.options["shift"])
   confusion = None
-  for batch in ev.task.eval_batches(ev.split, ev.examples):
+  for batch in classification.batches(ev, net):
     check_stop(stop)
-    if shift is not None:
-      batch = {**batch, "image": shift(batch["image"])}
-    batch = mesh_lib.to_global(batch, net.batch_sharding, ("image", "label", "mask"))
     counts = _step(net.model, variables, batch, pre.mean, pre.std, k)
     confusion = counts if confusion is None else confusion + counts
-  if confusion is None:
-    raise ConfigError(f"config.evals.{ev.name}: split {ev.split!r} has no examples to evaluate")
   confusion = np.asarray(jax.device_get(confusion)).astype(np.int64)
   seen = confusion.sum(1) > 0
   recall = np.diag(confusion)[seen] / confusion.sum(1)[seen]

@@ -212,7 +212,11 @@ def test_ema_run_evaluates_checkpoints_loads_and_exports_its_average(tmp_path, d
   # a run without an average: one line naming the fix, exit 2
   plain = str(shutil.copytree(finished_run, tmp_path / "plain"))  # a finished run without an average
   proc = th.run_main(plain, "--mode=eval", "--weights=ema", config=None)
-  assert proc.returncode == 2 and "weights='ema' needs the moving average" in proc.stderr and "config.ema_decay" in proc.stderr
+  assert (
+    proc.returncode == 2
+    and "weights='ema' needs the moving average" in proc.stderr
+    and "config.ema_decay" in proc.stderr
+  )
   assert "Traceback" not in proc.stderr
 
 

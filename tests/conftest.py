@@ -1,9 +1,14 @@
 """Shared test helpers."""
 
+import glob
 import os
+import pwd
 import re
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -185,3 +190,47 @@ def timm_ref():
 @pytest.fixture(scope="session")
 def transformers_ref():
   return _import_reference("transformers")
+
+
+# ------------------------------------------------------------ PostgreSQL (sweeps on many machines: test_sweep, test_slurm)
+
+
+def _pg_bin(name: str) -> str | None:
+  found = shutil.which(name)
+  if found:
+    return found
+  candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
+  return candidates[-1] if candidates else None
+
+
+@pytest.fixture
+def postgres():
+  """A PostgreSQL server of its own: initdb in a temporary folder, a Unix socket there, stopped at the end."""
+  initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
+  if not (initdb and pg_ctl):
+    pytest.skip("PostgreSQL is not installed (Debian: apt-get install postgresql)")
+  pytest.importorskip("psycopg2")
+  as_user = []
+  base = tempfile.mkdtemp(prefix="vitjax-pg-")  # short: a Unix socket path has a length limit
+  if os.getuid() == 0:  # initdb refuses root: run the server as the postgres user
+    try:
+      pw = pwd.getpwnam("postgres")
+    except KeyError:
+      pytest.skip("running as root and there is no postgres user to run PostgreSQL as")
+    os.chmod(base, 0o755)
+    os.chown(base, pw.pw_uid, pw.pw_gid)
+    as_user = ["runuser", "-u", "postgres", "--"]
+  data = os.path.join(base, "data")
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  subprocess.run([*as_user, initdb, "-D", data, "-A", "trust", "-U", "vitjax", "-N"], check=True, capture_output=True)
+  opts = f"-k {base} -p {port} -c listen_addresses='' -c fsync=off"
+  subprocess.run(
+    [*as_user, pg_ctl, "-D", data, "-l", f"{base}/log", "-o", opts, "-w", "start"], check=True, capture_output=True
+  )
+  try:
+    yield f"postgresql+psycopg2://vitjax@/postgres?host={base}&port={port}"
+  finally:
+    subprocess.run([*as_user, pg_ctl, "-D", data, "-m", "immediate", "stop"], capture_output=True)
+    shutil.rmtree(base, ignore_errors=True)

@@ -83,7 +83,7 @@ def test_two_processes_follow_the_one_process_curve_and_a_sigterm_to_one_stops_b
 
   cut = str(tmp_path / "cut")
   procs = _start(cut, 2, 2, run_args)
-  for line in procs[1].stdout:
+  for line in procs[0].stdout:  # process 0 logs the run; a signal to process 1 stops both
     if re.search(r" step 12/30 ", line):
       procs[1].send_signal(signal.SIGTERM)
       break
@@ -92,6 +92,10 @@ def test_two_processes_follow_the_one_process_curve_and_a_sigterm_to_one_stops_b
   stopped = {int(m) for out in outs for m in re.findall(r"stopped at step (\d+), checkpoint", out)}
   assert len(stopped) == 1, outs  # both at the same step
   (step,) = stopped
+  # one log: process 1 prints no progress, evaluation or stop line of its own (only its warnings and errors,
+  # each naming it)
+  assert not re.search(r"\| loss |eval/accuracy|stopped at step", outs[1]), outs[1][-2000:]
+  assert all(line.split(" ", 1)[1].startswith("process 1: ") for line in outs[1].splitlines() if line[:2].isdigit())
   assert step in th.finished_steps(cut)
 
   resumed = th.check_ok(th.run_main(cut, *run_args, devices=4))  # one process now

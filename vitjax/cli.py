@@ -85,7 +85,10 @@ def parse_flags(argv):
       if problem is None:
         flag = re.match(r"flag (--[^=: ]+)", str(e))
         problem = f"{flag.group(1) + ': ' if flag else ''}{_root_message(e)}"
-  print(f"error: {problem}", file=sys.stderr, flush=True)
+  from vitjax import logs  # pylint: disable=g-import-not-at-top
+
+  if not logs.is_quiet_process():  # the processes of a --multihost run share their flags: one line says it
+    print(f"error: {problem}", file=sys.stderr, flush=True)
   sys.exit(2)
 
 
@@ -105,12 +108,24 @@ def run(main: Callable[[], int | None]) -> None:
 def guarded(main: Callable[[], int | None]) -> int:
   """main()'s exit status, with a user error printed as one "error: ..." line (2) and a run stopped by a signal
   or a divergence given its status (already logged)."""
-  from vitjax.errors import USER_ERRORS, Diverged, Preempted, one_line  # pylint: disable=g-import-not-at-top
+  from vitjax.errors import (  # pylint: disable=g-import-not-at-top
+    USER_ERRORS,
+    Diverged,
+    Preempted,
+    WorkdirUnwritable,
+    one_line,
+  )
 
   try:
     return main() or 0
   except (*USER_ERRORS, FileNotFoundError) as e:
-    print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
+    from vitjax import logs  # pylint: disable=g-import-not-at-top
+
+    if not logs.is_quiet_process():  # every process meets the same config and data: process 0 says it once
+      print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
     return 2
+  except WorkdirUnwritable as e:
+    print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
+    return e.exit_code
   except (Preempted, Diverged) as e:
     return e.exit_code

@@ -23,6 +23,7 @@ import time
 import jax
 from absl import logging
 
+from vitjax import logs
 from vitjax.errors import EXIT_PREEMPTED, USER_ERRORS, ConfigError, Diverged, Preempted
 
 PEER_TIMEOUT_S = 30  # default: a process silent this long is lost
@@ -52,7 +53,8 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None, pe
     raise ConfigError(
       f"--multihost: {str(e).splitlines()[0]}; pass --coordinator_address=HOST:PORT --num_processes=N --process_id=I"
     ) from None
-  logging.info(
+  logs.set_process(jax.process_index(), jax.process_count())
+  logging.info(  # (process 0's line: the others log their warnings and errors only)
     "process %d of %d: %d local devices, %d in all",
     jax.process_index(),
     jax.process_count(),

@@ -4,6 +4,9 @@
     2   ConfigError, DatasetNotPreparedError: input the user can fix; one "error: ..." line names the fix, and
         the workdir is left as it was
     3   Diverged: the loss, gradient norm or parameters stopped being finite; nothing non-finite was saved
+    74  WorkdirUnwritable: a write to the workdir failed for lack of space (or a read-only filesystem) during
+        training; the half-written step was removed, the last good checkpoint is intact; free space and rerun
+        the same command to resume
     75  Preempted: SIGTERM or SIGINT; the step in flight was checkpointed; rerun the same command to resume.
         Also a multi-process run that lost a process (vitjax.distributed.PeerWatch): no new checkpoint; rerun
         every process to resume from the last one
@@ -11,6 +14,8 @@
 
 Anything else that escapes is a bug in vitjax and keeps its traceback.
 """
+
+import errno
 
 
 class ConfigError(ValueError):
@@ -38,8 +43,50 @@ class Diverged(Exception):
   exit_code = 3
 
 
+class WorkdirUnwritable(Exception):
+  """Training could not write its workdir (no space left, a quota, a read-only filesystem); the half-written step
+  was removed and the last good checkpoint kept. The command line exits with EXIT_UNWRITABLE, which a cluster
+  script tells apart from EXIT_PREEMPTED: requeueing would fail the same way until space is freed."""
+
+  exit_code = 74  # EX_IOERR (sysexits.h)
+
+
 EXIT_PREEMPTED = Preempted.exit_code
+EXIT_UNWRITABLE = WorkdirUnwritable.exit_code
 EXIT_DIVERGED = Diverged.exit_code
+
+
+# How the libraries word a failed write (orbax and tensorstore wrap the OS error in their own): what it means.
+_WRITE_FAILURES = (
+  ("No space left on device", "no space is left"),
+  ("os_error_code='28'", "no space is left"),
+  ("Disk quota exceeded", "the disk quota is exceeded"),
+  ("os_error_code='122'", "the disk quota is exceeded"),
+  ("Read-only file system", "the filesystem is read-only"),
+  ("os_error_code='30'", "the filesystem is read-only"),
+)
+_WRITE_ERRNOS = {errno.ENOSPC: "no space is left", errno.EDQUOT: "the disk quota is exceeded", errno.EROFS:
+                 "the filesystem is read-only"}  # fmt: skip
+
+
+def write_failure(e: BaseException | None) -> str | None:
+  """What made a write fail, if an exception (or one it was raised from or during) says the disk is full, over
+  quota or read-only; None for anything else."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, OSError) and e.errno in _WRITE_ERRNOS:
+      return _WRITE_ERRNOS[e.errno]
+    found = next((why for marker, why in _WRITE_FAILURES if marker in str(e)), None)
+    if found:
+      return found
+    e = e.__cause__ or e.__context__
+  return None
+
+
+def is_write_failure_line(text: str) -> bool:
+  """Whether a library's log line reports such a failed write (vitjax.logs hides them: one line says it)."""
+  return any(marker in text for marker, _ in _WRITE_FAILURES)
 
 
 def one_line(e: BaseException) -> str:

@@ -8,19 +8,50 @@ can call it too (a notebook shows nothing below WARNING otherwise). `--verbosity
     --verbosity=1    also the libraries' INFO lines (orbax, grain, tfds, jax) and vitjax's debug lines
 
 Lines read `HH:MM:SS message`; a warning or error says so and, when it comes from a library, which one.
+In a run of several processes (vitjax.distributed sets them here), process 0 logs as one process would; the
+others log only their warnings and errors, each line naming its process (`process 3: WARNING ...`), so that a
+job's output holds one log, not one per process.
 `Progress` reports on long loops (evaluation, decoding) that would otherwise be silent.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging as py_logging
 import os
 import sys
+import threading
 import time
 
 from absl import logging
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_PROCESS = [0, 1]  # (this process's index, the processes): set_process()
+
+
+def set_process(index: int, count: int) -> None:
+  """This process's index among `count` (vitjax.distributed.initialize calls it)."""
+  _PROCESS[:] = [index, count]
+
+
+# a launcher's rank of this process, for what is said before jax.distributed knows it (a bad flag's error line)
+_RANK_VARIABLES = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "JOB_COMPLETION_INDEX")
+
+
+def is_quiet_process() -> bool:
+  """Whether this process is one of several and not the first: it logs its warnings and errors only. Before
+  vitjax.distributed has started, a --multihost process goes by its launcher's rank (SLURM, Open MPI, k8s)."""
+  if _PROCESS[1] > 1:
+    return _PROCESS[0] != 0
+  if "--multihost" in sys.argv:
+    rank = next((os.environ[v] for v in _RANK_VARIABLES if os.environ.get(v)), "0")
+    return rank != "0"
+  return False
+
+
+def process_prefix() -> str:
+  return f"process {_PROCESS[0]}: " if _PROCESS[1] > 1 and _PROCESS[0] != 0 else ""
+
 
 # Library warnings that say nothing a vitjax user can act on (shown at --verbosity=1).
 _HARMLESS = (
@@ -34,11 +65,22 @@ def _from_vitjax(record: py_logging.LogRecord) -> bool:
   return record.pathname.startswith(_PACKAGE_DIR)
 
 
+def _is_write_failure(record: py_logging.LogRecord) -> bool:
+  from vitjax.errors import is_write_failure_line  # pylint: disable=g-import-not-at-top
+
+  text = str(record.msg) + (str(record.exc_info[1]) if record.exc_info and record.exc_info[1] else "")
+  return is_write_failure_line(text)
+
+
 class _Filter(py_logging.Filter):
   """At verbosity <= 0 only vitjax's INFO lines pass; warnings and errors always do (but known-harmless ones)."""
 
   def filter(self, record: py_logging.LogRecord) -> bool:
+    if is_quiet_process() and record.levelno < py_logging.WARNING:
+      return False
     if record.levelno >= py_logging.WARNING:
+      if not _from_vitjax(record) and _is_write_failure(record) and logging.get_verbosity() < 1:
+        return False  # a library's account of a full disk: the trainer says it in one line (WorkdirUnwritable)
       return not str(record.msg).startswith(_HARMLESS) or logging.get_verbosity() >= 1
     return _from_vitjax(record) or logging.get_verbosity() >= 1
 
@@ -52,10 +94,77 @@ class _Formatter(py_logging.Formatter):
     if record.levelno >= py_logging.WARNING:
       level = "ERROR" if record.levelno >= py_logging.ERROR else "WARNING"
       source = "" if _from_vitjax(record) else f" [{record.name if record.name != 'absl' else record.module}]"
-      return f"{stamp} {level}{source} {msg}"
+      return f"{stamp} {process_prefix()}{level}{source} {msg}"
     if not _from_vitjax(record):
       return f"{stamp} [{record.name if record.name != 'absl' else record.module}] {msg}"
     return f"{stamp} {msg}"
+
+
+_NOISE = "RuntimeError: Event loop is closed"
+
+
+class _Stderr:
+  """sys.stderr, less the tracebacks that end in `RuntimeError: Event loop is closed` (at verbosity < 1): after a
+  failed checkpoint write orbax closes its asyncio loop, and tensorstore's callbacks for the writes still pending
+  print one such traceback each from C++ (a full disk printed hundreds). The trainer says what happened in one line
+  (vitjax.errors.WorkdirUnwritable). Every other line, and every other traceback, passes unchanged."""
+
+  def __init__(self, stream):
+    self.stream, self.partial, self.held = stream, "", None
+
+  def write(self, text: str) -> int:
+    if logging.get_verbosity() >= 1 and self.held is None and not self.partial:
+      return self.stream.write(text)
+    lines = (self.partial + text).split("\n")
+    self.partial = lines.pop()
+    for line in lines:
+      self._line(line + "\n")
+    head = "Traceback (most recent call last):"
+    if self.partial and self.held is None and not (head.startswith(self.partial) or self.partial.startswith(head)):
+      self.stream.write(self.partial)  # an unfinished line that is no traceback: now, not at the next newline
+      self.partial = ""
+    return len(text)
+
+  def _line(self, line: str) -> None:
+    if self.held is None and line.startswith("Traceback (most recent call last):"):
+      self.held = [line]
+    elif self.held is not None:
+      self.held.append(line)
+      if not line.startswith((" ", "\t")):  # the exception's own line ends the traceback
+        block, self.held = self.held, None
+        if line.strip() != _NOISE:
+          self.stream.write("".join(block))
+    else:
+      self.stream.write(line)
+
+  def flush(self) -> None:
+    self.stream.flush()
+
+  def close(self) -> None:  # (at exit: whatever is held goes out)
+    held, self.held, self.partial = "".join(self.held or ()) + self.partial, None, ""
+    try:
+      self.stream.write(held)
+      self.stream.flush()
+    except (OSError, ValueError):  # the stream is gone already
+      pass
+
+  def __getattr__(self, name):
+    return getattr(self.stream, name)
+
+
+def _quiet_thread_excepthook(previous):
+  """threading.excepthook, but silent at verbosity < 1 for a background writer (TensorBoard's) that died of a full,
+  over-quota or read-only disk: the trainer's own write fails too and says it in one line."""
+
+  def hook(args):
+    from vitjax.errors import write_failure  # pylint: disable=g-import-not-at-top
+
+    if write_failure(args.exc_value) is not None and logging.get_verbosity() < 1:
+      return
+    previous(args)
+
+  hook.vitjax = True
+  return hook
 
 
 def setup(verbosity: int | None = None) -> None:
@@ -76,6 +185,11 @@ def setup(verbosity: int | None = None) -> None:
   if not any(isinstance(f, _Filter) for f in handler.filters):
     handler.addFilter(_Filter())
   handler.python_handler.stream = sys.stderr
+  if not isinstance(sys.stderr, _Stderr):
+    sys.stderr = _Stderr(sys.stderr)
+    atexit.register(sys.stderr.close)
+  if not getattr(threading.excepthook, "vitjax", False):
+    threading.excepthook = _quiet_thread_excepthook(threading.excepthook)
   if logging.get_verbosity() < 1:
     for name in ("jax._src.xla_bridge", "jax._src.compiler", "jax._src.dispatch"):
       py_logging.getLogger(name).setLevel(py_logging.WARNING)

@@ -24,7 +24,7 @@ from absl import logging
 
 from vitjax import evaluators, tasks
 from vitjax import mesh as mesh_lib
-from vitjax.errors import ConfigError, Diverged, Preempted
+from vitjax.errors import USER_ERRORS, ConfigError, Diverged, Preempted, WorkdirUnwritable, write_failure
 from vitjax.mesh import agree, to_global
 from vitjax.tasks.base import EvaluationInterrupted
 from vitjax.train import checkpoints as ckpt_lib
@@ -103,9 +103,19 @@ def _finite(metrics: dict) -> bool:
 def train(config: mlc.ConfigDict, workdir: str, allow_config_change: bool = False) -> dict:
   """Trains (resuming from WORKDIR's newest intact checkpoint if any), evaluates, checkpoints. Returns the result
   as evaluate() does: {"step", "checkpoint": "best", "split", "weights", **the best step's metrics}. Raises ConfigError / DatasetNotPreparedError before writing anything if the config, data
-  or workdir cannot work; Preempted or Diverged when it stops early (see the module docstring)."""
+  or workdir cannot work; Preempted or Diverged when it stops early (see the module docstring); WorkdirUnwritable
+  when the workdir's disk fills up (or is read-only) during training."""
+  workdir = os.path.abspath(workdir)
   with StopRequest() as stop:  # from the start: a signal during setup or compilation stops cleanly too
-    return _checked_train(config, os.path.abspath(workdir), allow_config_change, stop)
+    try:
+      return _checked_train(config, workdir, allow_config_change, stop)
+    except Exception as e:  # a full disk (or quota, or read-only filesystem): one line, exit status 74
+      why = None if isinstance(e, USER_ERRORS) else write_failure(e)  # (a check's own line says it already)
+      if why is None:
+        raise
+      raise WorkdirUnwritable(
+        workdir_lib.unwritable(workdir, why, os.path.join(workdir, ckpt_lib.CHECKPOINTS))
+      ) from None
 
 
 def _checked_train(config, workdir, allow_config_change, stop) -> dict:

@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 
+from vitjax import logs
 from vitjax.mesh import agree
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -36,11 +37,13 @@ class StopRequest:
 
   def _handle(self, signum, frame):
     del frame
+    name = signal.Signals(signum).name
     if self.signum is not None:  # the second signal: no more waiting
-      os.write(2, f"\n{signal.Signals(signum).name} again: stopping now, without a checkpoint\n".encode())
+      os.write(2, f"\n{logs.process_prefix()}{name} again: stopping now, without a checkpoint\n".encode())
       os._exit(128 + signum)
     self.signum = signum
-    os.write(2, f"\n{signal.Signals(signum).name}: stopping after the step in flight is checkpointed\n".encode())
+    if not logs.is_quiet_process():  # (process 0's "stopped at step N" line speaks for them all)
+      os.write(2, f"\n{name}: stopping after the step in flight is checkpointed\n".encode())
 
   @property
   def name(self) -> str:

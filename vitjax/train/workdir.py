@@ -132,6 +132,51 @@ def check_path(workdir: str) -> None:
     ) from None
 
 
+# ------------------------------------------------------------------------------------ a workdir that fills up
+
+
+def _size(path: str) -> int:
+  total = 0
+  for root, _, files in os.walk(path):
+    for name in files:
+      try:
+        total += os.path.getsize(os.path.join(root, name))
+      except OSError:
+        pass
+  return total
+
+
+def _mb(n: int) -> str:
+  return f"{n / 2**20:.1f} MB"
+
+
+def unwritable(workdir: str, why: str, checkpoints: str) -> str:
+  """After a failed write: removes the half-written steps (orbax's *.orbax-checkpoint-tmp* folders) and says, in
+  one line, what happened, the free space, a checkpoint's size, the last good step and what to do."""
+  steps = []
+  if os.path.isdir(checkpoints):
+    for name in os.listdir(checkpoints):
+      path = os.path.join(checkpoints, name)
+      if "orbax-checkpoint-tmp" in name:
+        shutil.rmtree(path, ignore_errors=True)
+      elif name.isdigit() and os.path.isdir(path):
+        steps.append(int(name))
+  good = max(steps) if steps else None
+  size = _size(os.path.join(checkpoints, str(good))) if good is not None else None
+  try:
+    usage = shutil.disk_usage(workdir)
+    space = f"{_mb(usage.free)} free of {_mb(usage.total)}"
+  except OSError:
+    space = "free space unknown"
+  kept = f"checkpoint {good} is intact" if good is not None else "no checkpoint was written yet"
+  each = f"; a checkpoint takes {_mb(size)}" if size else ""
+  fix = "make it writable" if "read-only" in why else "free space (or lower --config.keep_checkpoints)"
+  return (
+    f"cannot write the workdir {workdir}: {why} ({space}{each}); the half-written step was removed and {kept}; "
+    f"{fix}, then rerun the same command to resume"
+  )
+
+
 # ------------------------------------------------------------------------------------ the config
 
 

@@ -1,0 +1,99 @@
+"""A workdir on a filesystem that fills up, or cannot be written: real tmpfs mounts made by the test (root only).
+
+A disk that fills during training: one line naming the workdir, the free space and a checkpoint's size, exit 74
+(not 75: requeueing would fail the same way), the half-written step removed, the last good checkpoint intact; once
+space is freed, the same command resumes to the undisturbed run's curve. A read-only workdir, and a new one whose
+parent is read-only: one line each, exit 2, nothing written."""
+
+import os
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import train_helpers as th
+
+
+def _mount(path: str, *options: str) -> None:
+  os.makedirs(path, exist_ok=True)
+  proc = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(("size=64m", *options)), "tmpfs", path],
+                        capture_output=True, text=True)  # fmt: skip
+  if proc.returncode:
+    pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip()}): run the disk tests as root")
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+  """A fresh 64 MB tmpfs at tmp_path/fs, unmounted afterwards."""
+  if os.geteuid() != 0:
+    pytest.skip("cannot mount a tmpfs here (not root): run the disk tests as root")
+  path = str(tmp_path / "fs")
+  _mount(path)
+  yield path
+  subprocess.run(["umount", "-l", path], capture_output=True)
+
+
+def _fill(path: str) -> str:
+  """Fills the filesystem at `path` to the last byte with one file; its path (remove it to free the space)."""
+  filler = os.path.join(path, "filler")
+  with open(filler, "wb", buffering=0) as f:  # unbuffered: closing it writes nothing more
+    try:
+      while True:
+        f.write(b"\0" * (1 << 16))
+    except OSError:
+      pass
+    try:
+      while True:
+        f.write(b"\0" * 512)  # the last partial page
+    except OSError:
+      pass
+  return filler
+
+
+def _losses(workdir, steps=30):
+  got = {r["step"]: r["train/loss"] for r in th.read_metrics(workdir) if "train/loss" in r}
+  assert sorted(got) == list(range(1, steps + 1)), sorted(got)
+  return np.array([got[s] for s in range(1, steps + 1)])
+
+
+def test_a_disk_that_fills_up_is_one_line_exit_74_and_resumes_once_freed(tmpfs, run_args, finished_run):
+  workdir = os.path.join(tmpfs, "w")
+  proc = th.start_main(workdir, *run_args)
+  filler = None
+  for line in proc.stdout:
+    if re.search(r" step 13/30 ", line):  # checkpoint 10 is written or being written: fill the disk
+      filler = _fill(tmpfs)
+      break
+  out = proc.stdout.read()
+  proc.wait(timeout=300)
+  assert filler is not None and proc.returncode == 74, out[-3000:]
+  errors = [line for line in out.splitlines() if "error" in line.lower()]
+  assert len(errors) == 1 and errors[0].startswith(f"error: cannot write the workdir {workdir}: no space is left ("), (
+    out
+  )
+  assert re.search(r"MB free of 64\.0 MB; a checkpoint takes [\d.]+ MB\); the half-written step was removed", out)
+  intact = int(re.search(r"checkpoint (\d+) is intact", errors[0]).group(1))
+  assert intact in (5, 10) and "Traceback" not in out, out[-3000:]
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints")))[-1] == str(intact)  # nothing half-written left
+
+  os.remove(filler)  # space freed: the same command resumes from checkpoint 10 to the undisturbed end
+  resumed = th.check_ok(th.run_main(workdir, *run_args))
+  assert "resumed from" in resumed.stderr and f"at step {intact}" in resumed.stderr
+  np.testing.assert_allclose(_losses(workdir), _losses(finished_run), rtol=1e-6)
+
+
+def test_a_read_only_workdir_and_a_read_only_parent_are_one_line_each(tmpfs, run_args, finished_run):
+  workdir = os.path.join(tmpfs, "w")
+  shutil.copytree(finished_run, workdir)
+  os.makedirs(os.path.join(tmpfs, "sub"))
+  subprocess.run(["mount", "-o", "remount,ro", tmpfs], check=True)
+  for path, says in (
+    (workdir, f"{workdir} is not writable"),
+    (os.path.join(tmpfs, "sub", "new"), "sub is not writable"),
+  ):
+    proc = th.run_main(path, *run_args, "--config.total_steps=40", "--allow_config_change")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = th.error_lines(proc).splitlines()
+    assert len(lines) == 1 and says in lines[0] and "Read-only file system" in lines[0], proc.stderr[-2000:]
+  assert not os.path.exists(os.path.join(tmpfs, "sub", "new"))

@@ -55,28 +55,21 @@ def _losses(workdir, steps=30):
   return np.array([got[s] for s in range(1, steps + 1)])
 
 
-@pytest.fixture(scope="module")
-def two_devices(run_args, tmp_path_factory):
-  """The reference: the same run in one process with two devices."""
-  workdir = str(tmp_path_factory.mktemp("ref") / "w")
-  th.check_ok(th.run_main(workdir, *run_args, devices=2))
-  return workdir
-
-
-def test_sbatch_two_processes_train_as_one_run(slurm, two_devices, data_dir, tmp_path):
+def test_sbatch_two_processes_train_as_one_run(slurm, finished_run, data_dir, tmp_path):
   """sbatch -n 2 on one node: two processes of one CPU device each form one run through --multihost alone, train to
-  the end with the losses of one process with two devices, and the job's output is one log."""
+  the end with the losses of one process (one device: tests/test_multiprocess.py shows every topology gives the same
+  curve), and the job's output is one log."""
   workdir = str(tmp_path / "w")
   job, out = _submit(slurm, tmp_path, data_dir, workdir)
   fields = slurm.wait(job, "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
   text = open(out).read()
   assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", text[-3000:]
   assert "2 tasks on 1 nodes" in text and "2 devices, 2 processes" in text, text[-3000:]
-  np.testing.assert_allclose(_losses(workdir), _losses(two_devices), rtol=1e-5)
+  np.testing.assert_allclose(_losses(workdir), _losses(finished_run), rtol=1e-5)
   assert len(re.findall(r" step 30/30 ", text)) == 1 and text.count("checkpoint best (step") == 1, text[-3000:]
 
 
-def test_requeue_mid_run_checkpoints_exits_75_and_resumes_to_the_same_end(slurm, two_devices, data_dir, tmp_path):
+def test_requeue_mid_run_checkpoints_exits_75_and_resumes_to_the_same_end(slurm, finished_run, data_dir, tmp_path):
   workdir = str(tmp_path / "w")
   job, out = _submit(slurm, tmp_path, data_dir, workdir, "--config.total_steps=30", "--config.log_every=1")
   deadline = time.time() + 300
@@ -92,9 +85,9 @@ def test_requeue_mid_run_checkpoints_exits_75_and_resumes_to_the_same_end(slurm,
   assert text.count("stopping after the step in flight is checkpointed") == 1, text[-4000:]
   assert f"resumed from {workdir}/checkpoints at step {stopped[0]}" in text, text[-4000:]
   assert "Traceback" not in text, text[-4000:]
-  np.testing.assert_allclose(_losses(workdir), _losses(two_devices), rtol=1e-5)
+  np.testing.assert_allclose(_losses(workdir), _losses(finished_run), rtol=1e-5)
   final = [r for r in th.read_metrics(workdir) if r.get("step") == 30 and "eval/accuracy" in r]
-  want = [r for r in th.read_metrics(two_devices) if r.get("step") == 30 and "eval/accuracy" in r]
+  want = [r for r in th.read_metrics(finished_run) if r.get("step") == 30 and "eval/accuracy" in r]
   assert final[-1]["eval/accuracy"] == pytest.approx(want[-1]["eval/accuracy"], abs=1e-6)
 
 
@@ -111,6 +104,7 @@ def _task_pid(workdir: str, rank: int) -> int:
   raise LookupError(f"no task {rank} of {workdir}")
 
 
+@pytest.mark.slow
 def test_a_lost_task_stops_the_other_with_one_line_and_the_job_requeues(slurm, data_dir, tmp_path):
   """SIGKILL to task 1 (a node lost): task 0 stops within --peer_timeout with one line and exit 75, the job
   requeues itself and the next allocation resumes from the last checkpoint to the end."""
@@ -182,6 +176,7 @@ def _wait_all(slurm, job: int, timeout: float = 900) -> None:
   raise TimeoutError(f"array job {job} still queued after {timeout:.0f} s")
 
 
+@pytest.mark.slow
 def test_a_sweep_as_a_job_array_shares_one_study_and_counts_each_trial_once(slurm, data_dir, tmp_path, postgres):
   """sbatch --array=0-3 of experiments/slurm_sweep.sh on one PostgreSQL study: the array tasks share 4 trials, one
   task is requeued in mid-trial and its trial resumes from its checkpoint, and the report counts each trial once."""

@@ -221,3 +221,29 @@ def test_a_sweep_as_a_job_array_shares_one_study_and_counts_each_trial_once(slur
 def _text(pattern: str, job: int, task: int) -> str:
   path = pattern.replace("%A", str(job)).replace("%a", str(task))
   return open(path).read() if os.path.exists(path) else ""
+
+
+@pytest.mark.parametrize(
+  "env, want",
+  [
+    ({}, None),  # no SLURM: JAX's choice
+    ({"SLURM_JOB_ID": "7", "SLURM_STEP_TASKS_PER_NODE": "1"}, None),  # no GPUs named (CPUs): JAX's choice
+    # one process per node holding its 8 GPUs (JAX alone would give it GPU 0 only)
+    ({"SLURM_JOB_ID": "7", "SLURM_STEP_TASKS_PER_NODE": "1(x4)", "SLURM_NODEID": "2", "SLURM_LOCALID": "0",
+      "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}, [0, 1, 2, 3, 4, 5, 6, 7]),
+    # --gpus-per-task=1: each task sees its own GPU as device 0 (JAX alone would ask task 3 for device 3)
+    ({"SLURM_JOB_ID": "7", "SLURM_STEP_TASKS_PER_NODE": "8", "SLURM_LOCALID": "3", "CUDA_VISIBLE_DEVICES": "3"}, [0]),
+    # 8 tasks sharing the node's 8 GPUs: one each, by local rank
+    ({"SLURM_JOB_ID": "7", "SLURM_STEP_TASKS_PER_NODE": "8", "SLURM_LOCALID": "5",
+      "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}, [5]),
+    # 2 tasks sharing 8: four each; the counts per node in SLURM's compressed form
+    ({"SLURM_JOB_ID": "7", "SLURM_STEP_TASKS_PER_NODE": "1,2(x2)", "SLURM_NODEID": "1", "SLURM_LOCALID": "1",
+      "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}, [4, 5, 6, 7]),
+  ],
+)  # fmt: skip
+def test_each_slurm_layout_gets_the_gpus_it_was_given(env, want):
+  """The GPU layouts of the SLURM guide, without GPUs: what vitjax.distributed passes jax.distributed as the
+  process's local devices."""
+  from vitjax.distributed import local_gpus
+
+  assert local_gpus(env) == want

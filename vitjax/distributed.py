@@ -31,6 +31,40 @@ _PREFIX = "vitjax/peers"
 _LEAVING = (*USER_ERRORS, FileNotFoundError, Preempted, Diverged)  # ways every process stops alike
 
 
+def _tasks_on_this_node(env) -> int | None:
+  """SLURM's count of this job step's tasks on this node (SLURM_STEP_TASKS_PER_NODE, e.g. '8' or '2(x3),1', in
+  SLURM_STEP_NODELIST's order, with SLURM_NODEID this node's index); None outside SLURM."""
+  spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+  if not spec:
+    return None
+  counts = []
+  for part in spec.split(","):
+    count, _, times = part.partition("(x")
+    counts += [int(count)] * (int(times.rstrip(")")) if times else 1)
+  node = int(env.get("SLURM_NODEID", 0))
+  return counts[node] if node < len(counts) else None
+
+
+def local_gpus(env) -> list[int] | None:
+  """The GPUs (indices among those CUDA_VISIBLE_DEVICES shows) this process takes under SLURM, or None (JAX's own
+  choice: CPUs, TPUs, no SLURM, no CUDA_VISIBLE_DEVICES).
+
+  JAX, finding SLURM, gives each process the one GPU of its local rank. That is right for one process per GPU on
+  GPUs the tasks share, and wrong for the two layouts most used: one process per node (--ntasks-per-node=1
+  --gpus-per-node=8) would use one GPU of eight, and one process per GPU bound by SLURM (--gpus-per-task=1, where
+  each task sees its GPU as device 0) would ask for a device it cannot see. Here: a task alone on its node, or one
+  whose visible GPUs are its own (fewer than the tasks there), takes every GPU it sees; tasks that share the node's
+  GPUs take an equal share each, by local rank (one each for as many tasks as GPUs)."""
+  visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+  tasks = _tasks_on_this_node(env)
+  if "SLURM_JOB_ID" not in env or not visible or tasks is None:
+    return None
+  if tasks > 1 and len(visible) >= tasks:  # the node's GPUs, shared by its tasks: an equal share each
+    share, rank = len(visible) // tasks, int(env.get("SLURM_LOCALID", 0))
+    return list(range(rank * share, (rank + 1) * share))
+  return list(range(len(visible)))
+
+
 def initialize(coordinator_address=None, num_processes=None, process_id=None, peer_timeout=PEER_TIMEOUT_S) -> None:
   """jax.distributed.initialize with the given address, count and index, or, all absent, what JAX detects from
   the cluster (SLURM, Open MPI, Kubernetes, TPU pods). ConfigError when neither is there. JAX's heartbeat timeout
@@ -47,7 +81,11 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None, pe
     raise ConfigError(f"--peer_timeout={peer_timeout} must be at least 1 (seconds)")
   try:
     jax.distributed.initialize(
-      coordinator_address, num_processes, process_id, heartbeat_timeout_seconds=max(100, 3 * int(peer_timeout))
+      coordinator_address,
+      num_processes,
+      process_id,
+      local_device_ids=local_gpus(os.environ),
+      heartbeat_timeout_seconds=max(100, 3 * int(peer_timeout)),
     )
   except ValueError as e:  # no cluster detected and no address given
     raise ConfigError(

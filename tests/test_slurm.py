@@ -228,6 +228,7 @@ def _text(pattern: str, job: int, task: int) -> str:
   [
     ({}, None),  # no SLURM: JAX's choice
     ({"SLURM_JOB_ID": "7", "SLURM_STEP_TASKS_PER_NODE": "1"}, None),  # no GPUs named (CPUs): JAX's choice
+    ({"SLURM_JOB_ID": "7", "SLURM_STEP_TASKS_PER_NODE": "2", "CUDA_VISIBLE_DEVICES": "NoDevFiles"}, None),
     # one process per node holding its 8 GPUs (JAX alone would give it GPU 0 only)
     ({"SLURM_JOB_ID": "7", "SLURM_STEP_TASKS_PER_NODE": "1(x4)", "SLURM_NODEID": "2", "SLURM_LOCALID": "0",
       "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}, [0, 1, 2, 3, 4, 5, 6, 7]),

@@ -56,6 +56,8 @@ def local_gpus(env) -> list[int] | None:
   whose visible GPUs are its own (fewer than the tasks there), takes every GPU it sees; tasks that share the node's
   GPUs take an equal share each, by local rank (one each for as many tasks as GPUs)."""
   visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+  if not all(d.strip().isdigit() or d.strip().startswith(("GPU-", "MIG-")) for d in visible):
+    return None  # e.g. SLURM's 'NoDevFiles' where the job has no GPUs
   tasks = _tasks_on_this_node(env)
   if "SLURM_JOB_ID" not in env or not visible or tasks is None:
     return None

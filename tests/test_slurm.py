@@ -55,6 +55,7 @@ def _losses(workdir, steps=30):
   return np.array([got[s] for s in range(1, steps + 1)])
 
 
+@pytest.mark.slow  # (the requeue test below, in CI, checks all of this too, around its requeue)
 def test_sbatch_two_processes_train_as_one_run(slurm, finished_run, data_dir, tmp_path):
   """sbatch -n 2 on one node: two processes of one CPU device each form one run through --multihost alone, train to
   the end with the losses of one process (one device: tests/test_multiprocess.py shows every topology gives the same
@@ -70,6 +71,9 @@ def test_sbatch_two_processes_train_as_one_run(slurm, finished_run, data_dir, tm
 
 
 def test_requeue_mid_run_checkpoints_exits_75_and_resumes_to_the_same_end(slurm, finished_run, data_dir, tmp_path):
+  """sbatch -n 2 on one node, requeued in mid-run: two processes of one CPU device each form one run through
+  --multihost alone, checkpoint at the SIGTERM, exit 75, resume in the next allocation and end with the losses of
+  the undisturbed one-process run; the job's output is one log."""
   workdir = str(tmp_path / "w")
   job, out = _submit(slurm, tmp_path, data_dir, workdir, "--config.total_steps=30", "--config.log_every=1")
   deadline = time.time() + 300
@@ -85,6 +89,8 @@ def test_requeue_mid_run_checkpoints_exits_75_and_resumes_to_the_same_end(slurm,
   assert text.count("stopping after the step in flight is checkpointed") == 1, text[-4000:]
   assert f"resumed from {workdir}/checkpoints at step {stopped[0]}" in text, text[-4000:]
   assert "Traceback" not in text, text[-4000:]
+  assert "2 tasks on 1 nodes" in text and "2 devices, 2 processes" in text, text[-4000:]
+  assert len(re.findall(r" step 30/30 ", text)) == 1 and text.count("checkpoint best (step") == 1, text[-4000:]
   np.testing.assert_allclose(_losses(workdir), _losses(finished_run), rtol=1e-5)
   final = [r for r in th.read_metrics(workdir) if r.get("step") == 30 and "eval/accuracy" in r]
   want = [r for r in th.read_metrics(finished_run) if r.get("step") == 30 and "eval/accuracy" in r]

@@ -177,18 +177,17 @@ def best_of(config, evals) -> tuple[Evaluator, str]:
   return reported[config.best]
 
 
-def named(config, task, name: str, workdir: str | None = None) -> Evaluator:
-  """--eval=NAME: a configured entry, or a type with its default options (e.g. 'probe'); ConfigError listing
-  both."""
+def named(config, task, name: str, workdir: str | None = None, **overrides) -> Evaluator:
+  """--eval=NAME: a configured entry, or a type with its default options (e.g. 'probe'), with `overrides` (entry
+  keys; None values are left out) applied; ConfigError listing both."""
   known = entries(config)
-  if name in known:
-    return resolve(config, task, name, known[name], None, workdir)
-  if name in types():
-    return resolve(config, task, name, {"type": name}, None, workdir)
-  raise ConfigError(
-    f"--eval={name}: no such evaluator; this run's are {', '.join(known) or 'none'}, and any type by name: "
-    f"{', '.join(types())}"
-  )
+  if name not in known and name not in types():
+    raise ConfigError(
+      f"--eval={name}: no such evaluator; this run's are {', '.join(known) or 'none'}, and any type by name: "
+      f"{', '.join(types())}"
+    )
+  entry = {**known.get(name, {"type": name}), **{k: v for k, v in overrides.items() if v is not None}}
+  return resolve(config, task, name, entry, None, workdir)
 
 
 def best_mode(config) -> str:

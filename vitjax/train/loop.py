@@ -487,11 +487,10 @@ def evaluate(
     workdir_lib.check_path(workdir)
     task.check()
   name = name or str(config.best).split("/")[0]
-  ev = evaluators.named(config, task, name, workdir)
-  configured = ev.weights
-  # the whole split: an entry's `examples` caps its evaluations during training only
-  entry = {**evaluators.entries(config).get(name, {"type": name}), "split": split or ev.split, "examples": None}
-  ev = evaluators.resolve(config, task, name, {**entry, "weights": weights or ev.weights}, None, workdir)
+  configured = evaluators.entries(config).get(name, {}).get("weights") or "params"
+  ev = evaluators.named(config, task, name, workdir, split=split, weights=weights)
+  if ev.examples is not None:  # the whole split: an entry's `examples` caps its evaluations during training only
+    ev = dataclasses.replace(ev, examples=None)
   if not initial and not trained:
     raise ConfigError(
       f"{workdir} has no checkpoints: train first, give --config.init_from, or evaluate the initial (random) "

@@ -527,3 +527,48 @@ def test_the_cache_gives_the_same_batches_and_holds_pngs_decoded_and_jpegs_encod
   assert len(made) == 2
   with pytest.raises(ValueError, match="uint8"):  # a decoded image of the wrong layout is refused
     augment.decode(np.zeros((8, 8, 3), np.uint8), 1)
+
+
+def test_labelled_subset_is_class_balanced_seeded_and_what_training_and_the_probe_read(data_dir):
+  from vitjax import tasks
+  from vitjax.config import default_config
+  from vitjax.data import labelled_subset, split_labels
+  from vitjax.errors import ConfigError
+
+  labels = split_labels("digits", "train", data_dir)
+  reader = _input(data_dir, "train", train=False, global_batch_size=1)[0]
+  assert np.array_equal(labels[:64], [int(b["label"][0]) for b in _take(reader, 64)])
+  for amount, n in ((0.1, round(0.1 * len(labels))), ("10%", round(0.1 * len(labels))), (50, 50), ("50", 50)):
+    chosen = labelled_subset(labels, amount, seed=3)
+    counts = np.bincount(labels[chosen], minlength=10)
+    assert len(chosen) == n and counts.max() - counts.min() <= 1 and np.all(np.diff(chosen) > 0), (amount, counts)
+  assert np.array_equal(labelled_subset(labels, 50, 3), labelled_subset(labels, 50, 3))
+  assert not np.array_equal(labelled_subset(labels, 50, 3), labelled_subset(labels, 50, 4))
+  for amount, says in (
+    (0, "a count must be in"),
+    (1.5, "a count must be in"),
+    ("abc", "give a fraction"),
+    (5, "fewer"),
+  ):
+    with pytest.raises(ValueError, match=says):
+      labelled_subset(labels, amount, 0)
+
+  def task(**data):
+    c = default_config()
+    c.data.data_dir = data_dir
+    c.data.update(data)
+    return tasks.get(c, "")
+
+  full = task()
+  kept = full.training_positions()  # the training part: the split without the held-out 'valid'
+  few = task(labelled=50, labelled_seed=1)
+  few.check()
+  chosen = few.training_positions()
+  assert len(chosen) == 50 and set(chosen) <= set(kept)
+  assert np.bincount(labels[chosen], minlength=10).tolist() == [5] * 10
+  _, info = few._input("train", False)  # what the probe fits on (and, with train=True, what trains)
+  assert info.num_examples == 50
+  _, info = few._input("valid", False)  # 'valid' keeps every example
+  assert info.num_examples == full._input("valid", False)[1].num_examples
+  with pytest.raises(ConfigError, match="data.labelled=5000: a count must be in"):
+    task(labelled=5000).check()

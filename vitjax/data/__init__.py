@@ -11,7 +11,7 @@ from vitjax.data.augment import Augment, parse_augment
 from vitjax.data.builders import BUILDERS, get_builder, resolve_name
 from vitjax.data.images import DatasetInfo, make_input
 from vitjax.data.local import default_data_dir
-from vitjax.data.splits import has_split, holdout_split, open_split, split_info
+from vitjax.data.splits import has_split, holdout_split, labelled_subset, open_split, split_info, split_labels
 from vitjax.errors import DatasetNotPreparedError
 
 __all__ = [
@@ -23,9 +23,11 @@ __all__ = [
   "get_builder",
   "has_split",
   "holdout_split",
+  "labelled_subset",
   "make_input",
   "open_split",
   "parse_augment",
   "resolve_name",
   "split_info",
+  "split_labels",
 ]

@@ -1,5 +1,6 @@
 """Prepared tfds splits: open one (with the command that prepares it when it is missing), read its facts
-without reading its examples, and hold out a seeded subset of it (how vitjax makes a validation split).
+without reading its examples, hold out a seeded subset of it (how vitjax makes a validation split), and draw a
+class-balanced labelled subset of it (``data.labelled``: training with few labels).
 """
 
 from __future__ import annotations
@@ -126,6 +127,61 @@ def holdout_split(num_examples: int, fraction: float, seed: int) -> tuple[np.nda
     raise ValueError(f"cannot hold out {fraction:g} of {num_examples} examples")
   perm = np.random.default_rng(seed).permutation(num_examples)
   return np.sort(perm[n_out:]), np.sort(perm[:n_out])
+
+
+def split_labels(name: str, split: str, data_dir: str | None = None) -> np.ndarray:
+  """The labels int64 [N] of a prepared split, in order (its images are read, not decoded)."""
+  source, builder = open_split(name, split, data_dir, encoded_images=True)
+  _, label_key = _supervised_keys(builder)
+  labels = np.zeros(len(source), np.int64)
+  for start in range(0, len(source), 4096):
+    rows = source.__getitems__(list(range(start, min(start + 4096, len(source)))))
+    labels[start : start + len(rows)] = [int(r[label_key]) for r in rows]
+  return labels
+
+
+def labelled_count(amount: Any, num_examples: int) -> int:
+  """How many examples `amount` (``data.labelled``) keeps of `num_examples`: a fraction in (0, 1] of them, or a
+  count (an int >= 1, or a string "600" / "1%"). ValueError naming the field otherwise."""
+  value = amount
+  if isinstance(value, str):
+    text = value.strip()
+    try:
+      value = float(text[:-1]) / 100 if text.endswith("%") else (int(text) if text.isdigit() else float(text))
+    except ValueError:
+      value = None
+  if isinstance(value, bool) or not isinstance(value, int | float):
+    raise ValueError(f"data.labelled={amount!r}: give a fraction in (0, 1] (0.01), a percentage ('1%') or a count")
+  if isinstance(value, float) and value <= 1:
+    if value <= 0:
+      raise ValueError(f"data.labelled={amount!r}: a fraction must be in (0, 1]")
+    return max(int(round(value * num_examples)), 1)
+  if not float(value).is_integer() or not 1 <= value <= num_examples:
+    raise ValueError(f"data.labelled={amount!r}: a count must be in [1, {num_examples}], the training examples")
+  return int(value)
+
+
+def labelled_subset(labels: np.ndarray, amount: Any, seed: int) -> np.ndarray:
+  """Sorted positions into `labels` of a class-balanced subset of ``labelled_count(amount, len(labels))`` examples:
+  the same number of each class present (the remainder to the first classes), drawn within each class by
+  ``np.random.default_rng(seed)``. ValueError when a class has fewer examples than its share."""
+  labels = np.asarray(labels)
+  n = labelled_count(amount, len(labels))
+  classes = np.unique(labels)
+  if n < len(classes):
+    raise ValueError(f"data.labelled={amount!r} keeps {n} examples, fewer than the {len(classes)} classes")
+  rng = np.random.default_rng(seed)
+  share, extra = divmod(n, len(classes))
+  chosen = []
+  for i, c in enumerate(classes):
+    members = np.flatnonzero(labels == c)
+    k = share + (i < extra)
+    if k > len(members):
+      raise ValueError(
+        f"data.labelled={amount!r} wants {k} examples of class {c}, which has {len(members)}: give fewer"
+      )
+    chosen.append(rng.permutation(members)[:k])
+  return np.sort(np.concatenate(chosen))
 
 
 def split_info(name: str, split: str, data_dir: str | None = None) -> dict[str, Any]:

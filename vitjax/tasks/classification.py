@@ -15,6 +15,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 
 from vitjax import convert
 from vitjax import data as data_lib
@@ -36,6 +37,7 @@ class ImageClassification:
     self.layout = layout or mesh_lib.Layout.of(config)
     self._preprocess = None  # preprocess(), built on first use
     self._own_valid = None  # own_valid(), asked once
+    self._training_positions = None  # (training_positions(),), drawn once
 
   # -- splits
   def own_valid(self) -> bool:
@@ -50,18 +52,44 @@ class ImageClassification:
     n = data_lib.split_info(d.name, d.train_split, d.data_dir)["num_examples"]
     return data_lib.holdout_split(n, d.valid_fraction, d.valid_seed)
 
+  def training_positions(self) -> np.ndarray | None:
+    """The positions of train_split that train (None: all): without the held-out 'valid', and with data.labelled
+    only a class-balanced subset of the rest (what the probe evaluator fits on too)."""
+    if self._training_positions is None:
+      d = self.config.data
+      kept = self._holdout()[0] if d.valid_fraction and not self.own_valid() else None
+      if d.get("labelled") is not None:
+        labels = data_lib.split_labels(d.name, d.train_split, d.data_dir)
+        kept = np.arange(len(labels)) if kept is None else kept
+        try:
+          kept = kept[data_lib.labelled_subset(labels[kept], d.labelled, d.get("labelled_seed", 0))]
+        except ValueError as e:
+          raise ConfigError(f"config.{e}") from None
+        counts = np.bincount(labels[kept])
+        logging.info(
+          "data.labelled=%s: %d training examples, %d-%d per class (labelled_seed %d)",
+          d.labelled,
+          len(kept),
+          counts[counts > 0].min(),
+          counts.max(),
+          d.get("labelled_seed", 0),
+        )
+      self._training_positions = (kept,)
+    return self._training_positions[0]
+
   def _input(self, split: str, train: bool, **kw):
     """make_input for a split name of this task (see the module docstring)."""
     d = self.config.data
     subset = None
-    if (split == VALID or (split == d.train_split and d.valid_fraction)) and not self.own_valid():
+    if split == VALID and not self.own_valid():
       if not d.valid_fraction:
         raise ConfigError(
           f"no '{VALID}' split: data.valid_fraction is 0; set --config.data.valid_fraction=0.1 or evaluate another "
           "split (--split=test)"
         )
-      kept, held_out = self._holdout()
-      subset, split = (held_out if split == VALID else kept), d.train_split
+      subset, split = self._holdout()[1], d.train_split
+    elif split == d.train_split:
+      subset = self.training_positions()
     try:
       return data_lib.make_input(
         d.name,
@@ -105,6 +133,7 @@ class ImageClassification:
     if not 0 <= c.data.valid_fraction < 1:
       raise ConfigError(f"data.valid_fraction={c.data.valid_fraction} must be in [0, 1)")
     info = self.describe()
+    self.training_positions()  # data.labelled: a bad amount, or too few examples of a class
     mean = self.preprocess().mean
     if mean is not None and len(mean) != info["channels"]:
       raise ConfigError(

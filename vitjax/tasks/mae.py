@@ -53,6 +53,7 @@ class MaskedImageModeling(ImageClassification):
     check_batch(c.data.eval_batch_size, "data.eval_batch_size", self.layout)
     if not 0 <= c.data.valid_fraction < 1:
       raise ConfigError(f"data.valid_fraction={c.data.valid_fraction} must be in [0, 1)")
+    self.training_positions()  # data.labelled: a bad amount, or too few examples of a class
     try:
       self.grid  # noqa: B018 (builds the model: a bad config.model raises here)
     except ValueError as e:

@@ -157,6 +157,27 @@ def test_bible_pairs_from_fake_modules(fake_bible):
     text.load_pairs("bible", src_lang="en", tgt_lang="de", data_dir=fake_bible)
 
 
+def test_verse_references_and_the_split_by_books(fake_bible):
+  refs = []
+  pairs = text.load_pairs("bible", src_lang="en", tgt_lang="es", data_dir=fake_bible, refs=refs)
+  assert refs[:4] == ["Bk.1.1", "Bk.1.2", "Bk.1.3", "Bk.1.4"] and len(refs) == len(pairs)
+  with pytest.raises(ValueError, match="has no verse references"):
+    text.load_pairs("tsv:/nonexistent", src_lang="a", tgt_lang="b", refs=[])
+
+  pairs = [("a", "A"), ("b", "B"), ("c", "C"), ("a", "A"), ("d", "D"), ("e", "E"), ("c", "C")]
+  refs = ["Gen.1.1", "Gen.1.2", "Ruth.1.1", "Ruth.1.2", "Job.1.1", "Job.1.2", "Job.1.3"]
+  got = text.split_by_books(pairs, refs, ["Ruth"], ["Job"])
+  # each held-out book whole; a pair also held out leaves train, and a pair in both held-out books stays in test
+  assert got == {"train": [("b", "B")], "valid": [("a", "A")], "test": [("d", "D"), ("e", "E"), ("c", "C")]}
+  for valid, test, says in (
+    (["Ruht"], ["Job"], "valid_books: no book Ruht; the books are Gen Ruth Job"),
+    (["Job"], ["Job"], "Job both in valid_books and test_books"),
+    ([], ["Job"], "needs both valid_books and test_books"),
+  ):
+    with pytest.raises(ValueError, match=says):
+      text.split_by_books(pairs, refs, valid, test)
+
+
 def test_bible_misaligned_and_missing(tmp_path):
   root = str(tmp_path / "sword")
   en = [""] + [f"{w('a' * k, k)} {w('b' * k, 100 + k)} x" for k in range(1, 9)]
@@ -562,9 +583,11 @@ def _have_module(name):
   reason="apt-get install sword-text-kjv sword-text-sparv",
 )
 def test_real_bible():
-  stats = {}
-  pairs = text.bible_pairs(stats=stats)
-  assert len(pairs) >= 30000
+  stats, refs = {}, []
+  pairs = text.bible_pairs(stats=stats, refs=refs)
+  assert len(pairs) >= 30000 and len(refs) == len(pairs) and refs[0] == "Gen.1.1" and refs[-1] == "Rev.22.21"
+  assert len(dict.fromkeys(r.split(".")[0] for r in refs)) == 66  # every book, verses in canonical order
+  assert refs[pairs.index(next(p for p in pairs if p[0].startswith("For God so loved the world,")))] == "John.3.16"
   assert stats["misaligned"] < 0.02 * len(pairs)
   assert pairs[0] == (
     "In the beginning God created the heaven and the earth.",

@@ -49,9 +49,22 @@ def default_config() -> mlc.ConfigDict:
   # valid_fraction of train_split, drawn by valid_seed and held out of training (vitjax.data.images.holdout_split).
   c.data.valid_fraction = 0.1
   c.data.valid_seed = 0
+  # Few labels: None trains on every example of train_split's training part; a fraction in (0, 1] (0.01), a
+  # percentage ('1%') or a count (600) trains on a class-balanced subset of it drawn by labelled_seed
+  # (vitjax.data.splits.labelled_subset). The probe evaluator fits on the same subset.
+  c.data.labelled = mlc.FieldReference(None, field_type=object)
+  c.data.labelled_seed = 0
   c.data.image_size = 8
+  # random_resized_crop and randaugment: False, True (their defaults) or a dict of options, from the command line
+  # too: --config.data.augment.random_resized_crop="{'scale': (0.35, 1)}" (vitjax.data.augment.parse_augment)
   c.data.augment = mlc.ConfigDict(
-    {"flip": False, "random_resized_crop": False, "randaugment": False, "mixup_alpha": 0.0, "cutmix_alpha": 0.0}
+    {
+      "flip": False,
+      "random_resized_crop": mlc.FieldReference(False, field_type=object),
+      "randaugment": mlc.FieldReference(False, field_type=object),
+      "mixup_alpha": 0.0,
+      "cutmix_alpha": 0.0,
+    }
   )
   c.data.eval_batch_size = 256
   # How images meet the model (vitjax.data.augment.Preprocess): per-channel mean and std in [0, 1] units (None:
@@ -217,6 +230,10 @@ def translation_config(source: str, src_lang: str, tgt_lang: str, size: str = "s
       split_seed=0,
       num_valid=500,
       num_test=1000,
+      # Books held out whole instead (bible only; OSIS names, "Job,Ruth"): every verse of valid_books is
+      # 'valid', of test_books 'test', and num_valid / num_test are not used (vitjax.data.text.split_by_books).
+      valid_books="",
+      test_books="",
       eval_batch_size=64,
     )
   )

@@ -263,6 +263,35 @@ def strip_markup(text: str) -> str:
   return " ".join(text.split())
 
 
+_BOOK_START = re.compile(r'<div\b(?=[^>]*\btype="book")(?![^>]*\beID=)[^>]*\bosisID="([^"]+)"')
+_CHAPTER_START = re.compile(r'<chapter\b(?=[^>]*\bsID=)[^>]*\bosisID="[^"]*?\.(\d+)"')
+
+
+def references(entries: list[str]) -> list[str | None]:
+  """The OSIS reference ("Gen.1.1") of each marked-up entry of an OSIS module (``read_module(plain=False)``),
+  None for the module, testament, book and chapter headings: a book heading opens ``<div type="book"
+  osisID="Gen">``, a chapter heading ``<chapter sID=... osisID="Gen.1">``, and the entries after a chapter heading
+  are its verses 1, 2, ... until the next heading."""
+  refs: list[str | None] = []
+  book, chapter, verse = None, None, 0
+  for entry in entries:
+    opened, started = _BOOK_START.search(entry), _CHAPTER_START.search(entry)
+    if opened or "x-importer" in entry or not (book or started):  # a book or testament heading
+      if "x-importer" in entry and refs:  # a testament's header: the entry before it is the module's header
+        refs[-1] = None
+      book, chapter = (opened.group(1) if opened else None), None
+      refs.append(None)
+    elif started:
+      chapter, verse = int(started.group(1)), 0
+      refs.append(None)
+    elif chapter is None:
+      refs.append(None)
+    else:
+      verse += 1
+      refs.append(f"{book}.{chapter}.{verse}")
+  return refs
+
+
 def read_module(name: str, dirs: list[str] | None = None, *, plain: bool = True) -> tuple[ModuleConf, list[str]]:
   """Reads every entry of a zText module, in verse-index order.
 

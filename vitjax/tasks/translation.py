@@ -51,8 +51,15 @@ class Translation:
     if self._splits is None:
       d = self.config.data
       try:
-        pairs = text.load_pairs(d.source, src_lang=d.src_lang, tgt_lang=d.tgt_lang, data_dir=d.data_dir)
-        self._splits = text.split_pairs(pairs, d.split_seed, d.num_valid, d.num_test)
+        books = {
+          k: [b.strip() for b in str(d.get(k) or "").split(",") if b.strip()] for k in ("valid_books", "test_books")
+        }
+        refs = [] if any(books.values()) else None
+        pairs = text.load_pairs(d.source, src_lang=d.src_lang, tgt_lang=d.tgt_lang, data_dir=d.data_dir, refs=refs)
+        if refs is None:
+          self._splits = text.split_pairs(pairs, d.split_seed, d.num_valid, d.num_test)
+        else:
+          self._splits = text.split_by_books(pairs, refs, books["valid_books"], books["test_books"])
         if d.get("test_source"):
           self._splits["test"] = text.load_pairs(
             d.test_source, src_lang=d.src_lang, tgt_lang=d.tgt_lang, data_dir=d.data_dir

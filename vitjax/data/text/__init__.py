@@ -35,7 +35,7 @@ others; an instance's ``PAD``, ``EOS``, ``BOS``, ``UNK`` are its model's). Every
 sequence in a batch ends with EOS and is right-padded with pad.
 
 One job per module: ``sources`` (load_pairs and the readers), ``splits``
-(split_pairs), ``tokenizer`` (Tokenizer), ``batching`` (make_batches, the
+(split_pairs, split_by_books), ``tokenizer`` (Tokenizer), ``batching`` (make_batches, the
 resumable BatchIterator), ``eval_batches`` (make_eval_batches);
 ``python -m vitjax.data.text --source=SOURCE --src=LANG --tgt=LANG`` prints a source's
 statistics.
@@ -62,7 +62,7 @@ from vitjax.data.text.sources import (
   tfds_pairs,
   tsv_pairs,
 )
-from vitjax.data.text.splits import split_pairs
+from vitjax.data.text.splits import split_by_books, split_pairs
 from vitjax.data.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
 __all__ = [
@@ -89,6 +89,7 @@ __all__ = [
   "make_batches",
   "make_eval_batches",
   "parse_ding_line",
+  "split_by_books",
   "split_pairs",
   "tfds_pairs",
   "tsv_pairs",

@@ -38,7 +38,13 @@ def _orient(pairs: list[Pair], langs: tuple[str, str], src_lang: str, tgt_lang: 
   raise ValueError(f"{what} has languages {langs[0]}<->{langs[1]}; got src_lang={src_lang!r}, tgt_lang={tgt_lang!r}.")
 
 
-def bible_pairs(sword_dir: str | None = None, *, check_alignment: bool = True, stats: dict | None = None) -> list[Pair]:
+def bible_pairs(
+  sword_dir: str | None = None,
+  *,
+  check_alignment: bool = True,
+  stats: dict | None = None,
+  refs: list | None = None,
+) -> list[Pair]:
   """(English, Spanish) verse pairs, in canonical (verse-index) order.
 
   Args:
@@ -52,6 +58,7 @@ def bible_pairs(sword_dir: str | None = None, *, check_alignment: bool = True, s
       pairs go: chapters where the Spanish numbering is shifted (Num 13,
       Job 39-41, ...). Has no effect without Strong's numbers.
     stats: if given, filled with counts (entries, empty, misaligned, pairs).
+    refs: if given, filled with each pair's OSIS reference ("Gen.1.1"; :func:`sword.references`).
 
   Raises:
     SourceNotAvailableError: a module is missing (message names the package).
@@ -83,6 +90,8 @@ def bible_pairs(sword_dir: str | None = None, *, check_alignment: bool = True, s
     for i in bad:
       keep[i] = False
   pairs = [(a, b) for a, b, k in zip(plain_en, plain_es, keep) if k]
+  if refs is not None:
+    refs.extend(r for r, k in zip(sword.references(en), keep) if k)
   if stats is not None:
     stats.update(entries=len(en), empty=num_empty, misaligned=num_misaligned, pairs=len(pairs))
   return pairs
@@ -330,7 +339,9 @@ def load_references(source: str, *, src_lang: str, tgt_lang: str, data_dir: str 
   return refs if src_lang == "de" else {(b, a): v for (a, b), v in refs.items()}
 
 
-def load_pairs(source: str, *, src_lang: str, tgt_lang: str, data_dir: str | None = None) -> list[tuple[str, str]]:
+def load_pairs(
+  source: str, *, src_lang: str, tgt_lang: str, data_dir: str | None = None, refs: list | None = None
+) -> list[tuple[str, str]]:
   """Loads ``(source_text, target_text)`` pairs, whitespace-normalised.
 
   Args:
@@ -343,6 +354,8 @@ def load_pairs(source: str, *, src_lang: str, tgt_lang: str, data_dir: str | Non
       ``ding``: folder holding the ``de-en`` file (default
       ``/usr/share/trans``); ``tfds``: tfds data dir (default
       ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``).
+    refs: if given, filled with each pair's reference: ``bible``'s verse ("Gen.1.1"); ValueError for a source
+      without references.
 
   Returns:
     The pairs in the source's order (duplicates kept; :func:`split_pairs`
@@ -355,7 +368,9 @@ def load_pairs(source: str, *, src_lang: str, tgt_lang: str, data_dir: str | Non
   """
   kind, _, arg = source.partition(":")
   if kind == "bible":
-    return _orient(bible_pairs(data_dir), ("en", "es"), src_lang, tgt_lang, "bible")
+    return _orient(bible_pairs(data_dir, refs=refs), ("en", "es"), src_lang, tgt_lang, "bible")
+  if refs is not None:
+    raise ValueError(f"source {source!r} has no verse references (only 'bible' has): split it by pairs")
   if kind == "ding":
     return _orient(ding_pairs(_ding_path(arg, data_dir)), ("de", "en"), src_lang, tgt_lang, "ding")
   if kind == "tsv" and arg:

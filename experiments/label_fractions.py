@@ -19,8 +19,8 @@ checkpoint, chosen on the 6,000-image 'valid' split, as in the 100% rows; both a
     python experiments/label_fractions.py --plot=experiments/results/label_fractions.png
 
 Tuning (seed 0, both arms alike): `--tag=NAME --set=--config.FIELD=VALUE ... --steps_x=3` adds config overrides
-to the fine-tuning and scratch runs or multiplies their budget; rows keep their tag, `--summary --tag=NAME` reads
-them. Fashion-MNIST must be
+to the fine-tuning and scratch runs or multiplies their budget; rows keep their tag. `--summary` reports, for each
+arm and fraction, the setting whose seed-0 run has the best validation accuracy, and lists every seed-0 setting. Fashion-MNIST must be
 prepared (`python -m vitjax.data.prepare --dataset=fashion_mnist`).
 """
 
@@ -90,11 +90,23 @@ def run(
   return {"valid": t["eval/accuracy"], "test": e["eval/accuracy"], "best_step": e.get("step"), "train_s": t["wall_s"]}
 
 
-def rows(tag: str = "") -> dict:
-  """{(arm, fraction): {seed: test accuracy}}: this experiment's rows with `tag`, and the 100% ones."""
-  out: dict = {}
+def chosen() -> dict:
+  """{(arm, fraction): tag}: each arm's setting at each fraction, the tag whose seed-0 run has the best validation
+  accuracy (the tuning rule, the same for both arms; the probe has no setting)."""
+  best: dict = {}
   for r in map(json.loads, open(OUT)) if os.path.exists(OUT) else []:
-    if r.get("tag", "") == tag:
+    if r["seed"] == 0 and r["arm"] != "probe":
+      key = (r["arm"], r["fraction"])
+      if key not in best or r["valid"] > best[key][0]:
+        best[key] = (r["valid"], r.get("tag", ""))
+  return {k: tag for k, (_, tag) in best.items()}
+
+
+def rows() -> dict:
+  """{(arm, fraction): {seed: test accuracy}} at each arm's chosen setting, and the 100% rows."""
+  tags, out = chosen(), {}
+  for r in map(json.loads, open(OUT)) if os.path.exists(OUT) else []:
+    if r.get("tag", "") == tags.get((r["arm"], r["fraction"]), ""):
       out.setdefault((r["arm"], r["fraction"]), {})[r["seed"]] = r["linear"] if r["arm"] == "probe" else r["test"]
   for r in map(json.loads, open(FULL)) if os.path.exists(FULL) else []:
     if r["arm"] in ("mae", "scratch"):
@@ -104,8 +116,8 @@ def rows(tag: str = "") -> dict:
   return out
 
 
-def summary(tag: str = "") -> None:
-  got = rows(tag)
+def summary() -> None:
+  got, tags = rows(), chosen()
   fractions = sorted({f for _, f in got})
   fmt = lambda v: (
     "-" if not v else f"{100 * np.mean(v):.2f} ± {100 * np.std(v, ddof=1):.2f}" if len(v) > 1 else f"{100 * v[0]:.2f}"
@@ -123,19 +135,28 @@ def summary(tag: str = "") -> None:
       return f"{np.mean(d):+.2f} ± {np.std(d, ddof=1) / np.sqrt(len(d)):.2f} (n={len(d)})"
 
     vals = {a: list(c.values()) for a, c in cells.items()}
+    setting = lambda a, f=f: f" ({tags[(a, f)] or 'default'})" if (a, f) in tags else ""
     print(
-      f"| {100 * f:g}% | {fmt(vals['mae'])} | {fmt(vals['scratch'])} | {diff('mae', 'scratch')} "
-      f"| {fmt(vals['probe'])} | {diff('probe', 'scratch')} |"
+      f"| {100 * f:g}% | {fmt(vals['mae'])}{setting('mae')} | {fmt(vals['scratch'])}{setting('scratch')} "
+      f"| {diff('mae', 'scratch')} | {fmt(vals['probe'])} | {diff('probe', 'scratch')} |"
     )
+  tuning = [json.loads(x) for x in open(OUT)] if os.path.exists(OUT) else []
+  print("\nseed 0, every setting (validation / test):")
+  for r in sorted(tuning, key=lambda r: (r["fraction"], r["arm"], r.get("tag", ""))):
+    if r["seed"] == 0 and r["arm"] != "probe":
+      print(
+        f"  {100 * r['fraction']:g}% {r['arm']:8s} {r.get('tag') or 'default':8s} {r['steps']:5d} steps: "
+        f"{100 * r['valid']:.2f} / {100 * r['test']:.2f}"
+      )
 
 
-def plot(path: str, tag: str = "") -> None:
+def plot(path: str) -> None:
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  got = rows(tag)
+  got = rows()
   fig, ax = plt.subplots(figsize=(5.5, 4))
   names = {"mae": "MAE, fine-tuned", "scratch": "from scratch", "probe": "MAE, linear probe"}
   for arm, label in names.items():
@@ -170,7 +191,7 @@ def main() -> None:
   ap.add_argument("--plot", default=None, help="write the accuracy-against-labels plot here")
   a = ap.parse_args()
   if a.summary or a.plot:
-    return summary(a.tag) if a.summary else plot(a.plot, a.tag)
+    return summary() if a.summary else plot(a.plot)
   done = set()
   for r in map(json.loads, open(OUT)) if os.path.exists(OUT) else []:
     done.add((r["arm"], r["fraction"], r["seed"], r.get("tag", "")))

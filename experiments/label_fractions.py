@@ -167,6 +167,7 @@ def plot(path: str) -> None:
     sds = [100 * np.std(list(got[(arm, f)].values()), ddof=1) if len(got[(arm, f)]) > 1 else 0 for f in fs]
     ax.errorbar([100 * f for f in fs], means, yerr=sds, marker="o", capsize=3, label=label)
   ax.set_xscale("log")
+  ax.set_xticks([1, 10, 100], ["1%", "10%", "100%"])
   ax.set_xlabel("labelled training images (%; 100% = 54,000)")
   ax.set_ylabel("test accuracy (%), mean ± sd over 3 seeds")
   ax.set_title("Fashion-MNIST: MAE pre-training against scratch")

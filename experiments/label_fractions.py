@@ -29,32 +29,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
-import time
 
 import numpy as np
+from mae_probe_seeds import MAE, VIT, main_cmd  # the same commands as the 100% rows (experiments/ is on sys.path)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "experiments", "results", "label_fractions.jsonl")
 FULL = os.path.join(ROOT, "experiments", "results", "mae_probe_seeds.jsonl")  # the 100% rows
-VIT = "configs/vit_fashion_mnist_from_mae.py"
-MAE = "configs/mae_fashion_mnist.py"
 STEPS = {0.01: 500, 0.1: 1000}  # the fine-tuning budget of each fraction, the same for both arms
 PROBE = ("linear", "knn", "10shot")
-
-
-def main_cmd(cores: str | None, *args: str) -> dict:
-  """Runs `python -m vitjax.main ARGS --json` (pinned to `cores`); its JSON result, with the wall time."""
-  cmd = [sys.executable, "-m", "vitjax.main", *args, "--json"]
-  if cores:
-    cmd = ["taskset", "-c", cores, *cmd]
-  print("+", " ".join(cmd), flush=True)
-  start = time.time()
-  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-  if proc.returncode:
-    sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-3000:]}")
-  return {**json.loads(proc.stdout.strip().splitlines()[-1]), "wall_s": round(time.time() - start, 1)}
 
 
 def pretrained(root: str, seed: int, cores: str | None) -> str:

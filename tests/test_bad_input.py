@@ -5,7 +5,6 @@ if it was absent."""
 import os
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -13,8 +12,6 @@ import train_helpers as th
 
 # one worker builds this module's fixture once (pytest -n with --dist loadgroup, as the README runs it)
 pytestmark = pytest.mark.xdist_group("bad_input")
-
-TRANSLATE = [sys.executable, "-m", "vitjax.translate"]
 
 
 def _cases():
@@ -171,10 +168,7 @@ def test_bad_input_is_one_line_exit_2_and_leaves_the_workdir_alone(kind, args, w
     args = [a.replace(key, value) if key.isupper() else a for a in args]
   try:
     if args and args[0] == "TRANSLATE":
-      cmd = [*TRANSLATE, f"--workdir={workdir}", *args[1:]]
-      proc = subprocess.run(
-        cmd, cwd=th.ROOT, env=th.env(), input="hello\n", capture_output=True, text=True, timeout=300
-      )
+      proc = th.run_module("translate", f"--workdir={workdir}", *args[1:], stdin="hello\n")
     else:
       # "--config=" alone: no config file (and none of the tiny run's --config.* overrides)
       config = None if "--config=" in args else next((a[9:] for a in args if a.startswith("--config=")), th.CONFIG)

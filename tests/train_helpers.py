@@ -1,4 +1,5 @@
-"""Helpers for tests/test_train.py: run `python -m vitjax.main` as a subprocess, read its outputs."""
+"""Helpers for the tests of the command lines: run `python -m vitjax.main` (and the others) in a process of its own,
+read its outputs."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import os
 import re
 import subprocess
 import sys
+
+from forkserver import ForkServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "vit_digits.py")
@@ -67,22 +70,27 @@ def main_cmd(workdir: str | None, *args: str, config: str | None = CONFIG) -> li
 
 def run_main(workdir, *args, devices: int = 1, config=CONFIG, timeout: float = 300) -> subprocess.CompletedProcess:
   """Runs the command line to completion; returns the CompletedProcess (text stdout/stderr)."""
-  return subprocess.run(
-    main_cmd(workdir, *args, config=config), cwd=ROOT, env=env(devices), capture_output=True, text=True, timeout=timeout
-  )
+  return run_module("main", *main_cmd(workdir, *args, config=config)[3:], devices=devices, timeout=timeout)
 
 
-def run_module(module: str, *args: str, devices: int = 1, timeout: float = 300) -> subprocess.CompletedProcess:
-  """Runs `python -m vitjax.MODULE ARGS` (export, attention_maps, ...) to completion, as run_main does. A subprocess, since
-  those command lines' absl flags clash with each other's when one test process imports several."""
-  return subprocess.run(
-    [sys.executable, "-m", f"vitjax.{module}", *args],
-    cwd=ROOT,
-    env=env(devices),
-    capture_output=True,
-    text=True,
-    timeout=timeout,
-  )
+_server: ForkServer | None = None
+
+
+def run_module(
+  module: str, *args: str, devices: int = 1, timeout: float = 300, stdin: str = ""
+) -> subprocess.CompletedProcess:
+  """Runs `python -m vitjax.MODULE ARGS` (main, export, attention_maps, ...) to completion in a process of its own
+  (absl flags are per process), forked from one that has imported the libraries (tests/forkserver.py): the same
+  process but for the imports' 1.7 s. An environment that differs from that server's in more than XLA_FLAGS (a test
+  that set a variable the imports read) runs as a plain subprocess."""
+  global _server
+  e = env(devices)
+  if _server is None:
+    _server = ForkServer(e, ROOT)
+  if {k: v for k, v in e.items() if k != "XLA_FLAGS"} != {k: v for k, v in _server.env.items() if k != "XLA_FLAGS"}:
+    cmd = [sys.executable, "-m", f"vitjax.{module}", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=e, input=stdin, capture_output=True, text=True, timeout=timeout)
+  return _server.run(f"vitjax.{module}", list(args), e, stdin=stdin, timeout=timeout)
 
 
 def start_main(workdir, *args, devices: int = 1, config=CONFIG) -> subprocess.Popen:

@@ -217,3 +217,10 @@ def test_every_command_line_goes_through_the_one_runner():
       os.path.join("data", "text", "__main__.py"),
     ]
   ), entry_points
+
+
+def test_the_command_lines_run_forked_from_the_import_server():
+  """train_helpers.run_module takes its fast path (tests/forkserver.py) in a test that left the environment alone."""
+  proc = th.run_module("main", "--mode=evaluate")
+  assert proc.returncode == 2 and "--mode" in th.error_lines(proc), proc.stderr[-2000:]
+  assert th.CACHE_DIR in th._servers and th._servers[th.CACHE_DIR].proc.poll() is None

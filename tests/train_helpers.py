@@ -42,8 +42,14 @@ XLA_TEST_FLAGS = "" if os.environ.get("VITJAX_TEST_XLA_OPT") == "1" else "--xla_
 CACHE_DIR = None
 
 
-def env(devices: int = 1) -> dict:
-  e = dict(os.environ)
+# The environment the tests started in, before any test set a variable (the fork server's, below); conftest.py
+# sets it once it has set its own variables.
+BASE_ENVIRON: dict | None = None
+
+
+def env(devices: int = 1, base: dict | None = None) -> dict:
+  """The command lines' environment: os.environ (or `base`) on the CPU, with `devices` host devices."""
+  e = dict(os.environ if base is None else base)
   e.update(
     JAX_PLATFORMS="cpu",
     XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {XLA_TEST_FLAGS}",
@@ -73,7 +79,11 @@ def run_main(workdir, *args, devices: int = 1, config=CONFIG, timeout: float = 3
   return run_module("main", *main_cmd(workdir, *args, config=config)[3:], devices=devices, timeout=timeout)
 
 
-_server: ForkServer | None = None
+_servers: dict[str | None, ForkServer] = {}  # by compilation cache
+
+
+def _unset(e: dict, *names: str) -> dict:
+  return {k: v for k, v in e.items() if k not in names}
 
 
 def run_module(
@@ -81,16 +91,17 @@ def run_module(
 ) -> subprocess.CompletedProcess:
   """Runs `python -m vitjax.MODULE ARGS` (main, export, attention_maps, ...) to completion in a process of its own
   (absl flags are per process), forked from one that has imported the libraries (tests/forkserver.py): the same
-  process but for the imports' 1.7 s. An environment that differs from that server's in more than XLA_FLAGS (a test
-  that set a variable the imports read) runs as a plain subprocess."""
-  global _server
+  process but for the imports' 1.7 s. Where a test has set an environment variable (the imports may read it), a
+  plain subprocess."""
+  global BASE_ENVIRON
+  BASE_ENVIRON = dict(os.environ) if BASE_ENVIRON is None else BASE_ENVIRON
   e = env(devices)
-  if _server is None:
-    _server = ForkServer(e, ROOT)
-  if {k: v for k, v in e.items() if k != "XLA_FLAGS"} != {k: v for k, v in _server.env.items() if k != "XLA_FLAGS"}:
+  if _unset(e, "PYTEST_CURRENT_TEST") != _unset(env(devices, base=BASE_ENVIRON), "PYTEST_CURRENT_TEST"):
     cmd = [sys.executable, "-m", f"vitjax.{module}", *args]
     return subprocess.run(cmd, cwd=ROOT, env=e, input=stdin, capture_output=True, text=True, timeout=timeout)
-  return _server.run(f"vitjax.{module}", list(args), e, stdin=stdin, timeout=timeout)
+  if CACHE_DIR not in _servers:
+    _servers[CACHE_DIR] = ForkServer(env(1, base=BASE_ENVIRON), ROOT)
+  return _servers[CACHE_DIR].run(f"vitjax.{module}", list(args), e, stdin=stdin, timeout=timeout)
 
 
 def start_main(workdir, *args, devices: int = 1, config=CONFIG) -> subprocess.Popen:

@@ -28,6 +28,7 @@ def _cases():
   add("max_train_minutes<0", "new", ["--config.max_train_minutes=-1"], "max_train_minutes=-1", "positive")
   add("profile_steps reversed", "new", ["--config.profile_steps=(4, 3)"], "profile_steps=(4, 3)", "first <= last")
   add("on_nonfinite", "new", ["--config.on_nonfinite=ignore"], "on_nonfinite='ignore'", "'stop' or 'skip'")
+  add("unknown tracker", "new", ["--config.trackers=('tensorbord',)"], "unknown tracker 'tensorbord'", "wandb")
   # batches and the optimizer
   add("batch_size=0", "notes", ["--config.batch_size=0"], "batch_size=0 must be positive")
   add("batch_size=abc", "new", ["--config.batch_size=abc"], "--config.batch_size", "abc")

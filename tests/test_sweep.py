@@ -206,7 +206,11 @@ def test_sweep_end_to_end(tmp_path, run_args):
   for r in complete:  # an ordinary run: its config, checkpoints and metrics, the trial's value in its config
     workdir = os.path.join(sweep_dir, f"trial_{int(r['trial']):04d}")
     with open(os.path.join(workdir, "config.json")) as f:
-      assert json.load(f)["optim"]["lr"] == float(r["optim.lr"])
+      saved = json.load(f)
+    assert saved["optim"]["lr"] == float(r["optim.lr"])
+    # a W&B run (config.trackers with "wandb") is named by its trial, in a group named by the sweep
+    assert saved["wandb"]["name"] == f"trial_{int(r['trial']):04d}", saved["wandb"]
+    assert saved["wandb"]["group"] == os.path.basename(sweep_dir), saved["wandb"]
     assert os.path.isdir(os.path.join(workdir, "checkpoints"))
     assert int(r["last_step"]) == 30 and int(r["best_step"]) in (10, 20, 30)
   report = open(os.path.join(sweep_dir, "report.md")).read()

@@ -169,6 +169,22 @@ def default_config() -> mlc.ConfigDict:
   c.init_from = ""
   # (first, last): a jax.profiler trace of those steps into WORKDIR/tb/plugins/profile (TensorBoard's profile tab).
   c.profile_steps = mlc.FieldReference(None, field_type=tuple)
+  # Where the metrics go besides WORKDIR/metrics.jsonl (always written): "tensorboard" (WORKDIR/tb) and/or "wandb"
+  # (Weights & Biases, `pip install wandb`; its run id is kept in the workdir, so a resume continues the same run;
+  # WANDB_MODE=offline writes WORKDIR/wandb/ for `wandb sync`). vitjax.train.trackers.
+  c.trackers = ("tensorboard",)
+  # W&B's run: project, entity (None: your default), name (None: the workdir's name; a sweep's trial_NNNN), group
+  # (a sweep: its directory's name), tags and notes.
+  c.wandb = mlc.ConfigDict(
+    {
+      "project": "vitjax",
+      "entity": mlc.FieldReference(None, field_type=str),
+      "name": mlc.FieldReference(None, field_type=str),
+      "group": mlc.FieldReference(None, field_type=str),
+      "tags": (),
+      "notes": mlc.FieldReference(None, field_type=str),
+    }
+  )
   return c
 
 

@@ -230,7 +230,12 @@ class Runner:
     workdir = sweep_lib.trial_dir(self.sweep_dir, n)
     params = self._suggest(trial)
     overrides = [sweep_lib.flag(k, v) for k, v in params.items()]
-    cmd = [*self.base_cmd, f"--workdir={workdir}", *overrides]
+    # W&B (config.trackers with "wandb") names the run by its trial and groups the sweep's trials
+    named = [
+      f"--config.wandb.name=trial_{n:04d}",
+      f"--config.wandb.group={os.path.basename(os.path.normpath(self.sweep_dir))}",
+    ]
+    cmd = [*self.base_cmd, f"--workdir={workdir}", *overrides, *named]
     trial.set_user_attr("overrides", " ".join(overrides))
     trial.set_user_attr("workdir", workdir)
     retry = " (again, resuming from its checkpoint)" if frozen.system_attrs.get("retry_of") else ""

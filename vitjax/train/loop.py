@@ -28,7 +28,7 @@ from vitjax.errors import USER_ERRORS, ConfigError, Diverged, Preempted, Workdir
 from vitjax.mesh import agree, to_global
 from vitjax.tasks.base import EvaluationInterrupted
 from vitjax.train import checkpoints as ckpt_lib
-from vitjax.train import durations, optim
+from vitjax.train import durations, optim, trackers
 from vitjax.train import state as state_lib
 from vitjax.train import workdir as workdir_lib
 from vitjax.train.preemption import StopRequest
@@ -52,6 +52,7 @@ def check_config(config) -> None:
     raise ConfigError(f"on_nonfinite={config.on_nonfinite!r}: use 'stop' or 'skip'")
   if config.max_train_minutes is not None and config.max_train_minutes <= 0:
     raise ConfigError(f"max_train_minutes={config.max_train_minutes} must be positive (or None: no budget)")
+  trackers.check(config)
 
 
 def _prefetch(data: tasks.TrainInput, task: tasks.Task, sharding, size: int = 2):
@@ -230,7 +231,14 @@ def _train(run: _Run, state, start: int, data_state, changes: dict) -> dict:
   spent = run.spent
   deadline = time.time() + 60 * config.max_train_minutes - spent if config.max_train_minutes else None
   reporter = Reporter(
-    run.workdir, plan.total, plan.log_every, run.data.examples_per_step, deadline, purge_step=start + 1, spent=spent
+    run.workdir,
+    plan.total,
+    plan.log_every,
+    run.data.examples_per_step,
+    deadline,
+    purge_step=start + 1,
+    spent=spent,
+    config=config,
   )
   evaluations = _Evaluations(run, reporter)
   try:
@@ -386,6 +394,8 @@ class _Evaluations:
     for e in due:
       note = self._note(metrics) if e is self.best else ""
       self.reporter.evaluation(step, e.split, results[e.name], note)
+      if note:  # the best so far, or a tie that makes this later step best
+        self.reporter.best(step, metrics)
 
   def _note(self, metrics: dict) -> str:
     config = self.run_.config

@@ -1,4 +1,5 @@
-"""What a run tells its user: progress lines, WORKDIR/metrics.jsonl, TensorBoard summaries in WORKDIR/tb, and a
+"""What a run tells its user: progress lines, its metrics through the trackers of `config.trackers`
+(vitjax.train.trackers: WORKDIR/metrics.jsonl always, TensorBoard in WORKDIR/tb, Weights & Biases), and a
 jax.profiler trace of chosen steps (`config.profile_steps`), viewable in TensorBoard's profile tab.
 
 Process 0 writes; every process may log.
@@ -6,7 +7,6 @@ Process 0 writes; every process may log.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -14,6 +14,7 @@ import jax
 from absl import logging
 
 from vitjax.logs import fmt_time
+from vitjax.train import trackers as trackers_lib
 
 HEARTBEAT_SECONDS = 30.0  # a progress line at least this often, whatever log_every is
 
@@ -35,13 +36,13 @@ class Reporter:
     deadline=None,
     purge_step=None,
     spent: float = 0.0,
+    config=None,
   ):
     self.workdir, self.total, self.log_every, self.spent = workdir, total_steps, log_every, spent
     self.examples_per_step, self.deadline = examples_per_step, deadline
     self.main = jax.process_index() == 0
-    self.tb = None
-    if self.main:
-      self.tb = _EventWriter(os.path.join(workdir, "tb"), purge_step)
+    # config: its trackers and their settings (None: metrics.jsonl and TensorBoard)
+    self.trackers = trackers_lib.open_trackers(workdir, config or {}, purge_step) if self.main else []
     self.t0 = self.s0 = None
     self.created = self.last_line = time.time()
     self.wait = 0.0  # seconds spent waiting for the input pipeline since the last progress line
@@ -61,13 +62,14 @@ class Reporter:
     self.wait += seconds
 
   def write(self, step: int, metrics: dict) -> None:
-    """One row of metrics.jsonl and the same scalars in TensorBoard."""
-    if not self.main:
-      return
-    row = {"step": int(step), **{k: float(v) for k, v in metrics.items()}}
-    with open(os.path.join(self.workdir, "metrics.jsonl"), "a") as f:
-      f.write(json.dumps(row) + "\n")
-    self.tb.scalars(int(step), {k: v for k, v in row.items() if k != "step"})
+    """One row of metrics.jsonl and the same scalars in every other tracker."""
+    for tracker in self.trackers:
+      tracker.scalars(int(step), metrics)
+
+  def best(self, step: int, metrics: dict) -> None:
+    """`step` is the best so far (by config.best): its metrics become the trackers' summary."""
+    for tracker in self.trackers:
+      tracker.best(int(step), metrics)
 
   def progress(self, step: int, metrics: dict) -> None:
     now, since = time.time(), self.last_line
@@ -113,35 +115,8 @@ class Reporter:
     logging.info("step %d | %s%s", step, format_evaluation(split, metrics), note)
 
   def close(self) -> None:
-    if self.tb:
-      self.tb.close()
-
-
-class _EventWriter:
-  """Scalars in a TensorBoard event file, written with tensorboard's own writer (tensorboardX's would import torch
-  where it is installed: 2-4 s at every start).
-
-  purge_step: the first step this run writes; TensorBoard drops the events an earlier, killed run left at or past it
-  (a SessionLog START event, as tf.summary and tensorboardX write on a resume)."""
-
-  def __init__(self, logdir: str, purge_step: int | None):
-    from tensorboard.compat.proto import event_pb2, summary_pb2
-    from tensorboard.summary.writer.event_file_writer import EventFileWriter
-
-    self._event, self._summary = event_pb2, summary_pb2
-    self._writer = EventFileWriter(logdir)
-    if purge_step is not None:
-      start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
-      self._writer.add_event(event_pb2.Event(step=purge_step, wall_time=time.time(), session_log=start))
-
-  def scalars(self, step: int, values: dict) -> None:
-    value = [self._summary.Summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()]
-    summary = self._summary.Summary(value=value)
-    self._writer.add_event(self._event.Event(step=step, wall_time=time.time(), summary=summary))
-    self._writer.flush()
-
-  def close(self) -> None:
-    self._writer.close()
+    for tracker in self.trackers:
+      tracker.close()
 
 
 def format_evaluation(split: str, metrics: dict) -> str:

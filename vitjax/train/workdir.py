@@ -43,6 +43,8 @@ BOOKKEEPING = (
   "keep_checkpoints",
   "max_train_minutes",
   "profile_steps",
+  "trackers",
+  "wandb.",
   "init_from",  # only read at the first start
   "on_nonfinite",
   "max_nonfinite_skips",

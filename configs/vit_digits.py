@@ -8,8 +8,8 @@ Run (from the repository root, after `pip install -e .`):
 
 Expected: 98.3-99.3% test accuracy for the best checkpoint by validation accuracy (97.3-99.3% on validation),
 in 2-2.5 minutes of training on 2 CPU cores. Measured over seeds 0-2, one or two cores and three instruction sets
-(AVX, AVX2, AVX-512): the seed, the core count and the CPU each move single scans (0.33 points each); see the
-README's table and experiments/main_job_spread.py. Training uses 1,347 scans; 150 (10%, data.valid_seed 0) are the
+(AVX, AVX2, AVX-512): the seed, the core count and the CPU each move single scans (0.33 points each); see
+the table in docs/getting_started.md and experiments/main_job_spread.py. Training uses 1,347 scans; 150 (10%, data.valid_seed 0) are the
 validation split that evaluation during training and `best` use.
 A 4-layer, 64-wide ViT with 2x2 patches (16 tokens) and a class token; small random crops and zooms (without
 them it overfits and ends near 97%); AdamW, cosine, 80 epochs.

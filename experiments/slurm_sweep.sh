@@ -1,7 +1,7 @@
 #!/bin/bash
 # A hyperparameter sweep on a SLURM cluster as a job array: every array task is one sweep worker on one study in
 # one PostgreSQL database (Optuna's storage), so the tasks share the trials, whatever their number and whenever
-# they start (vitjax.sweep; its README section, "Many machines").
+# they start (vitjax.sweep; docs/guides/sweeps.md, "Many machines").
 #
 #   sbatch --array=0-7 --gpus-per-task=1 experiments/slurm_sweep.sh CONFIG SWEEP_DIR postgresql://USER:PASS@DBHOST/vitjax
 #   sbatch --array=0-3 experiments/slurm_sweep.sh configs/vit_digits.py /shared/sweeps/vit_digits URL --config.num_epochs=30

@@ -175,7 +175,7 @@ def _import_reference(name: str):
       import torchvision_ops_shim  # noqa: F401
     return __import__(name)
   except Exception as e:  # torchvision's CUDA wheel raises RuntimeError, not ImportError, without the shim
-    pytest.skip(f"{name} is not importable here ({type(e).__name__}: {e}); see README, 'Tests'")
+    pytest.skip(f"{name} is not importable here ({type(e).__name__}: {e}); see docs/contributing.md, 'Tests'")
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ Never the network: each test writes its repositories into huggingface_hub's cach
 (blobs, snapshots/COMMIT/FILE links, refs/main; what hf_hub_download leaves behind) and runs with HF_HUB_OFFLINE=1.
 The repositories' files are written by the code that writes them on the hub (transformers' save_pretrained, timm's
 save_for_hf) from random weights, and the models are compared with those implementations on the same input.
-Parity needs torch + transformers (+ timm) (README, 'Tests'); without them those tests are skipped.
+Parity needs torch + transformers (+ timm) (docs/contributing.md, 'Tests'); without them those tests are skipped.
 """
 
 import hashlib

@@ -1,7 +1,7 @@
 """Parity with the published implementations: timm's ViT and Swin, and the original JAX ViT checkpoint layout
 (read by timm's own npz loader). Same random weights, same input, inference mode, float32.
 
-Needs torch + timm (see README, 'Tests'): each test asks for them (the `refs` fixture), and skips without them
+Needs torch + timm (see docs/contributing.md, 'Tests'): each test asks for them (the `refs` fixture), and skips without them
 (under CI, fails).
 """
 

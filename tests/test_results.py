@@ -1,5 +1,6 @@
-"""The READMEs' BLEU figures are measured ones: each "N.N BLEU" in README.md and experiments/README.md equals, at its
-own precision, a BLEU value of a row committed under experiments/results/ (any key with "bleu" in its name)."""
+"""The documents' BLEU figures are measured ones: each "N.N BLEU" in README.md, experiments/README.md and the docs
+site's pages (docs/**/*.md) equals, at its own precision, a BLEU value of a row committed under
+experiments/results/ (any key with "bleu" in its name)."""
 
 import glob
 import json
@@ -42,7 +43,8 @@ def test_every_bleu_figure_in_the_readmes_is_a_committed_row():
   values = _bleu_values()
   assert len(values) > 50  # the translation runs' metrics, the baselines, the recipe grid
   found, missing = set(), []
-  for doc in ("README.md", os.path.join("experiments", "README.md")):
+  docs = glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)
+  for doc in ("README.md", os.path.join("experiments", "README.md"), *docs):
     with open(os.path.join(ROOT, doc)) as f:
       for figure in re.findall(r"(\d+\.\d+) BLEU", f.read()):
         digits = len(figure.split(".")[1])

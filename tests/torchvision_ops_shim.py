@@ -1,4 +1,4 @@
-# Copied from the team lead's shared/refs/ (see README, "Tests"): defines torchvision's compiled op names so that
+# Copied from the team lead's shared/refs/ (see docs/contributing.md, "Tests"): defines torchvision's compiled op names so that
 # torchvision's Python part, and timm, import on the CPU build of torch.
 """Lets timm import on a CPU-only torch: torchvision's CUDA wheel has no loadable _C, so define its op names."""
 import torch

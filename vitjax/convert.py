@@ -15,7 +15,7 @@ flax's tanh-approximated GELU).
     params = load_params("timm:vit_base_patch16_224:model.safetensors")   # what config.init_from takes
     params = load_params("hf:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k")
 
-Exporters take `(module, variables)` back out:
+Exporters take `(module, variables)` back out::
 
     state_dict, timm_cfg = to_timm(module, variables, image_size=224)   # timm.create_model(**timm_cfg)
     save_safetensors("model.safetensors", state_dict)

@@ -1,4 +1,4 @@
-"""How a run ends other than by finishing, and the command line's exit status for each:
+"""How a run ends other than by finishing, and the command line's exit status for each::
 
     0   finished (or already complete)
     2   ConfigError, DatasetNotPreparedError: input the user can fix; one "error: ..." line names the fix, and

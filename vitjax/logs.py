@@ -215,7 +215,7 @@ class Progress:
   """Progress of a loop over a known number of batches, reported only if the loop is slow.
 
   Silent for the first `after` seconds, then a line every `every` seconds: done / total, items per second (e.g.
-  sentences), ETA. `done()` returns the elapsed seconds.
+  sentences), ETA. `done()` returns the elapsed seconds. For example::
 
       progress = Progress("eval valid", total=len(batches), unit="sentences")
       for b in batches:

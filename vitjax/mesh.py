@@ -7,7 +7,7 @@ links (NVLink, ICI), and `data` spans hosts. `config.mesh` gives (axis, size) pa
 of the devices); an axis not named has size 1. The global batch is split over `data` x `fsdp`.
 
 Parameter shardings (`config.sharding`, a preset; `config.sharding_rules`, (regex, spec) rules on 'a/b/kernel'
-paths that take precedence over it):
+paths that take precedence over it)::
 
     dp       every parameter replicated
     fsdp     every parameter of at least FSDP_MIN_SIZE elements sharded over `fsdp` on its largest dimension

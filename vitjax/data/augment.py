@@ -294,8 +294,10 @@ class Preprocess:
 
   mean, std: per channel, in [0, 1] units: x / 255 -> (x - mean) / std. None: x * 2 / 255 - 1 (the original
     ViT's and big_vision's [-1, 1]).
+
   crop_fraction: evaluation resizes the shorter side to floor(size / crop_fraction), then takes the centre crop of
     the model's size (timm's crop_pct, 0.875 or 0.9 for most ImageNet models); None resizes the whole image.
+
   interpolation: "bilinear" or "bicubic" (the evaluation's resize).
   """
 

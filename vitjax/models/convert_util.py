@@ -1,4 +1,4 @@
-"""What the weight converters beside each model family share (vitjax/models/*_timm.py, vit_npz.py): a reader
+"""What the weight converters beside each model family share (`vitjax/models/*_timm.py`, `vit_npz.py`): a reader
 that remembers which source keys were used, the flax <-> torch layouts of linear, norm, convolution, attention and
 MLP parameters, and the shape check every importer ends with."""
 

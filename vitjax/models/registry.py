@@ -2,7 +2,8 @@
 about it, so that nothing outside the family's own files names its parameters.
 
 A family is a Linen module class decorated with `@register(...)` in its own module (vitjax/models/vit.py,
-swin.py, transformer.py, mae.py). It gives:
+swin.py, transformer.py, mae.py). It gives::
+
   parse_name   config name -> the class's keyword arguments ("vit_s16" -> width, depth, ...), None if not its name
   examples     names to suggest in an error
   no_decay     parameter leaf names, beyond every family's `bias` and `scale`, that weight decay leaves alone
@@ -12,6 +13,7 @@ swin.py, transformer.py, mae.py). It gives:
   formats      format -> the module that converts the family's weights from and to it (beside the family:
                vitjax/models/vit_timm.py, ...), imported when first used; vitjax.convert dispatches through it
   overrides    a function that normalises create()'s keyword overrides (e.g. an int patch size -> a pair)
+
 A family's layer index (layer-wise learning-rate decay) is the model's own `layer_index` method.
 
 `create(name, **overrides)` builds a model from any registered family's name.

@@ -1,6 +1,6 @@
 """Hyperparameter sweeps: the search lives beside get_config() in the config file; Optuna runs it on a database.
 
-A config file may define `get_sweep()` (with the same argument as its get_config, if any). It returns a dict:
+A config file may define `get_sweep()` (with the same argument as its get_config, if any). It returns a dict::
 
     from vitjax import sweep
 
@@ -14,7 +14,7 @@ A config file may define `get_sweep()` (with the same argument as its get_config
         objective="eval/accuracy", direction="maximize", pruner="median",
       )
 
-or, instead of `grid`, a search space that Optuna's sampler (TPE, or random) draws `trials` points from:
+or, instead of `grid`, a search space that Optuna's sampler (TPE, or random) draws `trials` points from::
 
         space={
           "optim.lr": sweep.log_uniform(1e-4, 1e-2),

@@ -36,12 +36,13 @@ def check_stop(stop) -> None:
 class TrainInput:
   """This process's training batches and what the trainer needs to know about them.
 
-  batches: an endless iterator of process-local numpy batches (dicts holding at least the task's `batch_keys`)
-    with get_state() / set_state() (grain's bytes, or a JSON-able dict).
-  num_examples: training examples in the split (all processes).
-  steps_per_epoch: global batches per pass over the data.
-  examples_per_step: the global batch size, or None when batches are sized by tokens.
-  name: what the log calls the data ("digits", "bible en-es").
+  Attributes:
+    batches: an endless iterator of process-local numpy batches (dicts holding at least the task's `batch_keys`)
+      with get_state() / set_state() (grain's bytes, or a JSON-able dict).
+    num_examples: training examples in the split (all processes).
+    steps_per_epoch: global batches per pass over the data.
+    examples_per_step: the global batch size, or None when batches are sized by tokens.
+    name: what the log calls the data ("digits", "bible en-es").
   """
 
   batches: Iterator[dict]

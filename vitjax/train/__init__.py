@@ -1,6 +1,6 @@
 """The one trainer: a config in, a trained, checkpointed, evaluated model out; it never asks which task it runs.
 
-One concern per module:
+One concern per module::
 
     loop.py         train() and evaluate(): the order of things
     state.py        network() -> Network (model, variables' layout: what prediction needs), setup() -> Experiment

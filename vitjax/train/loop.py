@@ -103,7 +103,7 @@ def _finite(metrics: dict) -> bool:
 
 def train(config: mlc.ConfigDict, workdir: str, allow_config_change: bool = False) -> dict:
   """Trains (resuming from WORKDIR's newest intact checkpoint if any), evaluates, checkpoints. Returns the result
-  as evaluate() does: {"step", "checkpoint": "best", "split", "weights", **the best step's metrics}. Raises ConfigError / DatasetNotPreparedError before writing anything if the config, data
+  as evaluate() does: {"step", "checkpoint": "best", "split", "weights"} and the best step's metrics. Raises ConfigError / DatasetNotPreparedError before writing anything if the config, data
   or workdir cannot work; Preempted or Diverged when it stops early (see the module docstring); WorkdirUnwritable
   when the workdir's disk fills up (or is read-only) during training."""
   workdir = os.path.abspath(workdir)

@@ -8,7 +8,7 @@ warm-up then cosine / linear / inverse-sqrt / constant decay.
     config.wd_mults = ((".*/bias$", 0.0),)        # None: the model family's (no decay on biases, norms, positions)
     config.frozen = ("^(?!head/).*",)             # not updated, no optimizer state
 
-The optimizer is optax.NAME(learning_rate=schedule, **kwargs). Weight decay is the optimizer's own where optax's
+The optimizer is `optax.NAME(learning_rate=schedule, **kwargs)`. Weight decay is the optimizer's own where optax's
 function takes it with a mask (adamw, nadamw, adamaxw, lion: decoupled, p -= lr * wd * p; lamb, lars, adan,
 adafactor's weight_decay_rate: as each defines it), on or off per parameter by wd_mults; for any other (sgd,
 adam, rmsprop, ...) it is added to the gradient before the optimizer (L2, SGD's weight decay). wd_mults other

@@ -121,7 +121,7 @@ class Reporter:
 
 def format_evaluation(split: str, metrics: dict) -> str:
   """'eval/loss 0.0712, eval/accuracy 0.9800, eval/top5 1.0000 (valid, 300 examples)': one evaluator's metrics by
-  the names metrics.jsonl and TensorBoard give them; spreads (*_std) and the probe's regulariser stay there."""
+  the names metrics.jsonl and TensorBoard give them; spreads (`*_std`) and the probe's regulariser stay there."""
   hidden = lambda k: k.endswith(("/examples", "_std", "_l2"))
   shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if not hidden(k))
   count = next((f", {int(v)} examples" for k, v in metrics.items() if k.endswith("/examples")), "")
@@ -159,7 +159,7 @@ class Profiler:
       self.active = True
 
   def run(self, step: int, fn, *args):
-    """fn(*args); while tracing, inside a step marker and waited for, so the profile tab shows real step times."""
+    """`fn(*args)`; while tracing, inside a step marker and waited for, so the profile tab shows real step times."""
     if not self.active:
       return fn(*args)
     with jax.profiler.StepTraceAnnotation("train", step_num=step):

@@ -35,9 +35,9 @@ def make_eval_batches(
   BLEU). Pop the text keys before handing a batch to jit.
 
   Returns:
-    A list of ``{'src', 'tgt': int32 [B, L], 'src_mask', 'tgt_mask': bool
-    [B, L], 'mask': bool [B], 'index': int32 [B] (position in ``pairs``),
-    'src_text', 'tgt_text': list[str]}``.
+    A list of dicts: ``src``, ``tgt`` (int32 [B, L]), ``src_mask``,
+    ``tgt_mask`` (bool [B, L]), ``mask`` (bool [B]), ``index`` (int32 [B],
+    the position in ``pairs``), ``src_text``, ``tgt_text`` (list[str]).
   """
   data = EncodedPairs(pairs, tokenizer, max_len, "truncate")
   longest = int(max(data.src_lengths.max(initial=1), data.tgt_lengths.max(initial=1)))

@@ -295,6 +295,13 @@ def _image(trained, path: str | None, example: int | None, split: str) -> np.nda
 
 
 def main() -> None:
+  """Command line entry: writes the attention PNGs of one image of a trained run into --out.
+
+  The image is --image, or the --example-th example of --split; the paths written are printed.
+
+  Raises:
+    ConfigError: --patch is not ROW,COL.
+  """
   import vitjax  # pylint: disable=g-import-not-at-top
   from vitjax.errors import ConfigError  # pylint: disable=g-import-not-at-top
 

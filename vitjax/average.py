@@ -21,6 +21,7 @@ FLAGS = flags.FLAGS
 
 
 def main() -> None:
+  """Command line entry: averages --last N or --steps of --workdir's checkpoints into WORKDIR/averaged."""
   from vitjax.train import averaging
   from vitjax.train.workdir import read_config
 

@@ -263,6 +263,16 @@ class WeightSource:
 
   @classmethod
   def parse(cls, spec: str | None) -> WeightSource:
+    """Parses config.init_from.
+
+    Args:
+      spec: None or "" (no weights), 'timm:NAME:FILE', 'npz:FILE', 'npz:VARIANT:FILE', 'hf:ORG/NAME[@REVISION]', or
+        anything else (the path of a vitjax workdir).
+
+    Returns:
+      A WeightSource of kind "none", "timm" (path FILE, name NAME), "npz" (path FILE, name VARIANT or ""), "hf" (name
+      ORG/NAME, revision REVISION or "") or "workdir" (path `spec`).
+    """
     if not spec:
       return cls("none")
     kind, _, rest = spec.partition(":")

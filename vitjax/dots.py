@@ -35,6 +35,11 @@ class Dense(nn.Dense):
 
   @nn.compact
   def __call__(self, inputs):
+    """Applies the layer: float [..., K] -> [..., features] in the layer's dtype.
+
+    A bfloat16 / float16 layer on a CPU, with its parameters initialised, runs `affine`; every other call is flax's
+    Dense.
+    """
     if not _own_path(self):
       return _flax_call(nn.Dense, self, inputs)
     return _apply(self, inputs, (inputs.shape[-1],), (self.features,))
@@ -46,6 +51,11 @@ class DenseGeneral(nn.DenseGeneral):
 
   @nn.compact
   def __call__(self, inputs):
+    """Applies the layer: float [..., K...] -> [..., features...] in the layer's dtype.
+
+    A bfloat16 / float16 layer on a CPU, with its parameters initialised, whose `axis` names the input's trailing
+    dimensions and that has no batch_dims runs `affine`; every other call is flax's DenseGeneral.
+    """
     axis = tuple(sorted(a % inputs.ndim for a in np.atleast_1d(self.axis)))
     trailing = axis == tuple(range(inputs.ndim - len(axis), inputs.ndim))
     if not _own_path(self) or self.batch_dims or not trailing:
@@ -63,6 +73,11 @@ class Conv(nn.Conv):
 
   @nn.compact
   def __call__(self, inputs):
+    """Applies the convolution: float [B, H, W, C] -> [B, H', W', features].
+
+    On a CPU, a 2-D convolution with strides >= 2 or strides equal to its kernel runs `strided_conv` (a bfloat16 /
+    float16 one with the float32 parameters, its bias added in float32); every other call is flax's Conv.
+    """
     plan = _conv_plan(self, inputs)
     if plan is None:
       return _flax_call(nn.Conv, self, inputs)

@@ -70,6 +70,7 @@ def export(workdir: str, fmt: str, out: str, checkpoint: str = "best", weights: 
 
 
 def main() -> None:
+  """Command line entry: exports --workdir's --checkpoint (its --weights) in --format to --out; prints the files."""
   written = export(FLAGS.workdir, FLAGS.format, FLAGS.out, FLAGS.checkpoint, FLAGS.weights)
   print("wrote " + ", ".join(written))
 

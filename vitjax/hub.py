@@ -81,6 +81,7 @@ class Repo:
 
   @property
   def model_type(self) -> str:
+    """The model type: "timm" for a timm repository, else config.json's model_type ("vit", "swin", ...; or "")."""
     return "timm" if self.layout == "timm" else self.config.get("model_type", "")
 
   def weights_file(self) -> str:
@@ -249,6 +250,7 @@ def cache_dir() -> str:
 
 
 def offline() -> bool:
+  """Whether huggingface_hub is in offline mode (HF_HUB_OFFLINE set): nothing is downloaded."""
   return bool(_hub().constants.is_offline_mode())
 
 

@@ -61,12 +61,22 @@ BIAS_TABLE_TP_RULE = (r"relative_position_bias_table$", (None, "tensor"))  # [po
 
 
 def check_norm(norm: str) -> str:
+  """Returns `norm` if it is one of NORMS ("pre", "post", "respost").
+
+  Raises:
+    ValueError: naming the known placements.
+  """
   if norm not in NORMS:
     raise ValueError(f"unknown norm placement {norm!r}; use one of {', '.join(repr(n) for n in NORMS)}")
   return norm
 
 
 def activation(name: str):
+  """The activation function named `name` in ACTIVATIONS ("relu", "gelu", "gelu_tanh").
+
+  Raises:
+    ValueError: an unknown name.
+  """
   if name not in ACTIVATIONS:
     raise ValueError(f"unknown activation {name!r}; use one of {sorted(ACTIVATIONS)}")
   return ACTIVATIONS[name]
@@ -86,6 +96,7 @@ class FeedForward(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
+    """x [..., D] -> [..., out_features or D]: fc1 to `hidden`, the activation, dropout, fc2."""
     dense = functools.partial(dots.Dense, dtype=self.dtype, kernel_init=self.kernel_init, bias_init=self.bias_init)
     y = activation(self.act)(dense(self.hidden, name="fc1")(x))
     y = nn.Dropout(self.dropout_rate)(y, deterministic=self.deterministic)
@@ -102,6 +113,10 @@ class DropPath(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, rate: float | Array) -> Array:
+    """Drops each example's branch x [B, ...] with probability `rate` and scales the kept ones by 1 / (1 - rate).
+
+    Returns `x` unchanged when deterministic or when `rate` is a Python 0; draws from the "dropout" RNG otherwise.
+    """
     if self.deterministic or (isinstance(rate, (int, float)) and rate == 0.0):
       return x
     keep = 1.0 - rate

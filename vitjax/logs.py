@@ -50,6 +50,7 @@ def is_quiet_process() -> bool:
 
 
 def process_prefix() -> str:
+  """The prefix of a line written to stderr: "process N: " on process N > 0 of several processes, else ""."""
   return f"process {_PROCESS[0]}: " if _PROCESS[1] > 1 and _PROCESS[0] != 0 else ""
 
 
@@ -229,6 +230,7 @@ class Progress:
     self.count = self.items = 0
 
   def update(self, items: int = 0) -> None:
+    """Counts one batch of `items` items and logs a progress line if one is due (never after the last batch)."""
     self.count += 1
     self.items += items
     now = time.time()
@@ -241,4 +243,5 @@ class Progress:
       logging.info("%s: %d/%d batches%s | ETA %s", self.what, self.count, self.total, rate, fmt_time(eta))
 
   def done(self) -> float:
+    """The seconds since the Progress was created."""
     return time.time() - self.start

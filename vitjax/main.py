@@ -106,6 +106,11 @@ def _print_result(result: dict) -> None:
 
 
 def main() -> None:
+  """Command line entry: trains (--mode=train) or evaluates (--mode=eval) the experiment in --workdir.
+
+  Prints the result line. With --multihost it first joins the other processes (vitjax.distributed); a lost peer
+  ends the run with exit status 75.
+  """
   from vitjax import distributed, train
 
   if FLAGS.multihost:

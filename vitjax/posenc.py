@@ -48,6 +48,7 @@ class LearnedPositionEmbedding(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
+    """x [B, N, D] -> x + the table [1, N, D] (created at x's shape, cast to x's dtype)."""
     pe = self.param("pos_embedding", self.embedding_init, (1,) + x.shape[1:])
     return x + pe.astype(x.dtype)
 
@@ -120,6 +121,7 @@ class RelativePositionBias(nn.Module):
 
   @nn.compact
   def __call__(self) -> Array:
+    """The bias float [num_heads, N, N], N = Wh Ww (+ 1 with cls_token), gathered from the table."""
     wh, ww = self.window
     table = self.param("relative_position_bias_table", self.table_init, ((2 * wh - 1) * (2 * ww - 1), self.num_heads))
     if self.cls_token:

@@ -51,6 +51,7 @@ class Trained:
 
   @property
   def batch_sharding(self) -> NamedSharding:  # (what evaluators take: a Trained serves as their network)
+    """The batches' sharding (`sharding`), under the name evaluators take from a network."""
     return self.sharding
 
   @property

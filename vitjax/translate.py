@@ -47,6 +47,13 @@ def _read_lines(path: str | None) -> list[str]:
 
 
 def main() -> None:
+  """Command line entry: translates --input (or stdin) with --workdir's --checkpoint into --output (or stdout).
+
+  One output line per input line; a final newline does not count as an extra empty line.
+
+  Raises:
+    ConfigError: --workdir is not a translation run.
+  """
   import vitjax
   from vitjax.errors import ConfigError
   from vitjax.train.workdir import read_config

@@ -54,6 +54,7 @@ class Augment:
 
   @property
   def mixes(self) -> bool:
+    """Whether batches are mixed: Mixup or CutMix is on (an alpha above 0)."""
     return self.mixup_alpha > 0 or self.cutmix_alpha > 0
 
 
@@ -315,6 +316,11 @@ class Preprocess:
       raise ValueError(f"preprocess.interpolation={self.interpolation!r}: use one of {sorted(_RESAMPLE)}")
 
   def describe(self) -> dict:
+    """The preprocessing as task.json records it; `from_described` reads it back.
+
+    Returns:
+      dict: {"normalize": "[-1, 1]: ..." or {"mean", "std"}, "crop_fraction", "interpolation"}.
+    """
     normalize = "[-1, 1]: x * 2 / 255 - 1" if self.mean is None else {"mean": self.mean, "std": self.std}
     return {"normalize": normalize, "crop_fraction": self.crop_fraction, "interpolation": self.interpolation}
 

@@ -122,6 +122,7 @@ _FASHION_FILES = {
 
 
 def fashion_mnist_missing_message(directory: str) -> str:
+  """The error message for Fashion-MNIST IDX files missing from `directory`: how to install them, or --manual_dir."""
   return (
     f"Fashion-MNIST IDX files (train-images-idx3-ubyte[.gz], ...) not "
     f"found in {directory}. Install them with `apt-get install "

@@ -70,6 +70,7 @@ class Source:
 
   @property
   def name(self) -> str:
+    """The dataset name as the config gives it: ``kind:path``."""
     return f"{self.kind}:{self.path}"
 
   @property
@@ -84,6 +85,7 @@ class Source:
 
   @property
   def tfds_name(self) -> str:
+    """The tfds name of the prepared dataset: ``image_folder/CONFIG_NAME`` (see `config_name`)."""
     return f"{BUILDER_NAME}/{self.config_name}"
 
 
@@ -121,6 +123,7 @@ class Scan:
 
   @property
   def num_files(self) -> int:
+    """The files of all splits together."""
     return sum(len(v) for v in self.splits.values())
 
 

@@ -31,6 +31,16 @@ def encode_png(image: np.ndarray) -> bytes:
 
 
 def features(shape: tuple[int, int, int], names=None, num_classes=None):
+  """The tfds features of an image classification dataset.
+
+  Args:
+    shape: the images' (H, W, C); an image feature is uint8 [H, W, C].
+    names: the class names (a ClassLabel by name), or None.
+    num_classes: the number of classes when `names` is None.
+
+  Returns:
+    tfds.features.FeaturesDict: {"image": Image, "label": ClassLabel}.
+  """
   return tfds.features.FeaturesDict(
     {
       "image": tfds.features.Image(shape=shape, dtype=np.uint8),

@@ -77,9 +77,14 @@ class Evaluator:
 
   @property
   def type(self) -> str:
+    """The evaluator type: its module's name ("classification", "probe", ...)."""
     return self.module.__name__.rsplit(".", 1)[1]
 
   def due(self, step: int, total: int) -> bool:
+    """Whether the evaluator runs after training step `step` of `total`.
+
+    It runs every `every` steps and at the last step; never during training when `every` is None.
+    """
     return self.every is not None and (step % self.every == 0 or step == total)
 
   def metrics(self) -> dict[str, str]:

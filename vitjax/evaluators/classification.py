@@ -22,11 +22,23 @@ OPTIONS = {"top_k": 5, "calibration_bins": 0, "shift": None}
 
 
 def metrics(options: dict) -> dict[str, str]:
+  """The metrics this type reports, and which way is better.
+
+  Returns:
+    accuracy, topK (K = options["top_k"]), loss, examples, and ece when options["calibration_bins"] > 0.
+  """
   out = {"accuracy": "max", f"top{options['top_k']}": "max", "loss": "min", "examples": "max"}
   return {**out, "ece": "min"} if options["calibration_bins"] else out
 
 
 def check(ev) -> None:
+  """Checks the entry before anything is written.
+
+  Checks what check_classifier checks, top_k an integer >= 1 and calibration_bins an integer >= 0.
+
+  Raises:
+    ConfigError: naming config.evals.NAME and the bad value.
+  """
   what = f"config.evals.{ev.name}"
   check_classifier(ev)
   if not isinstance(ev.options["top_k"], int) or ev.options["top_k"] < 1:
@@ -63,6 +75,19 @@ def batches(ev, net):
 
 
 def run(ev, net, variables, stop=None, step=None) -> dict:
+  """Evaluates `variables` on the evaluator's split.
+
+  Args:
+    ev: the Evaluator.
+    net: the model on its mesh (model, batch_sharding).
+    variables: what model.apply takes.
+    stop: a callable asked between batches (EvaluationInterrupted when it says stop), or None.
+    step: the training step (unused).
+
+  Returns:
+    {"loss", "accuracy", "topK"} averaged over the split's examples (padding rows excluded), "examples" their
+    count, and "ece" with calibration_bins > 0.
+  """
   del step
   top_k, bins = ev.options["top_k"], ev.options["calibration_bins"]
   pre = ev.task.preprocess()

@@ -26,11 +26,17 @@ OPTIONS = {"drawn": 8}
 
 
 def metrics(options: dict) -> dict[str, str]:
+  """The metrics this type reports and which way is better: loss (min) and examples."""
   del options
   return {"loss": "min", "examples": "max"}
 
 
 def check(ev) -> None:
+  """Checks the entry before anything is written: an MAE run, `drawn` an integer >= 0 and a split the task can read.
+
+  Raises:
+    ConfigError: naming config.evals.NAME and what is wrong.
+  """
   if ev.config.task != "mae":
     raise ConfigError(
       f"config.evals.{ev.name}: type 'mae' evaluates a masked autoencoder, not a {ev.config.task!r} run"
@@ -41,6 +47,18 @@ def check(ev) -> None:
 
 
 def run(ev, net, variables, stop=None, step=None) -> dict:
+  """The reconstruction loss on the dropped patches of the split's images, under masks fixed by config.seed.
+
+  With a `step` and a workdir, process 0 also draws the first `drawn` images into
+  WORKDIR/reconstructions/step_STEP.png. Arguments as in classification.run.
+
+  Returns:
+    dict: {"loss": the mean over images of each image's mean patch error on its dropped patches, "examples": the
+    images evaluated}.
+
+  Raises:
+    ConfigError: the split has no examples.
+  """
   task = ev.task
   (gh, gw), patch, pre = task.grid, task.patch, task.preprocess()
   key = jax.random.key(ev.config.seed + 4)  # the same masks at every evaluation

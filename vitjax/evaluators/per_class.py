@@ -26,15 +26,29 @@ OPTIONS = {"shift": None}
 
 
 def metrics(options: dict) -> dict[str, str]:
+  """The metrics this type reports whatever the data: balanced_accuracy and worst_class_accuracy, both max.
+
+  Each class's accuracy_NAME is reported besides, its name known only from the data.
+  """
   del options  # (the per-class names depend on the data: they are reported, not chosen by)
   return {"balanced_accuracy": "max", "worst_class_accuracy": "max"}
 
 
 def check(ev) -> None:
+  """Checks the entry before anything is written, as the classification type does (check_classifier)."""
   classification.check_classifier(ev)
 
 
 def run(ev, net, variables, stop=None, step=None) -> dict:
+  """Each class's recall on the split, from its confusion matrix.
+
+  With a `step` and a workdir, process 0 also writes the confusion matrix to WORKDIR/NAME_confusion_STEP.json.
+  Arguments as in classification.run.
+
+  Returns:
+    {"balanced_accuracy", "worst_class_accuracy", "accuracy_NAME" for each class seen in the split}, NAME the class
+    name with characters other than letters, digits and underscores replaced by underscores.
+  """
   info = ev.task.describe()
   k, pre = info["num_classes"], ev.task.preprocess()
   confusion = None

@@ -21,6 +21,11 @@ OPTIONS = {"shots": (1, 5, 10, 25), "draws": 5, "knn_k": 20, "knn_temperature": 
 
 
 def metrics(options: dict) -> dict[str, str]:
+  """The metrics this type reports, and which way is better.
+
+  Returns:
+    linear, knn, linear_l2, and Nshot and Nshot_std for each N of options["shots"].
+  """
   shots = options["shots"] if isinstance(options["shots"], list | tuple) else (options["shots"],)
   out = {"linear": "max", "knn": "max", "linear_l2": "max"}
   for n in shots:
@@ -29,6 +34,14 @@ def metrics(options: dict) -> dict[str, str]:
 
 
 def check(ev) -> None:
+  """Checks the entry before anything is written.
+
+  Checks that the task has image features, the split is not the training split, 'valid' and the split can be read,
+  the probe options are valid and fit_examples is None or >= 1.
+
+  Raises:
+    ConfigError: naming config.evals.NAME and what is wrong.
+  """
   what = f"config.evals.{ev.name}"
   if not hasattr(ev.task, "features"):
     raise ConfigError(f"{what}: the {ev.config.task} task has no image features to probe")
@@ -47,6 +60,15 @@ def check(ev) -> None:
 
 
 def run(ev, net, variables, stop=None, step=None) -> dict:
+  """Fits the probes on the training split's features and reports them on the evaluator's split.
+
+  Features of the training split (its first fit_examples), of 'valid' and of the evaluator's split (its first
+  `ev.examples`) are computed over the mesh; the linear probe's regulariser is chosen on 'valid'. Arguments as in
+  classification.run.
+
+  Returns:
+    The split's {"linear", "knn", "Nshot", "Nshot_std", ...} and the chosen "linear_l2".
+  """
   del step
   fit = ev.config.data.train_split
   caps = {fit: ev.options["fit_examples"], **{s: ev.examples for s in (VALID, ev.split)}}

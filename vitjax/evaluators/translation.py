@@ -26,12 +26,24 @@ METHODS = ("beam", "greedy", "sample")
 
 
 def metrics(options: dict) -> dict[str, str]:
+  """The metrics this type reports, and which way is better.
+
+  Returns:
+    bleu, chrf, loss (min), bleu_copy_source, examples, exact_match and bleu_synonyms.
+  """
   del options
   return {"bleu": "max", "chrf": "max", "loss": "min", "bleu_copy_source": "max", "examples": "max",
           "exact_match": "max", "bleu_synonyms": "max"}  # fmt: skip
 
 
 def check(ev) -> None:
+  """Checks the entry before anything is written.
+
+  Checks a translation run, a known method, beam_size >= 1, extra_len and top_k >= 0, and a split the task has.
+
+  Raises:
+    ConfigError: naming config.evals.NAME and what is wrong.
+  """
   what = f"config.evals.{ev.name}"
   if ev.config.task != "translation":
     raise ConfigError(f"{what}: type 'translation' evaluates a translation run, not a {ev.config.task!r} run")
@@ -54,6 +66,15 @@ def decoding(config) -> dict:
 
 
 def run(ev, net, variables, stop=None, step=None) -> dict:
+  """Decodes the split with the entry's decoding and scores it with sacrebleu.
+
+  Arguments as in classification.run.
+
+  Returns:
+    dict: {"loss": the teacher-forced cross-entropy per target token, "bleu", "chrf", "bleu_copy_source": the
+    BLEU of the untranslated sources, "examples"} and, for a source with several references per entry,
+    "exact_match" and "bleu_synonyms".
+  """
   import sacrebleu  # pylint: disable=g-import-not-at-top
 
   del step

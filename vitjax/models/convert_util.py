@@ -31,12 +31,18 @@ class Reader:
     return key in self.arrays
 
   def __call__(self, key: str) -> np.ndarray:
+    """The array under `key` (float32), marked as used.
+
+    Raises:
+      KeyError: the checkpoint has no such key.
+    """
     if key not in self.arrays:
       raise KeyError(f"checkpoint has no {key!r}; is it the right model family?")
     self.used.add(key)
     return self.arrays[key]
 
   def unused(self, ignore: re.Pattern | None = None) -> list[str]:
+    """The keys not read yet, sorted, without those `ignore` matches (re.search)."""
     return sorted(k for k in self.arrays if k not in self.used and not (ignore and ignore.search(k)))
 
   def check_all_used(self, what: str, ignore: re.Pattern | None = None) -> None:
@@ -50,21 +56,25 @@ class Reader:
 
 
 def to_numpy(v):
+  """A torch tensor as a float32 numpy array (detached, on the CPU); anything else as it is."""
   if hasattr(v, "detach"):  # a torch tensor
     return v.detach().cpu().float().numpy()
   return v
 
 
 def nest(flat: dict[str, np.ndarray]) -> dict:
+  """Flat {"a/b/kernel": array} -> the nested parameter dict {"a": {"b": {"kernel": array}}}."""
   return flax.traverse_util.unflatten_dict({tuple(k.split("/")): v for k, v in flat.items()})
 
 
 def flat_params(params) -> dict[str, np.ndarray]:
+  """A parameter tree (on devices or not) -> {"a/b/kernel": float32 numpy array}."""
   flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/")
   return {k: np.asarray(jax.device_get(v), np.float32) for k, v in flat.items()}
 
 
 def is_square(n: int) -> bool:
+  """Whether `n` is a positive perfect square (a token count that can be a square patch grid)."""
   return n > 0 and math.isqrt(n) ** 2 == n
 
 
@@ -85,6 +95,20 @@ def check_shapes(module, params: dict, image_shape: tuple[int, ...]) -> None:
 
 
 def finish(module, flat: dict[str, np.ndarray], image_hw: tuple[int, int]):
+  """The importer's result from converted flat parameters, after check_shapes.
+
+  Args:
+    module: the model the parameters are for.
+    flat: {"a/b/kernel": array} in flax names, holding "embedding/kernel" or "patch_embed/kernel" (its third
+      dimension gives the input channels).
+    image_hw: the image size (H, W) the shapes are checked at.
+
+  Returns:
+    tuple: (module, {"params": the nested parameters as jax arrays}).
+
+  Raises:
+    ValueError: a parameter's shape differs from the model's, or one is missing or extra.
+  """
   params = nest(flat)
   channels = next(v.shape[2] for k, v in flat.items() if k in ("embedding/kernel", "patch_embed/kernel"))
   check_shapes(module, params, (1, *image_hw, channels))
@@ -112,6 +136,7 @@ def detect_layout(state_dict: Mapping[str, Any]) -> str | None:
 
 
 def unknown_layout(state_dict: Mapping[str, Any], what: str) -> ValueError:
+  """The ValueError for a state dict no registered converter knows: `what`, its first keys, the known layouts."""
   first = sorted(unwrap(state_dict))[:4]
   known = "; ".join(d for m in layout_modules() for d in m.LAYOUTS.values())
   return ValueError(
@@ -120,16 +145,19 @@ def unknown_layout(state_dict: Mapping[str, Any], what: str) -> ValueError:
 
 
 def linear(r: Reader, src: str, dst: str, out: dict, bias: bool = True) -> None:
+  """torch Linear SRC.weight [D_out, D_in] (and SRC.bias) -> out["DST/kernel"] [D_in, D_out] (and out["DST/bias"])."""
   out[f"{dst}/kernel"] = r(f"{src}.weight").T
   if bias:
     out[f"{dst}/bias"] = r(f"{src}.bias")
 
 
 def norm(r: Reader, src: str, dst: str, out: dict) -> None:
+  """torch LayerNorm SRC.weight, SRC.bias -> out["DST/scale"], out["DST/bias"]."""
   out[f"{dst}/scale"], out[f"{dst}/bias"] = r(f"{src}.weight"), r(f"{src}.bias")
 
 
 def conv(r: Reader, src: str, dst: str, out: dict) -> None:
+  """torch Conv2d SRC.weight [O, I, H, W] and SRC.bias -> out["DST/kernel"] [H, W, I, O] and out["DST/bias"]."""
   out[f"{dst}/kernel"] = r(f"{src}.weight").transpose(2, 3, 1, 0)  # OIHW -> HWIO
   out[f"{dst}/bias"] = r(f"{src}.bias")
 
@@ -178,6 +206,7 @@ def rename_keys(state_dict: Mapping[str, Any], rules: tuple[tuple[str, str], ...
 
 
 def timm_mlp(r: Reader, src: str, dst: str, out: dict) -> None:
+  """timm's Mlp (SRC.fc1, SRC.fc2 Linears) -> out["DST/fc1/..."], out["DST/fc2/..."] (see `linear`)."""
   linear(r, f"{src}.fc1", f"{dst}/fc1", out)
   linear(r, f"{src}.fc2", f"{dst}/fc2", out)
 
@@ -201,12 +230,17 @@ def unsupported(module, what: str, **allowed) -> None:
 
 
 def put_linear(p: dict, src: str, dst: str, out: dict) -> None:
+  """`linear`'s inverse: p["SRC/kernel"] [D_in, D_out] -> out["DST.weight"] [D_out, D_in].
+
+  p["SRC/bias"], if present, becomes out["DST.bias"].
+  """
   out[f"{dst}.weight"] = p[f"{src}/kernel"].T
   if f"{src}/bias" in p:
     out[f"{dst}.bias"] = p[f"{src}/bias"]
 
 
 def put_norm(p: dict, src: str, dst: str, out: dict) -> None:
+  """`norm`'s inverse: p["SRC/scale"], p["SRC/bias"] -> out["DST.weight"], out["DST.bias"]."""
   out[f"{dst}.weight"], out[f"{dst}.bias"] = p[f"{src}/scale"], p[f"{src}/bias"]
 
 
@@ -216,6 +250,11 @@ def merge_heads(kernel: np.ndarray) -> np.ndarray:
 
 
 def put_attention(p: dict, src: str, dst: str, out: dict) -> None:
+  """`timm_attention`'s inverse: flax attention parameters under SRC -> timm's fused qkv and proj under DST.
+
+  query/key/value kernels [D, H, K] (and biases [H, K]) become DST.qkv.weight [3D, D] (and DST.qkv.bias [3D]); the
+  out kernel [H, K, D] and bias become DST.proj.weight [D, D] and DST.proj.bias.
+  """
   out[f"{dst}.qkv.weight"] = np.concatenate([merge_heads(p[f"{src}/{n}/kernel"]) for n in ("query", "key", "value")])
   if f"{src}/query/bias" in p:
     out[f"{dst}.qkv.bias"] = np.concatenate([p[f"{src}/{n}/bias"].reshape(-1) for n in ("query", "key", "value")])
@@ -225,5 +264,6 @@ def put_attention(p: dict, src: str, dst: str, out: dict) -> None:
 
 
 def put_mlp(p: dict, src: str, dst: str, out: dict) -> None:
+  """`timm_mlp`'s inverse: SRC/fc1 and SRC/fc2 -> DST.fc1 and DST.fc2 (see `put_linear`)."""
   put_linear(p, f"{src}/fc1", f"{dst}.fc1", out)
   put_linear(p, f"{src}/fc2", f"{dst}.fc2", out)

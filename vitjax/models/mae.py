@@ -104,6 +104,14 @@ class MAE(nn.Module):
   dtype: Any = None
 
   def setup(self):
+    """Builds the ViT encoder and the decoder.
+
+    The encoder comes from `encoder`, its parameters shared into this module's top level; the decoder is its
+    embedding, mask token, blocks and pixel prediction.
+
+    Raises:
+      ValueError: `encoder` has no "name", or names a model that is not a ViT.
+    """
     options = dict(self.encoder)
     if "name" not in options:
       raise ValueError("MAE needs encoder={'name': a ViT such as 'Ti/4', ...}")
@@ -127,6 +135,20 @@ class MAE(nn.Module):
     self.decoder_pred = dots.Dense(self.patch[0] * self.patch[1] * self.channels, dtype=self.dtype)
 
   def __call__(self, images: Array, noise: Array, train: bool = False) -> tuple[dict, dict]:
+    """Masks, encodes the kept patches, decodes every patch.
+
+    Args:
+      images: float [B, H, W, C], C = `channels`, H and W multiples of the encoder's patch.
+      noise: float [B, N], N the patches; the N (1 - mask_ratio) patches of lowest noise are kept (`random_mask`).
+      train: dropout and stochastic depth on in the encoder.
+
+    Returns:
+      tuple: ({"pred": float32 [B, N, p q C] every patch's predicted pixels, "mask": float32 [B, N], 1 where a patch was
+      dropped}, {"encoded": [B, P + K, D] the encoder's output tokens}).
+
+    Raises:
+      ValueError: the images' channels or the noise's shape do not match.
+    """
     b, h, w, c = images.shape
     if c != self.channels:
       raise ValueError(f"MAE(channels={self.channels}) got images with {c} channels")

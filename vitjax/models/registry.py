@@ -34,6 +34,8 @@ BASE_NO_DECAY = ("bias", "scale")
 
 @dataclasses.dataclass(frozen=True)
 class Family:
+  """A registered model family: its Linen class and the fields `register` takes (see the module docstring)."""
+
   cls: type
   parse_name: Callable[[str], dict | None]
   examples: tuple[str, ...] = ()
@@ -45,6 +47,7 @@ class Family:
 
   @property
   def name(self) -> str:
+    """The family's name: its class's name ("ViT", "Swin", ...)."""
     return self.cls.__name__
 
   def converter(self, fmt: str) -> ModuleType:
@@ -78,6 +81,7 @@ def family_of(model_or_cls: Any) -> Family:
 
 
 def families_with(fmt: str) -> list[Family]:
+  """The families with a converter for format `fmt` ('timm', 'npz', 'hf', ...), in registration order."""
   return [f for f in FAMILIES if fmt in f.formats]
 
 
@@ -97,12 +101,17 @@ def tp_rules(model: Any = None) -> tuple[tuple[str, tuple], ...]:
 
 
 def adapters(model: Any = None) -> tuple[Callable, ...]:
+  """How loaded weights are fitted to a model of other shapes: the model's family's adapters.
+
+  With `model` None, every family's, without repeats, in registration order.
+  """
   if model is not None:
     return family_of(model).adapters
   return tuple(dict.fromkeys(a for f in FAMILIES for a in f.adapters))
 
 
 def example_names() -> list[str]:
+  """Every family's example model names, for error messages."""
   return [n for f in FAMILIES for n in f.examples]
 
 

@@ -96,6 +96,13 @@ class SwinBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
+    """x [B, H, W, C] -> [B, H, W, C].
+
+    The window and shift shrink to the map where it is not larger than the window (`effective_window`); the map is
+    cyclically shifted, padded to whole windows, attended within each window (with the relative position bias and,
+    when shifted, the mask of `shift_attention_mask`), and put back; then the MLP. Both branches are pre-norm
+    residuals with dropout and stochastic depth.
+    """
     b, h, w, c = x.shape
     win, shift = effective_window((h, w), self.window, self.shift)
     shortcut = x
@@ -150,6 +157,7 @@ class PatchMerging(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
+    """x [B, H, W, C] -> [B, ceil(H/2), ceil(W/2), 2C]; an odd H or W is zero-padded by one row or column first."""
     b, h, w, c = x.shape
     x = jnp.pad(x, ((0, 0), (0, h % 2), (0, w % 2), (0, 0)))
     x = jnp.concatenate([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], axis=-1)
@@ -231,6 +239,20 @@ class Swin(nn.Module):
 
   @nn.compact
   def __call__(self, images: Array, train: bool = False) -> tuple[Array, dict]:
+    """Classifies images.
+
+    Args:
+      images: float [B, H, W, C], H and W multiples of the patch size.
+      train: dropout and stochastic depth on, BatchNorm of the conv stem in training mode.
+
+    Returns:
+      (logits float32 [B, num_classes], or the pooled features float32 [B, C] without a head; intermediates
+      {"stage_i": [B, H_i, W_i, C_i], "pre_logits": [B, C]}).
+
+    Raises:
+      ValueError: images not 4-D, depths and num_heads of different lengths, an image size not divisible by the
+        patch, or an unknown stem.
+    """
     if images.ndim != 4:
       raise ValueError(f"Swin takes images [B, H, W, C], got shape {images.shape}")
     if len(self.depths) != len(self.num_heads):

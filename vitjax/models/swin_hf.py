@@ -60,6 +60,7 @@ _DETECT = re.compile(r"^(swin\.)?encoder\.layers\.0\.blocks\.0\.attention\.(self
 
 
 def detect(keys: set[str]) -> str | None:
+  """The layout "hf-swin" if the state dict's keys are those of a transformers Swin (either naming), else None."""
   return "hf-swin" if any(_DETECT.match(k) for k in keys) else None
 
 

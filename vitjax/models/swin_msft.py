@@ -11,6 +11,7 @@ LAYOUTS = {"swin-official": "Microsoft's Swin .pth ({'model': ...}, downsample a
 
 
 def detect(keys: set[str]) -> str | None:
+  """The layout "swin-official" if the state dict's keys are those of Microsoft's Swin layout, else None."""
   if "layers.0.downsample.reduction.weight" in keys or (
     "head.weight" in keys and "layers.0.blocks.0.norm1.weight" in keys
   ):

@@ -22,6 +22,7 @@ LAYOUTS = {"timm-swin": "timm Swin (layers.S.blocks.N..., downsample at the star
 
 
 def detect(keys: set[str]) -> str | None:
+  """The layout "timm-swin" if the keys are those of timm's SwinTransformer (not Microsoft's), else None."""
   return "timm-swin" if "layers.0.blocks.0.norm1.weight" in keys and not swin_msft.detect(keys) else None
 
 
@@ -75,6 +76,19 @@ def read(state_dict, layout: str = "timm-swin", timm_name: str | None = None):
 
 
 def write(module, p: dict, image_size) -> tuple[dict, dict]:
+  """A vitjax Swin's parameters in timm's SwinTransformer layout.
+
+  Args:
+    module: the Swin (patch stem, exact GELU).
+    p: its parameters, flat {"a/b/kernel": numpy array} (`convert_util.flat_params`).
+    image_size: (H, W) the timm model is built for.
+
+  Returns:
+    tuple: (state dict {timm key: numpy array}, {"model": "swin", "kwargs": timm's SwinTransformer arguments}).
+
+  Raises:
+    ValueError: a stem or activation timm's SwinTransformer does not have.
+  """
   u.unsupported(module, "timm's SwinTransformer", stem=("patch",))
   if module.act != "gelu":
     raise ValueError(f"timm's SwinTransformer uses exact GELU; this model has act={module.act!r}")

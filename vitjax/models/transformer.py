@@ -146,6 +146,14 @@ class Transformer(nn.Module):
   bos_id: int = BOS
 
   def setup(self):
+    """Builds the embeddings, the encoder and decoder stacks and the output projection.
+
+    Source and target share one embedding table with share_embeddings; with tie_output the output projection is the
+    target embedding's transpose, else a Dense layer.
+
+    Raises:
+      ValueError: eos_id equal to pad_id, an unknown posemb, or share_embeddings with two vocabularies.
+    """
     if self.eos_id == self.pad_id:
       raise ValueError(f"eos_id and pad_id are both {self.pad_id}; EOS must be a token of its own")
     if self.posemb not in ("sinusoidal", "learned"):
@@ -202,6 +210,16 @@ class Transformer(nn.Module):
     return logits.astype(jnp.float32)
 
   def __call__(self, src: Array, tgt: Array, train: bool = False) -> tuple[Array, dict]:
+    """Teacher-forced logits of the target.
+
+    Args:
+      src: int [B, S] source token ids, pad_id after the end.
+      tgt: int [B, T] target token ids; the decoder reads them shifted right by one, bos_id first.
+      train: dropout on.
+
+    Returns:
+      tuple: (logits float32 [B, T, V], {"encoded": [B, S, D] the encoder's output}).
+    """
     encoded = self.encode(src, train)
     return self.decode_logits(shift_right(tgt, self.bos_id), encoded, src, train), {"encoded": encoded}
 

@@ -81,6 +81,11 @@ class ConvStem(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
+    """x [B, H, W, C] -> [B, H/patch, W/patch, width].
+
+    Raises:
+      ValueError: `patch` is not a power of two, or `depth` < 1.
+    """
     n = int(math.log2(self.patch))
     if 2**n != self.patch:
       raise ValueError(f"the convolutional stem needs a power-of-two patch size, got {self.patch}")
@@ -115,6 +120,7 @@ class MAPHead(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
+    """Pools tokens x [B, N, D] into [B, D]: the learned probe attends over them, then a pre-norm residual MLP."""
     probe = self.param("probe", nn.initializers.xavier_uniform(), (1, 1, x.shape[-1]))
     probe = jnp.broadcast_to(probe.astype(x.dtype), (x.shape[0], 1, x.shape[-1]))
     x = MultiHeadAttention(self.num_heads, implementation=self.implementation, dtype=self.dtype, name="attn")(probe, x)

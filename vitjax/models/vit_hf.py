@@ -37,6 +37,7 @@ _DETECT = re.compile(r"^(vit\.)?(encoder\.layer\.0\.attention\.attention\.query|
 
 
 def detect(keys: set[str]) -> str | None:
+  """The layout "hf-vit" if the state dict's keys are those of a transformers ViT (either naming), else None."""
   return "hf-vit" if any(_DETECT.match(k) for k in keys) else None
 
 
@@ -49,6 +50,7 @@ def activation(config: dict, what: str) -> str:
 
 
 def pair(v) -> tuple[int, int]:
+  """An int or float, or a pair, from config.json (image_size, patch_size) -> (int, int)."""
   return (int(v), int(v)) if isinstance(v, int | float) else (int(v[0]), int(v[1]))
 
 

@@ -24,6 +24,10 @@ LAYOUTS = {
 
 
 def detect(keys: set[str]) -> str | None:
+  """The layout "vit-npz" if the keys are those of a ViT .npz, else None.
+
+  The original release's and big_vision's layouts are recognised, SigLIP's image tower (params/img/...) included.
+  """
   if any(k.removeprefix("params/").removeprefix("img/").startswith("Transformer/encoderblock") for k in keys):
     return "vit-npz"
   return None

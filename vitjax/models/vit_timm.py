@@ -21,6 +21,7 @@ READS = ("timm-vit",)  # the layouts read() takes
 
 
 def detect(keys: set[str]) -> str | None:
+  """The layout "timm-vit" if the state dict's keys are those of timm's VisionTransformer, else None."""
   return "timm-vit" if "blocks.0.attn.qkv.weight" in keys else None
 
 
@@ -89,6 +90,23 @@ def _read(m: re.Match, r: u.Reader):
 
 
 def write(module, p: dict, image_size) -> tuple[dict, dict]:
+  """A vitjax ViT's parameters in timm's VisionTransformer layout.
+
+  A fixed sin-cos position table (posemb "sincos2d") is written as timm's (learned) pos_embed, its values
+  computed at `image_size`, with a zero row for the class token if there is one.
+
+  Args:
+    module: the ViT (patch stem, pre-norm, no representation layer, not scanned, no embedding norm or relative
+      position bias; pool_type "tok", "gap" or "map").
+    p: its parameters, flat {"a/b/kernel": numpy array} (`convert_util.flat_params`).
+    image_size: (H, W) the timm model is built for.
+
+  Returns:
+    tuple: (state dict {timm key: numpy array}, {"model": "vit", "kwargs": timm's VisionTransformer arguments}).
+
+  Raises:
+    ValueError: an option timm's VisionTransformer does not have.
+  """
   u.unsupported(
     module,
     "timm's VisionTransformer",

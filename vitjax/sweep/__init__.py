@@ -103,6 +103,11 @@ class Dist:
   choices: tuple = ()
 
   def optuna(self):
+    """The dimension as an Optuna distribution.
+
+    Returns:
+      FloatDistribution, IntDistribution (step 1 unless given) or CategoricalDistribution.
+    """
     import optuna
 
     if self.kind == "float":
@@ -112,6 +117,7 @@ class Dist:
     return optuna.distributions.CategoricalDistribution(self.choices)
 
   def describe(self) -> str:
+    """The dimension in words, e.g. "float in [0.0001, 0.01] (log scale)" or "int in [2, 8] (linear, step 2)"."""
     if self.kind == "categorical":
       return f"one of {list(self.choices)}"
     scale = "log scale" if self.log else "linear"
@@ -197,6 +203,7 @@ class Sweep:
 
   @property
   def fields(self) -> list[str]:
+    """The swept config fields (dotted paths): the grid's, in its first point's order, or the search space's."""
     return list(self.grid[0]) if self.grid is not None else list(self.space)
 
   def dims(self) -> dict[str, Dist]:
@@ -307,6 +314,7 @@ def _corners(space: dict[str, Dist]) -> list[dict]:
 
 
 def type_of(d: Dist):
+  """The Python type of a numeric dimension's values: int for an "int" dimension, float for the others."""
   return int if d.kind == "int" else float
 
 
@@ -347,4 +355,5 @@ def flag(field: str, value) -> str:
 
 
 def trial_dir(sweep_dir: str, number: int) -> str:
+  """The directory of trial slot `number`: SWEEP_DIR/trial_NNNN (four digits at least)."""
   return os.path.join(sweep_dir, f"trial_{number:04d}")

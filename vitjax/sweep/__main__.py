@@ -261,6 +261,11 @@ def _report(argv) -> int:
 
 
 def main() -> int:
+  """Command line entry: runs or resumes the sweep (--mode=run), or writes its report (--mode=report).
+
+  Returns:
+    The exit status.
+  """
   return _run(sys.argv) if FLAGS.mode == "run" else _report(sys.argv)
 
 

@@ -171,6 +171,10 @@ def _write_report(workdir, results, best, before, checkpoint, split, limit) -> N
 
 
 def main() -> None:
+  """Command line entry: runs the decoding sweep of --workdir over --beam_sizes x --alphas.
+
+  Prints the best point, whether it was written into the config, and how the config decoded before.
+  """
   points = grid(FLAGS.beam_sizes, FLAGS.alphas)
   r = sweep(FLAGS.workdir, FLAGS.checkpoint, points, FLAGS.split, FLAGS.limit, FLAGS.storage, FLAGS.write)
   (b, a), before = r["best"], r["before"]

@@ -48,6 +48,10 @@ def _gpus() -> list[str]:
 
 
 def describe_devices(group) -> str:
+  """A worker's devices ("gpu" or "cpu", ids) in words: "GPU 0", "CPU cores 4-7".
+
+  Ids that are not a run of integers are listed with commas ("GPUs 0,1": CUDA ids are strings).
+  """
   kind, ids = group
   ints = all(isinstance(i, int) for i in ids)
   contiguous = ints and ids == list(range(ids[0], ids[-1] + 1))
@@ -73,6 +77,11 @@ def child_setup(cores):
 
 
 def owner_record() -> dict:
+  """This process as the owner of the trial it claims, what owner_gone checks.
+
+  Returns:
+    dict: {"host", "pid", "start": its start time from /proc, None where unreadable}.
+  """
   return {"host": socket.gethostname(), "pid": os.getpid(), "start": _start_time(os.getpid())}
 
 

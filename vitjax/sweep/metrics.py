@@ -8,6 +8,7 @@ import os
 
 
 def at_step(step) -> str:
+  """The suffix " after step N" for a message, or "" when `step` is None."""
   return f" after step {step}" if step is not None else ""
 
 
@@ -17,10 +18,15 @@ def is_metric(key: str) -> bool:
 
 
 def metric_names(rows) -> list[str]:
+  """The evaluator metrics (NAME/METRIC) that appear in any of `rows`, sorted."""
   return sorted({k for r in rows for k in r if is_metric(k)})
 
 
 def is_eval(row: dict) -> bool:
+  """Whether a metrics.jsonl row is an evaluation during training.
+
+  It has an evaluator metric and no "source", the mark of a --mode=eval row.
+  """
   return "source" not in row and any(is_metric(k) for k in row)  # not a --mode=eval row
 
 
@@ -35,6 +41,7 @@ def eval_rows(workdir: str) -> list[dict]:
 
 
 def by_step(rows) -> list[dict]:
+  """The rows in step order, one per step (the last row of a step that has several)."""
   out = {r["step"]: r for r in rows}
   return [out[s] for s in sorted(out)]
 
@@ -48,6 +55,11 @@ class MetricsFollower:
     self.path, self.offset, self.inode = os.path.join(workdir, "metrics.jsonl"), 0, None
 
   def new_rows(self) -> list[dict]:
+    """The complete rows appended since the last call; [] while the file does not exist.
+
+    A line still being written waits for the next call, a line that is not JSON is skipped, and a replaced or
+    truncated file is read again from its start.
+    """
     try:
       with open(self.path, "rb") as f:
         st = os.fstat(f.fileno())

@@ -170,6 +170,10 @@ class Runner:
     return 1 if self.crashed else 0
 
   def request_stop(self, reason: str) -> None:
+    """Asks the sweep to stop: every running trial gets SIGTERM (it checkpoints and exits).
+
+    Keeps the first `reason` given and sets the stop event.
+    """
     self.stop_reason = self.stop_reason or reason
     self.stop.set()
     with self.lock:
@@ -178,6 +182,7 @@ class Runner:
           proc.send_signal(signal.SIGTERM)
 
   def kill_trials(self) -> None:
+    """Kills (SIGKILL) every trial process still running."""
     for proc in list(self.procs.values()):
       if proc.poll() is None:
         proc.kill()

@@ -14,6 +14,10 @@ SLOT, OWNER = "trial", "vitjax:owner"  # the trial's slot (a user attribute: its
 
 
 def optuna_module():
+  """The optuna module, imported when first needed, with its log and warnings quietened.
+
+  Its experimental-feature and heartbeat warnings are silenced and its log level set to WARNING.
+  """
   import optuna
 
   warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -52,6 +56,7 @@ def masked(url: str) -> str:
 
 
 def first_line(e: BaseException) -> str:
+  """The first line of an exception's message, or its type's name when the message is empty."""
   text = str(e).strip().splitlines()
   return text[0] if text else type(e).__name__
 
@@ -64,6 +69,7 @@ def study_name(config_arg: str, overrides: list[str]) -> str:
 
 
 def slot(t) -> int:
+  """A trial's slot (the number of its trial_NNNN directory): its user attribute SLOT, else its Optuna number."""
   return t.user_attrs.get(SLOT, t.number)
 
 
@@ -140,6 +146,7 @@ def open_study(url: str, name: str, sweep, target: int, heartbeat: int | None = 
 
 
 def difference(a: dict, b: dict) -> str:
+  """The keys whose values differ between two sweep descriptions, as "it differs in KEY, ..." (sorted)."""
   keys = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
   return "it differs in " + ", ".join(keys)
 
@@ -155,6 +162,10 @@ def make_sampler(sweep, slot: int | None = None):
 
 
 def make_pruner(sweep):
+  """The sweep's Optuna pruner, by sweep.pruner.
+
+  "none": NopPruner; "median": MedianPruner, after 3 finished trials; "halving": SuccessiveHalvingPruner.
+  """
   optuna = optuna_module()
   return {
     "none": optuna.pruners.NopPruner,

@@ -57,6 +57,7 @@ class TrainInput:
     return s.decode() if isinstance(s, bytes) else json.dumps(s)
 
   def restore(self, state: str) -> None:
+    """Puts the iterator back at `state`, a text that state() returned."""
     if isinstance(self.batches.get_state(), bytes):
       self.batches.set_state(state.encode())
     else:

@@ -127,6 +127,15 @@ class ImageClassification:
 
   # -- interface
   def check(self):
+    """Validates the config against the data and the devices, before anything is written.
+
+    Checks that batch_size and data.eval_batch_size split over the layout, data.valid_fraction is in [0, 1),
+    data.labelled can be drawn, data.preprocess has one mean and std per channel, and model.num_classes is the
+    dataset's.
+
+    Raises:
+      ConfigError: naming the setting and the value to give.
+    """
     c = self.config
     check_batch(c.batch_size, "batch_size", self.layout, c.optim.accum_steps)
     check_batch(c.data.eval_batch_size, "data.eval_batch_size", self.layout)
@@ -148,6 +157,7 @@ class ImageClassification:
 
   @property
   def data_name(self) -> str:
+    """The dataset's name in messages: config.data.name."""
     return self.config.data.name
 
   def has_split(self, split: str) -> bool:
@@ -174,6 +184,15 @@ class ImageClassification:
       raise ConfigError(f"config.{what}={split!r}: {str(e).splitlines()[0]} (vitjax adds '{VALID}')") from None
 
   def describe(self) -> dict:
+    """What prediction needs, read once from the training split's info (or given by a loaded run's task.json).
+
+    Returns:
+      dict: {"task": "classification", "dataset", "num_classes", "class_names", "channels", "image_size": [H, W]}
+      and the preprocessing's fields (augment.Preprocess.describe).
+
+    Raises:
+      ConfigError: data.train_split is not a split of the dataset.
+    """
     if self._described is None:
       d = self.config.data
       try:
@@ -193,13 +212,19 @@ class ImageClassification:
     return self._described
 
   def model_overrides(self) -> dict:
+    """{}: the data decides no model attribute (check() compares config.model.num_classes with the data's instead)."""
     return {}
 
   def example_inputs(self):
+    """(zeros float32 [1, H, W, C],) at the data's image size and channels."""
     h, w = self.describe()["image_size"]
     return (jnp.zeros((1, h, w, self.describe()["channels"]), jnp.float32),)
 
   def train_input(self) -> TrainInput:
+    """This process's training batches of data.train_split: augmented, shuffled by config.seed, endless.
+
+    An epoch is num_examples // batch_size steps (at least 1).
+    """
     c, d = self.config, self.config.data
     it, info = self._input(
       d.train_split,
@@ -224,9 +249,20 @@ class ImageClassification:
     return {**batch, "image": images, "label": labels}
 
   def model_inputs(self, batch):
+    """(images,): the device batch's "image", float [B, H, W, C]."""
     return (batch["image"],)
 
   def loss(self, logits, batch):
+    """The mean label-smoothed cross-entropy of a batch.
+
+    Args:
+      logits: float [B, K].
+      batch: with "label", int [B], or soft float [B, K] after Mixup / CutMix.
+
+    Returns:
+      tuple: (scalar loss, {"accuracy": the share of argmax predictions equal to the label, or to the soft
+      label's argmax}).
+    """
     labels = batch["label"]
     loss = cross_entropy(logits, labels, logits.shape[-1], self.config.label_smoothing).mean()
     hard = labels if labels.ndim == 1 else labels.argmax(-1)

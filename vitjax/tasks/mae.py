@@ -46,6 +46,14 @@ class MaskedImageModeling(ImageClassification):
 
   # -- interface
   def check(self):
+    """Validates the config before anything is written.
+
+    Checks model "mae", batch sizes that split over the layout, data.valid_fraction in [0, 1), data.labelled, and a
+    model that builds.
+
+    Raises:
+      ConfigError: naming the setting and what is wrong.
+    """
     c = self.config
     if c.model.get("name") != "mae":
       raise ConfigError(f"task 'mae' trains model 'mae' (a masked autoencoder), not {c.model.get('name')!r}")
@@ -60,6 +68,7 @@ class MaskedImageModeling(ImageClassification):
       raise ConfigError(f"config.model: {e}") from None
 
   def describe(self) -> dict:
+    """The classification task's description with "task": "mae"."""
     return {**super().describe(), "task": "mae"}
 
   @staticmethod
@@ -68,9 +77,11 @@ class MaskedImageModeling(ImageClassification):
     return model.vit(images, train=False)[1]["pre_logits"]
 
   def model_overrides(self) -> dict:
+    """{"channels": the data's channels}: the decoder predicts p q channels values per patch."""
     return {"channels": self.describe()["channels"]}
 
   def example_inputs(self):
+    """(zeros float32 [1, H, W, C] images, zeros float32 [1, N] noise), N the patches of the grid."""
     (images,) = super().example_inputs()
     gh, gw = self.grid
     return images, jnp.zeros((1, gh * gw), jnp.float32)
@@ -83,15 +94,26 @@ class MaskedImageModeling(ImageClassification):
     return {"image": images, "noise": jax.random.uniform(key, (images.shape[0], gh * gw))}
 
   def model_inputs(self, batch):
+    """(images float [B, H, W, C], noise float [B, N]) from a device batch."""
     return batch["image"], batch["noise"]
 
   def loss(self, output, batch):
+    """MAE's loss: the per-patch error (patch_errors) averaged over the batch's dropped patches.
+
+    Args:
+      output: the model's {"pred": float32 [B, N, p q C], "mask": float32 [B, N], 1 where dropped}.
+      batch: with "image", float [B, H, W, C].
+
+    Returns:
+      tuple: (scalar loss, {"visible_mse": the same error averaged over the kept patches}).
+    """
     per_patch = patch_errors(output["pred"], batch["image"], self.patch)
     mask = output["mask"]
     loss = jnp.sum(per_patch * mask) / jnp.maximum(jnp.sum(mask), 1.0)
     return loss, {"visible_mse": jnp.sum(per_patch * (1 - mask)) / jnp.maximum(jnp.sum(1 - mask), 1.0)}
 
   def predict(self, *args, **kwargs):
+    """Always raises TypeError: an MAE run predicts pixels, not classes (fine-tune it with config.init_from)."""
     raise TypeError("an MAE run predicts pixels, not classes: fine-tune it (config.init_from) to classify")
 
 

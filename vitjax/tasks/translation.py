@@ -48,6 +48,14 @@ class Translation:
   # -- data
   @property
   def splits(self) -> dict:
+    """Each split's (source, target) pairs, {"train", "valid", "test"}, read once.
+
+    "valid" and "test" are drawn by data.split_seed, or are the books data.valid_books and data.test_books name;
+    data.test_source, when set, replaces "test".
+
+    Raises:
+      ConfigError: the source cannot be read or split.
+    """
     if self._splits is None:
       d = self.config.data
       try:
@@ -122,6 +130,14 @@ class Translation:
 
   # -- interface
   def check(self):
+    """Validates the config before anything is written.
+
+    Checks that data.eval_batch_size splits over the layout, init_from is not imported weights (only a translation
+    workdir), and the data can be read.
+
+    Raises:
+      ConfigError: naming the setting and what is wrong.
+    """
     c = self.config
     check_batch(c.data.eval_batch_size, "data.eval_batch_size", self.layout)
     if convert.WeightSource.parse(c.init_from).imported:
@@ -129,17 +145,26 @@ class Translation:
     self.splits  # noqa: B018 (reads the data now: a missing source stops the run before anything is written)
 
   def check_split(self, split: str, what: str) -> None:
+    """ConfigError naming the setting `what` if there is no split `split`."""
     if split not in self.splits:
       raise ConfigError(f"config.{what}={split!r}: this task has the splits {list(self.splits)}")
 
   def has_split(self, split: str) -> bool:
+    """Whether there is a split `split`."""
     return split in self.splits
 
   @property
   def data_name(self) -> str:
+    """The text source's name in messages: config.data.source."""
     return self.config.data.source
 
   def describe(self) -> dict:
+    """What prediction needs beyond config.json.
+
+    Returns:
+      dict: {"task": "translation", "src_lang", "tgt_lang", "tokenizer": "tokenizer.model" (the file in the workdir),
+      "vocab_size", "max_len"}.
+    """
     d = self.config.data
     return {
       "task": "translation",
@@ -151,12 +176,23 @@ class Translation:
     }
 
   def model_overrides(self) -> dict:
+    """The model attributes the tokenizer and the data decide.
+
+    Returns:
+      {"vocab_size", "max_len", "pad_id", "eos_id", "bos_id"}.
+    """
     return {"vocab_size": self.tokenizer.vocab_size, "max_len": self.config.data.max_len, **self.tokenizer.special_ids}
 
   def example_inputs(self):
+    """(src, tgt): ones int32 [1, 8] each."""
     return jnp.ones((1, 8), jnp.int32), jnp.ones((1, 8), jnp.int32)
 
   def train_input(self) -> TrainInput:
+    """This process's share of the training split's length-bucketed batches, shuffled by config.seed, endless.
+
+    A global batch holds data.tokens_per_batch tokens, with empty rows up to a multiple of the batch shards times
+    optim.accum_steps.
+    """
     c, d = self.config, self.config.data
     it = text.make_batches(
       self.splits["train"],
@@ -174,12 +210,23 @@ class Translation:
     return TrainInput(it, len(self.splits["train"]), it.steps_per_epoch, None, f"{d.source} {d.src_lang}-{d.tgt_lang}")
 
   def device_batch(self, batch, key):
+    """The batch unchanged: translation has no batch-level work on the devices."""
     return batch
 
   def model_inputs(self, batch):
+    """(src int [B, S], tgt int [B, T]) from a batch."""
     return batch["src"], batch["tgt"]
 
   def loss(self, logits, batch):
+    """The label-smoothed cross-entropy per target token, padding excluded.
+
+    Args:
+      logits: float [B, T, V].
+      batch: with "tgt", int [B, T], the tokenizer's PAD after the end.
+
+    Returns:
+      tuple: (the mean loss per token, {"accuracy": per token, "tokens": the target tokens counted}).
+    """
     tgt = batch["tgt"]
     w = (tgt != self.tokenizer.PAD).astype(jnp.float32)
     ce = cross_entropy(logits, tgt, logits.shape[-1], self.config.label_smoothing)
@@ -200,6 +247,7 @@ class Translation:
     raise ConfigError(f"unknown decoding method {g['method']!r}; use 'beam', 'greedy' or 'sample'")
 
   def decode_len(self, src_len: int, extra_len: int) -> int:
+    """The most tokens decoded for a source of `src_len` tokens: int(1.5 src_len + extra_len), at most data.max_len."""
     return int(min(self.config.data.max_len, src_len * 1.5 + extra_len))
 
   def eval_batches(self, split: str, limit: int | None = None):

@@ -70,6 +70,7 @@ def checksums(tree) -> dict:
 
 
 def text_checksum(text: str) -> str:
+  """The SHA-256 hex digest of `text` (UTF-8): the checksum of a checkpoint's data-iterator state."""
   return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -83,6 +84,7 @@ def _read_only_options(**kw) -> ocp.CheckpointManagerOptions:
 
 
 def has_checkpoints(workdir: str) -> bool:
+  """Whether WORKDIR/checkpoints/ holds a step (an entry whose name is all digits)."""
   path = os.path.join(workdir, CHECKPOINTS)
   return os.path.isdir(path) and any(n.isdigit() for n in os.listdir(path))
 
@@ -141,9 +143,11 @@ class Checkpoints:
 
   # -- which steps
   def steps(self) -> list[int]:
+    """The kept steps, in ascending order."""
     return sorted(self.manager.all_steps())
 
   def latest_step(self) -> int | None:
+    """The newest kept step; None if there is none."""
     return self.manager.latest_step()
 
   def best_step(self) -> int | None:
@@ -328,6 +332,7 @@ class Checkpoints:
     self.manager.reload()
 
   def wait(self) -> None:
+    """Blocks until the asynchronous saves in flight are written."""
     self.manager.wait_until_finished()
 
   def close(self) -> None:

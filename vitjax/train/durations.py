@@ -93,6 +93,17 @@ def total_steps(config, steps_per_epoch: int, examples_per_step: int | None = No
 
 
 def warmup_steps(config, total: int, steps_per_epoch: int, examples_per_step: int | None = None) -> int:
+  """The schedule's warmup in steps, at most `total`.
+
+  Args:
+    config: the run's config: schedule.warmup_steps (a duration in any unit) if set, else schedule.warmup_epochs.
+    total: the run's length in steps.
+    steps_per_epoch: global batches per epoch.
+    examples_per_step: the global batch size (None when batches are sized by tokens).
+
+  Raises:
+    ConfigError: a warmup in examples when batches have no fixed number of examples.
+  """
   s = config.schedule
   if s.warmup_steps is not None:
     warmup = steps("schedule.warmup_steps", s.warmup_steps, steps_per_epoch, examples_per_step)

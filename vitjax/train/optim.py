@@ -220,6 +220,10 @@ def decay_mask(params, model=None):
 
 
 def wd_mults(config, model=None) -> tuple:
+  """The weight-decay rules, ((regex, multiplier), ...): config.wd_mults, or the model family's when it is None.
+
+  The family's are default_wd_mults(model).
+  """
   return tuple(config.wd_mults) if config.wd_mults is not None else default_wd_mults(model)
 
 
@@ -307,6 +311,8 @@ def scale_by_mults(mults) -> optax.GradientTransformation:
 
 
 class DecayState(NamedTuple):
+  """decoupled_weight_decay's state: `count`, an int32 scalar, the updates applied so far (the schedule's step)."""
+
   count: jax.Array
 
 
@@ -398,6 +404,8 @@ def check_rules(config, model, params) -> None:
 
 
 class EmaState(NamedTuple):
+  """track_ema's state: `ema`, the moving average of the parameters, a tree laid out like them."""
+
   ema: Any  # like the parameters
 
 

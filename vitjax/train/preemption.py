@@ -47,6 +47,7 @@ class StopRequest:
 
   @property
   def name(self) -> str:
+    """The signal's name ("SIGTERM", ...), or "a signal to another process" when none reached this process."""
     return signal.Signals(self.signum).name if self.signum else "a signal to another process"
 
   @property

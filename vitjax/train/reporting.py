@@ -72,6 +72,16 @@ class Reporter:
       tracker.best(int(step), metrics)
 
   def progress(self, step: int, metrics: dict) -> None:
+    """Writes `step`'s metrics row with the rates added and logs its progress line.
+
+    The row gains train/elapsed_s and, from the second line on (the first includes compilation),
+    train/steps_per_s, train/data_wait and train/examples_per_s or train/tokens_per_s. The line gives the step,
+    loss, accuracy, learning rate, skipped steps, speed and ETA.
+
+    Args:
+      step: the training step.
+      metrics: the step's train/... scalars, with at least train/loss and train/lr.
+    """
     now, since = time.time(), self.last_line
     self.last_line = now
     wait, self.wait = self.wait, 0.0
@@ -115,6 +125,7 @@ class Reporter:
     logging.info("step %d | %s%s", step, format_evaluation(split, metrics), note)
 
   def close(self) -> None:
+    """Closes every tracker."""
     for tracker in self.trackers:
       tracker.close()
 
@@ -154,6 +165,7 @@ class Profiler:
     self.active = False
 
   def before(self, step: int) -> None:
+    """Starts the trace when `step` is the first step to profile."""
     if step == self.first:
       jax.profiler.start_trace(self.logdir)
       self.active = True
@@ -166,6 +178,7 @@ class Profiler:
       return jax.block_until_ready(fn(*args))
 
   def after(self, step: int, state) -> None:
+    """Once `step` reaches the last step to profile: waits for `state`, stops the trace and logs where it went."""
     if self.active and step >= self.last:
       jax.block_until_ready(state)
       jax.profiler.stop_trace()

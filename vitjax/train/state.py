@@ -32,6 +32,15 @@ from vitjax.train import checkpoints, optim
 
 @flax.struct.dataclass
 class TrainState:
+  """The training state, a flax struct (a pytree).
+
+  Attributes:
+    step: an int scalar array.
+    params: the model's parameters.
+    opt_state: optax's state.
+    model_state: the collections other than params, e.g. BatchNorm's batch_stats.
+  """
+
   step: jax.Array
   params: Any
   opt_state: Any
@@ -231,4 +240,5 @@ def variables(state: TrainState) -> dict:
 
 
 def num_params(state: TrainState) -> int:
+  """The number of parameter values: the sizes of all the leaves of state.params."""
   return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))

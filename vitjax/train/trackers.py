@@ -63,13 +63,16 @@ class Jsonl:
     self.path = os.path.join(workdir, "metrics.jsonl")
 
   def scalars(self, step: int, values: dict) -> None:
+    """Appends the row {"step": step, name: value, ...} (values as floats) to metrics.jsonl."""
     with open(self.path, "a") as f:
       f.write(json.dumps({"step": int(step), **{k: float(v) for k, v in values.items()}}) + "\n")
 
-  def best(self, step: int, values: dict) -> None:  # the checkpoints record which step is best
+  def best(self, step: int, values: dict) -> None:
+    """Nothing: the checkpoints record which step is best."""
     pass
 
   def close(self) -> None:
+    """Nothing: each row is written and the file closed at once."""
     pass
 
 
@@ -91,15 +94,18 @@ class TensorBoard:
       self._writer.add_event(event_pb2.Event(step=purge_step, wall_time=time.time(), session_log=start))
 
   def scalars(self, step: int, values: dict) -> None:
+    """Writes `values` as scalar summaries at `step`, and flushes."""
     value = [self._summary.Summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()]
     summary = self._summary.Summary(value=value)
     self._writer.add_event(self._event.Event(step=int(step), wall_time=time.time(), summary=summary))
     self._writer.flush()
 
   def best(self, step: int, values: dict) -> None:
+    """Nothing: TensorBoard keeps no summary of the best step."""
     pass
 
   def close(self) -> None:
+    """Closes the event file."""
     self._writer.close()
 
 
@@ -112,6 +118,14 @@ class WandB:
 
   @classmethod
   def open(cls, workdir: str, config) -> WandB | None:
+    """Starts or resumes the W&B run of `workdir`.
+
+    The run's id is kept in WORKDIR/wandb_run_id (a new one is written there at the first start); config.wandb gives
+    the project, entity, name, group, tags and notes.
+
+    Returns:
+      The tracker; None, after one warning line, when wandb is not installed or the run cannot start.
+    """
     try:
       import wandb
     except ImportError:
@@ -170,13 +184,16 @@ class WandB:
       self.run = None
 
   def scalars(self, step: int, values: dict) -> None:
+    """Logs `values` at `step` (the run's x-axis "step")."""
     self._call("logging", lambda: self.run.log({"step": int(step), **{k: float(v) for k, v in values.items()}}))
 
   def best(self, step: int, values: dict) -> None:
+    """Puts `step`'s metrics in the run's summary as best/NAME, with best/step."""
     summary = {"best/step": int(step), **{f"best/{k}": float(v) for k, v in values.items()}}
     self._call("the summary", lambda: self.run.summary.update(summary))
 
   def close(self) -> None:
+    """Finishes the W&B run; the tracker is off afterwards."""
     self._call("finishing", lambda: self.run.finish())
     self.run = None
 

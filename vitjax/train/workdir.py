@@ -61,6 +61,10 @@ BOOKKEEPING = (
 
 
 def is_bookkeeping(key: str) -> bool:
+  """Whether the config field `key` (a dotted path) is bookkeeping, free to change on a resume.
+
+  It is when BOOKKEEPING names it, or one of BOOKKEEPING's prefixes ending in a dot starts it.
+  """
   return any(key == b or (b.endswith(".") and key.startswith(b)) for b in BOOKKEEPING)
 
 
@@ -80,9 +84,14 @@ class Untouched:
     self.before = set(os.listdir(workdir)) if self.existed else set()
 
   def create(self) -> None:
+    """Creates the workdir (and its parents) if it does not exist."""
     os.makedirs(self.workdir, exist_ok=True)
 
   def restore(self) -> None:
+    """On process 0: removes what was created in the workdir since, and the workdir if this run created it.
+
+    The top-level entries created since are removed, except KEEP's; the workdir itself only if it is then empty.
+    """
     if jax.process_index() != 0 or not os.path.isdir(self.workdir):
       return
     for name in set(os.listdir(self.workdir)) - self.before - set(self.KEEP):
@@ -104,6 +113,11 @@ def write_json(workdir: str, name: str, obj) -> None:
 
 
 def read_json(workdir: str, name: str):
+  """WORKDIR/name parsed as JSON; None if there is no such file.
+
+  Raises:
+    ConfigError: the file is not valid JSON.
+  """
   path = os.path.join(workdir, name)
   if not os.path.exists(path):
     return None
@@ -183,6 +197,7 @@ def unwritable(workdir: str, why: str, checkpoints: str) -> str:
 
 
 def as_dict(config) -> dict:
+  """The config as a plain dict: a ConfigDict through its JSON form (JSON-able), anything else through dict()."""
   return json.loads(config.to_json_best_effort()) if isinstance(config, mlc.ConfigDict) else dict(config)
 
 
@@ -198,6 +213,7 @@ def _unflatten(flat: dict) -> dict:
 
 
 def history(workdir: str) -> list[dict]:
+  """The rows of WORKDIR/config_history.jsonl, oldest first; [] if there is none."""
   path = os.path.join(workdir, "config_history.jsonl")
   if not os.path.exists(path):
     return []

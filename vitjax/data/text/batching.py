@@ -173,6 +173,11 @@ class BatchIterator(Iterator[dict[str, np.ndarray]]):
 
   @property
   def steps_per_epoch(self) -> int:
+    """Global batches in one epoch.
+
+    Each bucket gives its full batches; the rows left over are carried up into the next (longer) bucket, and the
+    last bucket's remainder is dropped.
+    """
     steps, carry = 0, 0
     for length, members in zip(self.buckets, self._members):
       size = self.batch_sizes[length]

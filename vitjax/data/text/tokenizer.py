@@ -114,6 +114,7 @@ class Tokenizer:
 
   @property
   def vocab_size(self) -> int:
+    """The number of pieces in the SentencePiece model, special ids included."""
     return self.sp.get_piece_size()
 
   def encode(self, text: str) -> list[int]:
@@ -121,6 +122,7 @@ class Tokenizer:
     return self.sp.encode(text)
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of each of ``texts`` (no bos/eos), one list per text."""
     return self.sp.encode(list(texts))
 
   def decode(self, ids: Sequence[int]) -> str:
@@ -134,4 +136,5 @@ class Tokenizer:
     return self.sp.decode(out)
 
   def decode_batch(self, ids: Any) -> list[str]:
+    """Text of each row of ``ids`` (int [B, T], or any sequence of id sequences) as `decode` gives it."""
     return [self.decode(row) for row in ids]

@@ -28,7 +28,6 @@ sys.dont_write_bytecode = False
 # before any test imports jax: the tests' XLA flags (train_helpers.XLA_TEST_FLAGS) for this process and the
 # subprocesses that inherit its environment
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {th.XLA_TEST_FLAGS}".strip()
-th.BASE_ENVIRON = dict(os.environ)  # a test that sets a variable past this runs its command lines as subprocesses
 
 
 @pytest.fixture

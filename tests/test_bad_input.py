@@ -224,4 +224,5 @@ def test_the_command_lines_run_forked_from_the_import_server():
   """train_helpers.run_module takes its fast path (tests/forkserver.py) in a test that left the environment alone."""
   proc = th.run_module("main", "--mode=evaluate")
   assert proc.returncode == 2 and "--mode" in th.error_lines(proc), proc.stderr[-2000:]
-  assert th.CACHE_DIR in th._servers and th._servers[th.CACHE_DIR].proc.poll() is None
+  server = th._servers[th._import_time(th.env())]
+  assert server.proc.poll() is None and server.env.get("JAX_COMPILATION_CACHE_DIR") == th.CACHE_DIR

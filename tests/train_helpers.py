@@ -42,14 +42,9 @@ XLA_TEST_FLAGS = "" if os.environ.get("VITJAX_TEST_XLA_OPT") == "1" else "--xla_
 CACHE_DIR = None
 
 
-# The environment the tests started in, before any test set a variable (the fork server's, below); conftest.py
-# sets it once it has set its own variables.
-BASE_ENVIRON: dict | None = None
-
-
-def env(devices: int = 1, base: dict | None = None) -> dict:
-  """The command lines' environment: os.environ (or `base`) on the CPU, with `devices` host devices."""
-  e = dict(os.environ if base is None else base)
+def env(devices: int = 1) -> dict:
+  """The command lines' environment: os.environ on the CPU, with `devices` host devices."""
+  e = dict(os.environ)
   e.update(
     JAX_PLATFORMS="cpu",
     XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {XLA_TEST_FLAGS}",
@@ -79,11 +74,17 @@ def run_main(workdir, *args, devices: int = 1, config=CONFIG, timeout: float = 3
   return run_module("main", *main_cmd(workdir, *args, config=config)[3:], devices=devices, timeout=timeout)
 
 
-_servers: dict[str | None, ForkServer] = {}  # by compilation cache
+# The variables the preloaded libraries may read when imported (jax's config, TensorFlow's and tfds' constants, the
+# interpreter's path): a fork server is started per distinct set of them; every other variable (XLA_FLAGS, which
+# XLA reads when the child starts its backend, a test's own) reaches the child with its request.
+IMPORT_TIME_PREFIXES = ("JAX_", "TF_", "TFDS_", "GRAIN_", "PYTHON", "LD_")
+MAX_SERVERS = 4  # per test worker; beyond it a plain subprocess
+
+_servers: dict[tuple, ForkServer] = {}
 
 
-def _unset(e: dict, *names: str) -> dict:
-  return {k: v for k, v in e.items() if k not in names}
+def _import_time(e: dict) -> tuple:
+  return tuple(sorted((k, v) for k, v in e.items() if k.startswith(IMPORT_TIME_PREFIXES)))
 
 
 def run_module(
@@ -91,17 +92,15 @@ def run_module(
 ) -> subprocess.CompletedProcess:
   """Runs `python -m vitjax.MODULE ARGS` (main, export, attention_maps, ...) to completion in a process of its own
   (absl flags are per process), forked from one that has imported the libraries (tests/forkserver.py): the same
-  process but for the imports' 1.7 s. Where a test has set an environment variable (the imports may read it), a
-  plain subprocess."""
-  global BASE_ENVIRON
-  BASE_ENVIRON = dict(os.environ) if BASE_ENVIRON is None else BASE_ENVIRON
+  process but for the imports' 1.7 s."""
   e = env(devices)
-  if _unset(e, "PYTEST_CURRENT_TEST") != _unset(env(devices, base=BASE_ENVIRON), "PYTEST_CURRENT_TEST"):
+  key = _import_time(e)
+  if key not in _servers and len(_servers) >= MAX_SERVERS:
     cmd = [sys.executable, "-m", f"vitjax.{module}", *args]
     return subprocess.run(cmd, cwd=ROOT, env=e, input=stdin, capture_output=True, text=True, timeout=timeout)
-  if CACHE_DIR not in _servers:
-    _servers[CACHE_DIR] = ForkServer(env(1, base=BASE_ENVIRON), ROOT)
-  return _servers[CACHE_DIR].run(f"vitjax.{module}", list(args), e, stdin=stdin, timeout=timeout)
+  if key not in _servers:
+    _servers[key] = ForkServer(e, ROOT)
+  return _servers[key].run(f"vitjax.{module}", list(args), e, stdin=stdin, timeout=timeout)
 
 
 def start_main(workdir, *args, devices: int = 1, config=CONFIG) -> subprocess.Popen:

@@ -6,8 +6,8 @@ tests that signal, kill or watch a run (start_main) and those of the scripts sta
 
 The server imports libraries only: no JAX backend is started (a fork after that would copy XLA's threads), and no
 entry point, whose absl flags each child defines afresh when it runs the module as __main__. The environment is the
-request's (XLA reads XLA_FLAGS when the child starts its backend); one that differs from the server's in a variable
-the imports read is the caller's to run as a subprocess (train_helpers does).
+request's (XLA reads XLA_FLAGS when the child starts its backend); a request whose variables read at import differ
+from the server's needs another server (train_helpers keeps one per set of them).
 
     server = ForkServer(env, cwd)       # one per test worker; it ends when the worker does (its stdin closes)
     proc = server.run("vitjax.main", ["--config=...", "--workdir=..."], env, stdin="")   # -> CompletedProcess

@@ -11,6 +11,7 @@ from the server's needs another server (train_helpers keeps one per set of them)
 
     server = ForkServer(env, cwd)       # one per test worker; it ends when the worker does (its stdin closes)
     proc = server.run("vitjax.main", ["--config=...", "--workdir=..."], env, stdin="")   # -> CompletedProcess
+    proc = server.run("/path/to/script.py", [], env, cwd="/tmp/x")   # a script (a path), in another directory
 """
 
 import json
@@ -49,9 +50,10 @@ class ForkServer:
     )
     self.env = dict(env)
 
-  def run(self, module: str, args: list[str], env: dict, stdin: str = "", timeout: float = 300):
-    """-> subprocess.CompletedProcess (text stdout and stderr); TimeoutExpired past `timeout` seconds."""
-    request = {"module": module, "args": list(args), "env": env, "stdin": stdin, "timeout": timeout}
+  def run(self, module: str, args: list[str], env: dict, stdin: str = "", timeout: float = 300, cwd: str | None = None):
+    """-> subprocess.CompletedProcess (text stdout and stderr); TimeoutExpired past `timeout` seconds. `module` is a
+    module's name (`python -m`) or a script's path (`python FILE`); cwd: the server's by default."""
+    request = {"module": module, "args": list(args), "env": env, "stdin": stdin, "timeout": timeout, "cwd": cwd}
     self.proc.stdin.write(json.dumps(request) + "\n")
     self.proc.stdin.flush()
     line = self.proc.stdout.readline()
@@ -63,9 +65,9 @@ class ForkServer:
     return subprocess.CompletedProcess([module, *args], reply["returncode"], reply["stdout"], reply["stderr"])
 
 
-def _child(module: str, args: list[str], env: dict, files: tuple[str, str, str]):
-  """In the forked process: the module as __main__ with the given argv, environment and standard streams; never
-  returns."""
+def _child(module: str, args: list[str], env: dict, files: tuple[str, str, str], cwd: str | None):
+  """In the forked process: the module (or script) as __main__ with the given argv, environment, directory and
+  standard streams; never returns."""
   import atexit
   import runpy
 
@@ -75,8 +77,14 @@ def _child(module: str, args: list[str], env: dict, files: tuple[str, str, str])
     os.dup2(os.open(path, mode), fd)
   code = 0
   try:
+    if cwd:
+      os.chdir(cwd)
     sys.argv = [module, *args]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    if module.endswith(".py"):
+      sys.path.insert(0, os.path.dirname(os.path.abspath(module)))  # as `python FILE` puts the script's folder first
+      runpy.run_path(module, run_name="__main__")
+    else:
+      runpy.run_module(module, run_name="__main__", alter_sys=True)
   except SystemExit as e:
     code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     if not isinstance(e.code, (int, type(None))):
@@ -116,7 +124,7 @@ def _serve():
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-      _child(request["module"], request["args"], request["env"], files)
+      _child(request["module"], request["args"], request["env"], files, request.get("cwd"))
     deadline, timed_out = time.monotonic() + request["timeout"], False
     while True:
       done, status = os.waitpid(pid, os.WNOHANG)

@@ -88,19 +88,27 @@ def _import_time(e: dict) -> tuple:
 
 
 def run_module(
-  module: str, *args: str, devices: int = 1, timeout: float = 300, stdin: str = ""
+  module: str,
+  *args: str,
+  devices: int = 1,
+  timeout: float = 300,
+  stdin: str = "",
+  cwd: str = ROOT,
+  extra_env: dict | None = None,
 ) -> subprocess.CompletedProcess:
-  """Runs `python -m vitjax.MODULE ARGS` (main, export, attention_maps, ...) to completion in a process of its own
-  (absl flags are per process), forked from one that has imported the libraries (tests/forkserver.py): the same
-  process but for the imports' 1.7 s."""
-  e = env(devices)
+  """Runs `python -m vitjax.MODULE ARGS` (main, export, attention_maps, ...; or `python FILE ARGS` for a module
+  ending in .py) to completion in a process of its own (absl flags are per process), forked from one that has
+  imported the libraries (tests/forkserver.py): the same process but for the imports' 1.7 s. extra_env: variables
+  set on top of env(devices)."""
+  e = {**env(devices), **(extra_env or {})}
   key = _import_time(e)
+  target = module if module.endswith(".py") else f"vitjax.{module}"
   if key not in _servers and len(_servers) >= MAX_SERVERS:
-    cmd = [sys.executable, "-m", f"vitjax.{module}", *args]
-    return subprocess.run(cmd, cwd=ROOT, env=e, input=stdin, capture_output=True, text=True, timeout=timeout)
+    cmd = [sys.executable, *([] if module.endswith(".py") else ["-m"]), target, *args]
+    return subprocess.run(cmd, cwd=cwd, env=e, input=stdin, capture_output=True, text=True, timeout=timeout)
   if key not in _servers:
     _servers[key] = ForkServer(e, ROOT)
-  return _servers[key].run(f"vitjax.{module}", list(args), e, stdin=stdin, timeout=timeout)
+  return _servers[key].run(target, list(args), e, stdin=stdin, timeout=timeout, cwd=cwd)
 
 
 def start_main(workdir, *args, devices: int = 1, config=CONFIG) -> subprocess.Popen:

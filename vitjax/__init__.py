@@ -9,8 +9,10 @@ __version__ = "0.1.0"
 
 
 def load(workdir: str, checkpoint: str | int = "best", weights: str = "params"):
-  """A trained model from a vitjax workdir (see vitjax.trained.load; imported on first use, so `import vitjax`
-  stays light)."""
+  """A trained model from a vitjax workdir (see vitjax.trained.load).
+
+  Imported on first use, so `import vitjax` stays light.
+  """
   from vitjax.trained import load as _load
 
   return _load(workdir, checkpoint, weights)

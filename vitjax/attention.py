@@ -74,7 +74,9 @@ def attention_weights(
   q: Array, k: Array, *, bias: Array | None = None, mask: Array | None = None, scale: float | None = None
 ) -> Array:
   """softmax(q k^T scale + bias), masked: float32 [B, H, T, S] (rows sum to 1), as the reference computes it.
-  q [B, T, H, K], k [B, S, H, K]; bias and mask as in reference_attention."""
+
+  q [B, T, H, K], k [B, S, H, K]; bias and mask as in reference_attention.
+  """
   scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
   logits = jnp.einsum("bthk,bshk->bhts", q, k, preferred_element_type=jnp.float32) * scale
   if bias is not None:
@@ -136,10 +138,13 @@ def _fallback_once(reason: str, q_shape, k_shape) -> None:
 
 
 def cudnn_attention(q, k, v, bias, mask, scale):
-  """jax.nn.dot_product_attention's cuDNN kernel, for any sequence lengths: jax refuses cuDNN's training kernels
-  (the backward pass) for an odd query or key length (ViT's 197 tokens, Swin's 49-token windows), so odd lengths are
-  padded by one; the padded keys are masked out (by cuDNN's own padding mask where there is no other mask or bias)
-  and the padded query's row is sliced off. Raises at trace time where cuDNN cannot run (head size, no cuDNN)."""
+  """jax.nn.dot_product_attention's cuDNN kernel, for any sequence lengths (odd ones padded by one).
+
+  jax refuses cuDNN's training kernels (the backward pass) for an odd query or key length (ViT's 197 tokens, Swin's
+  49-token windows), so odd lengths are padded by one; the padded keys are masked out (by cuDNN's own padding mask where
+  there is no other mask or bias) and the padded query's row is sliced off. Raises at trace time where cuDNN cannot run
+  (head size, no cuDNN).
+  """
   t, s = q.shape[1], k.shape[1]
   pt, ps = t % 2, s % 2
   call = functools.partial(jax.nn.dot_product_attention, scale=scale, implementation="cudnn")
@@ -200,11 +205,13 @@ def _sum_to(x, shape):
 
 
 def _explicit_bwd(scale, saved, d_out):
-  """The four backward matmuls, in float32 accumulation. Float32 inputs: in [B, H, T, K] layout (the fastest on
-  XLA:CPU, issue 13). bfloat16 / float16 inputs: on the inputs' [B, T, H, K] layout, which XLA turns into dots
-  whose contracted dimension is the lhs's last; with the [B, H, T, K] forms two of the four would contract the
-  lhs's third dimension, and XLA:CPU computes such low-precision dots in float32, at a third of the speed
-  (experiments/README.md, issue 28)."""
+  """The four backward matmuls, in float32 accumulation.
+
+  Float32 inputs: in [B, H, T, K] layout (the fastest on XLA:CPU, issue 13). bfloat16 / float16 inputs: on the inputs'
+  [B, T, H, K] layout, which XLA turns into dots whose contracted dimension is the lhs's last; with the [B, H, T, K]
+  forms two of the four would contract the lhs's third dimension, and XLA:CPU computes such low-precision dots in
+  float32, at a third of the speed (experiments/README.md, issue 28).
+  """
   q, k, v, probs, out, bias, mask = saved
   f32 = jnp.float32
   probs = probs.astype(f32)  # [B, H, T, S], saved in v's dtype
@@ -234,8 +241,11 @@ _explicit.defvjp(_explicit_fwd, _explicit_bwd)
 
 
 def explicit_attention(q, k, v, bias=None, mask=None, scale=None):
-  """The "explicit" implementation (module docstring). q [B, T, H, K], k [B, S, H, K], v [B, S, H, V] ->
-  [B, T, H, V]; bias (additive) and mask (boolean, True = attend) are 4-d, broadcastable to [B, H, T, S]."""
+  """The "explicit" implementation (module docstring).
+
+  q [B, T, H, K], k [B, S, H, K], v [B, S, H, V] -> [B, T, H, V]; bias (additive) and mask (boolean, True = attend) are
+  4-d, broadcastable to [B, H, T, S].
+  """
   scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else float(scale)
   return _explicit(q, k, v, bias, mask, scale)
 
@@ -253,15 +263,21 @@ def dot_product_attention(
   deterministic: bool = True,
   implementation: str = "fast",
 ) -> Array:
-  """softmax(Q K^T * scale + bias) V, masked. q [B, T, H, K], k [B, S, H, K], v [B, S, H, V].
+  """softmax(Q K^T * scale + bias) V, masked.
 
   Args:
+    q: queries [B, T, H, K].
+    k: keys [B, S, H, K].
+    v: values [B, S, H, V].
     bias: additive attention bias broadcastable to [B, H, T, S] (relative positions, ALiBi, ...).
     mask: boolean, broadcastable to [B, H, T, S]; True where a query may attend to a key.
     scale: defaults to 1/sqrt(K).
-    dropout_rate, dropout_rng, deterministic: dropout on the attention weights.
+    dropout_rate: dropout on the attention weights: the rate.
+    dropout_rng: that dropout's PRNG key.
+    deterministic: True: no dropout.
     implementation: "fast"/"auto" (GPU: jax.nn.dot_product_attention, cuDNN where possible; elsewhere
       "explicit"), "explicit", "xla", "cudnn" (no fallback), or "reference" (module docstring).
+
   Returns:
     [B, T, H, V].
   """

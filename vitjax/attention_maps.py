@@ -45,9 +45,11 @@ FLAGS = flags.FLAGS
 
 
 def attention_weights(model, variables, image: np.ndarray) -> tuple[dict, dict]:
-  """The attention weights of every layer for one image (float [H, W, C] in the model's input range), from the
-  reference path: ({module path: [B', heads, T, S] (a scanned stack: [layers, B', heads, T, S])}, the model's
-  intermediates)."""
+  """The attention weights of every layer for one image, from the reference path.
+
+  The image is float [H, W, C] in the model's input range. Returns ({module path: [B', heads, T, S] (a scanned stack:
+  [layers, B', heads, T, S])}, the model's intermediates).
+  """
   reference = model.clone(implementation="reference")
   (_, out), state = reference.apply(variables, jnp.asarray(image)[None], train=False, mutable=["intermediates"])
   flat = jax.tree_util.tree_flatten_with_path(state["intermediates"], is_leaf=lambda x: isinstance(x, tuple))[0]
@@ -74,8 +76,10 @@ def _layer_number(path: str) -> int:
 
 
 def rollout(layers: list[np.ndarray]) -> np.ndarray:
-  """Attention rollout [T, T] (Abnar and Zuidema 2020): prod over layers of rownorm(mean_heads(A) + I), first
-  layer rightmost; every row sums to 1."""
+  """Attention rollout [T, T] (Abnar and Zuidema 2020).
+
+  The product over layers of rownorm(mean_heads(A) + I), first layer rightmost; every row sums to 1.
+  """
   t = layers[0].shape[-1]
   out = np.eye(t)
   for a in layers:
@@ -91,8 +95,10 @@ def posemb_similarity(table: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
 
 
 def window_slots(hw: tuple[int, int], window, shift) -> np.ndarray:
-  """[nW, N]: the map position (row-major) of each window slot of a Swin block (-1 for padding), by the block's
-  own shift, padding and partition."""
+  """The map position (row-major) of each window slot of a Swin block: [nW, N], -1 for padding.
+
+  By the block's own shift, padding and partition.
+  """
   from vitjax.models.swin import effective_window, window_partition  # pylint: disable=g-import-not-at-top
 
   h, w = hw
@@ -105,8 +111,10 @@ def window_slots(hw: tuple[int, int], window, shift) -> np.ndarray:
 
 
 def swin_patch_attention(weights: np.ndarray, hw, window, shift, patch: tuple[int, int]) -> np.ndarray:
-  """The attention of `patch` (row, col on this block's map) over its window: [heads, h, w], zero outside the
-  window. weights: the block's [nW, heads, N, N] (batch of one)."""
+  """The attention of `patch` (row, col on this block's map) over its window: [heads, h, w].
+
+  Zero outside the window. weights: the block's [nW, heads, N, N] (batch of one).
+  """
   slots = window_slots(hw, window, shift)
   wi, si = np.argwhere(slots == patch[0] * hw[1] + patch[1])[0]
   row = weights[wi, :, si, :]  # [heads, N]
@@ -159,8 +167,10 @@ def _save(fig, path) -> str:
 
 
 def inspect(trained, image: np.ndarray, out_dir: str, patch: tuple[int, int] | None = None) -> list[str]:
-  """Writes the PNGs of the module docstring for one uint8 image [H, W, C] (already at the model's size);
-  returns their paths."""
+  """Writes the PNGs of the module docstring for one uint8 image [H, W, C]; returns their paths.
+
+  The image is already at the model's size.
+  """
   import matplotlib  # pylint: disable=g-import-not-at-top
 
   matplotlib.use("Agg")
@@ -254,8 +264,10 @@ def _draw_swin(trained, image, shown, weights, inter, out_dir, patch) -> list[st
 
 
 def _position_table(model, params, grid, prefix) -> np.ndarray:
-  """The patches' position embeddings [N, D]: the learned table (without the class token's row) or the fixed
-  2-D sin-cos one."""
+  """The patches' position embeddings [N, D].
+
+  The learned table (without the class token's row) or the fixed 2-D sin-cos one.
+  """
   if model.posemb == "learn":
     return np.asarray(params["posembed"]["pos_embedding"])[0, prefix:]
   from vitjax.posenc import sincos_2d  # pylint: disable=g-import-not-at-top

@@ -1,4 +1,6 @@
-"""The one runner every command line uses (vitjax.main, export, inspect, translate, sweep, data.prepare):
+"""The one runner every command line uses (vitjax.main, export, inspect, translate, sweep, data.prepare).
+
+Used as:
 
     if __name__ == "__main__":
       cli.run(main)          # main() -> exit status (None: 0), reading its absl FLAGS
@@ -75,7 +77,7 @@ def _root_message(e: BaseException) -> str:
 
 
 def parse_flags(argv):
-  """absl's flag parsing, with one clear line (exit status 2) for a bad flag, config file or --config.FIELD."""
+  """Parses flags as absl does, with one clear line (exit status 2) for a bad flag, config file or --config.FIELD."""
   problem = _config_file_problem(argv)
   if problem is None:
     try:
@@ -106,8 +108,10 @@ def run(main: Callable[[], int | None]) -> None:
 
 
 def guarded(main: Callable[[], int | None]) -> int:
-  """main()'s exit status, with a user error printed as one "error: ..." line (2) and a run stopped by a signal
-  or a divergence given its status (already logged)."""
+  """main()'s exit status, with a user error printed as one "error: ..." line.
+
+  A user error exits with 2; a run stopped by a signal or a divergence is given its status (already logged).
+  """
   from vitjax.errors import (  # pylint: disable=g-import-not-at-top
     USER_ERRORS,
     Diverged,

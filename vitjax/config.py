@@ -194,9 +194,12 @@ def default_config() -> mlc.ConfigDict:
 
 
 def evaluator(type_: str, **options) -> mlc.ConfigDict:
-  """A config.evals entry of evaluator type `type_` with every field present (so that each can be set from the
-  command line): type, split ('valid'), every (None: config.eval_every), data (None: the run's), weights
-  ('params' or 'ema'), examples (a cap during training; None: all), and the type's options (vitjax.evaluators.TYPE.OPTIONS)."""
+  """A config.evals entry of evaluator type `type_` with every field present.
+
+  So that each can be set from the command line: type, split ('valid'), every (None: config.eval_every), data (None: the
+  run's), weights ('params' or 'ema'), examples (a cap during training; None: all), and the type's options
+  (vitjax.evaluators.TYPE.OPTIONS).
+  """
   from vitjax import evaluators  # pylint: disable=g-import-not-at-top
 
   module = evaluators.get(type_)
@@ -290,9 +293,11 @@ def _optax_defaults(name: str) -> dict:
 
 
 def migrate(flat: dict) -> dict:
-  """A workdir's config (config.json with its history applied, flat 'a.b' keys) in the schema of CONFIG_VERSION,
-  so that older runs load, evaluate and resume. Fields added since the run was written take their defaults (the
-  task's), so code reads every field directly. ConfigError for a config from a newer vitjax."""
+  """A workdir's config (config.json with its history applied, flat 'a.b' keys) in the schema of CONFIG_VERSION.
+
+  So that older runs load, evaluate and resume. Fields added since the run was written take their defaults (the task's),
+  so code reads every field directly. ConfigError for a config from a newer vitjax.
+  """
   flat = dict(flat)
   version = flat.get("config_version") or 1
   if not isinstance(version, int) or version > CONFIG_VERSION:
@@ -320,9 +325,12 @@ def migrate(flat: dict) -> dict:
 
 
 def _evaluators_by_name(flat: dict) -> dict:
-  """Version 2 -> 3: the primary evaluation (data.eval_split every eval_every, the task's own), its moving
-  average's twin with ema_decay, and the (name, split, kind, every) entries of config.evals become named entries;
-  the probe and decode blocks and data.eval_examples become their options; best_metric becomes best."""
+  """Version 2 -> 3: evaluations become named entries of config.evals, with their options.
+
+  The primary evaluation (data.eval_split every eval_every, the task's own), its moving average's twin with ema_decay,
+  and the (name, split, kind, every) entries of config.evals become named entries; the probe and decode blocks and
+  data.eval_examples become their options; best_metric becomes best.
+  """
   task = flat.get("task", "classification")
   probe = {k.removeprefix("probe."): flat.pop(k) for k in [k for k in flat if k.startswith("probe.")]}
   decode = {k.removeprefix("decode."): flat.pop(k) for k in [k for k in flat if k.startswith("decode.")]}
@@ -357,8 +365,10 @@ WHOLE = ("optim.kwargs",)
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
-  """A nested config dict as {'a.b': value}, its values as config.json holds them (tuples as lists); the WHOLE
-  fields stay one value."""
+  """A nested config dict as {'a.b': value}, its values as config.json holds them (tuples as lists).
+
+  The WHOLE fields stay one value.
+  """
   out = {}
   for k, v in d.items():
     if isinstance(v, dict) and v and f"{prefix}{k}" not in WHOLE:

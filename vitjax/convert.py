@@ -1,6 +1,8 @@
-"""Weights in and out: timm state dicts (ViT and Swin), Microsoft's Swin `.pth`, the `transformers` ViT and Swin,
-the original JAX ViT and big_vision `.npz` checkpoints (SigLIP image towers included), and repositories of the
-Hugging Face hub by name (vitjax.hub: timm's and transformers' layouts).
+"""Weights in and out: timm, Microsoft's Swin, `transformers`, the original JAX ViT, big_vision, the Hugging Face hub.
+
+The formats: timm state dicts (ViT and Swin), Microsoft's Swin `.pth`, the `transformers` ViT and Swin, the original JAX
+ViT and big_vision `.npz` checkpoints (SigLIP image towers included), and repositories of the Hugging Face hub by name
+(vitjax.hub: timm's and transformers' layouts).
 
 Importers return `(module, variables)`; `module.apply(variables, images)` then gives the source's logits.
 Images are NHWC for vitjax (timm takes NCHW: transpose (0, 3, 1, 2) to compare). Each importer sets the MLP
@@ -76,8 +78,9 @@ def from_timm(timm_name: str, state_dict: Mapping[str, Any]):
 
 
 def from_swin(state_dict: Mapping[str, Any]):
-  """(module, variables) for a Swin state dict, Microsoft's official `.pth` or timm's; the architecture (embed dim,
-  depths, heads, window, patch, MLP ratio, classes) is read from the weights.
+  """(module, variables) for a Swin state dict, Microsoft's official `.pth` or timm's.
+
+  The architecture (embed dim, depths, heads, window, patch, MLP ratio, classes) is read from the weights.
 
   Microsoft's checkpoints are `{'model': state_dict, ...}` with the patch-merging layer at the end of stages
   1-3; timm's put it at the start of stages 2-4 (as vitjax does). Both use exact GELU.
@@ -94,16 +97,20 @@ def from_swin(state_dict: Mapping[str, Any]):
 
 
 def from_vit_npz(path_or_mapping, variant: str | None = None, act: str = "gelu_tanh"):
-  """(module, variables) from an `.npz` of the original JAX ViT release or of big_vision: see
-  vitjax.models.vit_npz.read."""
+  """(module, variables) from an `.npz` of the original JAX ViT release or of big_vision.
+
+  See vitjax.models.vit_npz.read.
+  """
   return registry.family_of(models.ViT).converter("npz").read(path_or_mapping, variant, act)
 
 
 def from_hf(state_dict: Mapping[str, Any], config: Mapping[str, Any]):
-  """(module, variables) of a `transformers` ViT or Swin (ViTForImageClassification, ViTModel,
-  SwinForImageClassification, SwinModel) from its state dict (the hub's model.safetensors, or the model's
-  state_dict()) and its config.json as a dict; see vitjax.models.vit_hf and swin_hf. Options vitjax's models lack
-  are a ValueError naming them; keys the conversion does not use too. Activation: config.json's hidden_act."""
+  """(module, variables) of a `transformers` ViT or Swin from its state dict and its config.json as a dict.
+
+  Classes: ViTForImageClassification, ViTModel, SwinForImageClassification, SwinModel. The state dict is the hub's
+  model.safetensors, or the model's state_dict(); see vitjax.models.vit_hf and swin_hf. Options vitjax's models lack are
+  a ValueError naming them; keys the conversion does not use too. Activation: config.json's hidden_act.
+  """
   state_dict = u.unwrap(state_dict)
   layout = detect_layout(state_dict)
   model_type = config.get("model_type")
@@ -121,10 +128,12 @@ def from_hf(state_dict: Mapping[str, Any], config: Mapping[str, Any]):
 
 
 def from_hub(spec: str):
-  """(module, variables, repo) of a Hugging Face hub repository, 'hf:ORG/NAME[@REVISION]': timm's layout (read by
-  from_timm, with config.json's architecture) or transformers' ViT and Swin (from_hf). repo (vitjax.hub.Repo) says
-  what the repository's config gives: preprocess(), image_size(), class_names(n). Raises ConfigError of one line
-  (vitjax.hub: not cached while offline, another kind of model, ...)."""
+  """(module, variables, repo) of a Hugging Face hub repository, 'hf:ORG/NAME[@REVISION]'.
+
+  Its layout is timm's (read by from_timm, with config.json's architecture) or transformers' ViT and Swin (from_hf).
+  repo (vitjax.hub.Repo) says what the repository's config gives: preprocess(), image_size(), class_names(n). Raises
+  ConfigError of one line (vitjax.hub: not cached while offline, another kind of model, ...).
+  """
   from vitjax.errors import ConfigError
 
   repo = hub.open_repo(spec)
@@ -144,8 +153,11 @@ def from_hub(spec: str):
 
 
 def model_config(module) -> dict:
-  """The `config.model` fields that build `module` (a ViT or Swin, e.g. one an importer returned): the family's name
-  that needs the fewest overrides, and those overrides, e.g. {"name": "vit_b16", "layernorm_eps": 1e-12}."""
+  """The `config.model` fields that build `module` (a ViT or Swin, e.g. one an importer returned).
+
+  The family's name that needs the fewest overrides, and those overrides, e.g. {"name": "vit_b16", "layernorm_eps":
+  1e-12}.
+  """
   family = registry.family_of(module)
   fields = sorted(set(family.cls.__dataclass_fields__) - {"parent", "name"})
   names = list(family.examples)
@@ -166,8 +178,10 @@ def _plain(v):
 
 
 def to_timm(module, variables, image_size) -> tuple[dict[str, np.ndarray], dict]:
-  """(state_dict, config) of timm's ViT or Swin for a vitjax ViT / Swin; `image_size` (int or (H, W)) is the
-  resolution the timm model is built for (timm fixes it at construction; vitjax reads it from the input).
+  """(state_dict, config) of timm's ViT or Swin for a vitjax ViT / Swin.
+
+  `image_size` (int or (H, W)) is the resolution the timm model is built for (timm fixes it at construction; vitjax
+  reads it from the input).
 
   state_dict: numpy float32 arrays that `load_state_dict(..., strict=True)` accepts in the model that
   `build_timm(config)` makes (timm's VisionTransformer or SwinTransformer classes with config["kwargs"]).
@@ -180,8 +194,10 @@ def to_timm(module, variables, image_size) -> tuple[dict[str, np.ndarray], dict]
 
 
 def to_vit_npz(module, variables) -> dict[str, np.ndarray]:
-  """The flat '/'-keyed arrays of the original JAX ViT release's `.npz` (`np.savez(path, **arrays)`), for a
-  vitjax ViT with learned positions and a class token or GAP (vitjax.models.vit_npz.write)."""
+  """The flat '/'-keyed arrays of the original JAX ViT release's `.npz` (`np.savez(path, **arrays)`).
+
+  For a vitjax ViT with learned positions and a class token or GAP (vitjax.models.vit_npz.write).
+  """
   return _converter(module, "npz", "to_vit_npz").write(module, variables)
 
 
@@ -214,8 +230,11 @@ def save_safetensors(path: str, state_dict: Mapping[str, Any], metadata: dict[st
 
 
 def publish(tmp: str, path: str) -> None:
-  """Moves a finished temporary file onto `path` (atomically) with an ordinary file's mode, 0666 less the umask
-  (0644 by default), since some writers (safetensors) create theirs readable by the owner only."""
+  """Moves a finished temporary file onto `path` (atomically) with an ordinary file's mode.
+
+  The mode is 0666 less the umask (0644 by default), since some writers (safetensors) create theirs readable by the
+  owner only.
+  """
   umask = os.umask(0)
   os.umask(umask)
   os.chmod(tmp, 0o666 & ~umask)
@@ -226,8 +245,10 @@ def publish(tmp: str, path: str) -> None:
 
 
 def timm_preprocess(name: str) -> dict | None:
-  """The preprocessing timm's pretrained config gives model NAME ("vit_small_patch16_224.augreg_in21k_ft_in1k"):
-  {"mean", "std", "crop_fraction", "interpolation"}; None when timm is not installed or does not know NAME."""
+  """The preprocessing timm's pretrained config gives model NAME ("vit_small_patch16_224.augreg_in21k_ft_in1k").
+
+  {"mean", "std", "crop_fraction", "interpolation"}; None when timm is not installed or does not know NAME.
+  """
   try:
     from timm.models import get_pretrained_cfg
   except Exception:  # timm missing, or torchvision that cannot load
@@ -240,10 +261,12 @@ def timm_preprocess(name: str) -> dict | None:
 
 
 def pretrained_preprocess(source: WeightSource) -> dict | None:
-  """The preprocessing imported weights were trained with, {"mean", "std", "crop_fraction", "interpolation"}
-  (augment.Preprocess's fields): timm's pretrained config for 'timm:NAME:FILE' (timm_preprocess), the hub
-  repository's config for 'hf:...' (timm's pretrained_cfg, or transformers' preprocessor_config.json); None for
-  other sources, or a timm model timm does not know. An hf: repository that cannot be read is a ConfigError."""
+  """The preprocessing imported weights were trained with, {"mean", "std", "crop_fraction", "interpolation"}.
+
+  They are augment.Preprocess's fields, from timm's pretrained config for 'timm:NAME:FILE' (timm_preprocess), the hub
+  repository's config for 'hf:...' (timm's pretrained_cfg, or transformers' preprocessor_config.json); None for other
+  sources, or a timm model timm does not know. An hf: repository that cannot be read is a ConfigError.
+  """
   if source.kind == "timm":
     return timm_preprocess(source.name)
   if source.kind == "hf":
@@ -253,8 +276,11 @@ def pretrained_preprocess(source: WeightSource) -> dict | None:
 
 @dataclasses.dataclass(frozen=True)
 class WeightSource:
-  """config.init_from, parsed once: nothing (""), a vitjax workdir, 'timm:NAME:FILE', 'npz:[VARIANT:]FILE' or
-  'hf:ORG/NAME[@REVISION]' (a Hugging Face hub repository, vitjax.hub)."""
+  """config.init_from, parsed once.
+
+  Nothing (""), a vitjax workdir, 'timm:NAME:FILE', 'npz:[VARIANT:]FILE' or 'hf:ORG/NAME[@REVISION]' (a Hugging Face hub
+  repository, vitjax.hub).
+  """
 
   kind: str  # "none" | "workdir" | "timm" | "npz" | "hf"
   path: str = ""
@@ -296,9 +322,11 @@ class WeightSource:
 
 
 def load_params(spec: str) -> dict:
-  """Parameters from 'timm:NAME:FILE' (.safetensors, or .pth/.bin with torch; timm's layout or, for Swin,
-  Microsoft's), 'npz:FILE' / 'npz:VARIANT:FILE' (the original ViT or big_vision) or 'hf:ORG/NAME[@REVISION]' (a
-  Hugging Face hub repository in timm's or transformers' layout, through the hub's cache: from_hub).
+  """Parameters from 'timm:NAME:FILE', 'npz:[VARIANT:]FILE' or 'hf:ORG/NAME[@REVISION]'.
+
+  Sources: 'timm:NAME:FILE' (.safetensors, or .pth/.bin with torch; timm's layout or, for Swin, Microsoft's), 'npz:FILE'
+  / 'npz:VARIANT:FILE' (the original ViT or big_vision) or 'hf:ORG/NAME[@REVISION]' (a Hugging Face hub repository in
+  timm's or transformers' layout, through the hub's cache: from_hub).
 
   (A vitjax workdir as init_from is read by vitjax.train.checkpoints.load_params.) Raises ConfigError naming the
   problem: a missing or unreadable file, weights of another model family, a hub repository not cached offline.

@@ -1,8 +1,9 @@
-"""Autoregressive generation for the encoder-decoder Transformer, jit-compiled with static shapes and the
-decoder's KV cache: greedy, beam search with the GNMT length penalty ((5 + len) / 6)^alpha, and temperature /
-top-k sampling. Decoding starts from the model's bos_id (the start token is not part of the output) and stops at
-its eos_id; every function returns tokens [B, max_len] that end with EOS (when one was produced) and are padded
-with the model's pad_id after it.
+"""Autoregressive generation for the encoder-decoder Transformer: greedy, beam search and sampling.
+
+Jit-compiled with static shapes and the decoder's KV cache: greedy, beam search with the GNMT length penalty ((5 + len)
+/ 6)^alpha, and temperature / top-k sampling. Decoding starts from the model's bos_id (the start token is not part of
+the output) and stops at its eos_id; every function returns tokens [B, max_len] that end with EOS (when one was
+produced) and are padded with the model's pad_id after it.
 
 beam_search is the standard search of tensor2tensor and flax's examples/wmt/decode.py: every EOS-ending
 candidate among the top 2K of a step finishes (see beam_search; tests/test_beam_golden.py checks 288 beams of

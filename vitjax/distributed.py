@@ -32,8 +32,11 @@ _LEAVING = (*USER_ERRORS, FileNotFoundError, Preempted, Diverged)  # ways every 
 
 
 def _tasks_on_this_node(env) -> int | None:
-  """SLURM's count of this job step's tasks on this node (SLURM_STEP_TASKS_PER_NODE, e.g. '8' or '2(x3),1', in
-  SLURM_STEP_NODELIST's order, with SLURM_NODEID this node's index); None outside SLURM."""
+  """SLURM's count of this job step's tasks on this node; None outside SLURM.
+
+  Read from SLURM_STEP_TASKS_PER_NODE (e.g. '8' or '2(x3),1', in SLURM_STEP_NODELIST's order), with SLURM_NODEID this
+  node's index.
+  """
   spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
   if not spec:
     return None
@@ -46,15 +49,18 @@ def _tasks_on_this_node(env) -> int | None:
 
 
 def local_gpus(env) -> list[int] | None:
-  """The GPUs (indices among those CUDA_VISIBLE_DEVICES shows) this process takes under SLURM, or None (JAX's own
-  choice: CPUs, TPUs, no SLURM, no CUDA_VISIBLE_DEVICES).
+  """The GPUs this process takes under SLURM, or None (JAX's own choice).
+
+  The GPUs are indices among those CUDA_VISIBLE_DEVICES shows; None where JAX chooses: CPUs, TPUs, no SLURM, no
+  CUDA_VISIBLE_DEVICES.
 
   JAX, finding SLURM, gives each process the one GPU of its local rank. That is right for one process per GPU on
   GPUs the tasks share, and wrong for the two layouts most used: one process per node (--ntasks-per-node=1
   --gpus-per-node=8) would use one GPU of eight, and one process per GPU bound by SLURM (--gpus-per-task=1, where
   each task sees its GPU as device 0) would ask for a device it cannot see. Here: a task alone on its node, or one
   whose visible GPUs are its own (fewer than the tasks there), takes every GPU it sees; tasks that share the node's
-  GPUs take an equal share each, by local rank (one each for as many tasks as GPUs)."""
+  GPUs take an equal share each, by local rank (one each for as many tasks as GPUs).
+  """
   visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
   if not all(d.strip().isdigit() or d.strip().startswith(("GPU-", "MIG-")) for d in visible):
     return None  # e.g. SLURM's 'NoDevFiles' where the job has no GPUs
@@ -68,9 +74,11 @@ def local_gpus(env) -> list[int] | None:
 
 
 def initialize(coordinator_address=None, num_processes=None, process_id=None, peer_timeout=PEER_TIMEOUT_S) -> None:
-  """jax.distributed.initialize with the given address, count and index, or, all absent, what JAX detects from
-  the cluster (SLURM, Open MPI, Kubernetes, TPU pods). ConfigError when neither is there. JAX's heartbeat timeout
-  is three times `peer_timeout`, so that PeerWatch reports a lost process before JAX aborts."""
+  """jax.distributed.initialize with the given address, count and index, or, all absent, what JAX detects.
+
+  JAX detects the cluster: SLURM, Open MPI, Kubernetes, TPU pods. ConfigError when neither is there. JAX's heartbeat
+  timeout is three times `peer_timeout`, so that PeerWatch reports a lost process before JAX aborts.
+  """
   given = [coordinator_address, num_processes, process_id]
   if any(v is not None for v in given) and any(v is None for v in given):
     raise ConfigError(
@@ -116,7 +124,8 @@ class PeerWatch:
   when the work finished or ended the way every process ends it (a user error, preemption, divergence), tells the
   other processes that this one leaves on purpose (they do not count it as lost). Any other exception first waits
   `timeout` + 5 s for the watch's verdict, so that a collective broken by a dead peer ends with the watch's line
-  rather than a traceback. A no-op on one process."""
+  rather than a traceback. A no-op on one process.
+  """
 
   def __init__(self, timeout: float = PEER_TIMEOUT_S, interval: float = 1.0, exit=os._exit):
     self.timeout, self.interval, self._exit = float(timeout), float(interval), exit

@@ -46,8 +46,10 @@ class Dense(nn.Dense):
 
 
 class DenseGeneral(nn.DenseGeneral):
-  """flax.linen.DenseGeneral; x [..., K...] -> [..., features...] when `axis` names x's last dims (the case vitjax's
-  layers use; others, and batch_dims, go to flax's)."""
+  """flax.linen.DenseGeneral; x [..., K...] -> [..., features...] when `axis` names x's last dims.
+
+  The case vitjax's layers use; others, and batch_dims, go to flax's.
+  """
 
   @nn.compact
   def __call__(self, inputs):
@@ -65,11 +67,14 @@ class DenseGeneral(nn.DenseGeneral):
 
 
 class Conv(nn.Conv):
-  """flax.linen.Conv; x [B, H, W, C] -> [B, H', W', features]. On a CPU, a 2-D convolution with strides >= 2 or equal
-  to its kernel (patch embeddings, a convolutional stem's stride-2 3x3 and 1x1 projection) is `strided_conv`: its
-  float32 forward is flax's (XLA's convolution), its backward, and a bfloat16 forward, are matmuls over the input's
-  patches. XLA:CPU runs these convolutions' backward at a third of its matmuls' rate, and every convolution in
-  float32 (experiments/README.md, issue 28). Other convolutions, and every one off a CPU, are flax's."""
+  """flax.linen.Conv; x [B, H, W, C] -> [B, H', W', features].
+
+  On a CPU, a 2-D convolution with strides >= 2 or equal to its kernel (patch embeddings, a convolutional stem's
+  stride-2 3x3 and 1x1 projection) is `strided_conv`: its float32 forward is flax's (XLA's convolution), its backward,
+  and a bfloat16 forward, are matmuls over the input's patches. XLA:CPU runs these convolutions' backward at a third of
+  its matmuls' rate, and every convolution in float32 (experiments/README.md, issue 28). Other convolutions, and every
+  one off a CPU, are flax's.
+  """
 
   @nn.compact
   def __call__(self, inputs):
@@ -135,9 +140,12 @@ def _conv_plan(layer, inputs):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def strided_conv(x, w, b, strides, pads):
-  """x [B, H, W, C] (*) w [kh, kw, C, O] + b [O] -> [B, H', W', O] in x's dtype: in float32 XLA's convolution, in
-  bfloat16 / float16 the patches' matmul (`_patches`; float32 accumulation, the bias added in float32, one
-  rounding). Backward: the patches' matmuls; gradients of x in x's dtype, of w and b in theirs. b may be None."""
+  """Strided convolution: x [B, H, W, C] (*) w [kh, kw, C, O] + b [O] -> [B, H', W', O] in x's dtype.
+
+  In float32 XLA's convolution, in bfloat16 / float16 the patches' matmul (`_patches`; float32 accumulation, the bias
+  added in float32, one rounding). Backward: the patches' matmuls; gradients of x in x's dtype, of w and b in theirs. b
+  may be None.
+  """
   return _strided_conv_fwd(x, w, b, strides, pads)[0]
 
 
@@ -165,7 +173,7 @@ def _strided_conv_bwd(strides, pads, saved, g):
 
 
 def _patches(x, kernel, strides, pads):
-  """x [B, H, W, C] -> the convolution's input patches [B, H', W', kh * kw * C], in the kernel's (kh, kw, C) order."""
+  """A convolution's input patches: x [B, H, W, C] -> [B, H', W', kh * kw * C], in the kernel's (kh, kw, C) order."""
   (kh, kw), (sh, sw) = kernel, strides
   x = jnp.pad(x, ((0, 0), *pads, (0, 0)))
   n, c, ho, wo = x.shape[0], x.shape[3], (x.shape[1] - kh) // sh + 1, (x.shape[2] - kw) // sw + 1
@@ -180,8 +188,10 @@ strided_conv.defvjp(_strided_conv_fwd, _strided_conv_bwd)
 
 
 def _own_path(layer) -> bool:
-  """vitjax's path: a low-precision layer on a CPU, applied to parameters that exist (at init, and wherever a caller
-  sets flax's dot_general, dot_general_cls or precision, flax's layer runs)."""
+  """Whether vitjax's path runs: a low-precision layer on a CPU, applied to parameters that exist.
+
+  At init, and wherever a caller sets flax's dot_general, dot_general_cls or precision, flax's layer runs.
+  """
   custom = layer.dot_general is not None or layer.dot_general_cls is not None or layer.precision is not None
   exists = layer.has_variable("params", "kernel")
   return low_precision_on_cpu(layer.dtype) and exists and not custom and not layer.is_initializing()
@@ -204,9 +214,12 @@ def _dot(a, b, contract):  # 2-D, float32 result
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def affine(x, w, b, n):
-  """x [..., K...] @ w [K..., N...] + b [N...] -> [..., N...] in x's dtype, contracting x's last n dims with w's
-  first n; the matmul in x's dtype with float32 accumulation, the bias added in float32, one rounding. b may be
-  None. Gradients: x's in x's dtype, w's and b's in their own (float32 parameters get float32 sums)."""
+  """Affine map: x [..., K...] @ w [K..., N...] + b [N...] -> [..., N...] in x's dtype.
+
+  Contracts x's last n dims with w's first n; the matmul in x's dtype with float32 accumulation, the bias added in
+  float32, one rounding. b may be None. Gradients: x's in x's dtype, w's and b's in their own (float32 parameters get
+  float32 sums).
+  """
   return _affine_fwd(x, w, b, n)[0]
 
 
@@ -229,18 +242,23 @@ def _affine_bwd(n, saved, g):
 
 
 def _parameter_gradients(x2, g2, w, b):
-  """Of y2 = x2 [M, K] @ w (reshaped [K, N]) + b [N], given g2 [M, N]: w's and b's gradients, float32 sums in the
-  parameters' own dtypes and shapes (b may be None)."""
+  """The gradients of w and b in y2 = x2 [M, K] @ w (reshaped [K, N]) + b [N], given g2 [M, N].
+
+  Float32 sums in the parameters' own dtypes and shapes (b may be None).
+  """
   dw = _weight_gradient(x2, g2).astype(w.dtype).reshape(w.shape)
   db = None if b is None else jnp.sum(g2, axis=0, dtype=jnp.float32).astype(b.dtype).reshape(b.shape)
   return dw, db
 
 
 def _weight_gradient(x2, g2):
-  """x2 [M, K]^T @ g2 [M, N] -> float32 [K, N]. For low-precision operands, written with M split in two contracted
-  dimensions when M is even: XLA then transposes x2 into [K, M] (in bf16) and runs a bf16 dot; the same dot written
-  [M, K] x [M, N] it computes in float32, 2.0-2.5x slower (ViT-S / Swin-T shapes, experiments/README.md, issue 28).
-  Float32 operands take the plain dot (the split gains nothing there)."""
+  """Weight gradient: x2 [M, K]^T @ g2 [M, N] -> float32 [K, N].
+
+  For low-precision operands, written with M split in two contracted dimensions when M is even: XLA then transposes x2
+  into [K, M] (in bf16) and runs a bf16 dot; the same dot written [M, K] x [M, N] it computes in float32, 2.0-2.5x
+  slower (ViT-S / Swin-T shapes, experiments/README.md, issue 28). Float32 operands take the plain dot (the split gains
+  nothing there).
+  """
   m = x2.shape[0]
   rows = (2, m // 2) if m % 2 == 0 and x2.dtype in LOW_PRECISION else (m,)
   contract = tuple(range(len(rows)))
@@ -256,7 +274,8 @@ def tied_logits(embed: nn.Embed, x):
 
   flax's `attend` on float32 x (as flax's wmt example computes them), except for a low-precision x on a CPU: then
   `logits` below, one matmul with x's dtype as operands and float32 accumulation and result (XLA:CPU runs the float32
-  matmul at about half the rate, the transformer's largest dots: experiments/README.md, issue 28)."""
+  matmul at about half the rate, the transformer's largest dots: experiments/README.md, issue 28).
+  """
   if not low_precision_on_cpu(x.dtype) or (embed.dtype is not None and not low_precision_on_cpu(embed.dtype)):
     return embed.attend(x.astype(jnp.float32))
   return logits(x, embed.embedding)
@@ -264,8 +283,10 @@ def tied_logits(embed: nn.Embed, x):
 
 @jax.custom_vjp
 def logits(x, table):
-  """x [..., D] @ table [V, D]^T -> float32 [..., V]; the matmul in x's dtype with float32 accumulation. Gradients:
-  x's in x's dtype, the table's in its own dtype (float32 sums of x's-dtype products)."""
+  """Logits: x [..., D] @ table [V, D]^T -> float32 [..., V]; the matmul in x's dtype with float32 accumulation.
+
+  Gradients: x's in x's dtype, the table's in its own dtype (float32 sums of x's-dtype products).
+  """
   return _logits_fwd(x, table)[0]
 
 

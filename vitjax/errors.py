@@ -1,4 +1,6 @@
-"""How a run ends other than by finishing, and the command line's exit status for each::
+"""How a run ends other than by finishing, and the command line's exit status for each.
+
+The statuses::
 
     0   finished (or already complete)
     2   ConfigError, DatasetNotPreparedError: input the user can fix; one "error: ..." line names the fix, and
@@ -30,23 +32,29 @@ USER_ERRORS = (ConfigError, DatasetNotPreparedError)
 
 
 class Preempted(Exception):
-  """SIGTERM or SIGINT stopped training after the step in flight was checkpointed: rerun the same command to
-  resume. The command line exits with EXIT_PREEMPTED."""
+  """SIGTERM or SIGINT stopped training after the step in flight was checkpointed.
+
+  Rerun the same command to resume. The command line exits with EXIT_PREEMPTED.
+  """
 
   exit_code = 75  # EX_TEMPFAIL (sysexits.h): a temporary failure, to be retried
 
 
 class Diverged(Exception):
-  """The loss, gradient norm or parameters stopped being finite; nothing non-finite was checkpointed. The command
-  line exits with EXIT_DIVERGED."""
+  """The loss, gradient norm or parameters stopped being finite; nothing non-finite was checkpointed.
+
+  The command line exits with EXIT_DIVERGED.
+  """
 
   exit_code = 3
 
 
 class WorkdirUnwritable(Exception):
-  """Training could not write its workdir (no space left, a quota, a read-only filesystem); the half-written step
-  was removed and the last good checkpoint kept. The command line exits with EXIT_UNWRITABLE, which a cluster
-  script tells apart from EXIT_PREEMPTED: requeueing would fail the same way until space is freed."""
+  """Training could not write its workdir (no space left, a quota, a read-only filesystem).
+
+  The half-written step was removed and the last good checkpoint kept. The command line exits with EXIT_UNWRITABLE,
+  which a cluster script tells apart from EXIT_PREEMPTED: requeueing would fail the same way until space is freed.
+  """
 
   exit_code = 74  # EX_IOERR (sysexits.h)
 
@@ -70,8 +78,10 @@ _WRITE_ERRNOS = {errno.ENOSPC: "no space is left", errno.EDQUOT: "the disk quota
 
 
 def write_failure(e: BaseException | None) -> str | None:
-  """What made a write fail, if an exception (or one it was raised from or during) says the disk is full, over
-  quota or read-only; None for anything else."""
+  """What made a write fail, if an exception says the disk is full, over quota or read-only; None for anything else.
+
+  Any exception in the chain counts: the one given, or one it was raised from or during.
+  """
   seen = set()
   while e is not None and id(e) not in seen:
     seen.add(id(e))

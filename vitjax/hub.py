@@ -1,5 +1,6 @@
-"""Pretrained models from the Hugging Face hub by name: 'hf:ORG/NAME' or 'hf:ORG/NAME@REVISION' (a branch, tag or
-commit), for `config.init_from` and `vitjax.load`.
+"""Pretrained models from the Hugging Face hub by name, for `config.init_from` and `vitjax.load`.
+
+Names: 'hf:ORG/NAME' or 'hf:ORG/NAME@REVISION' (a branch, tag or commit).
 
 Files come through `huggingface_hub` (hf_hub_download), so its cache, HF_HOME / HF_HUB_CACHE, HF_TOKEN and
 HF_HUB_OFFLINE apply: a repository downloaded once loads offline. Two layouts are read, told apart by config.json:
@@ -49,8 +50,11 @@ def parse(spec: str) -> tuple[str, str | None]:
 
 
 def timm_pretrained_preprocess(cfg: Mapping[str, Any]) -> dict:
-  """{"mean", "std", "crop_fraction", "interpolation"} of a timm pretrained config (timm's PretrainedCfg as a dict,
-  or config.json's `pretrained_cfg`); an interpolation vitjax lacks becomes bicubic, timm's default."""
+  """{"mean", "std", "crop_fraction", "interpolation"} of a timm pretrained config.
+
+  The config: timm's PretrainedCfg as a dict, or config.json's `pretrained_cfg`. An interpolation vitjax lacks becomes
+  bicubic, timm's default.
+  """
   interpolation = cfg.get("interpolation")
   out = {
     "mean": tuple(float(m) for m in cfg["mean"]) if cfg.get("mean") is not None else None,
@@ -75,7 +79,7 @@ class Repo:
 
   @property
   def timm_name(self) -> str:
-    """timm's model name with its pretrained tag ("vit_base_patch16_224.augreg2_in21k_ft_in1k")."""
+    """The timm model name with its pretrained tag ("vit_base_patch16_224.augreg2_in21k_ft_in1k")."""
     tag = (self.config.get("pretrained_cfg") or {}).get("tag")
     return f"{self.config['architecture']}.{tag}" if tag else self.config["architecture"]
 
@@ -110,8 +114,10 @@ class Repo:
     return self._transformers_input()[1]
 
   def class_names(self, num_classes: int) -> list[str] | None:
-    """The classes' names when config.json has them for all `num_classes` (timm's label_names, transformers'
-    id2label; transformers' placeholders LABEL_0, LABEL_1, ... are no names); else None."""
+    """The classes' names when config.json has them for all `num_classes`; else None.
+
+    From timm's label_names or transformers' id2label; transformers' placeholders LABEL_0, LABEL_1, ... are no names.
+    """
     c = self.config
     names = c.get("label_names") or (c.get("pretrained_cfg") or {}).get("label_names") or c.get("id2label")
     if isinstance(names, Mapping):
@@ -125,9 +131,12 @@ class Repo:
     return None if names == [f"LABEL_{i}" for i in range(num_classes)] else names
 
   def _transformers_input(self) -> tuple[dict, tuple[int, int]]:
-    """preprocessor_config.json (transformers' ViTImageProcessor defaults without one) -> (preprocess fields, the
-    model's input size). `size` {height, width} (or an int) resizes the whole image; {shortest_edge} with a
-    centre crop (crop_size, or crop_pct) resizes the shorter side and crops, as vitjax's crop_fraction does."""
+    """From preprocessor_config.json: (preprocess fields, the model's input size).
+
+    Without one, transformers' ViTImageProcessor defaults. `size` {height, width} (or an int) resizes the whole image;
+    {shortest_edge} with a centre crop (crop_size, or crop_pct) resizes the shorter side and crops, as vitjax's
+    crop_fraction does.
+    """
     pre, c = self.preprocessor or {}, self.config
     channels = int(c.get("num_channels", 3))
     mean, std = pre.get("image_mean", [0.5] * channels), pre.get("image_std", [0.5] * channels)
@@ -170,9 +179,11 @@ class Repo:
 
 
 def open_repo(spec: str) -> Repo:
-  """The repository `spec` names ('hf:ORG/NAME[@REVISION]'): its config.json, and for the transformers layout its
-  preprocessor_config.json, from the hub or its cache. ConfigError (one line) for a repository vitjax cannot
-  read, or one that is not cached while HF_HUB_OFFLINE is set."""
+  """The repository `spec` names ('hf:ORG/NAME[@REVISION]'), from the hub or its cache.
+
+  Its config.json, and for the transformers layout its preprocessor_config.json. ConfigError (one line) for a repository
+  vitjax cannot read, or one that is not cached while HF_HUB_OFFLINE is set.
+  """
   repo_id, revision = parse(spec)
   probe = Repo(spec, repo_id, revision, None, "", {})
   try:
@@ -216,7 +227,7 @@ def open_repo(spec: str) -> Repo:
 
 
 def supported_model_types() -> dict[str, str]:
-  """transformers' model_type -> the vitjax family that reads it (the families' "hf" converters)."""
+  """Map from transformers' model_type to the vitjax family that reads it (the families' "hf" converters)."""
   from vitjax.models import registry
 
   return {t: f.name for f in registry.families_with("hf") for t in f.converter("hf").MODEL_TYPES}
@@ -267,8 +278,10 @@ def _not_cached(spec: str, filename: str) -> ConfigError:
 
 
 def _download(repo: Repo, filename: str) -> str:
-  """The local path of `filename` at the repository's commit (or asked-for revision); _Missing if the repository
-  does not have it or it cannot be had; ConfigError for a bad repository, revision or access."""
+  """The local path of `filename` at the repository's commit (or asked-for revision).
+
+  _Missing if the repository does not have it or it cannot be had; ConfigError for a bad repository, revision or access.
+  """
   hub = _hub()
   from huggingface_hub import errors
 

@@ -96,7 +96,7 @@ class FeedForward(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    """x [..., D] -> [..., out_features or D]: fc1 to `hidden`, the activation, dropout, fc2."""
+    """Applies fc1 to `hidden`, the activation, dropout, fc2: x [..., D] -> [..., out_features or D]."""
     dense = functools.partial(dots.Dense, dtype=self.dtype, kernel_init=self.kernel_init, bias_init=self.bias_init)
     y = activation(self.act)(dense(self.hidden, name="fc1")(x))
     y = nn.Dropout(self.dropout_rate)(y, deterministic=self.deterministic)
@@ -227,7 +227,10 @@ class DecoderBlock(_BlockBase):
     cross_mask: Array | None = None,
     drop_path: float | Array = 0.0,
   ) -> Array:
-    """encoded [B, S, D]; self_mask broadcastable to [B, H, T, T]; cross_mask to [B, H, T, S]."""
+    """Applies the block to x, attending to encoded [B, S, D].
+
+    self_mask is broadcastable to [B, H, T, T]; cross_mask to [B, H, T, S].
+    """
     if not self.decode:
       causal = causal_mask(x.shape[1])
       self_mask = causal if self_mask is None else jnp.logical_and(self_mask, causal)
@@ -274,7 +277,7 @@ class Stack(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, *args) -> Array:
-    """x [B, T, D], args: the block's extra positional inputs (mask, encoded, ...)."""
+    """Applies the stack of blocks to x [B, T, D]; args: the block's extra positional inputs (mask, encoded, ...)."""
     rates = drop_path_rates(self.drop_path_rate, self.num_layers)
     if self.scan:
       body = nn.remat(_Carry, prevent_cse=False) if self.remat else _Carry

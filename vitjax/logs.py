@@ -39,8 +39,10 @@ _RANK_VARIABLES = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "JOB_COMPLETION_INDEX
 
 
 def is_quiet_process() -> bool:
-  """Whether this process is one of several and not the first: it logs its warnings and errors only. Before
-  vitjax.distributed has started, a --multihost process goes by its launcher's rank (SLURM, Open MPI, k8s)."""
+  """Whether this process is one of several and not the first: it logs its warnings and errors only.
+
+  Before vitjax.distributed has started, a --multihost process goes by its launcher's rank (SLURM, Open MPI, k8s).
+  """
   if _PROCESS[1] > 1:
     return _PROCESS[0] != 0
   if "--multihost" in sys.argv:
@@ -105,10 +107,12 @@ _NOISE = "RuntimeError: Event loop is closed"
 
 
 class _Stderr:
-  """sys.stderr, less the tracebacks that end in `RuntimeError: Event loop is closed` (at verbosity < 1): after a
-  failed checkpoint write orbax closes its asyncio loop, and tensorstore's callbacks for the writes still pending
-  print one such traceback each from C++ (a full disk printed hundreds). The trainer says what happened in one line
-  (vitjax.errors.WorkdirUnwritable). Every other line, and every other traceback, passes unchanged."""
+  """sys.stderr, less the tracebacks that end in `RuntimeError: Event loop is closed` (at verbosity < 1).
+
+  After a failed checkpoint write orbax closes its asyncio loop, and tensorstore's callbacks for the writes still
+  pending print one such traceback each from C++ (a full disk printed hundreds). The trainer says what happened in one
+  line (vitjax.errors.WorkdirUnwritable). Every other line, and every other traceback, passes unchanged.
+  """
 
   def __init__(self, stream):
     self.stream, self.partial, self.held = stream, "", None
@@ -154,8 +158,11 @@ class _Stderr:
 
 
 def _quiet_thread_excepthook(previous):
-  """threading.excepthook, but silent at verbosity < 1 for a background writer (TensorBoard's) that died of a full,
-  over-quota or read-only disk: the trainer's own write fails too and says it in one line."""
+  """threading.excepthook, but silent at verbosity < 1 for a background writer that died of a full disk.
+
+  A writer such as TensorBoard's; a disk full, over quota or read-only: the trainer's own write fails too and says it in
+  one line.
+  """
 
   def hook(args):
     from vitjax.errors import write_failure  # pylint: disable=g-import-not-at-top

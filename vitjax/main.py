@@ -79,8 +79,11 @@ FLAGS = flags.FLAGS
 
 
 def _config(workdir):
-  """--config, or else the workdir's: config.json with the changes recorded in config_history.jsonl (a resume or
-  an evaluation needs no --config); a new workdir without --config is a ConfigError."""
+  """The run's config: --config, or else the workdir's.
+
+  The workdir's is config.json with the changes recorded in config_history.jsonl (a resume or an evaluation needs no
+  --config); a new workdir without --config is a ConfigError.
+  """
   from absl import logging
 
   from vitjax.errors import ConfigError

@@ -80,8 +80,11 @@ def mesh_sizes(mesh=DEFAULT, num_devices: int | None = None) -> dict[str, int]:
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-  """config.mesh resolved once, over this run's devices: the size of each axis. The trainer builds it before
-  anything else and hands it down (the task splits its batches by it, setup() builds the Mesh from it)."""
+  """config.mesh resolved once, over this run's devices: the size of each axis.
+
+  The trainer builds it before anything else and hands it down (the task splits its batches by it, setup() builds the
+  Mesh from it).
+  """
 
   data: int = 1
   fsdp: int = 1
@@ -89,8 +92,10 @@ class Layout:
 
   @classmethod
   def of(cls, config) -> Layout:
-    """The layout of config.mesh (DEFAULT if the config has none); ConfigError if it does not fit the devices,
-    or (on several processes) if the tensor axis would leave a process."""
+    """The layout of config.mesh (DEFAULT if the config has none).
+
+    ConfigError if it does not fit the devices, or (on several processes) if the tensor axis would leave a process.
+    """
     layout = cls(**mesh_sizes(config.get("mesh", DEFAULT)))
     local = jax.local_device_count()
     if jax.process_count() > 1 and local % layout.tensor:
@@ -145,8 +150,10 @@ def _check_rules(rules) -> list:
 def param_specs(
   params, mesh_shape: dict, sharding: str = "dp", rules=(), min_size: int = FSDP_MIN_SIZE, tp_rules=()
 ) -> Any:
-  """PartitionSpec per parameter: the first matching rule, else the preset (see the module docstring). tp_rules:
-  the model family's tensor-parallel rules, for the 'tp' presets (vitjax.models.registry.tp_rules(model))."""
+  """PartitionSpec per parameter: the first matching rule, else the preset (see the module docstring).
+
+  tp_rules: the model family's tensor-parallel rules, for the 'tp' presets (vitjax.models.registry.tp_rules(model)).
+  """
   if sharding not in PRESETS:
     raise ConfigError(f"config.sharding={sharding!r}: use one of {', '.join(PRESETS)} (see vitjax.mesh)")
   rules, tp = _check_rules(rules), _check_rules(tp_rules)
@@ -213,10 +220,12 @@ def device_bytes(tree) -> int:
 
 
 def opt_state_shardings(opt_state, params, params_sharding, mesh: Mesh) -> Any:
-  """The optimizer state's shardings: every subtree laid out like the parameters (Adam's mu and nu, momentum, the
-  EMA; with some leaves optax.MaskedNode where config.frozen leaves a parameter without state) takes, leaf by
-  leaf, its parameter's sharding where it has the parameter's shape; everything else (step counts, Adafactor's
-  factored rows and columns) is replicated."""
+  """The optimizer state's shardings: the parameters' where a leaf has its parameter's shape, else replicated.
+
+  Every subtree laid out like the parameters (Adam's mu and nu, momentum, the EMA; with some leaves optax.MaskedNode
+  where config.frozen leaves a parameter without state) takes, leaf by leaf, its parameter's sharding where it has the
+  parameter's shape; everything else (step counts, Adafactor's factored rows and columns) is replicated.
+  """
   replicated = NamedSharding(mesh, P())
   masked = lambda x: isinstance(x, optax.MaskedNode)
   layout = jax.tree.structure(params_sharding)
@@ -256,7 +265,9 @@ def all_agree(flag: bool) -> bool:
 
 def agree(any_of: bool, *from_zero: bool) -> tuple[bool, ...]:
   """One collective for a step's decisions: (any process's `any_of`, then process 0's value of each `from_zero`).
-  Every process gets the same answer, so all take the same branch at the same step."""
+
+  Every process gets the same answer, so all take the same branch at the same step.
+  """
   flags = (bool(any_of), *map(bool, from_zero))
   if jax.process_count() == 1:
     return flags

@@ -13,7 +13,7 @@ Array = jax.Array
 
 
 def sinusoidal_1d(length: int, d_model: int, max_timescale: float = 10000.0) -> np.ndarray:
-  """[length, d_model] table of "Attention is all you need":
+  """The sinusoidal [length, d_model] table of "Attention is all you need".
 
   PE(pos, 2i) = sin(pos / max_timescale^(2i / d_model)), PE(pos, 2i + 1) = cos(pos / max_timescale^(2i / d_model)).
   """
@@ -48,7 +48,7 @@ class LearnedPositionEmbedding(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    """x [B, N, D] -> x + the table [1, N, D] (created at x's shape, cast to x's dtype)."""
+    """Adds the table: x [B, N, D] -> x + the table [1, N, D] (created at x's shape, cast to x's dtype)."""
     pe = self.param("pos_embedding", self.embedding_init, (1,) + x.shape[1:])
     return x + pe.astype(x.dtype)
 
@@ -106,8 +106,10 @@ def relative_position_index(window: Sequence[int], cls_token: bool = False) -> n
 
 
 class RelativePositionBias(nn.Module):
-  """A learned relative position bias (Swin's, and the ViT's option): a ((2Wh-1)(2Ww-1), heads) table
-  "relative_position_bias_table" indexed by the relative offsets of a Wh x Ww token grid.
+  """A learned relative position bias (Swin's, and the ViT's option).
+
+  A ((2Wh-1)(2Ww-1), heads) table "relative_position_bias_table" indexed by the relative offsets of a Wh x Ww token
+  grid.
 
   cls_token: a class token precedes the grid; its three entries (cls -> patch, patch -> cls, cls -> cls, see
   relative_position_index) are a separate [3, heads] param "cls_bias", so the table keeps the grid's shape.

@@ -1,6 +1,7 @@
-"""How good a frozen representation is, the three ways papers report it: a linear probe, few-shot linear
-classifiers and k-nearest neighbours, on features computed once (the task's `features`: the model's pooled
-representation, the input of its head).
+"""How good a frozen representation is, the three ways papers report it.
+
+A linear probe, few-shot linear classifiers and k-nearest neighbours, on features computed once (the task's `features`:
+the model's pooled representation, the input of its head).
 
     linear   ridge regression from the features (standardised by the fitting set's mean and deviation) to
              one-hot targets in {-1, 1}, in closed form; the regulariser is chosen on the selection split
@@ -37,8 +38,10 @@ class Options:
 
   @classmethod
   def of(cls, options: dict, what: str = "probe") -> Options:
-    """The Options in a dict (the probe evaluator's options; others ignored); ValueError, naming `what`, for
-    values out of range."""
+    """The Options in a dict (the probe evaluator's options; others ignored).
+
+    ValueError, naming `what`, for values out of range.
+    """
     p = dict(options)
     shots = p.get("shots", cls.shots)
     shots = tuple(shots) if isinstance(shots, list | tuple) else (shots,)
@@ -54,8 +57,10 @@ class Options:
 
 
 class Ridge:
-  """Closed-form ridge regression from features x [N, D] to one-hot targets in {-1, 1} over `num_classes`,
-  solvable for many regularisers from one eigendecomposition (of x^T x [D, D], or x x^T [N, N] when N < D)."""
+  """Closed-form ridge regression from features x [N, D] to one-hot targets in {-1, 1} over `num_classes`.
+
+  Solvable for many regularisers from one eigendecomposition (of x^T x [D, D], or x x^T [N, N] when N < D).
+  """
 
   def __init__(self, x: np.ndarray, y: np.ndarray, num_classes: int):
     x = np.asarray(x, np.float64)
@@ -83,8 +88,10 @@ class Ridge:
 
 
 def linear_probe(fit, select, evaluate: dict, num_classes: int) -> dict:
-  """Ridge on all of `fit` = (x, y), the regulariser chosen by accuracy on `select` = (x, y). Returns
-  {"l2": the chosen one, split: accuracy for each (x, y) of `evaluate` {split: (x, y)}}."""
+  """Ridge on all of `fit` = (x, y), the regulariser chosen by accuracy on `select` = (x, y).
+
+  Returns {"l2": the chosen one, split: accuracy for each (x, y) of `evaluate` {split: (x, y)}}.
+  """
   ridge = Ridge(*fit, num_classes)
   grid = [a * ridge.num_examples for a in LINEAR_L2]
   scores = [ridge.accuracy(*select, l2) for l2 in grid]
@@ -93,8 +100,10 @@ def linear_probe(fit, select, evaluate: dict, num_classes: int) -> dict:
 
 
 def few_shot(fit, evaluate: dict, num_classes: int, options: Options = Options()) -> dict:
-  """{shots: {split: (mean, std) of the accuracy over options.draws draws}} of ridge classifiers fitted on
-  `shots` examples per class of `fit` = (x, y) (fewer where a class has fewer)."""
+  """Few-shot accuracy of ridge classifiers fitted on `shots` examples per class of `fit` = (x, y).
+
+  {shots: {split: (mean, std) of the accuracy over options.draws draws}}; fewer examples where a class has fewer.
+  """
   x, y = np.asarray(fit[0]), np.asarray(fit[1])
   out = {}
   for shots in options.shots:
@@ -130,9 +139,11 @@ def knn(fit, x: np.ndarray, y: np.ndarray, num_classes: int, options: Options = 
 
 
 def evaluate(features: dict, num_classes: int, options: Options = Options(), fit: str = "train", select="valid"):
-  """The three evaluations of `features` {split: (x, y)}: fitted on `fit`, the linear probe's regulariser chosen
-  on `select`, reported on every other split. Returns {split: {"linear": acc, "knn": acc, "{N}shot": mean,
-  "{N}shot_std": std}} and "linear_l2"."""
+  """The three evaluations of `features` {split: (x, y)}.
+
+  Fitted on `fit`, the linear probe's regulariser chosen on `select`, reported on every other split. Returns {split:
+  {"linear": acc, "knn": acc, "{N}shot": mean, "{N}shot_std": std}} and "linear_l2".
+  """
   reported = {s: xy for s, xy in features.items() if s != fit}
   linear = linear_probe(features[fit], features[select], reported, num_classes)
   shots = few_shot(features[fit], reported, num_classes, options)

@@ -33,9 +33,10 @@ from jax.sharding import Mesh, NamedSharding
 
 @dataclasses.dataclass
 class Trained:
-  """A trained model: `.model` (a Flax module), `.variables` (`{"params": ..., "batch_stats": ...}`), `.config`,
-  `.step`; `.predict(images)` (probabilities) and `.classify(images)` (class names) for image classification,
-  `.translate(lines)` for translation.
+  """A trained model: the module, its variables and config, with predict, classify or translate.
+
+  `.model` (a Flax module), `.variables` (`{"params": ..., "batch_stats": ...}`), `.config`, `.step`; `.predict(images)`
+  (probabilities) and `.classify(images)` (class names) for image classification, `.translate(lines)` for translation.
 
   `model.apply(trained.variables, inputs, train=False)` returns `(output, intermediates)` like every vitjax model.
   """
@@ -62,23 +63,29 @@ class Trained:
 
   def predict(self, images, batch_size: int = 256):
     """uint8 images [N, H, W, C] as the dataset stores them -> class probabilities, numpy float32 [N, classes].
-    They are resized and normalised as in evaluation."""
+
+    They are resized and normalised as in evaluation.
+    """
     if not hasattr(self.task, "predict"):
       raise TypeError(f"{self.workdir} is a {self.config.task} run: use .translate(lines)")
     with jax.set_mesh(self.mesh):
       return self.task.predict(self.model, self.variables, images, self.sharding, batch_size)
 
   def classify(self, images, batch_size: int = 256) -> list[str]:
-    """uint8 images [N, H, W, C] -> the most probable class of each, by name (its index as text where the
-    classes have no names)."""
+    """uint8 images [N, H, W, C] -> the most probable class of each, by name.
+
+    Its index as text where the classes have no names.
+    """
     top = self.predict(images, batch_size).argmax(-1)
     names = self.class_names
     return [names[i] if names else str(i) for i in top]
 
   def translate(self, lines, batch_size: int = 32, **decode_args) -> list[str]:
     """Source sentences -> translations (one per line, in order; an empty line gives an empty line).
+
     decode_args override the run's decoding (its best evaluator's: vitjax.evaluators.translation.decoding):
-    method ("beam", "greedy", "sample"), beam_size, alpha, temperature, top_k."""
+    method ("beam", "greedy", "sample"), beam_size, alpha, temperature, top_k.
+    """
     if not hasattr(self.task, "translate"):
       raise TypeError(f"{self.workdir} is a {self.config.task} run: use .predict(images)")
     with jax.set_mesh(self.mesh):
@@ -86,9 +93,11 @@ class Trained:
 
 
 def load(workdir: str, checkpoint: str | int = "best", weights: str = "params") -> Trained:
-  """The model of a vitjax workdir at a checkpoint: "best" (the best evaluated kept step), "latest" or a step;
-  weights: "params" (the trained parameters) or "ema" (their moving average, for runs with config.ema_decay).
-  workdir may also be a Hugging Face hub repository, 'hf:ORG/NAME[@REVISION]' (load_hub).
+  """The model of a vitjax workdir at a checkpoint, or of a Hugging Face hub repository.
+
+  The checkpoint: "best" (the best evaluated kept step), "latest" or a step; weights: "params" (the trained parameters)
+  or "ema" (their moving average, for runs with config.ema_decay). workdir may also be a Hugging Face hub repository,
+  'hf:ORG/NAME[@REVISION]' (load_hub).
 
   Raises vitjax.errors.ConfigError (with what to do) when the workdir or checkpoint is not there.
   """
@@ -109,10 +118,11 @@ def load(workdir: str, checkpoint: str | int = "best", weights: str = "params") 
 
 
 def load_hub(spec: str, checkpoint: str | int = "best", weights: str = "params") -> Trained:
-  """The pretrained classifier of a Hugging Face hub repository, 'hf:ORG/NAME[@REVISION]' (timm's layout, or
-  transformers' ViT and Swin; vitjax.convert.from_hub), as a Trained: its config and the task.json-like
-  description are built from the repository's config (architecture, input size, mean, std, crop, interpolation,
-  class names), so predict() preprocesses as the model was trained and needs no dataset.
+  """The pretrained classifier of a Hugging Face hub repository, 'hf:ORG/NAME[@REVISION]', as a Trained.
+
+  In timm's layout, or transformers' ViT and Swin (vitjax.convert.from_hub). Its config and the task.json-like
+  description are built from the repository's config (architecture, input size, mean, std, crop, interpolation, class
+  names), so predict() preprocesses as the model was trained and needs no dataset.
 
   ConfigError (one line) for a repository that cannot be read (not cached while HF_HUB_OFFLINE is set, another
   kind of model), and for checkpoint or weights other than the defaults: a repository has one set of weights (pin

@@ -28,8 +28,10 @@ FLAGS = flags.FLAGS
 
 
 def _read_lines(path: str | None) -> list[str]:
-  """The input's lines; bytes that are not UTF-8 become U+FFFD (an unknown character: the unknown token), with a
-  warning naming the lines."""
+  """The input's lines; bytes that are not UTF-8 become U+FFFD, with a warning naming the lines.
+
+  U+FFFD is an unknown character: the unknown token.
+  """
   from absl import logging
 
   from vitjax.errors import ConfigError

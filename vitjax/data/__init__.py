@@ -1,6 +1,8 @@
-"""vitjax data: image tfds builders (array_record, no TensorFlow), grain input pipelines and per-image augmentations
-(`images`, `augment`), the batch-level work that runs on the devices (`device_ops`: jax), and
-parallel text for translation (`vitjax.data.text`).
+"""vitjax data: image datasets, their input pipelines and augmentations, and parallel text for translation.
+
+Image tfds builders (array_record, no TensorFlow), grain input pipelines and per-image augmentations (`images`,
+`augment`), the batch-level work that runs on the devices (`device_ops`: jax), and parallel text for translation
+(`vitjax.data.text`).
 
 Prepare a dataset with ``python -m vitjax.data.prepare --dataset=NAME --data_dir=DIR`` (or ``from
 vitjax.data.prepare import prepare``), then read it with :func:`make_input`. NAME may be your own images:

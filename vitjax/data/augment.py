@@ -1,6 +1,7 @@
-"""Image work on the host, per image, on uint8 arrays (numpy, PIL, simplejpeg): decoding, resize, Inception
-random-resized crop, flip, RandAugment. The batch-level work (normalisation,
-Mixup / CutMix) runs on the devices: vitjax.data.device_ops.
+"""Image work on the host, per image, on uint8 arrays (numpy, PIL, simplejpeg).
+
+Decoding, resize, Inception random-resized crop, flip, RandAugment. The batch-level work (normalisation, Mixup / CutMix)
+runs on the devices: vitjax.data.device_ops.
 
 `Augment` holds the training augmentations of a config (`parse_augment` validates a dict or ConfigDict into one);
 vitjax.data.images applies the per-image ones in its grain pipeline, and `preprocess_eval` is the host's part of
@@ -149,8 +150,10 @@ def is_jpeg(data: bytes) -> bool:
 
 
 def encoded_shape(data: bytes | np.ndarray) -> tuple[int, int]:
-  """(height, width) of an encoded image (JPEG, PNG, ...), read from its header without decoding it (or of an
-  image already decoded, uint8 [H, W, C])."""
+  """(height, width) of an encoded image (JPEG, PNG, ...), read from its header without decoding it.
+
+  Or of an image already decoded, uint8 [H, W, C].
+  """
   if isinstance(data, np.ndarray):
     return data.shape[0], data.shape[1]
   if is_jpeg(data):
@@ -220,8 +223,10 @@ def random_resized_crop_box(
   ratio: tuple[float, float],
   attempts: int = 10,
 ) -> tuple[int, int, int, int]:
-  """Inception crop: (x0, y0, x1, y1) with area fraction in ``scale`` and
-  aspect ratio (w/h) log-uniform in ``ratio``; central crop as fallback."""
+  """Inception crop: (x0, y0, x1, y1) with area fraction in ``scale``, aspect ratio (w/h) log-uniform in ``ratio``.
+
+  Central crop as fallback.
+  """
   area = height * width
   for _ in range(attempts):
     target = area * rng.uniform(*scale)
@@ -290,8 +295,10 @@ def randaugment(image: np.ndarray, rng: np.random.Generator, num_layers: int, ma
 
 @dataclasses.dataclass(frozen=True)
 class Preprocess:
-  """How images meet a model: what evaluation and prediction do on the host, and the normalisation the devices
-  apply in training, evaluation and prediction (vitjax.data.device_ops.to_float).
+  """How images meet a model: host-side evaluation and prediction preprocessing, and the devices' normalisation.
+
+  What evaluation and prediction do on the host, and the normalisation the devices apply in training, evaluation and
+  prediction (vitjax.data.device_ops.to_float).
 
   mean, std: per channel, in [0, 1] units: x / 255 -> (x - mean) / std. None: x * 2 / 255 - 1 (the original
     ViT's and big_vision's [-1, 1]).
@@ -335,9 +342,12 @@ class Preprocess:
 
 
 def preprocess_eval(image: np.ndarray, size: tuple[int, int], pre: Preprocess | None = None) -> np.ndarray:
-  """What the host does to a uint8 [H, W, C] image for evaluation and prediction: resize to `size`, or with a
-  crop_fraction resize the shorter side to floor(min(size) / crop_fraction) keeping the aspect ratio and take the
-  centre crop (torchvision's Resize + CenterCrop, as timm evaluates). uint8 out; the device normalises it."""
+  """What the host does to a uint8 [H, W, C] image for evaluation and prediction.
+
+  Resize to `size`, or with a crop_fraction resize the shorter side to floor(min(size) / crop_fraction) keeping the
+  aspect ratio and take the centre crop (torchvision's Resize + CenterCrop, as timm evaluates). uint8 out; the device
+  normalises it.
+  """
   pre = pre or Preprocess()
   if pre.crop_fraction is None:
     return resize(image, size, interpolation=pre.interpolation)

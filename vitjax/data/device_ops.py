@@ -1,5 +1,7 @@
-"""The batch-level image work that runs on the devices inside the jitted training step (so that images travel
-as uint8): normalisation to [-1, 1] and Mixup / CutMix. The per-image work is the host's: vitjax.data.augment.
+"""The batch-level image work that runs on the devices: normalisation to [-1, 1] and Mixup / CutMix.
+
+It runs inside the jitted training step, so that images travel as uint8. The per-image work is the host's:
+vitjax.data.augment.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ from vitjax.data.augment import Augment
 
 
 def to_float(images, mean=None, std=None):
-  """Device-side normalisation. uint8 [..., C] -> float32: x * 2 / 255 - 1 (in [-1, 1]), or with a per-channel
-  mean and std in [0, 1] units (augment.Preprocess) (x / 255 - mean) / std; float images are taken as already
-  normalised and pass through unchanged."""
+  """Device-side normalisation.
+
+  uint8 [..., C] -> float32: x * 2 / 255 - 1 (in [-1, 1]), or with a per-channel mean and std in [0, 1] units
+  (augment.Preprocess) (x / 255 - mean) / std; float images are taken as already normalised and pass through unchanged.
+  """
   if not jnp.issubdtype(images.dtype, jnp.integer):
     return images
   if mean is None:

@@ -1,5 +1,6 @@
-"""A user's own images as a tfds dataset: ``folder:PATH`` (one folder per class) or ``csv:FILE`` (``path,label``
-rows), prepared as array_record without TensorFlow by ``python -m vitjax.data.prepare --dataset=folder:PATH``.
+"""A user's own images as a tfds dataset: ``folder:PATH`` (one folder per class) or ``csv:FILE`` (``path,label`` rows).
+
+Prepared as array_record without TensorFlow by ``python -m vitjax.data.prepare --dataset=folder:PATH``.
 
 Sources:
 
@@ -360,8 +361,10 @@ _CLASSES: dict[str, type[ImageFolder]] = {}  # config name -> class
 
 
 def builder_class(source: Source) -> type[ImageFolder]:
-  """The ImageFolder subclass whose one BuilderConfig is ``source``'s (tfds then reads and writes
-  ``image_folder/<config_name>``); one class per absolute path."""
+  """The ImageFolder subclass whose one BuilderConfig is ``source``'s; one class per absolute path.
+
+  tfds then reads and writes ``image_folder/<config_name>``.
+  """
   name = source.config_name
   if name not in _CLASSES:
     config = tfds.core.BuilderConfig(name=name, description=f"{source.kind}:{source.abspath}")
@@ -380,8 +383,10 @@ def get_builder(source: Source, data_dir: str | None = None, **kwargs) -> ImageF
 
 
 def report(builder: ImageFolder) -> None:
-  """After preparing: writes ``skipped.txt`` beside the dataset (when files were skipped) and logs one line for
-  the conversions and one for the skipped files."""
+  """After preparing: writes ``skipped.txt`` beside the dataset (when files were skipped) and logs what was done.
+
+  It logs one line for the conversions and one for the skipped files.
+  """
   converted = {k.split(": ", 1)[1]: v for k, v in builder.counts.items() if k.startswith("converted")}
   if converted:
     kinds = collections.Counter()

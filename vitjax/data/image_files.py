@@ -1,6 +1,8 @@
-"""Reading a user's image files for vitjax.data.folder, in parallel processes: each file's bytes as they are when
-the pipeline reads them (JPEG that libjpeg-turbo decodes, PNG in RGB or grayscale), converted once to RGB when it
-cannot (EXIF rotation, CMYK, palette, alpha, 16-bit, other formats), or None with the reason (not a readable image).
+"""Reading a user's image files for vitjax.data.folder, in parallel processes.
+
+Each file's bytes as they are when the pipeline reads them (JPEG that libjpeg-turbo decodes, PNG in RGB or grayscale),
+converted once to RGB when it cannot (EXIF rotation, CMYK, palette, alpha, 16-bit, other formats), or None with the
+reason (not a readable image).
 """
 
 from __future__ import annotations
@@ -24,8 +26,11 @@ _KEPT_MODES = ("RGB", "L")
 
 
 def read_image(path: str) -> tuple[bytes | None, str]:
-  """The bytes to store for an image file, and what was done: ``(data, 'kept')``, ``(data, 'converted: WHY')``,
-  or ``(None, 'WHY it is skipped')`` for a file that is not a readable image."""
+  """The bytes to store for an image file, and what was done.
+
+  ``(data, 'kept')``, ``(data, 'converted: WHY')``, or ``(None, 'WHY it is skipped')`` for a file that is not a readable
+  image.
+  """
   try:
     with open(path, "rb") as f:
       data = f.read()
@@ -72,8 +77,10 @@ def _storable(data: bytes) -> tuple[bytes, str]:
 
 
 def _to_rgb(pil: PIL.Image.Image, upright: bool) -> PIL.Image.Image:
-  """An RGB image of a decoded PIL image: turned upright by its EXIF orientation, 16-bit and float levels scaled
-  to 8 bits, alpha dropped."""
+  """An RGB image of a decoded PIL image.
+
+  Turned upright by its EXIF orientation, 16-bit and float levels scaled to 8 bits, alpha dropped.
+  """
   if not upright:
     pil = PIL.ImageOps.exif_transpose(pil)
   if pil.mode.startswith("I") or pil.mode == "F":  # I;16, I;16B, I (32-bit), F: one channel of wide levels
@@ -97,8 +104,11 @@ def default_workers() -> int:
 
 
 def _start_method() -> str | None:
-  """fork (nothing to import again), unless JAX's runtime already runs threads in this process (prepare() called
-  from a test or a notebook after a computation): forking those can deadlock, so then forkserver."""
+  """The reading processes' start method: fork, unless JAX's runtime already runs threads in this process.
+
+  Fork has nothing to import again. JAX runs threads when prepare() is called from a test or a notebook after a
+  computation: forking those can deadlock, so then forkserver.
+  """
   methods = multiprocessing.get_all_start_methods()
   if "fork" not in methods:
     return None

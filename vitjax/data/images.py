@@ -90,11 +90,10 @@ class DatasetInfo:
 
 
 class _Examples:
-  """Random-access source of ``{'image': bytes, 'label': int, 'index': int,
-  'mask': bool}`` over ``positions`` of a tfds data source opened with
-  ``encoded_images=True``: images stay encoded (JPEG, PNG) until the
-  preprocessing decodes them, which for a crop can decode a JPEG at a reduced
-  DCT scale (``augment.decode``).
+  """Random-access source of ``{'image': bytes, 'label': int, 'index': int, 'mask': bool}`` over ``positions``.
+
+  The tfds data source is opened with ``encoded_images=True``: images stay encoded (JPEG, PNG) until the preprocessing
+  decodes them, which for a crop can decode a JPEG at a reduced DCT scale (``augment.decode``).
 
   Positions beyond the shard (``-1`` in ``positions``) are padding: a copy of
   the shard's first example (or of example 0) with ``mask=False``.
@@ -127,11 +126,13 @@ def _padding_position(positions: np.ndarray) -> int:
 
 
 class _InMemory:
-  """The examples at ``positions`` of a tfds source (and the one that pads it: ``_padding_position``), read
-  once into memory: ``source[pos]`` as the source gives it, except that images other than JPEGs (PNG, ...) come
-  decoded, uint8 [H, W, channels], so that the preprocessing skips their decoding. JPEGs stay encoded: how one is
-  decoded depends on its crop (``augment.decode``). Batches are those of the source itself; only the time to make
-  them changes. Images of one shape are held as one [N, H, W, C] array (one buffer for grain workers to copy)."""
+  """The examples at ``positions`` of a tfds source (and the padding one, ``_padding_position``), read once into memory.
+
+  ``source[pos]`` as the source gives it, except that images other than JPEGs (PNG, ...) come decoded, uint8 [H, W,
+  channels], so that the preprocessing skips their decoding. JPEGs stay encoded: how one is decoded depends on its crop
+  (``augment.decode``). Batches are those of the source itself; only the time to make them changes. Images of one shape
+  are held as one [N, H, W, C] array (one buffer for grain workers to copy).
+  """
 
   def __init__(self, source, image_key: str, label_key: str, positions: np.ndarray, channels: int):
     self._keys, self._len = (image_key, label_key), len(source)
@@ -178,8 +179,10 @@ def _finish(example: dict[str, Any], image: np.ndarray) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class _EvalPreprocess(grain.transforms.Map):
-  """Decode at full size, resize (or resize and centre-crop) to ``size`` (augment.preprocess_eval, which
-  prediction uses too)."""
+  """Decode at full size, resize (or resize and centre-crop) to ``size``.
+
+  As augment.preprocess_eval does, which prediction uses too.
+  """
 
   size: tuple[int, int]
   channels: int
@@ -192,8 +195,11 @@ class _EvalPreprocess(grain.transforms.Map):
 
 @dataclasses.dataclass(frozen=True)
 class _TrainPreprocess(grain.transforms.RandomMap):
-  """Random-resized crop (or resize), flip, RandAugment. The crop is drawn from the encoded image's header, so
-  that the decoder can skip the resolution the crop's resize would throw away."""
+  """Random-resized crop (or resize), flip, RandAugment.
+
+  The crop is drawn from the encoded image's header, so that the decoder can skip the resolution the crop's resize would
+  throw away.
+  """
 
   size: tuple[int, int]
   channels: int
@@ -213,11 +219,12 @@ class _TrainPreprocess(grain.transforms.RandomMap):
 
 
 class GlobalOrder:
-  """A grain sampler: record key k of process p -> the example at position
-  ``g = (start + k // B) * G + p * B + k % B`` of the run's sequence of global
-  batches (G examples each, B = G / P per process); epoch e is the permutation
-  of the N examples drawn from (seed, e), cut into N // G batches. The example's
-  rng comes from (seed, g): independent of P and of where the run resumed."""
+  """A grain sampler: record key k of process p -> an example of the run's sequence of global batches.
+
+  The example at position ``g = (start + k // B) * G + p * B + k % B`` (G examples per global batch, B = G / P per
+  process); epoch e is the permutation of the N examples drawn from (seed, e), cut into N // G batches. The example's
+  rng comes from (seed, g): independent of P and of where the run resumed.
+  """
 
   def __init__(self, num_examples, global_batch, process_index, process_count, seed, start=0, num_epochs=None):
     self.n, self.global_batch, self.start = num_examples, global_batch, start
@@ -289,8 +296,11 @@ def _pair(size: int | Sequence[int]) -> tuple[int, int]:
 
 
 def _ensure_absl_flags_parsed():
-  """grain's worker processes read absl flags (``--grain_*``); outside
-  ``absl.app.run`` (pytest, notebooks) flags are unparsed, so use defaults."""
+  """Marks absl's flags parsed where they are not, so that grain's worker processes use their defaults.
+
+  grain's worker processes read absl flags (``--grain_*``); outside ``absl.app.run`` (pytest, notebooks) flags are
+  unparsed, so use defaults.
+  """
   from absl import flags  # pylint: disable=g-import-not-at-top
 
   if not flags.FLAGS.is_parsed():
@@ -310,8 +320,11 @@ def _cache(source, image_key, label_key, positions, channels) -> _InMemory:
 
 
 def _cache_estimate(builder, image_key: str, num_examples: int) -> float:
-  """Bytes that ``num_examples`` examples take in memory (_InMemory): the larger of the decoded image (when the
-  dataset's image shape is fixed) and the stored example (the prepared files' size per example)."""
+  """Bytes that ``num_examples`` examples take in memory (_InMemory).
+
+  The larger of the decoded image (when the dataset's image shape is fixed) and the stored example (the prepared files'
+  size per example).
+  """
   info = builder.info
   total = sum(s.num_examples for s in info.splits.values())
   stored = info.dataset_size / total if total else 0.0
@@ -321,8 +334,10 @@ def _cache_estimate(builder, image_key: str, num_examples: int) -> float:
 
 
 def _mix_seed(seed: int) -> int:
-  """Spreads a user seed over 31 bits (grain derives per-record rngs as
-  ``seed + index``, so nearby user seeds would otherwise share streams)."""
+  """Spreads a user seed over 31 bits.
+
+  grain derives per-record rngs as ``seed + index``, so nearby user seeds would otherwise share streams.
+  """
   return int(np.random.SeedSequence(seed).generate_state(1)[0] >> 1)
 
 
@@ -382,8 +397,10 @@ def _fits_in_memory(split: _Split, worker_count: int, cache_max_mb: float) -> bo
 
 
 def _train_order(split: _Split, shards, size, aug: Augment, seed: int, num_epochs):
-  """Training: (positions read, the GlobalOrder sampler, the operations): a seeded global shuffle of which each
-  process takes its rows, augmentation, whole batches."""
+  """Training: (positions read, the GlobalOrder sampler, the operations).
+
+  A seeded global shuffle of which each process takes its rows, augmentation, whole batches.
+  """
   process_index, process_count, local_batch = shards
   global_batch = local_batch * process_count
   if aug.mixes and local_batch % 2:
@@ -399,8 +416,11 @@ def _train_order(split: _Split, shards, size, aug: Augment, seed: int, num_epoch
 
 
 def _eval_order(split: _Split, shards, size, preprocess: Preprocess | None):
-  """Evaluation: (positions read, the operations): this process's contiguous share in order, padded to whole
-  batches with -1 (masked), resized / cropped, no augmentation."""
+  """Evaluation: (positions read, the operations).
+
+  This process's contiguous share in order, padded to whole batches with -1 (masked), resized / cropped, no
+  augmentation.
+  """
   process_index, process_count, local_batch = shards
   n = split.num_examples
   start, end = n * process_index // process_count, n * (process_index + 1) // process_count
@@ -453,13 +473,17 @@ def make_input(
   Args:
     name: config name: 'digits', 'fashion_mnist', or a stock tfds name prepared as array_record in `data_dir`.
     split: tfds split string ('train', 'test', 'train[90%:]', ...).
-    global_batch_size: batch size summed over processes. image_size: output (H, W), or one int for square images.
+    global_batch_size: batch size summed over processes.
+    image_size: output (H, W), or one int for square images.
     train: True (_train_order): seeded global shuffle, augmentation, the last partial batch dropped, `num_epochs`
       passes (None: forever). False (_eval_order): in order, no augmentation, the last batch padded (its 'mask'),
       one pass (or `num_epochs`).
-    seed: shuffling and augmentation seed (train only). data_dir: default $TFDS_DATA_DIR or ~/tensorflow_datasets.
+    seed: shuffling and augmentation seed (train only).
+    data_dir: default $TFDS_DATA_DIR or ~/tensorflow_datasets.
     augment: a dict / ConfigDict of `Augment` fields; validated, and used when `train`.
-    process_index, process_count: this process's shard; default jax.process_index() / jax.process_count().
+    num_epochs: passes over the split; None: forever in training, one pass in evaluation.
+    process_index: this process's shard; default jax.process_index().
+    process_count: the number of shards; default jax.process_count().
     worker_count: grain worker processes (0: read in this process). Batch composition depends on it (each worker
       builds whole batches from its records): keep it fixed across a resume.
     read_threads: reader threads per process (grain default 16; 0 reads synchronously, fastest on few cores).
@@ -469,6 +493,7 @@ def make_input(
     cache: read the examples this process needs into memory first, non-JPEG images decoded (`_InMemory`): the
       same batches, faster, for datasets that fit in memory (Fashion-MNIST: 40 MiB). None: when
       `_cache_estimate` times (1 + worker_count) copies is at most `cache_max_mb`.
+    cache_max_mb: the memory, in MiB, that cache=None lets the copies take.
 
   Returns:
     (iterator, info): the iterator yields the batches of the module docstring and has get_state() / set_state().

@@ -1,5 +1,8 @@
-"""The base of the tfds builders vitjax prepares itself (builders.py: digits, Fashion-MNIST; folder.py: a user's
-images): array_record files, written without TensorFlow (images arrive encoded, PNG or JPEG bytes)."""
+"""The base of the tfds builders vitjax prepares itself: array_record files, written without TensorFlow.
+
+The builders: builders.py (digits, Fashion-MNIST) and folder.py (a user's images). Images arrive encoded, PNG or JPEG
+bytes.
+"""
 
 from __future__ import annotations
 

@@ -113,7 +113,10 @@ def define_flags() -> None:
 
 
 def main() -> None:
-  """python -m vitjax.data.prepare (vitjax.cli.run): prepares --dataset, or says it is already prepared."""
+  """Prepares --dataset, or says it is already prepared.
+
+  The main() of python -m vitjax.data.prepare (vitjax.cli.run).
+  """
   f = flags.FLAGS
   start = time.time()
   try:

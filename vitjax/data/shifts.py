@@ -1,6 +1,7 @@
-"""Distribution shifts applied to evaluation images, as robustness evaluations do (ImageNet-C's corruptions,
-rotated MNIST): uint8 images [B, H, W, C] in, uint8 images of the same shape out, the same for an image wherever
-and in whatever batch it is read (noise is drawn from the image's own bytes), so a shifted evaluation does not
+"""Distribution shifts applied to evaluation images (ImageNet-C's corruptions, rotated MNIST).
+
+As robustness evaluations do: uint8 images [B, H, W, C] in, uint8 images of the same shape out, the same for an image
+wherever and in whatever batch it is read (noise is drawn from the image's own bytes), so a shifted evaluation does not
 depend on the devices or processes.
 
     rotate:DEG     rotated by DEG degrees about the centre (bilinear; corners filled black)

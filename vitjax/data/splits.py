@@ -1,6 +1,8 @@
-"""Prepared tfds splits: open one (with the command that prepares it when it is missing), read its facts
-without reading its examples, hold out a seeded subset of it (how vitjax makes a validation split), and draw a
-class-balanced labelled subset of it (``data.labelled``: training with few labels).
+"""Prepared tfds splits: open, describe, hold out a validation subset, draw a class-balanced labelled subset.
+
+Open one (with the command that prepares it when it is missing), read its facts without reading its examples, hold out a
+seeded subset of it (how vitjax makes a validation split), and draw a class-balanced labelled subset of it
+(``data.labelled``: training with few labels).
 """
 
 from __future__ import annotations
@@ -102,8 +104,10 @@ def prepared_builder(name: str, data_dir: str | None = None):
 
 
 def has_split(name: str, split: str, data_dir: str | None = None) -> bool:
-  """Whether the prepared dataset has a split of this exact name, e.g. ``has_split("folder:PATH", "valid")`` for a
-  folder with its own ``valid/`` (which a task then reads instead of holding out part of ``train``).
+  """Whether the prepared dataset has a split of this exact name.
+
+  E.g. ``has_split("folder:PATH", "valid")`` for a folder with its own ``valid/`` (which a task then reads instead of
+  holding out part of ``train``).
 
   Raises:
     DatasetNotPreparedError: the dataset is not prepared (the message gives the command that prepares it).
@@ -119,9 +123,11 @@ def _supervised_keys(builder) -> tuple[str, str]:
 
 
 def holdout_split(num_examples: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-  """(kept, held-out) positions of a split: ``round(fraction * num_examples)`` positions drawn with
-  ``np.random.default_rng(seed).permutation(num_examples)`` are held out (the first ones of the permutation);
-  both are returned sorted. How vitjax makes a validation split from a training split."""
+  """(kept, held-out) positions of a split: how vitjax makes a validation split from a training split.
+
+  ``round(fraction * num_examples)`` positions drawn with ``np.random.default_rng(seed).permutation(num_examples)`` are
+  held out (the first ones of the permutation); both are returned sorted.
+  """
   n_out = int(round(fraction * num_examples))
   if not 0 <= n_out < num_examples:
     raise ValueError(f"cannot hold out {fraction:g} of {num_examples} examples")
@@ -141,8 +147,11 @@ def split_labels(name: str, split: str, data_dir: str | None = None) -> np.ndarr
 
 
 def labelled_count(amount: Any, num_examples: int) -> int:
-  """How many examples `amount` (``data.labelled``) keeps of `num_examples`: a fraction in (0, 1] of them, or a
-  count (an int >= 1, or a string "600" / "1%"). ValueError naming the field otherwise."""
+  """How many examples `amount` (``data.labelled``) keeps of `num_examples`.
+
+  A fraction in (0, 1] of them, or a count (an int >= 1, or a string "600" / "1%"). ValueError naming the field
+  otherwise.
+  """
   value = amount
   if isinstance(value, str):
     text = value.strip()
@@ -162,9 +171,11 @@ def labelled_count(amount: Any, num_examples: int) -> int:
 
 
 def labelled_subset(labels: np.ndarray, amount: Any, seed: int) -> np.ndarray:
-  """Sorted positions into `labels` of a class-balanced subset of ``labelled_count(amount, len(labels))`` examples:
-  the same number of each class present (the remainder to the first classes), drawn within each class by
-  ``np.random.default_rng(seed)``. ValueError when a class has fewer examples than its share."""
+  """Sorted positions into `labels` of a class-balanced subset of ``labelled_count(amount, len(labels))`` examples.
+
+  The same number of each class present (the remainder to the first classes), drawn within each class by
+  ``np.random.default_rng(seed)``. ValueError when a class has fewer examples than its share.
+  """
   labels = np.asarray(labels)
   n = labelled_count(amount, len(labels))
   classes = np.unique(labels)
@@ -185,8 +196,10 @@ def labelled_subset(labels: np.ndarray, amount: Any, seed: int) -> np.ndarray:
 
 
 def split_info(name: str, split: str, data_dir: str | None = None) -> dict[str, Any]:
-  """What a model needs to know of a prepared split, without reading it: ``{'num_examples', 'num_classes',
-  'class_names', 'channels'}``."""
+  """What a model needs to know of a prepared split, without reading it.
+
+  ``{'num_examples', 'num_classes', 'class_names', 'channels'}``.
+  """
   source, builder = open_split(name, split, data_dir)
   image_key, label_key = _supervised_keys(builder)
   label = builder.info.features[label_key]

@@ -242,7 +242,7 @@ _PILCROW = "\u00b6"
 
 
 def strip_markup(text: str) -> str:
-  """Plain text of a marked-up verse (OSIS, ThML or GBF).
+  r"""Plain text of a marked-up verse (OSIS, ThML or GBF).
 
   Drops notes (``<note>``, GBF ``<RF>..<Rf>``) and cross references with their
   content, drops non-canonical ``<title>`` headings with their content (keeps
@@ -250,7 +250,7 @@ def strip_markup(text: str) -> str:
   other translations have as verse text), removes every other tag but keeps
   its text (``<w lemma="strong:...">``, ``<transChange>``, ``<divineName>``,
   ``<q>``, ...; Strong's numbers live in attributes or GBF ``<WH..>`` tags, so
-  they go with them), removes stray USFM markers (``\\nd``) and the pilcrow
+  they go with them), removes stray USFM markers (``\nd``) and the pilcrow
   paragraph sign, decodes entities (``&amp;``) and normalises whitespace.
   """
   for pattern in _DROP_WITH_CONTENT:
@@ -268,10 +268,12 @@ _CHAPTER_START = re.compile(r'<chapter\b(?=[^>]*\bsID=)[^>]*\bosisID="[^"]*?\.(\
 
 
 def references(entries: list[str]) -> list[str | None]:
-  """The OSIS reference ("Gen.1.1") of each marked-up entry of an OSIS module (``read_module(plain=False)``),
-  None for the module, testament, book and chapter headings: a book heading opens ``<div type="book"
-  osisID="Gen">``, a chapter heading ``<chapter sID=... osisID="Gen.1">``, and the entries after a chapter heading
-  are its verses 1, 2, ... until the next heading."""
+  """The OSIS reference ("Gen.1.1") of each marked-up entry of an OSIS module (``read_module(plain=False)``).
+
+  None for the module, testament, book and chapter headings: a book heading opens ``<div type="book" osisID="Gen">``, a
+  chapter heading ``<chapter sID=... osisID="Gen.1">``, and the entries after a chapter heading are its verses 1, 2, ...
+  until the next heading.
+  """
   refs: list[str | None] = []
   book, chapter, verse = None, None, 0
   for entry in entries:

@@ -1,5 +1,6 @@
-"""Evaluators: what a run measures, configured by name, one module per type (big_vision's evaluators/ are the
-model). The trainer runs them without knowing what they are.
+"""Evaluators: what a run measures, configured by name, one module per type.
+
+The model is big_vision's evaluators/. The trainer runs them without knowing what they are.
 
     config.evals.eval = dict(type="classification")                                  # the run's 'valid' split
     config.evals.test = dict(type="classification", split="test", every="5 epochs")
@@ -61,8 +62,11 @@ def get(name: str) -> ModuleType:
 
 @dataclasses.dataclass(frozen=True)
 class Evaluator:
-  """One configured evaluation, resolved: its module, the task that reads its data, the split, its cadence in
-  steps and its options (the type's OPTIONS with the entry's values)."""
+  """One configured evaluation, resolved.
+
+  Its module, the task that reads its data, the split, its cadence in steps and its options (the type's OPTIONS with the
+  entry's values).
+  """
 
   name: str
   module: ModuleType
@@ -159,9 +163,11 @@ def _task_of(config, task, data: dict, what: str, workdir):
 
 
 def plan(config, task, steps_of=None, workdir: str | None = None) -> tuple[Evaluator, ...]:
-  """The run's evaluators, in the order of their names (a ConfigDict's), with `every` in steps (steps_of(what, duration) -> steps;
-  None: no cadence, for evaluation after training); ConfigError for a bad entry or a `best` no evaluator
-  reports, before anything is written."""
+  """The run's evaluators, in the order of their names (a ConfigDict's), with `every` in steps.
+
+  `every` comes from steps_of(what, duration) -> steps; None: no cadence, for evaluation after training. ConfigError for
+  a bad entry or a `best` no evaluator reports, before anything is written.
+  """
   found = []
   for name, entry in entries(config).items():
     every = None
@@ -183,8 +189,10 @@ def best_of(config, evals) -> tuple[Evaluator, str]:
 
 
 def named(config, task, name: str, workdir: str | None = None, **overrides) -> Evaluator:
-  """--eval=NAME: a configured entry, or a type with its default options (e.g. 'probe'), with `overrides` (entry
-  keys; None values are left out) applied; ConfigError listing both."""
+  """The evaluator --eval=NAME names: a configured entry, or a type with its default options (e.g. 'probe').
+
+  With `overrides` (entry keys; None values are left out) applied; ConfigError listing both.
+  """
   known = entries(config)
   if name not in known and name not in types():
     raise ConfigError(
@@ -196,8 +204,10 @@ def named(config, task, name: str, workdir: str | None = None, **overrides) -> E
 
 
 def best_mode(config) -> str:
-  """'max' or 'min' for config.best, from its evaluator's type (without building anything); 'max' for a name
-  no entry reports (plan() refuses such a config before a run starts)."""
+  """'max' or 'min' for config.best, from its evaluator's type (without building anything).
+
+  'max' for a name no entry reports (plan() refuses such a config before a run starts).
+  """
   name, _, metric = str(config.best).partition("/")
   entry = entries(config).get(name)
   if not entry or entry.get("type") not in types():

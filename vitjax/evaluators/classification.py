@@ -1,5 +1,7 @@
-"""Image classification: loss, top-1 and top-k accuracy and, with calibration_bins > 0, the expected calibration
-error (ece: the gap between confidence and accuracy over equal-width confidence bins, weighted by their shares).
+"""Image classification: loss, top-1 and top-k accuracy and, with calibration_bins > 0, the expected calibration error.
+
+The expected calibration error (ece) is the gap between confidence and accuracy over equal-width confidence bins,
+weighted by their shares.
 
 Options: top_k (5: reported as top5), calibration_bins (0: no ece), shift (None, or a distribution shift applied to
 the images before preprocessing, vitjax.data.shifts: 'rotate:30', 'noise:0.2', 'contrast:0.3', 'blur:1.5').
@@ -48,8 +50,10 @@ def check(ev) -> None:
 
 
 def check_classifier(ev) -> None:
-  """What an evaluator of a classifier's images needs (this type's and per_class's): a classification run, a
-  readable split, a valid `shift` option."""
+  """What an evaluator of a classifier's images needs: a classification run, a readable split, a valid `shift` option.
+
+  Checked for this type and for per_class.
+  """
   what = f"config.evals.{ev.name}"
   if not hasattr(ev.task, "eval_batches") or ev.config.task != "classification":
     raise ConfigError(f"{what}: type {ev.type!r} evaluates a classifier, not a {ev.config.task!r} run")
@@ -61,8 +65,10 @@ def check_classifier(ev) -> None:
 
 
 def batches(ev, net):
-  """The split's global batches (image, label, mask) on the mesh, shifted if the options say so; the examples'
-  cap and the stop request between batches as every evaluator has them. ConfigError for an empty split."""
+  """The split's global batches (image, label, mask) on the mesh, shifted if the options say so.
+
+  The examples' cap and the stop request between batches as every evaluator has them. ConfigError for an empty split.
+  """
   shift = shifts.parse(ev.options.get("shift"))
   empty = True
   for batch in ev.task.eval_batches(ev.split, ev.examples):

@@ -1,7 +1,8 @@
-"""Masked image modelling's reconstruction (vitjax.tasks.mae): the loss of the dropped patches under fixed masks
-(the same at every evaluation, drawn from config.seed), and the first `drawn` images of the split drawn as PNG
-rows (original, what the encoder saw, the reconstruction with the visible patches pasted back) into
-WORKDIR/reconstructions/step_N.png.
+"""Masked image modelling's reconstruction (vitjax.tasks.mae): its loss, and images drawn as PNG.
+
+The loss of the dropped patches under fixed masks (the same at every evaluation, drawn from config.seed), and the first
+`drawn` images of the split drawn as PNG rows (original, what the encoder saw, the reconstruction with the visible
+patches pasted back) into WORKDIR/reconstructions/step_N.png.
 
 Options: drawn (8; 0 draws nothing).
 """

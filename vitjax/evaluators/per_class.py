@@ -1,6 +1,8 @@
-"""Per-class accuracy of a classifier: balanced_accuracy (the mean of the classes' recalls, what a skewed test set
-needs), worst_class_accuracy and, for each class, accuracy_NAME (its recall; NAME is the class's name, or its
-index); the confusion matrix (rows: true class, columns: predicted) goes to WORKDIR/NAME_confusion_STEP.json.
+"""Per-class accuracy of a classifier, and its confusion matrix.
+
+balanced_accuracy (the mean of the classes' recalls, what a skewed test set needs), worst_class_accuracy and, for each
+class, accuracy_NAME (its recall; NAME is the class's name, or its index); the confusion matrix (rows: true class,
+columns: predicted) goes to WORKDIR/NAME_confusion_STEP.json.
 
 This type is also the example of adding one (CONTRIBUTING.md): this file and its test in tests/test_evaluators.py,
 nothing else. Options: none beyond the common ones (vitjax.evaluators), and `shift` as the classification

@@ -1,8 +1,9 @@
-"""A frozen representation judged as papers judge one (vitjax.probe): a linear probe, few-shot linear classifiers
-and weighted k-NN, fitted on the training split's features (the examples training used, without the held-out
-'valid'), the linear probe's regulariser chosen on 'valid', reported on the evaluator's split. Features are the
-model's pooled representation (the input of its head; an MAE's encoder over all patches), computed under jit over
-the mesh; the probes run on the host in float64.
+"""A frozen representation judged as papers judge one (vitjax.probe).
+
+A linear probe, few-shot linear classifiers and weighted k-NN, fitted on the training split's features (the examples
+training used, without the held-out 'valid'), the linear probe's regulariser chosen on 'valid', reported on the
+evaluator's split. Features are the model's pooled representation (the input of its head; an MAE's encoder over all
+patches), computed under jit over the mesh; the probes run on the host in float64.
 
 Reports linear, knn, {N}shot and {N}shot_std (mean and deviation over `draws` draws) for N in shots, linear_l2.
 Options: shots ((1, 5, 10, 25)), draws (5), knn_k (20), knn_temperature (0.07), seed (0: the few-shot draws),

@@ -1,6 +1,7 @@
-"""Translation: corpus BLEU and chrF (sacrebleu) of the decoded split, the teacher-forced loss, BLEU of copying
-the source (a floor), and for a source with several references per entry (the Ding dictionary's synonyms)
-exact_match and bleu_synonyms.
+"""Translation: corpus BLEU and chrF (sacrebleu) of the decoded split, and the teacher-forced loss.
+
+Also BLEU of copying the source (a floor), and for a source with several references per entry (the Ding dictionary's
+synonyms) exact_match and bleu_synonyms.
 
 Options, the decoding: method ('beam', 'greedy', 'sample'), beam_size, alpha (beam search's length penalty),
 temperature and top_k (sampling), extra_len (a translation is at most 1.5 x the source's length + extra_len
@@ -57,8 +58,10 @@ def check(ev) -> None:
 
 
 def decoding(config) -> dict:
-  """How the run translates by default: the options of the translation evaluator that reports config.best (else
-  the first translation evaluator; else vitjax.tasks.translation.DECODING)."""
+  """How the run translates by default: the options of the translation evaluator that reports config.best.
+
+  Else the first translation evaluator's; else vitjax.tasks.translation.DECODING.
+  """
   found = {name: dict(e) for name, e in (config.get("evals") or {}).items() if dict(e).get("type") == "translation"}
   best = str(config.get("best") or "").split("/")[0]
   entry = found.get(best) or next(iter(found.values()), {})
@@ -107,9 +110,11 @@ def run(ev, net, variables, stop=None, step=None) -> dict:
 
 
 def synonym_scores(references: dict, pairs, hyps) -> dict:
-  """For a source whose entries have several correct translations (references as text.load_references gives
-  them): exact_match (the share of translations equal to one of them) and bleu_synonyms (BLEU with all of them
-  as references); {} when references is empty."""
+  """Metrics for a source whose entries have several correct translations: exact_match and bleu_synonyms.
+
+  References as text.load_references gives them. exact_match (the share of translations equal to one of them) and
+  bleu_synonyms (BLEU with all of them as references); {} when references is empty.
+  """
   import sacrebleu  # pylint: disable=g-import-not-at-top
 
   if not references:

@@ -76,8 +76,10 @@ def extend_positions(k: str, v: np.ndarray, t: np.ndarray):
 
 
 def resample_patch_positions(k: str, v: np.ndarray, t: np.ndarray):
-  """A learned position embedding [1, N, D] over a square patch grid (the ViT), with or without a class token's
-  row: resampled to the target's grid."""
+  """A learned position embedding [1, N, D] over a square patch grid (the ViT), resampled to the target's grid.
+
+  With or without a class token's row.
+  """
   if k.endswith("pos_embedding") and v.ndim == 3 and v.shape[-1] == t.shape[-1]:
     prefix = 1 if _is_square(v.shape[1] - 1) and not _is_square(v.shape[1]) else 0
     new = posenc.resample_posemb(v, _grid(t.shape[1] - prefix), num_prefix_tokens=prefix)
@@ -86,8 +88,10 @@ def resample_patch_positions(k: str, v: np.ndarray, t: np.ndarray):
 
 
 def bias_table_resizer(method: str, under: str = ""):
-  """An adapter for relative position bias tables [(2W-1)^2, heads] ([layers, ...] when scanned) under the path
-  prefix `under`, square windows, resized by posenc.resize_relative_bias_table's `method`."""
+  """An adapter for relative position bias tables [(2W-1)^2, heads] under the path prefix `under`.
+
+  Tables are [layers, ...] when scanned; square windows, resized by posenc.resize_relative_bias_table's `method`.
+  """
 
   def fit(k: str, v: np.ndarray, t: np.ndarray):
     if (
@@ -111,8 +115,10 @@ _LAYER = re.compile(r"^(.*)/block_(\d+)/(.*)$")  # and one subtree per layer: ST
 
 
 def _restack(flat: dict, scanned: bool, changes: list[str]) -> dict:
-  """flat parameters with their layer stacks in the target's form: stacked along a leading axis (scanned) or one
-  "block_{i}" subtree per layer."""
+  """The `flat` parameters with their layer stacks in the target's form.
+
+  Stacked along a leading axis (scanned) or one "block_{i}" subtree per layer.
+  """
   out: dict = {}
   if scanned and not any(_SCANNED in k for k in flat):
     layers: dict[str, dict[int, np.ndarray]] = {}

@@ -1,6 +1,8 @@
-"""What the weight converters beside each model family share (`vitjax/models/*_timm.py`, `vit_npz.py`): a reader
-that remembers which source keys were used, the flax <-> torch layouts of linear, norm, convolution, attention and
-MLP parameters, and the shape check every importer ends with."""
+"""What the weight converters beside each model family share (`vitjax/models/*_timm.py`, `vit_npz.py`).
+
+A reader that remembers which source keys were used, the flax <-> torch layouts of linear, norm, convolution, attention
+and MLP parameters, and the shape check every importer ends with.
+"""
 
 from __future__ import annotations
 
@@ -145,30 +147,30 @@ def unknown_layout(state_dict: Mapping[str, Any], what: str) -> ValueError:
 
 
 def linear(r: Reader, src: str, dst: str, out: dict, bias: bool = True) -> None:
-  """torch Linear SRC.weight [D_out, D_in] (and SRC.bias) -> out["DST/kernel"] [D_in, D_out] (and out["DST/bias"])."""
+  """A torch Linear SRC.weight [D_out, D_in] (and SRC.bias) -> out["DST/kernel"] [D_in, D_out] (and out["DST/bias"])."""
   out[f"{dst}/kernel"] = r(f"{src}.weight").T
   if bias:
     out[f"{dst}/bias"] = r(f"{src}.bias")
 
 
 def norm(r: Reader, src: str, dst: str, out: dict) -> None:
-  """torch LayerNorm SRC.weight, SRC.bias -> out["DST/scale"], out["DST/bias"]."""
+  """A torch LayerNorm SRC.weight, SRC.bias -> out["DST/scale"], out["DST/bias"]."""
   out[f"{dst}/scale"], out[f"{dst}/bias"] = r(f"{src}.weight"), r(f"{src}.bias")
 
 
 def conv(r: Reader, src: str, dst: str, out: dict) -> None:
-  """torch Conv2d SRC.weight [O, I, H, W] and SRC.bias -> out["DST/kernel"] [H, W, I, O] and out["DST/bias"]."""
+  """A torch Conv2d SRC.weight [O, I, H, W] and SRC.bias -> out["DST/kernel"] [H, W, I, O] and out["DST/bias"]."""
   out[f"{dst}/kernel"] = r(f"{src}.weight").transpose(2, 3, 1, 0)  # OIHW -> HWIO
   out[f"{dst}/bias"] = r(f"{src}.bias")
 
 
 def split_heads(w: np.ndarray, heads: int) -> np.ndarray:
-  """torch Linear weight [D_out, D_in] -> flax DenseGeneral kernel [D_in, H, D_out / H]."""
+  """A torch Linear weight [D_out, D_in] -> flax DenseGeneral kernel [D_in, H, D_out / H]."""
   return w.T.reshape(w.shape[1], heads, w.shape[0] // heads)
 
 
 def timm_attention(r: Reader, src: str, dst: str, heads: int, out: dict) -> None:
-  """timm's fused qkv [3D, D] and proj [D, D] -> query/key/value [D, H, K] and out [H, K, D]."""
+  """The fused qkv [3D, D] and proj [D, D] of timm's attention -> query/key/value [D, H, K] and out [H, K, D]."""
   w, b = r(f"{src}.qkv.weight"), r(f"{src}.qkv.bias") if f"{src}.qkv.bias" in r else None
   d = w.shape[1]
   for i, name in enumerate(("query", "key", "value")):
@@ -180,8 +182,10 @@ def timm_attention(r: Reader, src: str, dst: str, heads: int, out: dict) -> None
 
 
 def separate_attention(r: Reader, src: dict[str, str], dst: str, heads: int, out: dict) -> None:
-  """Separate query, key, value and output linears (src: {"query": KEY_PREFIX, "key": ..., "value": ...,
-  "out": ...}, torch [D, D] each, as transformers keeps them) -> query/key/value [D, H, K] and out [H, K, D]."""
+  """Separate query, key, value and output linears -> query/key/value [D, H, K] and out [H, K, D].
+
+  src: {"query": KEY_PREFIX, "key": ..., "value": ..., "out": ...}, torch [D, D] each, as transformers keeps them.
+  """
   for name in ("query", "key", "value"):
     out[f"{dst}/{name}/kernel"] = split_heads(r(f"{src[name]}.weight"), heads)
     if f"{src[name]}.bias" in r:
@@ -192,8 +196,10 @@ def separate_attention(r: Reader, src: dict[str, str], dst: str, heads: int, out
 
 
 def rename_keys(state_dict: Mapping[str, Any], rules: tuple[tuple[str, str], ...]) -> dict[str, Any]:
-  """The state dict with each key rewritten by the first (regex, replacement) rule that matches it (re.sub), the
-  others unchanged: how a converter reads several namings of one layout."""
+  """The state dict with each key rewritten by the first (regex, replacement) rule that matches it (re.sub).
+
+  Other keys stay unchanged. How a converter reads several namings of one layout.
+  """
   out = {}
   for k, v in state_dict.items():
     for pattern, repl in rules:
@@ -206,7 +212,7 @@ def rename_keys(state_dict: Mapping[str, Any], rules: tuple[tuple[str, str], ...
 
 
 def timm_mlp(r: Reader, src: str, dst: str, out: dict) -> None:
-  """timm's Mlp (SRC.fc1, SRC.fc2 Linears) -> out["DST/fc1/..."], out["DST/fc2/..."] (see `linear`)."""
+  """A timm Mlp (SRC.fc1, SRC.fc2 Linears) -> out["DST/fc1/..."], out["DST/fc2/..."] (see `linear`)."""
   linear(r, f"{src}.fc1", f"{dst}/fc1", out)
   linear(r, f"{src}.fc2", f"{dst}/fc2", out)
 
@@ -245,7 +251,7 @@ def put_norm(p: dict, src: str, dst: str, out: dict) -> None:
 
 
 def merge_heads(kernel: np.ndarray) -> np.ndarray:
-  """flax kernel [D_in, H, K] -> torch Linear weight [H*K, D_in] (inverse of split_heads)."""
+  """A flax kernel [D_in, H, K] -> torch Linear weight [H*K, D_in] (inverse of split_heads)."""
   return kernel.reshape(kernel.shape[0], -1).T
 
 

@@ -31,8 +31,11 @@ Array = jax.Array
 
 
 def random_mask(noise: Array, mask_ratio: float) -> tuple[Array, Array]:
-  """noise float [B, N] -> (keep int32 [B, K], the K = int(N (1 - mask_ratio)) positions of lowest noise in
-  ascending order of position; mask float32 [B, N], 1 where a patch is dropped)."""
+  """Random masking: noise float [B, N] -> (keep int32 [B, K], mask float32 [B, N]).
+
+  keep: the K = int(N (1 - mask_ratio)) positions of lowest noise in ascending order of position; mask: 1 where a patch
+  is dropped.
+  """
   n = noise.shape[1]
   k = max(int(n * (1 - mask_ratio)), 1)
   keep = jnp.sort(jnp.argsort(noise, axis=1)[:, :k], axis=1).astype(jnp.int32)
@@ -49,7 +52,7 @@ def patchify(images: Array, patch: tuple[int, int]) -> Array:
 
 
 def unpatchify(patches: Array, grid: tuple[int, int], patch: tuple[int, int], channels: int) -> Array:
-  """patchify's inverse: [B, gh gw, p q C] -> [B, gh p, gw q, C]."""
+  """The inverse of patchify: [B, gh gw, p q C] -> [B, gh p, gw q, C]."""
   b = patches.shape[0]
   (gh, gw), (p, q) = grid, patch
   x = patches.reshape(b, gh, gw, p, q, channels).transpose(0, 1, 3, 2, 4, 5)
@@ -57,7 +60,7 @@ def unpatchify(patches: Array, grid: tuple[int, int], patch: tuple[int, int], ch
 
 
 def _frozen(value):
-  """dicts -> sorted (key, value) tuples, lists -> tuples, recursively: hashable, as a jit static argument must be."""
+  """Hashable, as a jit static argument must be: dicts -> sorted (key, value) tuples, lists -> tuples, recursively."""
   if isinstance(value, dict):
     return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
   if isinstance(value, (list, tuple)):
@@ -80,8 +83,10 @@ def _overrides(kw: dict) -> dict:
   overrides=_overrides,
 )
 class MAE(nn.Module):
-  """__call__(images [B, H, W, C], noise [B, N], train) -> ({"pred": [B, N, p p C] float32, "mask": [B, N]
-  (1 = dropped)}, {"encoded": [B, P + K, D], the encoder's tokens (P prefix tokens, K kept patches)}).
+  """Masked autoencoder: images and noise -> (pixel predictions and mask, the encoder's tokens).
+
+  __call__(images [B, H, W, C], noise [B, N], train) -> ({"pred": [B, N, p p C] float32, "mask": [B, N] (1 = dropped)},
+  {"encoded": [B, P + K, D], the encoder's tokens (P prefix tokens, K kept patches)}).
 
   Attributes:
     encoder: the ViT's options as (key, value) pairs (a dict in the config): "name" (a vitjax model name such as

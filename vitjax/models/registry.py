@@ -1,5 +1,6 @@
-"""The model registry: every model family states here, through `register`, what the rest of vitjax needs to know
-about it, so that nothing outside the family's own files names its parameters.
+"""The model registry: every model family states here, through `register`, what the rest of vitjax needs to know.
+
+So that nothing outside the family's own files names its parameters.
 
 A family is a Linen module class decorated with `@register(...)` in its own module (vitjax/models/vit.py,
 swin.py, transformer.py, mae.py). It gives::

@@ -1,5 +1,6 @@
-"""Swin Transformer (Liu et al. 2021): window attention with a relative position bias, shifted windows,
-patch merging. Layout follows timm's (downsampling at the start of stages 2-4), so weights map one to one.
+"""Swin Transformer (Liu et al. 2021): window attention with a relative position bias, shifted windows, patch merging.
+
+Layout follows timm's (downsampling at the start of stages 2-4), so weights map one to one.
 
 Feature maps are [B, H, W, C]. Per stage and per axis, where the map is not larger than the window the
 window shrinks to the map and the shift is dropped (as the reference does); where the window does not
@@ -96,7 +97,7 @@ class SwinBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    """x [B, H, W, C] -> [B, H, W, C].
+    """Applies the block: x [B, H, W, C] -> [B, H, W, C].
 
     The window and shift shrink to the map where it is not larger than the window (`effective_window`); the map is
     cyclically shifted, padded to whole windows, attended within each window (with the relative position bias and,
@@ -157,7 +158,10 @@ class PatchMerging(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    """x [B, H, W, C] -> [B, ceil(H/2), ceil(W/2), 2C]; an odd H or W is zero-padded by one row or column first."""
+    """Merges 2x2 patches: x [B, H, W, C] -> [B, ceil(H/2), ceil(W/2), 2C].
+
+    An odd H or W is zero-padded by one row or column first.
+    """
     b, h, w, c = x.shape
     x = jnp.pad(x, ((0, 0), (0, h % 2), (0, w % 2), (0, 0)))
     x = jnp.concatenate([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], axis=-1)
@@ -166,7 +170,7 @@ class PatchMerging(nn.Module):
 
 
 def parse_name(name: str) -> dict | None:
-  """ "swin_t" -> the Swin's keyword arguments; None for another family's name."""
+  """The Swin's keyword arguments for a name such as "swin_t"; None for another family's name."""
   if m := re.match(r"^swin_(t|s|b|l)$", name):
     embed, depths, heads = VARIANTS[m[1].upper()]
     return dict(embed_dim=embed, depths=depths, num_heads=heads)
@@ -226,10 +230,12 @@ class Swin(nn.Module):
     return sum(self.depths)
 
   def layer_index(self, path: str) -> int:
-    """The layer of the parameter at ``path`` ("stage_2_block_1/attn/query/kernel") for layer-wise learning-rate
-    decay, numbered over all stages as SimMIM fine-tunes Swin: 0 for the stem (patch_embed or conv_stem,
-    patch_norm), sum(depths[:s]) + j + 1 in block j of stage s, sum(depths[:s]) (its preceding block's) for the
-    patch merging before stage s, sum(depths) + 1 for the final norm and the head."""
+    """The layer of the parameter at ``path`` ("stage_2_block_1/attn/query/kernel") for layer-wise learning-rate decay.
+
+    Numbered over all stages as SimMIM fine-tunes Swin: 0 for the stem (patch_embed or conv_stem, patch_norm),
+    sum(depths[:s]) + j + 1 in block j of stage s, sum(depths[:s]) (its preceding block's) for the patch merging before
+    stage s, sum(depths) + 1 for the final norm and the head.
+    """
     if m := re.match(r"stage_(\d+)_(?:block_(\d+)|downsample)/", path):
       before = sum(self.depths[: int(m[1])])
       return before if m[2] is None else before + int(m[2]) + 1

@@ -1,6 +1,7 @@
-"""The Swin Transformer in the `transformers` layout (SwinForImageClassification / SwinModel: swin.embeddings...,
-swin.encoder.layers.S.blocks.N.attention.self.query, ..., the patch merging at the end of stages 1-3, classifier),
-read through timm's layout (vitjax.models.swin_timm) with the repository's config.json.
+"""The Swin Transformer in the `transformers` layout, read through timm's layout (vitjax.models.swin_timm).
+
+SwinForImageClassification / SwinModel: swin.embeddings..., swin.encoder.layers.S.blocks.N.attention.self.query, ...,
+the patch merging at the end of stages 1-3, classifier; read with the repository's config.json.
 
 read(state_dict, layout, config) -> (module, variables); the architecture comes from the weights as for timm's
 Swin, the activation from config.json. Options vitjax's Swin does not have are refused with their name: another
@@ -65,8 +66,10 @@ def detect(keys: set[str]) -> str | None:
 
 
 def to_timm_layout(state_dict) -> dict:
-  """A transformers Swin state dict (either naming, with or without the `swin.` prefix) in timm's layout; keys it
-  does not know stay as they are (so the reader names them)."""
+  """A transformers Swin state dict (either naming, with or without the `swin.` prefix) in timm's layout.
+
+  Keys it does not know stay as they are (so the reader names them).
+  """
   sd = u.unwrap(state_dict)
   sd = {k[len("swin.") :] if k.startswith("swin.") else k: v for k, v in sd.items()}
   sd = u.rename_keys(sd, _RENAMES)
@@ -86,8 +89,10 @@ def to_timm_layout(state_dict) -> dict:
 
 
 def read(state_dict, layout: str = "hf-swin", config: dict | None = None):
-  """(module, variables) of a transformers Swin from its state dict and its config.json (a dict; without one,
-  transformers' SwinConfig defaults)."""
+  """(module, variables) of a transformers Swin from its state dict and its config.json.
+
+  The config is a dict; without one, transformers' SwinConfig defaults.
+  """
   del layout
   config = dict(config or {})
   what = f"transformers Swin ({config.get('_name_or_path') or 'config.json'})"

@@ -1,5 +1,7 @@
-"""Microsoft's Swin checkpoints (`{'model': state_dict, ...}`, the patch-merging layer at the end of stages 1-3,
-head.weight): their layout, and its translation into timm's, which vitjax.models.swin_timm reads."""
+"""Microsoft's Swin checkpoints: their layout, and its translation into timm's, which vitjax.models.swin_timm reads.
+
+The checkpoints are `{'model': state_dict, ...}`, with the patch-merging layer at the end of stages 1-3 and head.weight.
+"""
 
 from __future__ import annotations
 
@@ -20,8 +22,11 @@ def detect(keys: set[str]) -> str | None:
 
 
 def to_timm_layout(sd: Mapping[str, Any]) -> dict[str, Any]:
-  """Microsoft's Swin layout -> timm's: a stage's downsample moves from its end to the next stage's start,
-  head.weight -> head.fc.weight; relative_position_index and attn_mask are buffers (rebuilt, not read)."""
+  """Microsoft's Swin layout -> timm's.
+
+  A stage's downsample moves from its end to the next stage's start, head.weight -> head.fc.weight;
+  relative_position_index and attn_mask are buffers (rebuilt, not read).
+  """
   out = {}
   for k, v in sd.items():
     if m := re.match(r"layers\.(\d+)\.downsample\.(.*)", k):

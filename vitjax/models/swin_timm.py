@@ -1,5 +1,7 @@
-"""The Swin Transformer in timm's layout (SwinTransformer: layers.S.blocks.N..., downsample at the start of
-stages 2-4, head.fc), both ways; Microsoft's own layout is read through vitjax.models.swin_msft.
+"""The Swin Transformer in timm's layout, both ways.
+
+SwinTransformer: layers.S.blocks.N..., downsample at the start of stages 2-4, head.fc. Microsoft's own layout is read
+through vitjax.models.swin_msft.
 
 read(state_dict) -> (module, variables), the architecture read from the weights; write(module, params,
 image_size) -> (state_dict, timm config). Both use exact GELU.
@@ -27,9 +29,10 @@ def detect(keys: set[str]) -> str | None:
 
 
 def read(state_dict, layout: str = "timm-swin", timm_name: str | None = None):
-  """(module, variables) for an (unwrapped) Swin state dict in `layout`, "timm-swin" or "swin-official"
-  (Microsoft's); the architecture (embed dim, depths, heads, window, patch, MLP ratio, classes) is read from the
-  weights."""
+  """(module, variables) for an (unwrapped) Swin state dict in `layout`, "timm-swin" or "swin-official" (Microsoft's).
+
+  The architecture (embed dim, depths, heads, window, patch, MLP ratio, classes) is read from the weights.
+  """
   del timm_name
   if layout == "swin-official":
     state_dict = swin_msft.to_timm_layout(state_dict)

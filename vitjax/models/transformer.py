@@ -90,7 +90,7 @@ class _Side(nn.Module):
 
 
 def parse_name(name: str) -> dict | None:
-  """ "transformer_base" -> the Transformer's keyword arguments (the paper's sizes); None for another name."""
+  """The Transformer's keyword arguments (the paper's sizes) for a name such as "transformer_base"; else None."""
   size = name.removeprefix("transformer_") if name.startswith("transformer_") else None
   if size not in SIZES:
     return None
@@ -194,7 +194,7 @@ class Transformer(nn.Module):
       self.out_proj = dots.Dense(tgt_vocab, dtype=self.dtype)
 
   def encode(self, src: Array, train: bool = False) -> Array:
-    """src [B, S] -> encoded [B, S, D] (padding positions are masked out of every attention)."""
+    """Encodes src [B, S] -> encoded [B, S, D] (padding positions are masked out of every attention)."""
     return self.encoder(src, (src != self.pad_id)[:, None, None, :], train=train)
 
   def decode_logits(

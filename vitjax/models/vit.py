@@ -40,7 +40,7 @@ VARIANTS = {
 
 
 def parse_variant(variant: str) -> dict:
-  """ "S/16" -> dict(width=384, depth=12, mlp_dim=1536, num_heads=6, patch_size=(16, 16))."""
+  """A variant's sizes, e.g. "S/16" -> dict(width=384, depth=12, mlp_dim=1536, num_heads=6, patch_size=(16, 16))."""
   try:
     size, patch = variant.split("/")
     width, depth, mlp_dim, heads = VARIANTS[size]
@@ -81,7 +81,7 @@ class ConvStem(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    """x [B, H, W, C] -> [B, H/patch, W/patch, width].
+    """Applies the stem: x [B, H, W, C] -> [B, H/patch, W/patch, width].
 
     Raises:
       ValueError: `patch` is not a power of two, or `depth` < 1.
@@ -133,7 +133,7 @@ _NAME = re.compile(r"^vit_(ti|s|m|b|l|h)(\d+)$")
 
 
 def parse_name(name: str) -> dict | None:
-  """ "vit_s16" or "S/16" -> the ViT's keyword arguments; None for another family's name."""
+  """The ViT's keyword arguments for a name such as "vit_s16" or "S/16"; None for another family's name."""
   if "/" in name:
     return parse_variant(name)
   if m := _NAME.match(name):
@@ -239,11 +239,12 @@ class ViT(nn.Module):
     return self.depth
 
   def layer_index(self, path: str) -> int | np.ndarray:
-    """The layer of the parameter at ``path`` ("encoder/block_3/mlp/fc1/kernel"), BEiT's and MAE's numbering for
-    layer-wise learning-rate decay: 0 before the encoder (embedding or conv_stem, embed_norm, cls, posembed),
-    i + 1 in encoder block i, depth + 1 after it (encoder/final_norm, map_head, fc_norm, pre_logits, head).
-    A scanned encoder's parameters ("encoder/blocks/...", stacked over blocks) get [1, ..., depth] along their
-    first axis."""
+    """The layer of the parameter at ``path`` ("encoder/block_3/mlp/fc1/kernel") for layer-wise learning-rate decay.
+
+    BEiT's and MAE's numbering: 0 before the encoder (embedding or conv_stem, embed_norm, cls, posembed), i + 1 in
+    encoder block i, depth + 1 after it (encoder/final_norm, map_head, fc_norm, pre_logits, head). A scanned encoder's
+    parameters ("encoder/blocks/...", stacked over blocks) get [1, ..., depth] along their first axis.
+    """
     if m := re.match(r"encoder/block_(\d+)/", path):
       return int(m[1]) + 1
     if path.startswith("encoder/blocks/"):
@@ -256,7 +257,7 @@ class ViT(nn.Module):
   # own, the class token, is made in __call__: Linen makes parameters only in a compact method).
 
   def _embed(self, images: Array, train: bool) -> tuple[Array, tuple[int, int]]:
-    """images [B, H, W, C] -> (patch embeddings [B, h * w, D], the patch grid (h, w))."""
+    """Embeds images [B, H, W, C] -> (patch embeddings [B, h * w, D], the patch grid (h, w))."""
     patch = self.patch_hw
     check_divisible(images.shape[1:3], patch)
     x = images.astype(self.dtype or images.dtype)
@@ -340,8 +341,11 @@ class ViT(nn.Module):
 
   @nn.compact
   def __call__(self, images: Array, train: bool = False, keep: Array | None = None) -> tuple[Array, dict]:
-    """keep: int [B, K], the patches (row-major positions in the patch grid) that enter the encoder, for masked
-    image modelling (vitjax.models.mae); the class token, if any, stays. None: all of them."""
+    """Applies the ViT to images [B, H, W, C], optionally to a subset of their patches (`keep`).
+
+    keep: int [B, K], the patches (row-major positions in the patch grid) that enter the encoder, for masked image
+    modelling (vitjax.models.mae); the class token, if any, stays. None: all of them.
+    """
     if images.ndim != 4:
       raise ValueError(f"ViT takes images [B, H, W, C], got shape {images.shape}")
     if self.pool_type not in POOL_TYPES:

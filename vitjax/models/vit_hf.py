@@ -1,5 +1,6 @@
-"""The ViT in the `transformers` layout (ViTForImageClassification / ViTModel: vit.embeddings...,
-vit.encoder.layer.N.attention.attention.query, ..., classifier), read with the repository's config.json.
+"""The ViT in the `transformers` layout, read with the repository's config.json.
+
+ViTForImageClassification / ViTModel: vit.embeddings..., vit.encoder.layer.N.attention.attention.query, ..., classifier.
 
 read(state_dict, layout, config) -> (module, variables). The weights give the width, depth, MLP width, classes,
 pooler and qkv biases; config.json (a dict) the heads, the LayerNorm epsilon (transformers' default 1e-12 becomes
@@ -42,7 +43,7 @@ def detect(keys: set[str]) -> str | None:
 
 
 def activation(config: dict, what: str) -> str:
-  """vitjax's name of config.json's hidden_act; ValueError naming it if vitjax has no such activation."""
+  """The vitjax name of config.json's hidden_act; ValueError naming it if vitjax has no such activation."""
   act = config.get("hidden_act", "gelu")
   if act not in ACTIVATIONS:
     raise ValueError(f"{what}: hidden_act={act!r} has no equivalent in vitjax (it has {', '.join(ACTIVATIONS)})")
@@ -55,8 +56,10 @@ def pair(v) -> tuple[int, int]:
 
 
 def read(state_dict, layout: str = "hf-vit", config: dict | None = None):
-  """(module, variables) of a transformers ViT from its state dict and its config.json (a dict; without one,
-  transformers' ViTConfig defaults)."""
+  """(module, variables) of a transformers ViT from its state dict and its config.json.
+
+  The config is a dict; without one, transformers' ViTConfig defaults.
+  """
   del layout
   config = dict(config or {})
   what = f"transformers ViT ({config.get('_name_or_path') or 'config.json'})"

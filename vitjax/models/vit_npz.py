@@ -1,6 +1,7 @@
-"""The ViT in the original JAX release's `.npz` layout (google-research/vision_transformer:
-Transformer/encoderblock_N/MultiHeadDotProductAttention_1, ...) and big_vision's (scanned or not, MAP heads,
-SigLIP's params/img/ image tower), both ways.
+"""The ViT in the original JAX release's `.npz` layout and big_vision's, both ways.
+
+The original: google-research/vision_transformer, Transformer/encoderblock_N/MultiHeadDotProductAttention_1, ...;
+big_vision's: scanned or not, MAP heads, SigLIP's params/img/ image tower.
 
 read(path_or_mapping, variant, act) -> (module, variables); write(module, variables) -> flat arrays for np.savez.
 """
@@ -34,8 +35,11 @@ def detect(keys: set[str]) -> str | None:
 
 
 def load_npz(path_or_mapping) -> dict[str, np.ndarray]:
-  """Flat '/'-keyed arrays from an .npz path or a (nested or flat) mapping; big_vision's "params/" prefix and
-  SigLIP's two-tower "img/" prefix are taken off (the text tower, "t" and "b" are left out)."""
+  """Flat '/'-keyed arrays from an .npz path or a (nested or flat) mapping.
+
+  big_vision's "params/" prefix and SigLIP's two-tower "img/" prefix are taken off (the text tower, "t" and "b" are left
+  out).
+  """
   if isinstance(path_or_mapping, Mapping):
     flat = dict(path_or_mapping)
   else:
@@ -71,9 +75,11 @@ def _check_variant(variant: str, cfg: dict) -> None:
 
 
 def read(path_or_mapping, variant: str | None = None, act: str = "gelu_tanh"):
-  """(module, variables) from an `.npz` of the original JAX ViT release (google-research/vision_transformer) or
-  of big_vision (scanned or not; class token, GAP or MAP head; learned or sin-cos 2-D positions; SigLIP's
-  `params/img/` image tower, whose head is the projection into the joint embedding).
+  """(module, variables) from an `.npz` of the original JAX ViT release or of big_vision.
+
+  The original: google-research/vision_transformer. For big_vision: scanned or not; class token, GAP or MAP head;
+  learned or sin-cos 2-D positions; SigLIP's `params/img/` image tower, whose head is the projection into the joint
+  embedding.
 
   path_or_mapping: an `.npz` path or a mapping of its keys ("Transformer/encoderblock_0/
   MultiHeadDotProductAttention_1/query/kernel", ...). The architecture (width, depth, heads, MLP size, patch,
@@ -148,9 +154,11 @@ def read(path_or_mapping, variant: str | None = None, act: str = "gelu_tanh"):
 
 
 def write(module, variables) -> dict[str, np.ndarray]:
-  """The flat '/'-keyed arrays of the original JAX ViT release's `.npz` (`np.savez(path, **arrays)`), for a
-  vitjax ViT with learned positions and a class token or GAP. read() (convert.from_vit_npz) reads it back (pass act=module.act:
-  the original ViT code itself uses tanh GELU)."""
+  """The flat '/'-keyed arrays of the original JAX ViT release's `.npz` (`np.savez(path, **arrays)`).
+
+  For a vitjax ViT with learned positions and a class token or GAP. read() (convert.from_vit_npz) reads it back (pass
+  act=module.act: the original ViT code itself uses tanh GELU).
+  """
   u.unsupported(
     module,
     "the original ViT",

@@ -36,7 +36,7 @@ def read(state_dict, layout: str, timm_name: str):
 
 
 def _timm_attention_pool(r: u.Reader, heads: int, out: dict) -> None:
-  """timm's AttentionPoolLatent (latent, q, fused kv, proj, norm, mlp) -> vitjax's MAPHead."""
+  """A timm AttentionPoolLatent (latent, q, fused kv, proj, norm, mlp) -> vitjax's MAPHead."""
   out["map_head/probe"] = r("attn_pool.latent")
   w, b = r("attn_pool.kv.weight"), r("attn_pool.kv.bias")
   d = w.shape[1]

@@ -186,9 +186,12 @@ class Sweep:
   in_order: bool = False  # a study made before grids were shuffled keeps its slots' points in the grid's order
 
   def point(self, slot: int) -> dict:
-    """Trial slot's grid point. The slots take the grid in a shuffled order seeded by `seed` (0 if none), the
-    same on every machine and rerun, so that a sweep capped by --max_trials runs points spread over the grid
-    rather than its first ones (which vary the first axes least)."""
+    """Trial slot's grid point.
+
+    The slots take the grid in a shuffled order seeded by `seed` (0 if none), the same on every machine and rerun, so
+    that a sweep capped by --max_trials runs points spread over the grid rather than its first ones (which vary the
+    first axes least).
+    """
     if self.in_order:
       return self.grid[slot]
     import numpy as np
@@ -240,7 +243,9 @@ def config_module(config_arg: str):
 
 def load(config_arg: str, config) -> Sweep:
   """The checked Sweep of a --config=PATH[:ARGS] value; `config` is that file's config (with any overrides).
-  Raises ConfigError with one line naming the fix."""
+
+  Raises ConfigError with one line naming the fix.
+  """
   path = config_arg.partition(":")[0]
   module, args = config_module(config_arg)
   if not hasattr(module, "get_sweep"):

@@ -109,8 +109,10 @@ def _check_flags(sweep, overrides: list[str]) -> None:
 
 
 def _open_study(url: str, name: str, sweep, target: int, sweep_dir: str):
-  """(study, store) of the sweep, creating sweep_dir; bad input leaves nothing behind (only what this process
-  made)."""
+  """(study, store) of the sweep, creating sweep_dir.
+
+  Bad input leaves nothing behind (only what this process made).
+  """
   from vitjax.sweep import study as study_lib
 
   existed = os.path.isdir(sweep_dir)
@@ -146,8 +148,11 @@ def _requeue(study, target: int) -> None:
 
 
 def _run_workers(run) -> int:
-  """Runs the trials until done (0) or stopped: a signal (every trial checkpoints; a second one stops at once), a
-  worker that crashed, or three user errors in a row; each stop says how to go on."""
+  """Runs the trials until done (0) or stopped; each stop says how to go on.
+
+  Stopped by a signal (every trial checkpoints; a second one stops at once), a worker that crashed, or three user errors
+  in a row.
+  """
   from vitjax.sweep import runner
 
   stops = []

@@ -60,8 +60,11 @@ def best_point(results: dict) -> tuple[int, float]:
 
 
 def sweep(workdir, checkpoint="best", points=(), split="valid", limit=None, storage=None, write=True) -> dict:
-  """Runs the grid, resuming the study; returns {"best": (beam, alpha), "bleu": {point: BLEU}, "before": the
-  run's point (None unless it decodes with beam search), "written": whether the best went into its config}."""
+  """Runs the grid, resuming the study.
+
+  Returns {"best": (beam, alpha), "bleu": {point: BLEU}, "before": the run's point (None unless it decodes with beam
+  search), "written": whether the best went into its config}.
+  """
   from vitjax.train import workdir as workdir_lib
 
   workdir = os.path.abspath(workdir)

@@ -1,5 +1,7 @@
-"""Which devices each sweep worker gets (GPUs or CPU cores), how a trial process is pinned to them, and how a
-worker tells whether another worker's process is still alive."""
+"""Which devices each sweep worker gets (GPUs or CPU cores), and how a trial process is pinned to them.
+
+Also how a worker tells whether another worker's process is still alive.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +16,11 @@ from vitjax.errors import ConfigError
 
 
 def device_groups(workers: int, per_worker: int | None) -> list[tuple[str, list[int]]]:
-  """Each worker's devices: ("gpu", CUDA ids) or ("cpu", cores). GPUs are those of CUDA_VISIBLE_DEVICES, or
-  nvidia-smi's; without GPUs (or with JAX_PLATFORMS=cpu) each worker gets its share of this process's cores."""
+  """Each worker's devices: ("gpu", CUDA ids) or ("cpu", cores).
+
+  GPUs are those of CUDA_VISIBLE_DEVICES, or nvidia-smi's; without GPUs (or with JAX_PLATFORMS=cpu) each worker gets its
+  share of this process's cores.
+  """
   if workers < 1:
     raise ConfigError(f"--workers={workers}: give at least 1")
   if per_worker is not None and per_worker < 1:
@@ -64,8 +69,10 @@ _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") el
 
 
 def child_setup(cores):
-  """In the trial's process before exec: SIGTERM when the worker thread's process dies (the trial checkpoints
-  and stops instead of training on, orphaned); pinned to the worker's cores."""
+  """In the trial's process before exec: SIGTERM when the worker thread's process dies; pinned to the worker's cores.
+
+  The trial then checkpoints and stops instead of training on, orphaned.
+  """
 
   def setup():
     if _libc is not None:

@@ -47,9 +47,11 @@ def by_step(rows) -> list[dict]:
 
 
 class MetricsFollower:
-  """Reads the rows a run appends to its metrics.jsonl since the last call (the file is polled every second, so it
-  is not read again from the start). A resume replaces the file (rows past its checkpoint dropped, a new inode):
-  then it reads the new file from its start."""
+  """Reads the rows a run appends to its metrics.jsonl since the last call.
+
+  The file is polled every second, so it is not read again from the start. A resume replaces the file (rows past its
+  checkpoint dropped, a new inode): then it reads the new file from its start.
+  """
 
   def __init__(self, workdir: str):
     self.path, self.offset, self.inode = os.path.join(workdir, "metrics.jsonl"), 0, None

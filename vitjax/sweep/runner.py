@@ -104,8 +104,10 @@ class Runner:
     return counts
 
   def _recover(self) -> None:
-    """Fails and queues again the RUNNING trials whose worker is gone: stale heartbeats (any host) or a dead
-    process on this host."""
+    """Fails and queues again the RUNNING trials whose worker is gone.
+
+    Stale heartbeats (any host) or a dead process on this host.
+    """
     with self.guard:
       self._recover_unguarded()
 
@@ -296,8 +298,10 @@ class Runner:
       self._finished(n, f"failed: {line} (log: {log_path})", wall, ok=False, user_error=rc in (0, EXIT_USER_ERROR))
 
   def _interrupted(self, trial) -> None:
-    """Fails a trial this worker ran and queues a copy (same slot) to resume it; unless another worker took it
-    for stale first, in which case that one queued it."""
+    """Fails a trial this worker ran and queues a copy (same slot) to resume it.
+
+    Unless another worker took it for stale first, in which case that one queued it.
+    """
     optuna = optuna_module()
     with self.guard:
       try:
@@ -311,8 +315,10 @@ class Runner:
     return {k: _suggest(trial, k, d) for k, d in self.sweep.dims().items()}
 
   def _attempt(self, index, trial, n, cmd, workdir, log_path, reported):
-    """One launch of the trial's run, followed to its end; returns (exit status, step it was pruned at or None,
-    where its log ended before it)."""
+    """One launch of the trial's run, followed to its end.
+
+    Returns (exit status, step it was pruned at or None, where its log ended before it).
+    """
     kind, ids = self.groups[index]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if kind == "gpu":
@@ -405,7 +411,8 @@ class _SqliteGuard:
 
   The storage's WAITING -> RUNNING and RUNNING -> FAIL updates are atomic on PostgreSQL and MySQL (SELECT ... FOR
   UPDATE); SQLite has no row locks, so two workers could both read a trial as WAITING and both claim it. An
-  flock on a file beside the database closes that gap; elsewhere this does nothing."""
+  flock on a file beside the database closes that gap; elsewhere this does nothing.
+  """
 
   def __init__(self, url: str):
     self.path = None

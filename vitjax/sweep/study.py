@@ -1,5 +1,8 @@
-"""The sweep's Optuna study: its storage (SQLite or PostgreSQL), its name, the queue of trials (slots) that any
-number of workers claim, and the sampler and pruner (vitjax.sweep.runner runs the trials)."""
+"""The sweep's Optuna study: storage, name, the queue of trials that workers claim, sampler and pruner.
+
+Its storage (SQLite or PostgreSQL), its name, the queue of trials (slots) that any number of workers claim, and the
+sampler and pruner (vitjax.sweep.runner runs the trials).
+"""
 
 from __future__ import annotations
 
@@ -74,8 +77,11 @@ def slot(t) -> int:
 
 
 def requeue(study, trial) -> None:
-  """Queues a failed-while-running trial again: same slot, parameters and reported evaluations (it resumes from
-  its checkpoint in the same directory). Optuna calls it for stale trials; the runner for interrupted ones."""
+  """Queues a failed-while-running trial again.
+
+  Same slot, parameters and reported evaluations (it resumes from its checkpoint in the same directory). Optuna calls it
+  for stale trials; the runner for interrupted ones.
+  """
   optuna = optuna_module()
   attrs = {k: v for k, v in trial.system_attrs.items() if k != OWNER}
   attrs["retry_of"] = attrs.get("retry_of", []) + [trial.number]
@@ -92,7 +98,7 @@ def requeue(study, trial) -> None:
 
 
 def latest_attempts(trials) -> dict:
-  """slot -> the slot's newest attempt (retries are new Optuna trials of the same slot)."""
+  """Maps each slot to its newest attempt (retries are new Optuna trials of the same slot)."""
   out = {}
   for t in sorted(trials, key=lambda t: t.number):
     out[slot(t)] = t
@@ -100,8 +106,10 @@ def latest_attempts(trials) -> dict:
 
 
 def open_study(url: str, name: str, sweep, target: int, heartbeat: int | None = None, grace: int | None = None):
-  """Creates the study (and queues its trials) or loads it; returns (study, storage). Checks a loaded study was
-  made by the same sweep; tops its slots up to `target` (a rerun with a larger --max_trials)."""
+  """Creates the study (and queues its trials) or loads it; returns (study, storage).
+
+  Checks a loaded study was made by the same sweep; tops its slots up to `target` (a rerun with a larger --max_trials).
+  """
   optuna = optuna_module()
   store = storage(url, heartbeat, grace)
   try:
@@ -152,8 +160,11 @@ def difference(a: dict, b: dict) -> str:
 
 
 def make_sampler(sweep, slot: int | None = None):
-  """The sweep's sampler; with a seed and a slot, seeded by both, so that machines and reruns draw each trial's
-  values from its own stream (the same seed everywhere would draw the same points on every machine)."""
+  """The sweep's sampler; with a seed and a slot, seeded by both.
+
+  So that machines and reruns draw each trial's values from its own stream (the same seed everywhere would draw the same
+  points on every machine).
+  """
   optuna = optuna_module()
   seed = sweep.seed if sweep.seed is None or slot is None else sweep.seed * 100_003 + slot
   if sweep.sampler == "random":

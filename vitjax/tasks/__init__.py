@@ -1,6 +1,8 @@
-"""Tasks: what differs between image classification, masked-image pre-training and translation, behind one
-interface (`Task`, in vitjax.tasks.base), so that one trainer serves them all. A task knows its data, the model's inputs, its loss, its
-evaluation and what prediction needs; the trainer knows the mesh, the optimizer, checkpoints and reporting.
+"""Tasks: what differs between image classification, masked-image pre-training and translation.
+
+Behind one interface (`Task`, in vitjax.tasks.base), so that one trainer serves them all. A task knows its data, the
+model's inputs, its loss, its evaluation and what prediction needs; the trainer knows the mesh, the optimizer,
+checkpoints and reporting.
 
     task = vitjax.tasks.get(config, workdir)   # config.task: "classification" | "translation" | "mae"
 """
@@ -18,8 +20,11 @@ TASKS = {"classification": ImageClassification, "translation": Translation, "mae
 
 
 def get(config, workdir: str, described: dict | None = None, layout: mesh_lib.Layout | None = None) -> Task:
-  """The task named by config.task. described: a trained run's WORKDIR/task.json (prediction without data);
-  layout: config.mesh as the caller resolved it (vitjax.mesh.Layout; None: the task resolves it)."""
+  """The task named by config.task.
+
+  described: a trained run's WORKDIR/task.json (prediction without data); layout: config.mesh as the caller resolved it
+  (vitjax.mesh.Layout; None: the task resolves it).
+  """
   name = config.task
   if name not in TASKS:
     raise ConfigError(f"unknown task {name!r}; use one of {sorted(TASKS)}")

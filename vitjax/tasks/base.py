@@ -66,8 +66,9 @@ class TrainInput:
 
 @runtime_checkable
 class Task(Protocol):
-  """What the trainer asks of a task. Built as `Task(config, workdir, described, layout)` (vitjax.tasks.get);
-  nothing may be written before check().
+  """What the trainer asks of a task.
+
+  Built as `Task(config, workdir, described, layout)` (vitjax.tasks.get); nothing may be written before check().
 
   batch_keys: keys of a training batch that go to the devices.
   layout: the devices' layout (vitjax.mesh.Layout, config.mesh resolved once), which batches must split over.
@@ -86,30 +87,38 @@ class Task(Protocol):
     """Batch-1 model inputs for model.init (shapes and dtypes only matter)."""
 
   def describe(self) -> dict:
-    """What prediction needs beyond config.json (classes, image size, normalisation, tokenizer file); the
-    trainer writes it to WORKDIR/task.json so that vitjax.load works without the dataset."""
+    """What prediction needs beyond config.json (classes, image size, normalisation, tokenizer file).
+
+    The trainer writes it to WORKDIR/task.json so that vitjax.load works without the dataset.
+    """
 
   def train_input(self) -> TrainInput:
     """This process's training batches."""
 
   def device_batch(self, batch: dict, key: jax.Array) -> dict:
-    """Batch-level work on the devices inside the jitted training step, on the whole global batch before any
-    micro-batching (normalising uint8 images, Mixup/CutMix); `key` is the step's PRNG key (a function of the seed
-    and the step only)."""
+    """Batch-level work on the devices inside the jitted training step, on the whole global batch.
+
+    Before any micro-batching (normalising uint8 images, Mixup/CutMix); `key` is the step's PRNG key (a function of the
+    seed and the step only).
+    """
 
   def model_inputs(self, batch: dict) -> tuple:
     """Positional model inputs from a (device) batch."""
 
   def loss(self, logits: jax.Array, batch: dict) -> tuple[jax.Array, dict]:
-    """(scalar loss, {name: scalar}) of one batch; a "tokens" entry is summed, not averaged, over
-    micro-batches."""
+    """(scalar loss, {name: scalar}) of one batch.
+
+    A "tokens" entry is summed, not averaged, over micro-batches.
+    """
 
   def check_split(self, split: str, what: str) -> None:
     """ConfigError naming the setting `what` if the data has no split `split`."""
 
   def eval_batches(self, split: str, limit: int | None = None):
-    """A split's evaluation data for its evaluators (vitjax.evaluators), at least `limit` examples (None: all);
-    its form is the task's (image batches; translation's pairs and batches), as evaluators are written for tasks."""
+    """A split's evaluation data for its evaluators (vitjax.evaluators), at least `limit` examples (None: all).
+
+    Its form is the task's (image batches; translation's pairs and batches), as evaluators are written for tasks.
+    """
 
 
 def cross_entropy(logits, labels, num_classes: int, smoothing: float = 0.0):

@@ -53,8 +53,11 @@ class ImageClassification:
     return data_lib.holdout_split(n, d.valid_fraction, d.valid_seed)
 
   def training_positions(self) -> np.ndarray | None:
-    """The positions of train_split that train (None: all): without the held-out 'valid', and with data.labelled
-    only a class-balanced subset of the rest (what the probe evaluator fits on too)."""
+    """The positions of train_split that train (None: all).
+
+    Without the held-out 'valid', and with data.labelled only a class-balanced subset of the rest (what the probe
+    evaluator fits on too).
+    """
     if self._training_positions is None:
       d = self.config.data
       kept = self._holdout()[0] if d.valid_fraction and not self.own_valid() else None
@@ -108,8 +111,11 @@ class ImageClassification:
       raise ConfigError(f"config.data ({d.name}, split {split!r}): {str(e).splitlines()[0]}{hint}") from None
 
   def preprocess(self) -> augment.Preprocess:
-    """How images meet the model: the config's data.preprocess, its None fields from timm's pretrained config of
-    an init_from='timm:NAME:FILE' model, else the defaults (augment.Preprocess); a loaded run's from its task.json."""
+    """How images meet the model.
+
+    The config's data.preprocess, its None fields from timm's pretrained config of an init_from='timm:NAME:FILE' model,
+    else the defaults (augment.Preprocess); a loaded run's from its task.json.
+    """
     if self._described is not None:
       return augment.Preprocess.from_described(self._described)
     if self._preprocess is None:
@@ -169,8 +175,10 @@ class ImageClassification:
     return True
 
   def check_split(self, split: str, what: str) -> None:
-    """ConfigError (naming `what`, the setting) if `split` cannot be read: 'valid' without a held-out part or a
-    split of its own, or a split the dataset does not have."""
+    """ConfigError (naming `what`, the setting) if `split` cannot be read.
+
+    'valid' without a held-out part or a split of its own, or a split the dataset does not have.
+    """
     d = self.config.data
     if split == VALID and not self.own_valid():
       if not d.valid_fraction:
@@ -269,8 +277,11 @@ class ImageClassification:
     return loss, {"accuracy": jnp.mean(logits.argmax(-1) == hard)}
 
   def eval_batches(self, split: str, limit: int | None = None):
-    """The process-local evaluation batches of a split (image uint8, label, mask: 0 for padding rows), at least
-    `limit` examples (None: all), with a progress line: what evaluators (vitjax.evaluators) read."""
+    """The process-local evaluation batches of a split: what evaluators (vitjax.evaluators) read.
+
+    Batches of (image uint8, label, mask: 0 for padding rows), at least `limit` examples (None: all), with a progress
+    line.
+    """
     it, info = self._input(split, False)
     progress = Progress(f"eval {split}", info.steps_per_epoch, unit="images")
     seen = 0
@@ -283,9 +294,11 @@ class ImageClassification:
 
   # -- representations (vitjax.probe)
   def features(self, model, variables, split, sharding, limit=None, stop=None) -> tuple[np.ndarray, np.ndarray]:
-    """(features float32 [N, D], labels int [N]) of a split's images through the evaluation preprocessing: the
-    model's pooled representation, the input of its head (its intermediates["pre_logits"]), computed under jit
-    over the mesh; every process gets all of them. `limit` caps the examples; `stop()` as in evaluate()."""
+    """(features float32 [N, D], labels int [N]) of a split's images through the evaluation preprocessing.
+
+    The model's pooled representation, the input of its head (its intermediates["pre_logits"]), computed under jit over
+    the mesh; every process gets all of them. `limit` caps the examples; `stop()` as in evaluate().
+    """
     it, info = self._input(split, False)
     pre = self.preprocess()
     progress = Progress(f"features {split}", info.steps_per_epoch, unit="images")
@@ -338,10 +351,12 @@ class ImageClassification:
 
 
 def check_images(images, channels: int) -> np.ndarray:
-  """The images predict() takes, as uint8 [N, H, W, channels] (one channel may be left out: [N, H, W]);
-  anything else is a ValueError of one line that says what was given and what to do. Integer arrays with values
-  in 0..255 are taken as they are; floats are refused, since their range (0..1, -1..1, 0..16) cannot be told apart
-  from a mistake."""
+  """The images predict() takes, as uint8 [N, H, W, channels] (one channel may be left out: [N, H, W]).
+
+  Anything else is a ValueError of one line that says what was given and what to do. Integer arrays with values in
+  0..255 are taken as they are; floats are refused, since their range (0..1, -1..1, 0..16) cannot be told apart from a
+  mistake.
+  """
   images = np.asarray(images)
   want = f"predict takes uint8 images [N, H, W, {channels}] with values 0..255, as the dataset stores them"
   if images.ndim == 3 and channels == 1 and images.shape[-1] != 1:  # [N, H, W]; a lone [H, W, 1] is refused

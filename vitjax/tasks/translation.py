@@ -251,8 +251,10 @@ class Translation:
     return int(min(self.config.data.max_len, src_len * 1.5 + extra_len))
 
   def eval_batches(self, split: str, limit: int | None = None):
-    """(pairs, this process's batches: src, tgt, index (-1 for padding rows), mask) of a split's first `limit`
-    pairs (None: all), what evaluators (vitjax.evaluators.translation) read."""
+    """(pairs, this process's batches) of a split's first `limit` pairs (None: all).
+
+    Batches of src, tgt, index (-1 for padding rows), mask: what evaluators (vitjax.evaluators.translation) read.
+    """
     self.check_split(split, "split")
     d = self.config.data
     pairs = self.splits[split][:limit] if limit else self.splits[split]
@@ -267,8 +269,10 @@ class Translation:
     return pairs, batches
 
   def references(self) -> dict:
-    """{pair: every acceptable target} for a source with several (the Ding dictionary's synonyms), read once;
-    {} for a source with one reference each."""
+    """{pair: every acceptable target} for a source with several (the Ding dictionary's synonyms), read once.
+
+    {} for a source with one reference each.
+    """
     if self._references is None:
       d = self.config.data
       found = text.load_references(d.source, src_lang=d.src_lang, tgt_lang=d.tgt_lang, data_dir=d.data_dir)

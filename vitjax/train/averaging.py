@@ -1,6 +1,7 @@
-"""Checkpoint averaging (Vaswani et al. 2017; T2T's and fairseq's average_checkpoints): the mean of several steps'
-parameters, written as WORKDIR/averaged, which --checkpoint=averaged reads wherever a checkpoint is read
-(`--mode=eval` with any evaluator, vitjax.load, export, translate).
+"""Checkpoint averaging (Vaswani et al. 2017; T2T's and fairseq's average_checkpoints).
+
+The mean of several steps' parameters, written as WORKDIR/averaged, which --checkpoint=averaged reads wherever a
+checkpoint is read (`--mode=eval` with any evaluator, vitjax.load, export, translate).
 
 The members are restored as the other checkpoints are (sharded over the mesh, every array checked against its
 checksum): a corrupt member stops the averaging with one line naming it, and nothing is written. The mean is taken
@@ -55,8 +56,10 @@ def _add(total, tree):
 
 
 def average(config, workdir: str, last: int | None = None, steps=None) -> dict:
-  """Writes the mean of the chosen checkpoints' parameters (and float model state) to WORKDIR/averaged; returns
-  {"workdir", "steps": the members, "step": the newest member's}."""
+  """Writes the mean of the chosen checkpoints' parameters (and float model state) to WORKDIR/averaged.
+
+  Returns {"workdir", "steps": the members, "step": the newest member's}.
+  """
   workdir = os.path.abspath(workdir)
   lock = workdir_lib.Lock(workdir)
   lock.acquire()  # one writer: not beside a training run (which deletes old steps) or another averaging

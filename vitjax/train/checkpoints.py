@@ -132,8 +132,11 @@ class Checkpoints:
 
   # -- saving
   def save(self, step: int, state, data_state: str, metrics: dict | None = None) -> None:
-    """Starts writing step `step` (asynchronously) with its checksums. metrics: its evaluation (finite ones make
-    it a candidate for `best`); None: not evaluated (a resume evaluates it if the step is an evaluation step)."""
+    """Starts writing step `step` (asynchronously) with its checksums.
+
+    metrics: its evaluation (finite ones make it a candidate for `best`); None: not evaluated (a resume evaluates it if
+    the step is an evaluation step).
+    """
     sums = {"state": checksums(state), "data": text_checksum(data_state)}
     args = ocp.args.Composite(
       state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state), checksums=ocp.args.JsonSave(sums)
@@ -167,8 +170,10 @@ class Checkpoints:
     return self.manager.metrics(step)
 
   def candidates(self, which: str) -> list[int]:
-    """The steps `which` ('latest', 'best' or a step number) may use, in order of preference: the fallbacks
-    for a corrupt one follow ('latest': older steps; 'best': the next best, then the latest)."""
+    """The steps `which` ('latest', 'best' or a step number) may use, in order of preference.
+
+    The fallbacks for a corrupt one follow ('latest': older steps; 'best': the next best, then the latest).
+    """
     steps = self.steps()
     if not steps:
       raise ConfigError(f"{self.directory} holds no finished checkpoint")
@@ -224,10 +229,12 @@ class Checkpoints:
     )
 
   def restore_variables(self, which: str, abstract: dict, weights: str = "params"):
-    """(step, parameters, other collections) of `which` (see restore): only those arrays are read, not the
-    optimizer's. abstract: {"params", "model_state"} as state.Network.abstract. weights: "params" (the trained
-    parameters) or "ema" (their moving average, config.ema_decay, found by its place in the saved optimizer state;
-    ConfigError if the run kept none)."""
+    """(step, parameters, other collections) of `which` (see restore).
+
+    Only those arrays are read, not the optimizer's. abstract: {"params", "model_state"} as state.Network.abstract.
+    weights: "params" (the trained parameters) or "ema" (their moving average, config.ema_decay, found by its place in
+    the saved optimizer state; ConfigError if the run kept none).
+    """
     if weights not in ("params", "ema"):
       raise ConfigError(f"weights={weights!r}: use 'params' (the trained parameters) or 'ema' (their average)")
     step, (params, model_state), _ = self.restore(which, abstract, with_data=False, variables_only=weights)
@@ -275,9 +282,11 @@ class Checkpoints:
     return state, data
 
   def _ema_target(self, step, params) -> list | dict:
-    """The saved optimizer state's tree with orbax's PLACEHOLDER everywhere but the moving average of the
-    parameters (optim.track_ema's `ema`, laid out as the parameters): a read of that alone, with no optimizer
-    to rebuild. ConfigError if the run kept no average."""
+    """The saved optimizer state's tree with orbax's PLACEHOLDER everywhere but the moving average of the parameters.
+
+    The average is optim.track_ema's `ema`, laid out as the parameters. A read of that alone, with no optimizer to
+    rebuild. ConfigError if the run kept no average.
+    """
     path = os.path.join(self.directory, str(step), "state")
     try:
       with open(os.path.join(path, "_METADATA")) as f:
@@ -301,8 +310,10 @@ class Checkpoints:
     return tree["opt_state"]
 
   def _check_shapes(self, step, target) -> None:
-    """ConfigError when the step's arrays have other shapes than `target` (another config's checkpoint);
-    CorruptCheckpoint when its metadata cannot be read."""
+    """ConfigError when the step's arrays have other shapes than `target` (another config's checkpoint).
+
+    CorruptCheckpoint when its metadata cannot be read.
+    """
     try:
       saved = saved_shapes(os.path.join(self.directory, str(step), "state"))
     except Exception as e:
@@ -319,8 +330,10 @@ class Checkpoints:
       )
 
   def _set_aside(self, step: int) -> None:
-    """Moves a corrupt step out of checkpoints/ into WORKDIR/corrupt/ (training only: a new step of that number
-    must not collide with it). Kept for inspection; nothing is deleted."""
+    """Moves a corrupt step out of checkpoints/ into WORKDIR/corrupt/.
+
+    Training only: a new step of that number must not collide with it. Kept for inspection; nothing is deleted.
+    """
     if self.read_only:
       return
     if jax.process_index() == 0:
@@ -350,9 +363,11 @@ class Checkpoints:
 
 
 def read_variables(workdir: str, config, which, abstract: dict, weights: str = "params"):
-  """(step, parameters, other collections) of a workdir's checkpoint `which`: 'best', 'latest', a step (see
-  Checkpoints.candidates), or 'averaged' (vitjax.average's mean; its step is its newest member's). abstract:
-  state.Network.abstract."""
+  """(step, parameters, other collections) of a workdir's checkpoint `which`.
+
+  'best', 'latest', a step (see Checkpoints.candidates), or 'averaged' (vitjax.average's mean; its step is its newest
+  member's). abstract: state.Network.abstract.
+  """
   if str(which) != AVERAGED:
     with Checkpoints(workdir, config.best, evaluators.best_mode(config), read_only=True) as ckpts:
       return ckpts.restore_variables(str(which), abstract, weights)
@@ -368,8 +383,10 @@ def read_variables(workdir: str, config, which, abstract: dict, weights: str = "
 
 
 def _insert(tree, keys, value) -> None:
-  """Puts `value` at `keys` (orbax's key metadata: key_type 1 a sequence index, else a dict key) in a nested
-  tree of lists and dicts, making the containers on the way."""
+  """Puts `value` at `keys` in a nested tree of lists and dicts, making the containers on the way.
+
+  `keys` is orbax's key metadata: key_type 1 a sequence index, else a dict key.
+  """
   node = tree
   for i, k in enumerate(keys):
     key = int(k["key"]) if k["key_type"] == 1 else str(k["key"])
@@ -395,10 +412,12 @@ def _ema_of(opt_state):
 
 
 def saved_shapes(path: str) -> dict[str, tuple]:
-  """{'params/encoder/block_0/attn/query/kernel': shape, ...} of the arrays in an orbax PyTree directory (a step's
-  state/), read with tensorstore's blocking calls. Orbax's own metadata read runs on an asyncio loop that it closes
-  when a read fails, and the reads still pending then print tracebacks from tensorstore's threads; a damaged file
-  raises here instead, and nothing is left pending."""
+  """The shapes of the arrays in an orbax PyTree directory (a step's state/), read with tensorstore's blocking calls.
+
+  As {'params/encoder/block_0/attn/query/kernel': shape, ...}. Orbax's own metadata read runs on an asyncio loop that it
+  closes when a read fails, and the reads still pending then print tracebacks from tensorstore's threads; a damaged file
+  raises here instead, and nothing is left pending.
+  """
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
 
   with open(os.path.join(path, "_METADATA")) as f:
@@ -426,8 +445,10 @@ def _first_line(e: BaseException) -> str:
 
 
 def load_params(workdir: str) -> tuple[dict, dict]:
-  """(parameters, other collections such as BatchNorm statistics) of a workdir's latest intact checkpoint, as
-  saved (for config.init_from=WORKDIR: the shapes may differ from the model's; vitjax.models.adapt fits them)."""
+  """(parameters, other collections such as BatchNorm statistics) of a workdir's latest intact checkpoint, as saved.
+
+  For config.init_from=WORKDIR: the shapes may differ from the model's; vitjax.models.adapt fits them.
+  """
   workdir = os.path.abspath(workdir)
   if not has_checkpoints(workdir):
     raise ConfigError(

@@ -102,10 +102,13 @@ def _finite(metrics: dict) -> bool:
 
 
 def train(config: mlc.ConfigDict, workdir: str, allow_config_change: bool = False) -> dict:
-  """Trains (resuming from WORKDIR's newest intact checkpoint if any), evaluates, checkpoints. Returns the result
-  as evaluate() does: {"step", "checkpoint": "best", "split", "weights"} and the best step's metrics. Raises ConfigError / DatasetNotPreparedError before writing anything if the config, data
-  or workdir cannot work; Preempted or Diverged when it stops early (see the module docstring); WorkdirUnwritable
-  when the workdir's disk fills up (or is read-only) during training."""
+  """Trains (resuming from WORKDIR's newest intact checkpoint if any), evaluates, checkpoints.
+
+  Returns the result as evaluate() does: {"step", "checkpoint": "best", "split", "weights"} and the best step's metrics.
+  Raises ConfigError / DatasetNotPreparedError before writing anything if the config, data or workdir cannot work;
+  Preempted or Diverged when it stops early (see the module docstring); WorkdirUnwritable when the workdir's disk fills
+  up (or is read-only) during training.
+  """
   workdir = os.path.abspath(workdir)
   with StopRequest() as stop:  # from the start: a signal during setup or compilation stops cleanly too
     try:
@@ -186,8 +189,11 @@ def _checked_train(config, workdir, allow_config_change, stop) -> dict:
 
 
 def _restore_data(data, data_state: str, workdir: str) -> None:
-  """Puts the training batches where the checkpoint left them; a position this pipeline cannot take is a
-  ConfigError (a checkpoint of an older data pipeline, or data that changed under the run)."""
+  """Puts the training batches where the checkpoint left them.
+
+  A position this pipeline cannot take is a ConfigError (a checkpoint of an older data pipeline, or data that changed
+  under the run).
+  """
   try:
     data.restore(data_state)
   except (ValueError, KeyError, TypeError) as e:
@@ -351,8 +357,11 @@ def _steps(run: _Run, train_step, state, start: int, reporter: Reporter, evaluat
 
 
 class _Evaluations:
-  """Evaluates a step and saves it: with its metrics (a candidate for best) when the evaluator of config.best ran;
-  one log line per evaluator, the best one's saying whether it is the best so far."""
+  """Evaluates a step and saves it.
+
+  With its metrics (a candidate for best) when the evaluator of config.best ran; one log line per evaluator, the best
+  one's saying whether it is the best so far.
+  """
 
   def __init__(self, run: _Run, reporter: Reporter):
     self.run_, self.reporter = run, reporter
@@ -367,8 +376,10 @@ class _Evaluations:
     return self.run_.stop.requested()
 
   def run(self, step: int, state, data_state, due, resave: bool = False) -> None:
-    """Runs the evaluators `due` at `step` and saves the step. An interrupted evaluation saves the step without
-    metrics (it runs again on resume) and raises Preempted."""
+    """Runs the evaluators `due` at `step` and saves the step.
+
+    An interrupted evaluation saves the step without metrics (it runs again on resume) and raises Preempted.
+    """
     run, ckpts = self.run_, self.run_.ckpts
     weights = {"params": lambda: state_lib.variables(state)}
     weights["ema"] = lambda: {"params": optim.ema_params(state.opt_state), **state.model_state}
@@ -482,12 +493,15 @@ def evaluate(
   weights: str | None = None,
   name: str | None = None,
 ) -> dict:
-  """Runs evaluator `name` (a config.evals entry, or a type with its default options; None: the one that
-  chooses best) on a checkpoint: best, latest, a step, averaged (vitjax.average's; corrupt ones are skipped for best
-  and latest), or init (the initial weights: config.init_from's, else random; also what a workdir without
-  checkpoints but with config.init_from evaluates). `split` and `weights` ('params', 'ema') override the
-  evaluator's. Writes WORKDIR/NAME_SPLIT_STEP.json (STEP: averaged, init, imported; _ema added where --weights=ema
-  overrides the evaluator's weights) and a metrics.jsonl row."""
+  """Runs evaluator `name` on a checkpoint; writes WORKDIR/NAME_SPLIT_STEP.json and a metrics.jsonl row.
+
+  `name`: a config.evals entry, or a type with its default options; None: the one that chooses best. The checkpoint:
+  best, latest, a step, averaged (vitjax.average's; corrupt ones are skipped for best and latest), or init (the initial
+  weights: config.init_from's, else random; also what a workdir without checkpoints but with config.init_from
+  evaluates). `split` and `weights` ('params', 'ema') override the evaluator's. Writes WORKDIR/NAME_SPLIT_STEP.json
+  (STEP: averaged, init, imported; _ema added where --weights=ema overrides the evaluator's weights) and a metrics.jsonl
+  row.
+  """
   workdir = os.path.abspath(workdir)
   trained = ckpt_lib.has_checkpoints(workdir)
   imported = not trained and bool(config.init_from)

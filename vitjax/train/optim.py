@@ -1,7 +1,8 @@
-"""Optimizer and learning-rate schedule from the config, big_vision's way: any optax optimizer by name with its
-keyword arguments, per-parameter rules by regex over 'a/b/kernel' paths (lr_mults, wd_mults, frozen), global-norm
-clipping, layer-wise learning-rate decay (a generator of learning-rate multipliers), an EMA of the parameters;
-warm-up then cosine / linear / inverse-sqrt / constant decay.
+"""Optimizer and learning-rate schedule from the config, big_vision's way.
+
+Any optax optimizer by name with its keyword arguments, per-parameter rules by regex over 'a/b/kernel' paths (lr_mults,
+wd_mults, frozen), global-norm clipping, layer-wise learning-rate decay (a generator of learning-rate multipliers), an
+EMA of the parameters; warm-up then cosine / linear / inverse-sqrt / constant decay.
 
     config.optim = dict(name="adamw", lr=1e-3, kwargs=dict(b2=0.95), weight_decay=0.05, ...)
     config.lr_mults = (("pos_embedding", 0.1),)   # (regex, multiplier): the first rule a path matches decides
@@ -130,8 +131,10 @@ def _is_optimizer(name: str) -> bool:
 
 
 def optimizer(name: str, kw: dict):
-  """(optax's function NAME, its weight-decay argument names or None); ConfigError for a name optax lacks or an
-  argument NAME does not take."""
+  """(optax's function NAME, its weight-decay argument names or None).
+
+  ConfigError for a name optax lacks or an argument NAME does not take.
+  """
   if not _is_optimizer(str(name)):
     near = difflib.get_close_matches(str(name), [n for n in dir(optax) if _is_optimizer(n)], 4, 0.5)
     raise ConfigError(
@@ -180,9 +183,11 @@ _EXAMPLES = {
 
 
 def _decide(rules, params, what: str, default: float, strict: bool = True):
-  """(tree of values, {rule index: [paths it decided]}): each leaf takes the value of the first rule whose regex
-  matches (re.search) its path, else `default`. ConfigError for a rule that decides no parameter (strict: the
-  config's own rules; a family's defaults may find nothing to decide)."""
+  """(tree of values, {rule index: [paths it decided]}).
+
+  Each leaf takes the value of the first rule whose regex matches (re.search) its path, else `default`. ConfigError for
+  a rule that decides no parameter (strict: the config's own rules; a family's defaults may find nothing to decide).
+  """
   compiled = _rules(rules, what)
   decided: dict[int, list[str]] = {i: [] for i in range(len(compiled))}
 
@@ -209,8 +214,11 @@ def _decide(rules, params, what: str, default: float, strict: bool = True):
 
 
 def default_wd_mults(model=None) -> tuple[tuple[str, float], ...]:
-  """The model family's weight-decay rules (config.wd_mults=None): no decay on the leaves its family names in
-  `no_decay` (biases, norms' scales, positions, bias tables, class tokens, ...; every family's when model is None)."""
+  """The model family's weight-decay rules (config.wd_mults=None).
+
+  No decay on the leaves its family names in `no_decay` (biases, norms' scales, positions, bias tables, class tokens,
+  ...; every family's when model is None).
+  """
   return ((models.registry.no_decay_pattern(model).pattern, 0.0),)
 
 
@@ -239,8 +247,11 @@ def frozen_tree(config, params):
 
 
 def lr_mults_tree(config, model, params):
-  """Each parameter's learning-rate multiplier: its lr_mults rule's value (1 if none) times, with optim.layer_decay,
-  decay ** (L + 1 - layer) (an array over a scanned parameter's stacked layers)."""
+  """Each parameter's learning-rate multiplier.
+
+  Its lr_mults rule's value (1 if none) times, with optim.layer_decay, decay ** (L + 1 - layer) (an array over a scanned
+  parameter's stacked layers).
+  """
   tree, _ = _decide(config.lr_mults or (), params, "lr_mults", 1.0, strict=False)
   tree = jax.tree.map(np.float32, tree)
   decay = config.optim.layer_decay
@@ -282,9 +293,11 @@ def describe(config, model, params) -> list[str]:
 
 
 def layer_decay_scales(model, params, decay: float):
-  """The learning-rate multiplier of every parameter: decay ** (L + 1 - model.layer_index(path)), L =
-  model.num_layers; an array broadcasting over a scanned (stacked) parameter's first axis. Raises ConfigError for
-  a model without layers to count."""
+  """The learning-rate multiplier of every parameter: decay ** (L + 1 - model.layer_index(path)).
+
+  L = model.num_layers; an array broadcasting over a scanned (stacked) parameter's first axis. Raises ConfigError for a
+  model without layers to count.
+  """
   if not hasattr(model, "layer_index"):
     raise ConfigError(
       f"optim.layer_decay applies to ViT and Swin, not to {type(model).__name__}: leave it at 1.0 (off)"
@@ -299,8 +312,11 @@ def layer_decay_scales(model, params, decay: float):
 
 
 def scale_by_mults(mults) -> optax.GradientTransformation:
-  """Multiplies each parameter's update by mults(params)'s entry (after the optimizer, so that a decoupled weight
-  decay is scaled with the learning rate, as in BEiT's and MAE's parameter groups). Stateless."""
+  """Multiplies each parameter's update by mults(params)'s entry. Stateless.
+
+  After the optimizer, so that a decoupled weight decay is scaled with the learning rate, as in BEiT's and MAE's
+  parameter groups.
+  """
 
   def update(updates, state, params=None):
     del params
@@ -317,8 +333,10 @@ class DecayState(NamedTuple):
 
 
 def decoupled_weight_decay(schedule, weight_decay: float, mults) -> optax.GradientTransformation:
-  """update -= schedule(step) * weight_decay * mult * param, AdamW's decoupled decay with a multiplier per
-  parameter (for an optimizer whose own decay wd_mults other than 0 and 1 cannot scale)."""
+  """AdamW's decoupled decay, a multiplier per parameter: update -= schedule(step) * weight_decay * mult * param.
+
+  For an optimizer whose own decay wd_mults other than 0 and 1 cannot scale.
+  """
 
   def update(updates, state, params=None):
     lr = schedule(state.count)
@@ -330,7 +348,7 @@ def decoupled_weight_decay(schedule, weight_decay: float, mults) -> optax.Gradie
 
 
 def l2_weight_decay(weight_decay: float, mults) -> optax.GradientTransformation:
-  """grad += weight_decay * mult * param (L2, before an optimizer without a decay of its own). Stateless."""
+  """L2 weight decay, before an optimizer without a decay of its own: grad += weight_decay * mult * param. Stateless."""
 
   def update(updates, state, params=None):
     scales = mults(params)
@@ -345,7 +363,8 @@ def make_optimizer(config, schedule, model=None) -> optax.GradientTransformation
   The chain, outermost first: [frozen: optax.multi_transform, the frozen parameters' updates zero and stateless]
   -> [global-norm clipping] -> the optimizer with its weight decay -> [lr multipliers] -> [EMA]. For a config
   without lr_mults, frozen or wd_mults other than 0 and 1 it is the chain vitjax built before these rules existed,
-  so older checkpoints resume."""
+  so older checkpoints resume.
+  """
   check(config)
   o = config.optim
   fn, own = optimizer(o.name, kwargs(o))
@@ -391,9 +410,11 @@ def make_optimizer(config, schedule, model=None) -> optax.GradientTransformation
 
 
 def check_rules(config, model, params) -> None:
-  """ConfigError for a config.lr_mults, wd_mults (when given) or frozen rule that decides no parameter, naming
-  the nearest paths, or for frozen rules that leave nothing to train. (Inside the optimizer a rule sees only
-  the parameters that train, where a rule about frozen ones would find nothing: the check is here, once.)"""
+  """ConfigError for a config.lr_mults, wd_mults (when given) or frozen rule that decides no parameter.
+
+  It names the nearest paths. Also for frozen rules that leave nothing to train. (Inside the optimizer a rule sees only
+  the parameters that train, where a rule about frozen ones would find nothing: the check is here, once.)
+  """
   _decide(config.lr_mults or (), params, "lr_mults", 1.0)
   if config.wd_mults is not None:
     _decide(tuple(config.wd_mults), params, "wd_mults", 1.0)
@@ -410,10 +431,12 @@ class EmaState(NamedTuple):
 
 
 def track_ema(decay: float) -> optax.GradientTransformation:
-  """Leaves the updates as they are and keeps, in its state, the exponential moving average of the parameters
-  they produce: ema <- decay * ema + (1 - decay) * (params + updates), starting from the initial parameters. Last
-  in the chain, it sees the final updates; in the optimizer state, it is checkpointed with it, laid out like the
-  parameters, and left as it was by a step the divergence guard rejects."""
+  """Leaves the updates as they are and keeps, in its state, the exponential moving average of the parameters.
+
+  The parameters are those the updates produce: ema <- decay * ema + (1 - decay) * (params + updates), starting from the
+  initial parameters. Last in the chain, it sees the final updates; in the optimizer state, it is checkpointed with it,
+  laid out like the parameters, and left as it was by a step the divergence guard rejects.
+  """
 
   def init(params):
     return EmaState(jax.tree.map(lambda p: p, params))  # (under jit, as the trainer runs it: a copy)

@@ -1,7 +1,9 @@
-"""Preemption: SIGTERM (what preemptible VMs, SLURM and Kubernetes send) or SIGINT (Ctrl-C) asks training to stop
-at the next safe point: the step in flight finishes, a checkpoint of that step is written and waited for, one
-line says so, and the process exits with vitjax.errors.EXIT_PREEMPTED (75). An evaluation in progress is cut short
-(it runs again on resume). A second signal stops the process at once (exit 128 + the signal's number).
+"""Preemption: SIGTERM or SIGINT asks training to stop at the next safe point.
+
+SIGTERM is what preemptible VMs, SLURM and Kubernetes send; SIGINT is Ctrl-C. At that point the step in flight finishes,
+a checkpoint of that step is written and waited for, one line says so, and the process exits with
+vitjax.errors.EXIT_PREEMPTED (75). An evaluation in progress is cut short (it runs again on resume). A second signal
+stops the process at once (exit 128 + the signal's number).
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class StopRequest:
-  """Installs the handlers while in a `with` block; `requested()` says whether a stop was asked for (on any
-  process: all processes stop at the same step)."""
+  """Installs the handlers while in a `with` block; `requested()` says whether a stop was asked for.
+
+  On any process: all processes stop at the same step.
+  """
 
   def __init__(self):
     self.signum = None

@@ -1,6 +1,8 @@
-"""What a run tells its user: progress lines, its metrics through the trackers of `config.trackers`
-(vitjax.train.trackers: WORKDIR/metrics.jsonl always, TensorBoard in WORKDIR/tb, Weights & Biases), and a
-jax.profiler trace of chosen steps (`config.profile_steps`), viewable in TensorBoard's profile tab.
+"""What a run tells its user: progress lines, its metrics, and a profiler trace of chosen steps.
+
+Progress lines, its metrics through the trackers of `config.trackers` (vitjax.train.trackers: WORKDIR/metrics.jsonl
+always, TensorBoard in WORKDIR/tb, Weights & Biases), and a jax.profiler trace of chosen steps (`config.profile_steps`),
+viewable in TensorBoard's profile tab.
 
 Process 0 writes; every process may log.
 """
@@ -48,8 +50,10 @@ class Reporter:
     self.wait = 0.0  # seconds spent waiting for the input pipeline since the last progress line
 
   def heartbeat_due(self) -> bool:
-    """Whether HEARTBEAT_SECONDS passed since the last line (this process's clock: agree on it across processes
-    before acting on it, see mesh.agree)."""
+    """Whether HEARTBEAT_SECONDS passed since the last line, by this process's clock.
+
+    Agree on it across processes before acting on it (see mesh.agree).
+    """
     return time.time() - self.last_line >= HEARTBEAT_SECONDS
 
   def due(self, step: int, heartbeat: bool = False) -> bool:
@@ -57,8 +61,10 @@ class Reporter:
     return heartbeat or step % self.log_every == 0 or step == self.total or self.s0 is None
 
   def waited(self, seconds: float) -> None:
-    """Time the loop spent getting the next batch from the input pipeline (the devices idle meanwhile once the
-    steps queued ahead of it are done)."""
+    """Time the loop spent getting the next batch from the input pipeline.
+
+    The devices idle meanwhile once the steps queued ahead of it are done.
+    """
     self.wait += seconds
 
   def write(self, step: int, metrics: dict) -> None:
@@ -131,8 +137,11 @@ class Reporter:
 
 
 def format_evaluation(split: str, metrics: dict) -> str:
-  """'eval/loss 0.0712, eval/accuracy 0.9800, eval/top5 1.0000 (valid, 300 examples)': one evaluator's metrics by
-  the names metrics.jsonl and TensorBoard give them; spreads (`*_std`) and the probe's regulariser stay there."""
+  """One evaluator's metrics on one line, by the names metrics.jsonl and TensorBoard give them.
+
+  E.g. 'eval/loss 0.0712, eval/accuracy 0.9800, eval/top5 1.0000 (valid, 300 examples)'. Spreads (`*_std`) and the
+  probe's regulariser stay there.
+  """
   hidden = lambda k: k.endswith(("/examples", "_std", "_l2"))
   shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if not hidden(k))
   count = next((f", {int(v)} examples" for k, v in metrics.items() if k.endswith("/examples")), "")
@@ -140,9 +149,11 @@ def format_evaluation(split: str, metrics: dict) -> str:
 
 
 def format_result(row: dict) -> str:
-  """A result (train()'s or evaluate()'s) on one line: 'checkpoint best (step 1600) | eval/loss 0.0712,
-  eval/accuracy 0.9833, ... (test, 300 examples)'; imported weights: 'imported weights (init_from=...), no training |
-  ...'."""
+  """A result (train()'s or evaluate()'s) on one line.
+
+  E.g. 'checkpoint best (step 1600) | eval/loss 0.0712, eval/accuracy 0.9833, ... (test, 300 examples)'; imported
+  weights: 'imported weights (init_from=...), no training | ...'.
+  """
   name = row.get("evaluator", "eval")
   metrics = {k: v for k, v in row.items() if k.startswith(name + "/")}
   if "init_from" in row:
@@ -155,9 +166,11 @@ def format_result(row: dict) -> str:
 
 
 class Profiler:
-  """A jax.profiler trace of steps [first, last] (1-based, inclusive) into WORKDIR/tb/plugins/profile/RUN/,
-  where `tensorboard --logdir WORKDIR` (or a parent) shows it in the profile tab (needs the
-  tensorboard-plugin-profile package, installed with vitjax)."""
+  """A jax.profiler trace of steps [first, last] (1-based, inclusive) into WORKDIR/tb/plugins/profile/RUN/.
+
+  There `tensorboard --logdir WORKDIR` (or a parent) shows it in the profile tab (needs the tensorboard-plugin-profile
+  package, installed with vitjax).
+  """
 
   def __init__(self, workdir: str, steps):
     self.logdir = os.path.join(workdir, "tb")

@@ -1,5 +1,6 @@
-"""The model and its training state: build the model from the config, lay its state out on the mesh, initialise
-it (optionally from other weights, `config.init_from`).
+"""The model and its training state: build the model from the config, lay its state out on the mesh, initialise it.
+
+Initialisation may start from other weights (`config.init_from`).
 
 `network()` makes the `Network` that prediction needs (vitjax.load, evaluation, probing): task, model, mesh, the
 variables' abstract sharded layout, with no optimizer. `setup()` adds what training needs to it: schedule,
@@ -61,9 +62,11 @@ def build_model(config, overrides: dict | None = None) -> nn.Module:
 
 
 def compute_dtype(name: str) -> str:
-  """config.compute_dtype as 'float32' or 'bfloat16'. 'auto': bfloat16 where matmuls with bfloat16 inputs are
-  faster than float32 ones on every process's devices (a TPU; a GPU of compute capability 8.0 or more; a CPU with
-  AVX512-BF16 or AMX), float32 elsewhere (see bfloat16_is_fast)."""
+  """config.compute_dtype as 'float32' or 'bfloat16'.
+
+  'auto': bfloat16 where matmuls with bfloat16 inputs are faster than float32 ones on every process's devices (a TPU; a
+  GPU of compute capability 8.0 or more; a CPU with AVX512-BF16 or AMX), float32 elsewhere (see bfloat16_is_fast).
+  """
   if name not in ("float32", "bfloat16", "auto"):
     raise ConfigError(f"compute_dtype must be 'float32', 'bfloat16' or 'auto', got {name!r}")
   return name if name != "auto" else _auto_dtype()
@@ -71,8 +74,11 @@ def compute_dtype(name: str) -> str:
 
 @functools.cache
 def _auto_dtype() -> str:
-  """compute_dtype('auto'), decided once per process: the first call is a collective (every process agrees), which
-  every process makes at the same point, building the model; later calls (the loop's log line, evaluation) reuse it."""
+  """compute_dtype('auto'), decided once per process.
+
+  The first call is a collective (every process agrees), which every process makes at the same point, building the
+  model; later calls (the loop's log line, evaluation) reuse it.
+  """
   return "float32" if mesh_lib.agree(not bfloat16_is_fast())[0] else "bfloat16"
 
 
@@ -112,8 +118,11 @@ def _tuples(v):
 
 @dataclasses.dataclass
 class Network:
-  """What prediction needs, and no more: the model on the task's mesh, its variables' abstract layout, how to
-  initialise them. No schedule, no optimizer: vitjax.load, evaluation and probing stop here."""
+  """What prediction needs, and no more.
+
+  The model on the task's mesh, its variables' abstract layout, how to initialise them. No schedule, no optimizer:
+  vitjax.load, evaluation and probing stop here.
+  """
 
   config: Any
   task: Task
@@ -126,8 +135,10 @@ class Network:
 
 
 def network(config, task: Task) -> Network:
-  """The Network of a config on the devices of the task's layout (config.mesh as resolved once). Raises
-  ConfigError for a model the config cannot build. Compiles and allocates nothing."""
+  """The Network of a config on the devices of the task's layout (config.mesh as resolved once).
+
+  Raises ConfigError for a model the config cannot build. Compiles and allocates nothing.
+  """
   mesh = task.layout.mesh()
   model = build_model(config, task.model_overrides())
   inputs = task.example_inputs()
@@ -178,8 +189,11 @@ class Experiment:
 def setup(
   config, task: Task, total_steps: int | None = None, steps_per_epoch: int = 1, warmup: int | None = None
 ) -> Experiment:
-  """The Experiment of a config (total_steps and warmup in steps, vitjax.train.durations): its Network, and the
-  schedule and optimizer that training adds. Raises ConfigError for a model or rule the config cannot build."""
+  """The Experiment of a config: its Network, and the schedule and optimizer that training adds.
+
+  The config has total_steps and warmup in steps (vitjax.train.durations). Raises ConfigError for a model or rule the
+  config cannot build.
+  """
   net = network(config, task)
   schedule = optim.make_schedule(config, total_steps or 1, steps_per_epoch, warmup)
   tx = optim.make_optimizer(config, schedule, net.model)
@@ -203,8 +217,10 @@ def setup(
 
 
 def initial_variables(net: Network) -> tuple[Any, dict]:
-  """(params, model_state) at initialisation, laid out on the mesh: from config.seed, or config.init_from's
-  weights adapted to the model (ConfigError if they do not fit)."""
+  """(params, model_state) at initialisation, laid out on the mesh.
+
+  From config.seed, or config.init_from's weights adapted to the model (ConfigError if they do not fit).
+  """
   config = net.config
   params, model_state = jax.jit(net.init, out_shardings=(net.sharding["params"], net.sharding["model_state"]))()
   if not config.init_from:

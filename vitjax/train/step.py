@@ -1,5 +1,7 @@
-"""The training step: the task's batch-level work on the device (task.device_batch), forward, the task's loss,
-gradients (accumulated over micro-batches), optimizer update.
+"""The training step: batch-level work, forward, loss, gradients, optimizer update.
+
+The task's batch-level work on the device (task.device_batch), forward, the task's loss, gradients (accumulated over
+micro-batches), optimizer update.
 
 Pure and jit-compiled by the loop with donated state; the task decides the model's inputs and the loss.
 Divergence guard: the update is applied only if the loss, the gradient norm and every new parameter are finite
@@ -23,7 +25,8 @@ from vitjax.train.state import TrainState
 def make_train_step(model, tx, schedule, config, task, grad_sharding=None) -> Callable:
   """(state, batch) -> (state, metrics): forward, task loss, gradients (accumulated over micro-batches), update.
 
-  grad_sharding: the parameters' shardings; accumulated gradients are laid out like their parameters."""
+  grad_sharding: the parameters' shardings; accumulated gradients are laid out like their parameters.
+  """
   accum = config.optim.accum_steps
   dropout_key = jax.random.key(config.seed + 2)
   batch_key = jax.random.key(config.seed + 3)

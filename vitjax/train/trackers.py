@@ -77,11 +77,13 @@ class Jsonl:
 
 
 class TensorBoard:
-  """Scalars in a TensorBoard event file, written with tensorboard's own writer (tensorboardX's would import torch
-  where it is installed: 2-4 s at every start).
+  """Scalars in a TensorBoard event file, written with tensorboard's own writer.
+
+  tensorboardX's would import torch where it is installed: 2-4 s at every start.
 
   purge_step: the first step this run writes; TensorBoard drops the events an earlier, killed run left at or past it
-  (a SessionLog START event, as tf.summary and tensorboardX write on a resume)."""
+  (a SessionLog START event, as tf.summary and tensorboardX write on a resume).
+  """
 
   def __init__(self, logdir: str, purge_step: int | None):
     from tensorboard.compat.proto import event_pb2, summary_pb2
@@ -110,8 +112,10 @@ class TensorBoard:
 
 
 class WandB:
-  """A Weights & Biases run, resumed by the id in WORKDIR/wandb_run_id. Every call that fails turns the tracker
-  off with one warning line; the run goes on."""
+  """A Weights & Biases run, resumed by the id in WORKDIR/wandb_run_id.
+
+  Every call that fails turns the tracker off with one warning line; the run goes on.
+  """
 
   def __init__(self, run):
     self.run = run

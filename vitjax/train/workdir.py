@@ -72,9 +72,12 @@ def is_bookkeeping(key: str) -> bool:
 
 
 class Untouched:
-  """Puts a workdir back as it was when a run fails its checks after it took the lock: entries it created at
-  the top level (a tokenizer, an empty checkpoints/) are removed, and the workdir itself if the run created it.
-  WORKDIR/corrupt/ (steps set aside) is never removed. Process 0 acts; the others only create the directory."""
+  """Puts a workdir back as it was when a run fails its checks after it took the lock.
+
+  Entries it created at the top level (a tokenizer, an empty checkpoints/) are removed, and the workdir itself if the
+  run created it. WORKDIR/corrupt/ (steps set aside) is never removed. Process 0 acts; the others only create the
+  directory.
+  """
 
   KEEP = ("corrupt", "lock")
 
@@ -129,8 +132,10 @@ def read_json(workdir: str, name: str):
 
 
 def check_path(workdir: str) -> None:
-  """A workdir must be a writable directory, or not exist yet. Leaves nothing behind (it probes with a
-  temporary file)."""
+  """A workdir must be a writable directory, or not exist yet.
+
+  Leaves nothing behind (it probes with a temporary file).
+  """
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise ConfigError(f"--workdir={workdir} is a file, not a directory; give a directory path")
   parent = workdir
@@ -167,8 +172,11 @@ def _mb(n: int) -> str:
 
 
 def unwritable(workdir: str, why: str, checkpoints: str) -> str:
-  """After a failed write: removes the half-written steps (orbax's *.orbax-checkpoint-tmp* folders) and says, in
-  one line, what happened, the free space, a checkpoint's size, the last good step and what to do."""
+  """After a failed write: removes the half-written steps and says, in one line, what happened and what to do.
+
+  The half-written steps are orbax's *.orbax-checkpoint-tmp* folders. The line gives what happened, the free space, a
+  checkpoint's size, the last good step and what to do.
+  """
   steps = []
   if os.path.isdir(checkpoints):
     for name in os.listdir(checkpoints):
@@ -242,8 +250,11 @@ def read_config(workdir: str) -> mlc.ConfigDict:
 
 
 def config_changes(workdir: str, config) -> dict:
-  """{field: (value in the workdir, value now)} for every field that differs. A field one side lacks counts as
-  None, so a field added since the run started, with None (unset) as its default, changes nothing."""
+  """{field: (value in the workdir, value now)} for every field that differs.
+
+  A field one side lacks counts as None, so a field added since the run started, with None (unset) as its default,
+  changes nothing.
+  """
   old = effective_config(workdir)
   if old is None:
     return {}
@@ -266,8 +277,11 @@ def check_config_change(workdir: str, config, allow: bool) -> dict:
 
 
 def start_fresh(workdir: str, config) -> None:
-  """A run's first step: writes config.json. A workdir that has one but no checkpoint (its run stopped before
-  its first) starts over: its config.json, config_history.jsonl and training rows of metrics.jsonl are replaced."""
+  """A run's first step: writes config.json.
+
+  A workdir that has one but no checkpoint (its run stopped before its first) starts over: its config.json,
+  config_history.jsonl and training rows of metrics.jsonl are replaced.
+  """
   if jax.process_index() != 0:
     return
   if os.path.exists(os.path.join(workdir, "config.json")):
@@ -301,8 +315,10 @@ def record_config_change(workdir: str, step: int, changes: dict) -> None:
 
 
 def train_seconds(workdir: str, step: int) -> float:
-  """Wall-clock seconds the run's training sessions spent up to `step` (the last "train/elapsed_s" of
-  metrics.jsonl at or before it; 0 without one): what max_train_minutes has used before a resume."""
+  """Wall-clock seconds the run's training sessions spent up to `step`: what max_train_minutes has used before a resume.
+
+  The last "train/elapsed_s" of metrics.jsonl at or before it; 0 without one.
+  """
   path = os.path.join(workdir, "metrics.jsonl")
   spent = 0.0
   if os.path.exists(path):
@@ -318,8 +334,10 @@ def train_seconds(workdir: str, step: int) -> float:
 
 
 def drop_metrics_after(workdir: str, step: int) -> int:
-  """Drops training and evaluation rows past `step` from metrics.jsonl (a resume from `step` writes them again);
-  returns how many. Rows of `--mode=eval` (with a "source") are kept."""
+  """Drops training and evaluation rows past `step` from metrics.jsonl; returns how many.
+
+  A resume from `step` writes them again. Rows of `--mode=eval` (with a "source") are kept.
+  """
   path = os.path.join(workdir, "metrics.jsonl")
   if jax.process_index() != 0 or not os.path.exists(path):
     return 0

@@ -1,5 +1,7 @@
-"""`python -m vitjax.data.text --source=SOURCE --src=LANG --tgt=LANG [--vocab=8000]`: counts, lengths, tokenizer
-time and padding efficiency of a text source."""
+"""Counts, lengths, tokenizer time and padding efficiency of a text source.
+
+Run as `python -m vitjax.data.text --source=SOURCE --src=LANG --tgt=LANG [--vocab=8000]`.
+"""
 
 import os
 import tempfile

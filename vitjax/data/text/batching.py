@@ -1,5 +1,7 @@
-"""Training batches of token ids, bucketed by length, in one global order split over processes, resumable
-(get_state/set_state) on any number of processes."""
+"""Training batches of token ids, bucketed by length, in one global order split over processes.
+
+Resumable (get_state/set_state) on any number of processes.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +16,9 @@ from vitjax.data.text.tokenizer import Tokenizer
 
 
 def default_buckets(max_len: int, per_octave: int = 2, smallest: int = 8) -> tuple[int, ...]:
-  """Bucket lengths: ``per_octave`` lengths per doubling, multiples of 8,
-  capped by and ending with ``max_len``; jit compiles one shape per bucket.
+  """Bucket lengths: ``per_octave`` lengths per doubling, multiples of 8, capped by and ending with ``max_len``.
+
+  jit compiles one shape per bucket.
 
   ``per_octave=1``: 8, 16, 32, 64, 128; ``2`` (default): 8, 16, 24, 32, 48, 64,
   96, 128; ``4``: 8, 16, 24, ..., 64, 80, 96, 112, 128.
@@ -230,14 +233,18 @@ class BatchIterator(Iterator[dict[str, np.ndarray]]):
     return h.hexdigest()[:16]
 
   def get_state(self) -> dict[str, Any]:
-    """Position to checkpoint: ``{'epoch', 'step', 'seed', 'fingerprint'}`` (``step`` counts global batches
-    within the epoch; the same on every process and for any process count)."""
+    """Position to checkpoint: ``{'epoch', 'step', 'seed', 'fingerprint'}``.
+
+    ``step`` counts global batches within the epoch; the same on every process and for any process count.
+    """
     return {"epoch": self.epoch, "step": self.step, "seed": self.seed, "fingerprint": self._fingerprint()}
 
   def set_state(self, state: dict[str, Any]) -> None:
-    """Resumes at a position from :meth:`get_state`: the next global batches are exactly those that would have
-    followed, on any number of processes. The data, buckets and global batch sizes must be those of the saved
-    run (checked)."""
+    """Resumes at a position from :meth:`get_state`.
+
+    The next global batches are exactly those that would have followed, on any number of processes. The data, buckets
+    and global batch sizes must be those of the saved run (checked).
+    """
     if int(state["seed"]) != self.seed or state["fingerprint"] != (self._fingerprint()):
       raise ValueError("the data position was saved with another seed, data, bucket or batch configuration")
     epoch, step = int(state["epoch"]), int(state["step"])
@@ -254,8 +261,10 @@ class BatchIterator(Iterator[dict[str, np.ndarray]]):
     return real / max(total, 1)
 
   def stats(self) -> dict[str, Any]:
-    """Counts: pairs in/kept/dropped/truncated, pairs per bucket, global batch sizes, batches and unused pairs
-    (the last bucket's remainder) per epoch."""
+    """Counts: pairs in/kept/dropped/truncated, pairs per bucket, global batch sizes, batches per epoch.
+
+    Also unused pairs (the last bucket's remainder) per epoch.
+    """
     used = sum(len(r) for _, r in self.schedule(0))
     return {
       "pairs": self.data.num_input,
@@ -335,7 +344,8 @@ def make_batches(
     seed: shuffling seed.
     shuffle: False keeps corpus order within buckets and bucket order.
     num_epochs: stop after this many epochs (None: forever).
-    process_index, process_count: this process and the number of processes.
+    process_index: this process.
+    process_count: the number of processes.
     pad_multiple: global batches are padded with empty rows to a multiple of
       this; a multiple of ``process_count`` (the default).
     with_mask: add ``src_mask`` / ``tgt_mask`` (bool, True on tokens).

@@ -204,9 +204,11 @@ def ding_pairs(path: str = DING_PATH, synonyms: str = "first") -> list[Pair]:
 
 
 def ding_references(path: str = DING_PATH, target: str = "en") -> dict[Pair, list[str]]:
-  """{(German, English) pair as ding_pairs gives it: every synonym on the `target` side ('en' or 'de') of the
-  alternatives it comes from}: the references a dictionary entry's translation may match (a pair that several
-  lines give collects the synonyms of all of them)."""
+  """The references a dictionary entry's translation may match.
+
+  {(German, English) pair as ding_pairs gives it: every synonym on the `target` side ('en' or 'de') of the alternatives
+  it comes from}. A pair that several lines give collects the synonyms of all of them.
+  """
   refs: dict[Pair, list[str]] = {}
   for line in _ding_lines(path):
     for d_syn, e_syn in ding_alternatives(line):
@@ -221,8 +223,10 @@ def _need_file(path: str, source: str) -> None:
 
 
 def tsv_pairs(path: str) -> list[Pair]:
-  """``source<TAB>target`` lines (extra columns ignored; lines with fewer than
-  two columns or an empty side are skipped). No quoting: tabs separate."""
+  """``source<TAB>target`` lines; no quoting: tabs separate.
+
+  Extra columns are ignored; lines with fewer than two columns or an empty side are skipped.
+  """
   _need_file(path, f"tsv:{path}")
   pairs = []
   with open(path, encoding="utf-8") as f:
@@ -329,8 +333,11 @@ def _ding_path(arg: str, data_dir: str | None) -> str:
 
 
 def load_references(source: str, *, src_lang: str, tgt_lang: str, data_dir: str | None = None):
-  """{(source_text, target_text) as load_pairs gives it: every acceptable target} for sources whose entries have
-  several correct translations (the Ding dictionary's synonyms); None for the others (one reference each)."""
+  """Every acceptable target of each pair, for sources whose entries have several correct translations.
+
+  {(source_text, target_text) as load_pairs gives it: every acceptable target} for such sources (the Ding dictionary's
+  synonyms); None for the others (one reference each).
+  """
   kind, _, arg = source.partition(":")
   if kind != "ding":
     return None

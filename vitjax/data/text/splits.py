@@ -33,9 +33,11 @@ def split_pairs(pairs: Sequence[Pair], seed: int, num_valid: int, num_test: int)
 def split_by_books(
   pairs: Sequence[Pair], refs: Sequence[str], valid_books: Sequence[str], test_books: Sequence[str]
 ) -> dict[str, list[Pair]]:
-  """Splits pairs by book: every pair of `valid_books` is valid, of `test_books` test, the rest train (books are
-  the first part of an OSIS reference, "Job" of "Job.1.1"). Exact duplicate pairs are removed, and a pair that
-  is also held out leaves train, so no held-out pair is trained on. Each split keeps the corpus order."""
+  """Splits pairs by book: every pair of `valid_books` is valid, of `test_books` test, the rest train.
+
+  Books are the first part of an OSIS reference, "Job" of "Job.1.1". Exact duplicate pairs are removed, and a pair that
+  is also held out leaves train, so no held-out pair is trained on. Each split keeps the corpus order.
+  """
   if len(refs) != len(pairs):
     raise ValueError(f"{len(refs)} references for {len(pairs)} pairs")
   if not valid_books or not test_books:

@@ -14,9 +14,10 @@ PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
 
 
 class Tokenizer:
-  """A SentencePiece model; its special ids are the attributes PAD, EOS, BOS, UNK (by default pad=0, eos=1,
-  bos=2, unk=3; see :meth:`train`). A model without a bos piece (flax's examples/wmt, T5) has BOS = PAD: decoding
-  starts from the pad id.
+  """A SentencePiece model; its special ids are the attributes PAD, EOS, BOS, UNK.
+
+  By default pad=0, eos=1, bos=2, unk=3 (see :meth:`train`). A model without a bos piece (flax's examples/wmt, T5) has
+  BOS = PAD: decoding starts from the pad id.
 
   One model for source and target (a joint vocabulary, so embeddings can be
   shared). ``encode`` adds no bos/eos; ``decode`` stops at the first eos and
@@ -63,8 +64,9 @@ class Tokenizer:
     bos_id: int = BOS_ID,
     **kwargs,
   ) -> Tokenizer:
-    """Trains on ``texts`` (source and target sentences of the train split)
-    and writes ``path_prefix.model`` / ``.vocab``.
+    """Trains on ``texts`` and writes ``path_prefix.model`` / ``.vocab``.
+
+    ``texts`` are the source and target sentences of the train split.
 
     Deterministic: if there are more than ``input_sentence_size`` texts, a
     subset is drawn here with ``np.random.default_rng(seed)`` (kept in corpus

@@ -61,12 +61,30 @@ TOY = {
     "--config.total_steps=4",
     "--config.eval_every=4",
     "--config.evals.eval.examples=4",
+    "--config.evals.eval.method=greedy",
+    "--config.data.max_len=64",
     "--config.max_train_minutes=5",
   ],
 }
 
 # the fields a config's get_sweep() sets, which a sweep's overrides may not
 SWEPT = {"vit_digits.py": {"--config.optim.lr", "--config.optim.weight_decay", "--config.model.depth"}}
+
+# What a page's walkthrough leaves behind, beside every command's exit status 0: files (paths relative to the
+# reader's directory) and text its commands print on stdout.
+EXPECT = {
+  "getting_started": ['"split": "test"'],
+  "guides/checkpoints": ["workdirs/vit_digits/averaged", "workdirs/vit_digits/config_history.jsonl"],
+  "guides/evaluate": ["probe/linear", "(5, 10)"],
+  "guides/export": ["exported/vit_digits.safetensors", "exported/vit_digits.json", "largest difference: 0.0"],
+  "guides/finetune": ["workdirs/vit_digits_from_mae/checkpoints", "workdirs/mae_digits/reconstructions"],
+  "guides/multihost": ["workdirs/fsdp/checkpoints", "workdirs/tp/checkpoints"],
+  "guides/own_images": ["my_images/9", "workdirs/my_images/task.json"],
+  "guides/precision": ["workdirs/vit_digits_bf16/checkpoints"],
+  "guides/sweeps": ["sweeps/vit_digits/report.md", "sweeps/vit_digits/trials.csv"],
+  "guides/training": ["workdirs/sgd/checkpoints", "workdirs/head_only/checkpoints", "workdirs/few_labels/checkpoints"],
+  "guides/translation": ["workdirs/bible_en_es/tokenizer.model"],
+}
 
 PAGES = ["getting_started", *(f"guides/{os.path.splitext(n)[0]}" for n in sorted(os.listdir(f"{DOCS}/guides")))]
 
@@ -148,6 +166,7 @@ def test_every_guide_has_a_walkthrough_and_the_main_job_is_three_commands():
   for page in PAGES:
     blocks = marked_blocks(page)
     assert blocks, f"docs/{page}.md has no block marked <!-- test -->"
+    assert EXPECT.get(page), f"say in EXPECT what docs/{page}.md's walkthrough leaves behind"
     for lang, block in blocks:
       assert lang in ("bash", "python"), (page, lang)
       if lang == "bash":
@@ -160,11 +179,14 @@ def test_the_guide_runs(page, main_job, data_dir, tmp_path, compile_cache):
   shutil.copytree(main_job, cwd, symlinks=True)
   if page == "guides/translation":
     pytest.importorskip("sentencepiece")
+  printed = ""
   for i, (lang, block) in enumerate(marked_blocks(page)):
     if lang == "python":
       script = cwd / f"block_{i}.py"
       script.write_text(block)
-      run_command(str(cwd), data_dir, {}, "", [str(script)])
+      printed += run_command(str(cwd), data_dir, {}, "", [str(script)]).stdout
     else:
       for env, stdin, argv in commands(block):
-        run_command(str(cwd), data_dir, env, stdin, argv)
+        printed += run_command(str(cwd), data_dir, env, stdin, argv).stdout
+  for expected in EXPECT[page]:
+    assert (cwd / expected).exists() or expected in printed, f"{page}: {expected} is neither a file nor printed"

@@ -31,8 +31,7 @@ def data_dir(tmp_path_factory):
 
 
 def _prepare_command(*args: str) -> subprocess.CompletedProcess:
-  cmd = [sys.executable, "-m", "vitjax.data.prepare", *args]
-  return subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=120)
+  return th.check_ok(th.run_module("data.prepare", *args, timeout=120))
 
 
 def _input(data_dir, split="train", **kw):

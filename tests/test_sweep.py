@@ -133,10 +133,7 @@ def test_bad_command_line_is_one_line(tmp_path):
   """A bad flag of the sweep's own: one error line, exit 2, no sweep directory left behind."""
   sweep_dir = str(tmp_path / "sweep")
   for args in (["--grace=5"], ["--workers=64"], ["--max_trials=0"]):
-    proc = subprocess.run(
-      [sys.executable, "-m", "vitjax.sweep", f"--config={th.CONFIG}", f"--sweep_dir={sweep_dir}", *args],
-      cwd=th.ROOT, env=th.env(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    proc = th.run_module("sweep", f"--config={th.CONFIG}", f"--sweep_dir={sweep_dir}", *args, timeout=120)
     assert proc.returncode == 2 and th.error_lines(proc).count("\n") == 0 and "error: " in proc.stderr, proc.stderr
     assert not os.path.exists(sweep_dir)
 
@@ -166,6 +163,12 @@ def _sweep_cmd(config, sweep_dir, run_args, *args):
   return [sys.executable, "-m", "vitjax.sweep", f"--config={config}", f"--sweep_dir={sweep_dir}", *args, *run_args]
 
 
+def _run(cmd, timeout=300) -> subprocess.CompletedProcess:
+  """Runs a _sweep_cmd to completion through the fork server (th.run_module: the same process, less the imports)."""
+  assert cmd[:3] == [sys.executable, "-m", "vitjax.sweep"], cmd
+  return th.run_module("sweep", *cmd[3:], timeout=timeout)
+
+
 def _csv(sweep_dir) -> list[dict]:
   with open(os.path.join(sweep_dir, "trials.csv")) as f:
     return list(csv.DictReader(f))
@@ -193,8 +196,7 @@ def test_sweep_end_to_end(tmp_path, run_args):
   sweep_dir = str(tmp_path / "sweep")
   workers = min(2, len(os.sched_getaffinity(0)))
   cmd = _sweep_cmd(config, sweep_dir, [*run_args, *LIGHT], f"--workers={workers}")
-  proc = subprocess.run(cmd, cwd=th.ROOT, env=th.env(), capture_output=True, text=True, timeout=600)
-  th.check_ok(proc)
+  proc = th.check_ok(_run(cmd, timeout=600))
   rows = _csv(sweep_dir)
   assert len(rows) == 4
   states = {int(r["data.valid_seed"]): r["state"] for r in rows}  # the slots take the grid in a shuffled order
@@ -218,22 +220,15 @@ def test_sweep_end_to_end(tmp_path, run_args):
   for png in ("objective_vs_params.png", "curves.png", "parallel_coordinate.png", "importance.png"):
     assert os.path.getsize(os.path.join(sweep_dir, png)) > 1000, png
 
-  again = subprocess.run(cmd, cwd=th.ROOT, env=th.env(), capture_output=True, text=True, timeout=300)
-  th.check_ok(again)
+  again = th.check_ok(_run(cmd))
   assert " on CPU core" not in again.stderr  # nothing claimed
   assert len(_study_trials(sweep_dir)) == 4 and all(_launches(sweep_dir, n) == 1 for n in range(4))
 
-  report = subprocess.run(
-    [sys.executable, "-m", "vitjax.sweep", "--mode=report", f"--sweep_dir={sweep_dir}"],
-    cwd=th.ROOT, env=th.env(), capture_output=True, text=True, timeout=300,
-  )  # fmt: skip
-  th.check_ok(report)
+  report = th.check_ok(th.run_module("sweep", "--mode=report", f"--sweep_dir={sweep_dir}"))
   assert "4 trials: 3 complete, 1 fail" in report.stderr
 
-  other = subprocess.run(  # the same sweep_dir for a different sweep: one line, nothing touched
-    _sweep_cmd(config, sweep_dir, [*run_args, *LIGHT], "--config.total_steps=40"),
-    cwd=th.ROOT, env=th.env(), capture_output=True, text=True, timeout=300,
-  )  # fmt: skip
+  # the same sweep_dir for a different sweep: one line, nothing touched
+  other = _run(_sweep_cmd(config, sweep_dir, [*run_args, *LIGHT], "--config.total_steps=40"))
   assert other.returncode == 2 and th.error_lines(other).startswith("error: ") and "new --sweep_dir" in other.stderr
 
 
@@ -256,10 +251,7 @@ def test_poor_trial_is_pruned(tmp_path, run_args):
     for step in (10, 20, 30):
       trial.report(0.9, step)
     study.tell(trial, 0.9)
-  proc = subprocess.run(
-    _sweep_cmd(config, sweep_dir, args), cwd=th.ROOT, env=th.env(), capture_output=True, text=True, timeout=300
-  )
-  th.check_ok(proc)
+  proc = th.check_ok(_run(_sweep_cmd(config, sweep_dir, args)))
   assert "trial 3 pruned at step 10" in proc.stderr
   row = next(r for r in _csv(sweep_dir) if r["trial"] == "3")
   assert row["state"] == "pruned" and int(row["last_step"]) < 1000  # stopped early
@@ -309,8 +301,7 @@ def test_sweep_sigkill_and_rerun(tmp_path, run_args):
   killed_at = _last_step(trial1)
   assert killed_at < 150
 
-  again = subprocess.run(cmd, cwd=th.ROOT, env=th.env(), capture_output=True, text=True, timeout=600)
-  th.check_ok(again)
+  again = th.check_ok(_run(cmd, timeout=600))
   assert "trial 1: its worker (PID" in again.stderr and "queued again" in again.stderr
   assert [r["state"] for r in sorted(_csv(sweep_dir), key=lambda r: r["trial"])] == ["complete"] * 2
   assert [_launches(sweep_dir, n) for n in range(2)] == [1, 2]

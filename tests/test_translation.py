@@ -10,6 +10,7 @@ import textwrap
 
 import numpy as np
 import pytest
+import train_helpers as th
 
 import vitjax
 from vitjax import tasks, train
@@ -122,12 +123,8 @@ def _env(tmp_path):
 def test_translate_handles_empty_long_and_unknown_input(run):
   config, workdir = run
   lines = ["alpha beta", "", "gamma ☃ delta", " ".join(["alpha"] * 60), "omega"]
-  proc = subprocess.run(
-    [sys.executable, "-m", "vitjax.translate", f"--workdir={workdir}", "--checkpoint=latest", "--method=greedy"],
-    input="\n".join(lines) + "\n",
-    capture_output=True,
-    text=True,
-    timeout=300,
+  proc = th.run_module(
+    "translate", f"--workdir={workdir}", "--checkpoint=latest", "--method=greedy", stdin="\n".join(lines) + "\n"
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
   out = proc.stdout.split("\n")
@@ -141,13 +138,7 @@ def test_translate_handles_empty_long_and_unknown_input(run):
 
 def test_translate_refuses_a_classification_workdir(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps({"task": "classification"}))
-  proc = subprocess.run(
-    [sys.executable, "-m", "vitjax.translate", f"--workdir={tmp_path}"],
-    input="",
-    capture_output=True,
-    text=True,
-    timeout=120,
-  )
+  proc = th.run_module("translate", f"--workdir={tmp_path}", timeout=120)
   assert proc.returncode == 2 and "not a translation run" in proc.stderr
 
 
@@ -157,24 +148,14 @@ def test_command_line_evaluation_of_the_test_split(run, tmp_path):
   config, workdir = run
   copy = str(tmp_path / "wd")
   shutil.copytree(workdir, copy)
-  proc = subprocess.run(
-    [sys.executable, "-m", "vitjax.main", "--mode=eval", f"--workdir={copy}", "--split=test", "--checkpoint=latest"],
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
+  proc = th.run_module("main", "--mode=eval", f"--workdir={copy}", "--split=test", "--checkpoint=latest")
   assert proc.returncode == 0, proc.stderr[-2000:]
   rows = [json.loads(line) for line in open(os.path.join(copy, "metrics.jsonl"))]
   row = rows[-1]
   assert row["split"] == "test" and row["step"] == 40 and "eval/bleu" in row and "eval/chrf" in row
   assert row["eval/examples"] == 40  # the whole held-out test split
   assert os.path.exists(os.path.join(copy, "eval_test_40.json"))
-  bad = subprocess.run(
-    [sys.executable, "-m", "vitjax.main", "--mode=eval", f"--workdir={copy}", "--split=tset"],
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
+  bad = th.run_module("main", "--mode=eval", f"--workdir={copy}", "--split=tset")
   assert bad.returncode == 2 and "split='tset': this task has the splits" in bad.stderr
 
 
@@ -224,8 +205,6 @@ def test_sigterm_and_resume_of_a_translation_run_is_bitwise_exact(run, compile_c
   import re
   import signal
 
-  import train_helpers as th
-
   config, _ = run
   path = tmp_path / "tiny_translation.py"
   path.write_text(CONFIG_FILE.replace("PAIRS", config.data.source.removeprefix("tsv:")))
@@ -254,8 +233,6 @@ def test_sigterm_and_resume_of_a_translation_run_is_bitwise_exact(run, compile_c
   ],
 )
 def test_bad_input_leaves_no_tokenizer_behind(run, tmp_path, args, words):
-  import train_helpers as th
-
   config, _ = run
   path = tmp_path / "tiny_translation.py"
   path.write_text(CONFIG_FILE.replace("PAIRS", config.data.source.removeprefix("tsv:")))
@@ -302,9 +279,8 @@ def test_decode_sweep_chooses_on_valid_writes_the_config_and_resumes(run, tmp_pa
   _, src = run
   workdir = str(tmp_path / "w")
   shutil.copytree(src, workdir)
-  cmd = [sys.executable, "-m", "vitjax.sweep.decode", f"--workdir={workdir}", "--beam_sizes=1,2", "--alphas=0,1"]
-  cmd.append("--limit=16")
-  proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+  args = [f"--workdir={workdir}", "--beam_sizes=1,2", "--alphas=0,1", "--limit=16"]
+  proc = th.run_module("sweep.decode", *args)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "best decoding on valid: beam" in proc.stdout
   assert proc.stderr.count("point ") == 4
@@ -325,9 +301,9 @@ def test_decode_sweep_chooses_on_valid_writes_the_config_and_resumes(run, tmp_pa
     history = [json.loads(line) for line in open(os.path.join(workdir, "config_history.jsonl"))]
     assert "evals.eval.beam_size" in history[-1]["changes"]
 
-  again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+  again = th.run_module("sweep.decode", *args)
   assert again.returncode == 0 and "point " not in again.stderr  # the four points are done: nothing to evaluate
-  wider = subprocess.run([*cmd, "--alphas=0,1,2", "--nowrite"], capture_output=True, text=True, timeout=300)
+  wider = th.run_module("sweep.decode", *args, "--alphas=0,1,2", "--nowrite")
   assert wider.returncode == 0 and wider.stderr.count("point ") == 2, wider.stderr[-2000:]  # only alpha 2 is new
-  bad = subprocess.run([*cmd[:4], "--beam_sizes=0"], capture_output=True, text=True, timeout=120)
+  bad = th.run_module("sweep.decode", args[0], "--beam_sizes=0", timeout=120)
   assert bad.returncode == 2 and "--beam_sizes must be integers >= 1" in bad.stderr

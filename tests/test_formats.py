@@ -67,6 +67,10 @@ def _load_weights(case: dict):
   if path.endswith(".pth"):
     torch = pytest.importorskip("torch")
     return convert.from_swin(torch.load(path, map_location="cpu", weights_only=True))
+  if path.endswith(".safetensors"):  # timm's layout, read by the model's name (timm_name)
+    from safetensors.numpy import load_file
+
+    return convert.from_timm(case["timm_name"], load_file(path))
   return convert.from_vit_npz(path)
 
 

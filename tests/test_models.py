@@ -382,7 +382,7 @@ def test_a_new_family_is_one_registration_that_creation_decay_sharding_and_adapt
     small = Toy(features=4, rows=3).init(jax.random.key(1), jnp.ones((1, 8)))["params"]
     _, changes = adapt_params(small, params, model)
     assert changes == ["grew table"]
-    with pytest.raises(ValueError, match="to_timm converts a ViT or a Swin, not a Toy"):
+    with pytest.raises(ValueError, match="to_timm converts a ViT or a Swin or a HybridViT, not a Toy"):
       convert.to_timm(model, {"params": params}, 8)
   finally:
     registry.FAMILIES.remove(registry.family_of(Toy))

@@ -73,7 +73,7 @@ def from_timm(timm_name: str, state_dict: Mapping[str, Any]):
     return converter.read(state_dict, layout, timm_name)
   raise ValueError(
     f"no conversion for timm model {timm_name!r}; supported: vit_{{tiny,small,medium,base,"
-    "large,huge}_patchP_SIZE and swin_*"
+    "large,huge}_patchP_SIZE, the hybrids vit_{tiny,small,base,large}_rN_sS[_pP]_SIZE and swin_*"
   )
 
 
@@ -97,11 +97,21 @@ def from_swin(state_dict: Mapping[str, Any]):
 
 
 def from_vit_npz(path_or_mapping, variant: str | None = None, act: str = "gelu_tanh"):
-  """(module, variables) from an `.npz` of the original JAX ViT release or of big_vision.
+  """(module, variables) from an `.npz` of the original JAX ViT release (plain or hybrid) or of big_vision.
 
-  See vitjax.models.vit_npz.read.
+  The layout picks the converter: vitjax.models.vit_npz.read (the plain ViT, big_vision) or
+  vitjax.models.vit_hybrid_npz.read (the release's ResNet + ViT hybrids). `variant` ("B/16", "R26+ViT-S_32"), if
+  given, is checked against the weights.
   """
-  return registry.family_of(models.ViT).converter("npz").read(path_or_mapping, variant, act)
+  flat = registry.family_of(models.ViT).converter("npz").load_npz(path_or_mapping)
+  layout = detect_layout(flat)
+  for family in registry.families_with("npz"):
+    converter = family.converter("npz")
+    if layout in converter.LAYOUTS:
+      return converter.read(flat, variant, act)
+  if layout is None:
+    raise u.unknown_layout(flat, "not an original-ViT or big_vision checkpoint")
+  raise ValueError(f"from_vit_npz reads the original ViT's .npz, but the weights are in the {layout} layout")
 
 
 def from_hf(state_dict: Mapping[str, Any], config: Mapping[str, Any]):
@@ -161,7 +171,7 @@ def model_config(module) -> dict:
   family = registry.family_of(module)
   fields = sorted(set(family.cls.__dataclass_fields__) - {"parent", "name"})
   names = list(family.examples)
-  if isinstance(module, models.ViT) and module.patch_hw[0] == module.patch_hw[1]:
+  if family.cls is models.ViT and module.patch_hw[0] == module.patch_hw[1]:
     names = [f"vit_{s}{module.patch_hw[0]}" for s in ("ti", "s", "m", "b", "l", "h")] + names
   best = None
   for name in names:
@@ -215,6 +225,10 @@ def build_timm(config: dict):
   from timm.models.swin_transformer import SwinTransformer
   from timm.models.vision_transformer import VisionTransformer
 
+  if config["model"] == "vit_hybrid":  # a ResNetV2 backbone inside a HybridEmbed
+    from vitjax.models import vit_hybrid_timm
+
+    return vit_hybrid_timm.build(config)
   cls = {"vit": VisionTransformer, "swin": SwinTransformer}[config["model"]]
   return cls(**config["kwargs"]).eval()
 

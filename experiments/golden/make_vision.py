@@ -33,6 +33,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -157,6 +158,29 @@ def pre_linen(name):
   return "/".join(parts)
 
 
+STEM_KERNEL_SCALE = 0.01  # a hybrid's ResNet kernels ~ 0.002 N: see stem_kernel_scale
+
+
+def stem_kernel_scale(name, value):
+  """A hybrid's ResNet convolution kernels scaled down to std ~0.002 (a trained one's are 0.01-0.05): weight
+  standardisation removes their scale but for its epsilon, so small kernels make the fixture tell the release's
+  (w - mean) / (std + 1e-5) from timm's (w - mean) / sqrt(var + 1e-8) (tests/test_hybrid.py measures by how much)."""
+  if re.search(r"(^|/|\.)(conv_root|conv\d|conv_proj|conv)(/kernel|\.weight)$", name) and (
+    "backbone" in name or not name.startswith(("embedding", "patch_embed"))
+  ):
+    return (value * STEM_KERNEL_SCALE).astype(np.float32)
+  return value
+
+
+def released_shape(name, value):
+  """A hybrid's GroupNorm scale or bias as the released .npz files hold it: [1, 1, 1, C] (pre-linen flax.nn's shape,
+  which vit_jax.checkpoint._fix_groupnorm squeezes on load)."""
+  parts = name.split("/")
+  if len(parts) >= 2 and re.fullmatch(r"gn(\d+|_root|_proj)", parts[-2]) and parts[-1] in ("scale", "bias"):
+    return np.reshape(value, (1, 1, 1, -1))
+  return value
+
+
 def vit_jax_cases(vit_repo, out, manifest):
   import flax
   import flax.linen
@@ -203,17 +227,55 @@ def vit_jax_cases(vit_repo, out, manifest):
       representation_size=None,
       classifier="gap",
     ),
+    # The hybrids (models_vit's `resnet` option): the root block alone with 2x2 patches on its feature map (as
+    # R+ViT-Ti_16's 8x8; a 64-channel root: two channels per GroupNorm group, so that the weight standardisation's
+    # arithmetic shows), and two one-unit stages with 1x1 patches (as R26+ViT-S_32's four two-unit stages;
+    # width_factor 0.5: a 32-channel root). 32x32 images: a 4x4 token grid either way.
+    "vit_jax_hybrid_root": dict(
+      num_classes=5,
+      patches={"size": (2, 2)},
+      resnet={"num_layers": (), "width_factor": 1.0},
+      transformer={
+        "num_layers": 2,
+        "mlp_dim": 64,
+        "num_heads": 2,
+        "dropout_rate": 0.0,
+        "attention_dropout_rate": 0.0,
+      },
+      hidden_size=32,
+      representation_size=None,
+      classifier="token",
+    ),
+    "vit_jax_hybrid_stages": dict(
+      num_classes=5,
+      patches={"size": (1, 1)},
+      resnet={"num_layers": (1, 1), "width_factor": 0.5},
+      transformer={
+        "num_layers": 2,
+        "mlp_dim": 64,
+        "num_heads": 2,
+        "dropout_rate": 0.0,
+        "attention_dropout_rate": 0.0,
+      },
+      hidden_size=32,
+      representation_size=None,
+      classifier="token",
+    ),
   }
   for i, (case, kw) in enumerate(cases.items()):
     cfg = {**kw, "patches": ml_collections.ConfigDict(kw["patches"])}
+    if "resnet" in kw:
+      cfg["resnet"] = ml_collections.ConfigDict(kw["resnet"])
     model = models_vit.VisionTransformer(**cfg)
-    x = images_nhwc(100 + i, 16)
+    hw = 32 if "resnet" in kw else 16
+    x = images_nhwc(100 + i, hw)
     init = model.init(jax.random.PRNGKey(0), jnp.zeros_like(x), train=False)["params"]
     flat = traverse_util.flatten_dict(flax.core.unfreeze(init), sep="/")
     run = lambda p, m=model, x=x: np.asarray(m.apply({"params": p}, x, train=False))  # noqa: E731
 
     def pair(seed, flat=flat, run=run):
-      params = traverse_util.unflatten_dict({k: jnp.asarray(v) for k, v in randomize_flat(flat, seed).items()}, sep="/")
+      values = {k: stem_kernel_scale(k, v) for k, v in randomize_flat(flat, seed).items()}
+      params = traverse_util.unflatten_dict({k: jnp.asarray(v) for k, v in values.items()}, sep="/")
       logits = run(params)
       with mock.patch.object(flax.linen, "gelu", exact):
         return params, logits, run(params)
@@ -224,7 +286,7 @@ def vit_jax_cases(vit_repo, out, manifest):
     path = os.path.join(out, f"{case}.npz")
     names_and_vals, _ = test_utils._tree_flatten_with_names(jax.tree.map(np.asarray, params))
     with fixed_zip_time():
-      np.savez(path, **{pre_linen(k): v for k, v in names_and_vals})
+      np.savez(path, **{pre_linen(k): released_shape(k, v) for k, v in names_and_vals})
     restored = checkpoint.load(path)  # the release's own reader (convert_pre_linen renames the blocks back)
     assert jax.tree.structure(restored) == jax.tree.structure(flax.core.unfreeze(params)), case
     again = np.asarray(model.apply({"params": restored}, x, train=False))
@@ -234,19 +296,26 @@ def vit_jax_cases(vit_repo, out, manifest):
       "source": "google-research/vision_transformer",
       "commit": git_commit(vit_repo),
       "module": "vit_jax.models_vit.VisionTransformer",
-      "constructor": {**kw, "patches": {"size": [4, 4]}},
+      "constructor": {**kw, "patches": {"size": list(kw["patches"]["size"])}},
       "call": "model.apply({'params': params}, images, train=False)",
       "weights": f"{case}.npz",
       "weights_format": "np.savez of the '/'-joined param tree, no prefix, the encoder blocks under their "
       "pre-linen names as in the released .npz files (LayerNorm_0, MultiHeadDotProductAttention_1, LayerNorm_2, "
-      "MlpBlock_3/Dense_0|1; linen's code names them LayerNorm_0/1, MultiHeadDotProductAttention_0, MlpBlock_0); "
-      "read back with vit_jax.checkpoint.load (flax convert_pre_linen)",
+      "MlpBlock_3/Dense_0|1; linen's code names them LayerNorm_0/1, MultiHeadDotProductAttention_0, MlpBlock_0)"
+      + (
+        "; the ResNet's GroupNorm scales and biases [1, 1, 1, C], as the released hybrids store them"
+        if "resnet" in kw
+        else ""
+      )
+      + "; read back with vit_jax.checkpoint.load (flax convert_pre_linen"
+      + (", _fix_groupnorm" if "resnet" in kw else "")
+      + ")",
       "expected": f"{case}.expected.npz",
       "activation": "flax.linen.gelu (= jax.nn.gelu, approximate=True: tanh GELU)",
       "gelu_exact_vs_tanh_rel_logit_diff": d,
       "weights_seed": seed,
       "logits": "VisionTransformer output: the 'head' Dense output, float32 [2, 5]",
-      "input_layout": "images NHWC float32 [2, 16, 16, 3], fed as is",
+      "input_layout": f"images NHWC float32 [2, {hw}, {hw}, 3], fed as is",
       "weights_keys_sample": file_keys(path, 8),
     }
     print(f"{case}: gelu rel diff {d:.3e}")
@@ -513,15 +582,129 @@ def swin_cases(swin_repo, shim, out, manifest):
     print(f"{case}: gelu rel diff {d:.3e}, shifts {shifts}")
 
 
+# ----------------------------------------------------------------------------------------------- timm's hybrid ViT
+def timm_hybrid_cases(shim, out, manifest):
+  """timm's hybrid ViT (VisionTransformer + HybridEmbed around a ResNetV2 built as timm's _resnetv2 builds it for
+  vit_small_r26_s32_224 and friends: preact=False, stem_type 'same', StdConv2dSame eps 1e-8; or the ResNetV2 stem
+  alone, as vit_tiny_r_s16_p8_224), tiny and random, saved as its state dict in .safetensors."""
+  import torch
+
+  spec = importlib.util.spec_from_file_location("torchvision_ops_shim", shim)
+  shim_mod = sys.modules["torchvision_ops_shim"] = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(shim_mod)
+  from functools import partial
+
+  import timm
+  from safetensors.torch import save_file
+  from timm.layers import StdConv2dSame
+  from timm.layers.hybrid_embed import HybridEmbed
+  from timm.models.resnetv2 import ResNetV2, create_resnetv2_stem
+  from timm.models.vision_transformer import VisionTransformer
+
+  torch.set_num_threads(1)
+  conv = partial(StdConv2dSame, eps=1e-8)
+  vit = dict(img_size=32, embed_dim=48, depth=1, num_heads=3, mlp_ratio=2.0, num_classes=5)
+  cases = {  # the name gives vitjax's reader the heads (tiny: 3) and the image size
+    "timm_hybrid_r26": dict(
+      timm_name="vit_tiny_r26_s32_32",
+      backbone="ResNetV2(layers=[1, 1], num_classes=0, global_pool='', in_chans=3, preact=False, stem_type='same', "
+      "conv_layer=partial(StdConv2dSame, eps=1e-8), width_factor=0.5)",
+      make=lambda: ResNetV2(
+        layers=[1, 1],
+        num_classes=0,
+        global_pool="",
+        in_chans=3,
+        preact=False,
+        stem_type="same",
+        conv_layer=conv,
+        width_factor=0.5,
+      ),
+      patch_size=1,
+    ),
+    "timm_hybrid_root": dict(
+      timm_name="vit_tiny_r_s16_p2_32",
+      backbone="create_resnetv2_stem(3, 64, stem_type='same', preact=False, conv_layer=partial(StdConv2dSame, "
+      "eps=1e-8))",
+      make=lambda: create_resnetv2_stem(3, 64, stem_type="same", preact=False, conv_layer=conv),
+      patch_size=2,
+    ),
+  }
+  for i, (case, c) in enumerate(cases.items()):
+    torch.manual_seed(0)
+
+    def build(c=c):
+      return VisionTransformer(
+        **vit, patch_size=c["patch_size"], embed_layer=partial(HybridEmbed, backbone=c["make"]())
+      ).eval()
+
+    model = build()
+    x = images_nhwc(500 + i, 32)
+    xt = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))
+    gelus = [m for m in model.modules() if isinstance(m, torch.nn.GELU)]
+    assert gelus and all(m.approximate == "none" for m in gelus)
+    names = dict(model.named_parameters())
+    scales = {
+      f"{n}.weight" for n, m in model.named_modules() if isinstance(m, (torch.nn.LayerNorm, torch.nn.GroupNorm))
+    }
+
+    def pair(seed, model=model, xt=xt, gelus=gelus, names=names, scales=scales):
+      rng = np.random.RandomState(seed)
+      with torch.no_grad():
+        for name in sorted(names):
+          value = random_like(name, tuple(names[name].shape), rng, is_scale=name in scales)
+          names[name].copy_(torch.from_numpy(stem_kernel_scale(name, value)))
+        logits = model(xt).numpy()
+        for m in gelus:
+          m.approximate = "tanh"
+        logits_tanh = model(xt).numpy()
+        for m in gelus:
+          m.approximate = "none"
+      return None, logits, logits_tanh
+
+    seed, _, logits, d = search_seed(9000 + 1000 * i, pair)
+    assert d > REL_GELU_MIN, (case, d)
+    path = os.path.join(out, f"{case}.safetensors")
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(state, path)
+    fresh = build()
+    from safetensors.torch import load_file
+
+    fresh.load_state_dict(load_file(path), strict=True)
+    with torch.no_grad():
+      assert np.array_equal(fresh(xt).numpy(), logits), case
+    save_expected(os.path.join(out, f"{case}.expected.npz"), images=x, logits=logits)
+    manifest[case] = {
+      "source": "huggingface/pytorch-image-models (timm)",
+      "commit": None,
+      "timm_version": timm.__version__,
+      "timm_name": c["timm_name"],
+      "module": "timm.models.vision_transformer.VisionTransformer(embed_layer=partial(timm.layers.hybrid_embed."
+      f"HybridEmbed, backbone={c['backbone']}), patch_size={c['patch_size']}, **constructor)",
+      "constructor": vit,
+      "call": "model.eval(); model(torch.from_numpy(images.transpose(0, 3, 1, 2)))",
+      "weights": f"{case}.safetensors",
+      "weights_format": "safetensors.torch.save_file(model.state_dict()): timm's keys (patch_embed.backbone...., "
+      "patch_embed.proj, blocks.N...); read back with load_state_dict(strict=True)",
+      "expected": f"{case}.expected.npz",
+      "activation": "torch.nn.GELU() (exact erf GELU)",
+      "gelu_exact_vs_tanh_rel_logit_diff": d,
+      "weights_seed": seed,
+      "logits": "VisionTransformer.forward output: the 'head' Linear output, float32 [2, 5]",
+      "input_layout": "images NHWC float32 [2, 32, 32, 3]; the torch model is fed images.transpose(0, 3, 1, 2)",
+      "weights_keys_sample": [(k, list(v.shape)) for k, v in list(state.items())[:8]],
+    }
+    print(f"{case}: gelu rel diff {d:.3e}")
+
+
 def main():
   here = os.path.dirname(os.path.abspath(__file__))
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--vit-repo", required=True, help="checkout of github.com/google-research/vision_transformer")
-  p.add_argument("--big-vision-repo", required=True, help="checkout of github.com/google-research/big_vision")
-  p.add_argument("--swin-repo", required=True, help="checkout of github.com/microsoft/Swin-Transformer")
+  p.add_argument("--big-vision-repo", required=False, help="checkout of github.com/google-research/big_vision")
+  p.add_argument("--swin-repo", required=False, help="checkout of github.com/microsoft/Swin-Transformer")
   p.add_argument("--out", default=os.path.join(here, "..", "..", "tests", "golden"))
   p.add_argument("--shim", default=os.path.join(here, "..", "..", "tests", "torchvision_ops_shim.py"))
-  p.add_argument("--cases", default="vit_jax,big_vision,swin")
+  p.add_argument("--cases", default="vit_jax,big_vision,swin,timm_hybrid")
   a = p.parse_args()
 
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -543,6 +726,8 @@ def main():
     big_vision_cases(os.path.abspath(a.big_vision_repo), a.out, manifest)
   if "swin" in cases:
     swin_cases(os.path.abspath(a.swin_repo), os.path.abspath(a.shim), a.out, manifest)
+  if "timm_hybrid" in cases:
+    timm_hybrid_cases(os.path.abspath(a.shim), a.out, manifest)
   versions = {"python": sys.version.split()[0]}
   for name in ("jax", "flax", "numpy", "ml_collections", "torch", "timm"):
     if name in sys.modules:

@@ -101,8 +101,8 @@ def finish(module, flat: dict[str, np.ndarray], image_hw: tuple[int, int]):
 
   Args:
     module: the model the parameters are for.
-    flat: {"a/b/kernel": array} in flax names, holding "embedding/kernel" or "patch_embed/kernel" (its third
-      dimension gives the input channels).
+    flat: {"a/b/kernel": array} in flax names, holding "resnet/conv_root/kernel" (a hybrid's), "embedding/kernel"
+      or "patch_embed/kernel": the first one's third dimension gives the input channels.
     image_hw: the image size (H, W) the shapes are checked at.
 
   Returns:
@@ -112,7 +112,8 @@ def finish(module, flat: dict[str, np.ndarray], image_hw: tuple[int, int]):
     ValueError: a parameter's shape differs from the model's, or one is missing or extra.
   """
   params = nest(flat)
-  channels = next(v.shape[2] for k, v in flat.items() if k in ("embedding/kernel", "patch_embed/kernel"))
+  first = ("resnet/conv_root/kernel", "embedding/kernel", "patch_embed/kernel")  # the first layer the image meets
+  channels = next(flat[k].shape[2] for k in first if k in flat)
   check_shapes(module, params, (1, *image_hw, channels))
   return module, {"params": jax.tree.map(jnp.asarray, params)}
 

@@ -75,9 +75,10 @@ def register(parse_name: Callable[[str], dict | None], **fields) -> Callable[[ty
 def family_of(model_or_cls: Any) -> Family:
   """The family of a model (instance or class); ValueError if its class was never registered."""
   cls = model_or_cls if isinstance(model_or_cls, type) else type(model_or_cls)
-  for f in FAMILIES:
-    if issubclass(cls, f.cls):
-      return f
+  for klass in cls.__mro__:  # the most specific: a family built on another (HybridViT on ViT) is its own
+    for f in FAMILIES:
+      if f.cls is klass:
+        return f
   raise ValueError(f"{cls.__name__} is not a registered model family (see vitjax/models/registry.py)")
 
 

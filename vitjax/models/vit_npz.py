@@ -29,7 +29,10 @@ def detect(keys: set[str]) -> str | None:
 
   The original release's and big_vision's layouts are recognised, SigLIP's image tower (params/img/...) included.
   """
-  if any(k.removeprefix("params/").removeprefix("img/").startswith("Transformer/encoderblock") for k in keys):
+  keys = {k.removeprefix("params/").removeprefix("img/") for k in keys}
+  if "conv_root/kernel" in keys:  # a hybrid's ResNet stem: vitjax.models.vit_hybrid_npz
+    return None
+  if any(k.startswith("Transformer/encoderblock") for k in keys):
     return "vit-npz"
   return None
 
@@ -89,10 +92,23 @@ def read(path_or_mapping, variant: str | None = None, act: str = "gelu_tanh"):
   (big_vision's pool_type "0" and "none" leave no trace in the weights).
   """
   flat = load_npz(path_or_mapping)
+  if detect(set(flat)) is None:
+    raise u.unknown_layout(flat, "not an original-ViT or big_vision checkpoint")
   r = u.Reader(flat)
+  cfg, out, grid = read_vit(r, act, variant and (lambda cfg: _check_variant(variant, cfg)))
+  r.check_all_used("from_vit_npz")
+  return u.finish(vit_lib.ViT(**cfg), out, (grid * cfg["patch_size"][0], grid * cfg["patch_size"][1]))
+
+
+def read_vit(r: u.Reader, act: str, check=None) -> tuple[dict, dict[str, np.ndarray], int]:
+  """The ViT part of a release or big_vision `.npz`: (ViT keyword arguments, flax-named parameters, the grid's side).
+
+  What read() and the hybrid's reader (vitjax.models.vit_hybrid_npz) share: the patch embedding, class token,
+  positions, encoder, pooling, pre-logits and head. check(cfg), if given, runs on the sizes before the rest is read.
+  """
   blocks = sorted({int(k.split("/")[1].split("_")[-1]) for k in r.arrays if k.startswith("Transformer/encoderblock_")})
   if not blocks or "embedding/kernel" not in r:
-    raise u.unknown_layout(flat, "not an original-ViT or big_vision checkpoint")
+    raise u.unknown_layout(r.arrays, "not an original-ViT or big_vision checkpoint")
   kernel = r.arrays["embedding/kernel"]  # [p, p, C, D]
   first = f"Transformer/encoderblock_{blocks[0]}"
   attn0 = next(k for k in r.arrays if k.startswith(first + "/MultiHeadDotProductAttention_") and "query/kernel" in k)
@@ -105,8 +121,8 @@ def read(path_or_mapping, variant: str | None = None, act: str = "gelu_tanh"):
     patch_size=tuple(kernel.shape[:2]),
     act=act,
   )
-  if variant is not None:
-    _check_variant(variant, cfg)
+  if check is not None:
+    check(cfg)
   has_map = any(k.startswith("MAPHead_0/") for k in r.arrays)
   cfg["pool_type"] = "map" if has_map else "tok" if "cls" in r else "gap"
   cfg["num_classes"] = r.arrays["head/kernel"].shape[-1] if "head/kernel" in r else 0
@@ -149,8 +165,7 @@ def read(path_or_mapping, variant: str | None = None, act: str = "gelu_tanh"):
   for name in ("pre_logits", "head"):
     if f"{name}/kernel" in r:
       u.copy_tree(r, name, name, out)
-  r.check_all_used("from_vit_npz")
-  return u.finish(vit_lib.ViT(**cfg), out, (grid * cfg["patch_size"][0], grid * cfg["patch_size"][1]))
+  return cfg, out, grid
 
 
 def write(module, variables) -> dict[str, np.ndarray]:

@@ -21,7 +21,12 @@ READS = ("timm-vit",)  # the layouts read() takes
 
 
 def detect(keys: set[str]) -> str | None:
-  """The layout "timm-vit" if the state dict's keys are those of timm's VisionTransformer, else None."""
+  """The layout "timm-vit" if the state dict's keys are those of timm's VisionTransformer, else None.
+
+  A hybrid's (a ResNet backbone under patch_embed) is vitjax.models.vit_hybrid_timm's.
+  """
+  if any(k.startswith("patch_embed.backbone.") for k in keys):
+    return None
   return "timm-vit" if "blocks.0.attn.qkv.weight" in keys else None
 
 
@@ -52,8 +57,17 @@ def _timm_attention_pool(r: u.Reader, heads: int, out: dict) -> None:
 
 def _read(m: re.Match, r: u.Reader):
   variant = vit_lib.parse_variant(f"{_SIZES[m[1]]}/{m[2]}")
-  heads = variant["num_heads"]
-  variant["width"] = r.arrays["patch_embed.proj.weight"].shape[0]
+  cfg, out = read_vit(r, variant["num_heads"])
+  return vit_lib.ViT(**cfg), out, (int(m[3]), int(m[3]))  # the name's image size, as timm builds it
+
+
+def read_vit(r: u.Reader, heads: int) -> tuple[dict, dict[str, np.ndarray]]:
+  """The ViT part of a timm VisionTransformer state dict: (ViT keyword arguments, flax-named parameters).
+
+  What read() and the hybrid's reader (vitjax.models.vit_hybrid_timm) share; heads: from the model's name.
+  """
+  kernel = r.arrays["patch_embed.proj.weight"]  # [D, C, p, p]
+  variant = dict(num_heads=heads, width=kernel.shape[0], patch_size=tuple(kernel.shape[2:]))
   variant["mlp_dim"] = r.arrays["blocks.0.mlp.fc1.weight"].shape[0]
   depth = len({k.split(".")[1] for k in r.arrays if k.startswith("blocks.")})
   pool = "map" if "attn_pool.latent" in r else "tok" if "cls_token" in r else "gap"
@@ -86,7 +100,7 @@ def _read(m: re.Match, r: u.Reader):
     u.linear(r, "pre_logits.fc", "pre_logits", out)
   if cfg["num_classes"]:
     u.linear(r, "head", "head", out)
-  return vit_lib.ViT(**cfg), out, (int(m[3]), int(m[3]))  # the name's image size, as timm builds it
+  return cfg, out
 
 
 def write(module, p: dict, image_size) -> tuple[dict, dict]:

@@ -292,6 +292,25 @@ def test_timm_layout_matches_timm_and_takes_its_pretrained_config(tmp_path, hub_
   assert np.abs(trained.predict(np.asarray(photo)[None]) - want).max() <= 1e-5
 
 
+def test_a_timm_hybrid_repository_goes_through_from_timm(tmp_path, hub_cache):
+  """hf:timm/vit_tiny_r_s16_p8_224... (the release's R+ViT-Ti_16 as timm publishes it): the hybrid family's timm
+  reader, with timm's stem arithmetic."""
+  import torch
+
+  timm = _timm()
+  name = "vit_tiny_r_s16_p8_224.augreg_in21k_ft_in1k"
+  torch.manual_seed(0)
+  model = _perturbed(timm.create_model(name, pretrained=False, depth=1, num_classes=4))
+  timm.models.save_for_hf(model, str(tmp_path / "timm"), safe_serialization=True)
+  cache_repo(hub_cache, f"timm/{name}", read_dir(str(tmp_path / "timm")))
+  module, variables, repo = convert.from_hub(f"hf:timm/{name}")
+  assert type(module).__name__ == "HybridViT" and module.resnet_layers == () and module.resnet_std == "timm"
+  x = np.random.RandomState(1).randn(2, 3, 224, 224).astype(np.float32)
+  with torch.no_grad():
+    want = model(torch.from_numpy(x)).numpy()
+  assert _rel(jax.jit(module.apply)(variables, x.transpose(0, 2, 3, 1))[0], want) <= TOL
+
+
 # ------------------------------------------------------------------------------------------ init_from=hf:...
 
 

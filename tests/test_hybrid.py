@@ -59,12 +59,11 @@ def _tiny(layers=(1, 1), width=32, heads=2):
     resnet_width=32,
   )
   model = model.clone(patch_size=(1, 1) if layers else (2, 2), act="gelu_tanh")
-  x = np.random.default_rng(0).standard_normal((2, 32, 32, 3)).astype(np.float32)
-  variables = model.init(jax.random.PRNGKey(1), x)
-  # non-trivial GroupNorm scales (gn3's start at zero) and head (zero-initialised)
-  leaves, tree = jax.tree.flatten(variables)
+  x = np.random.default_rng(0).standard_normal((2, 16, 16, 3)).astype(np.float32)
+  # random values everywhere (the init zeroes gn3's scales and the head), without compiling the init
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(1), x)
   rng = np.random.default_rng(2)
-  variables = jax.tree.unflatten(tree, [v + 0.2 * rng.standard_normal(v.shape).astype(np.float32) for v in leaves])
+  variables = jax.tree.map(lambda s: (0.2 * rng.standard_normal(s.shape)).astype(np.float32), shapes)
   return model, variables, x
 
 
@@ -75,14 +74,14 @@ def test_npz_written_is_the_releases_layout_and_reads_back_exactly(layers, tmp_p
   assert arrays["gn_root/scale"].shape == (1, 1, 1, 32)  # as the released files hold GroupNorm parameters
   assert "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel" in arrays
   if layers:
-    assert arrays["block2/unit1/conv_proj/kernel"].shape == (1, 1, 128, 256)
+    assert arrays["block2/unit1/conv_proj/kernel"].shape == (1, 1, 128, 256)  # stage 2: 64 channels, out 256
   path = str(tmp_path / "hybrid.npz")
   np.savez(path, **arrays)
   assert convert.detect_layout(dict(np.load(path))) == "vit-hybrid-npz"
   back, back_vars = convert.from_vit_npz(path)
   assert type(back).__name__ == "HybridViT" and tuple(back.resnet_layers) == layers and back.resnet_width == 32
-  want, _ = model.apply(variables, x)
-  got, _ = back.apply(back_vars, x)
+  want, _ = jax.jit(model.apply)(variables, x)
+  got, _ = jax.jit(back.apply)(back_vars, x)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
@@ -92,16 +91,16 @@ def test_timm_out_loads_strictly_gives_the_same_logits_and_reads_back(layers, to
   model convert.build_timm makes with timm's own classes; and back in by a timm name (tiny: 3 heads)."""
   model, variables, x = _tiny(layers, width=48, heads=3)
   model = model.clone(resnet_std="timm", resnet_gn_eps=1e-5, act="gelu")
-  state, cfg = convert.to_timm(model, variables, 32)
+  state, cfg = convert.to_timm(model, variables, 16)
   theirs = convert.build_timm(cfg)
   theirs.load_state_dict({k: torch_ref.from_numpy(np.array(v)) for k, v in state.items()}, strict=True)
   with torch_ref.no_grad():
     got = theirs(torch_ref.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))).numpy()
-  want = np.asarray(model.apply(variables, x)[0])
+  want = np.asarray(jax.jit(model.apply)(variables, x)[0])
   assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
-  name = "vit_tiny_r26_s32_32" if layers else "vit_tiny_r_s16_p2_32"
+  name = "vit_tiny_r26_s32_16" if layers else "vit_tiny_r_s16_p2_16"
   back, back_vars = convert.from_timm(name, state)
-  np.testing.assert_array_equal(np.asarray(back.apply(back_vars, x)[0]), want)
+  np.testing.assert_array_equal(np.asarray(jax.jit(back.apply)(back_vars, x)[0]), want)
   assert (back.resnet_std, back.resnet_gn_eps, back.act) == ("timm", 1e-5, "gelu")
 
 

@@ -206,7 +206,11 @@ class ResNetStem(nn.Module):
 class HybridViT(vit_lib.ViT):
   """A ViT whose patches are cut from a ResNet stem's feature map. __call__ as the ViT's.
 
-  Attributes (beside the ViT's):
+  patch_size is the patch embedding's on the feature map; `patch_hw` is the total stride, what one token covers in
+  the image (32 for R26+ViT-S_32: a 7x7 grid at 224 pixels). The stem is layer 0 for layer-wise learning-rate decay,
+  as the patch embedding (ViT.layer_index).
+
+  Attributes:
     resnet_layers: bottleneck units per stage: (2, 2, 2, 2) for R26, (3, 4, 9) or (3, 4, 6, 3) for R50; () for the
       root block alone (R+Ti).
     resnet_width: the root convolution's channels (64: the release's width factor 1); stage s has
@@ -214,9 +218,7 @@ class HybridViT(vit_lib.ViT):
     resnet_std, resnet_gn_eps: the convolutions' weight standardisation ("release", or "timm": `standardize`) and
       the GroupNorms' epsilon (the release's 1e-6; timm's 1e-5): timm's builds of these models compute both
       slightly differently, and its weights are read with its arithmetic (vitjax.models.vit_hybrid_timm).
-  patch_size is the patch embedding's on the feature map; `patch_hw` is the total stride, what one token covers in
-  the image (32 for R26+ViT-S_32: a 7x7 grid at 224 pixels). The stem is layer 0 for layer-wise learning-rate decay,
-  as the patch embedding (ViT.layer_index).
+    (The other attributes are the ViT's.)
   """
 
   resnet_layers: Sequence[int] = (3, 4, 9)

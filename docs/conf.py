@@ -35,6 +35,8 @@ autodoc_mock_imports = ["torch", "timm", "transformers", "wandb"]
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 
-html_theme = "sphinx_book_theme"
+# VITJAX_DOCS_THEME=basic: the same pages, references and warnings in half the time (tests/test_docs.py; the theme's
+# own templates are not vitjax's to test). The site is built with sphinx-book-theme.
+html_theme = os.environ.get("VITJAX_DOCS_THEME", "sphinx_book_theme")
 html_title = "vitjax"
-html_theme_options = {"show_toc_level": 2}
+html_theme_options = {"show_toc_level": 2} if html_theme == "sphinx_book_theme" else {}

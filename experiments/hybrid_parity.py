@@ -10,7 +10,9 @@ weights (the originals' own initialisation, with the zero-initialised leaves mad
 - timm in: timm.create_model(TIMM_NAME) (random), its state dict through `convert.from_timm`;
 - timm out: that model written by `convert.to_timm`, loaded with strict=True into `convert.build_timm`'s model.
 
-Each row: the largest |difference| of the logits over the largest |logit|, float32, on 2 images. Run (about 3
+Each row: the largest |difference| of the logits over the largest |logit|, float32, on 2 images. With --float64
+(timm in only) both sides compute in float64 on the same weights, which separates a difference of arithmetic from
+float32 rounding. Run (about 3
 minutes on 2 CPU cores), with the original's checkout as experiments/golden/README.md makes it:
 
     python experiments/hybrid_parity.py --vit-repo /work/runs/golden/src/vision_transformer \\
@@ -104,13 +106,13 @@ def npz_rows(release: str, vit_repo: str, images: np.ndarray, tmp: str, g) -> li
   return rows
 
 
-def timm_rows(timm_name: str, images: np.ndarray) -> list[dict]:
+def timm_rows(timm_name: str, images: np.ndarray, float64: bool = False) -> list[dict]:
   sys.path.insert(0, os.path.join(ROOT, "tests"))
   import jax
-  import timm
   import torch
-  import torchvision_ops_shim  # noqa: F401  (torchvision's CUDA build next to CPU torch)
+  import torchvision_ops_shim  # noqa: F401  (torchvision's CUDA build next to CPU torch: before timm)
 
+  timm = importlib.import_module("timm")
   from vitjax import convert
 
   torch.manual_seed(0)
@@ -118,11 +120,17 @@ def timm_rows(timm_name: str, images: np.ndarray) -> list[dict]:
   sd = nontrivial({k: v.numpy() for k, v in model.state_dict().items()}, np.random.default_rng(1))
   model.load_state_dict({k: torch.from_numpy(v) for k, v in sd.items()}, strict=True)
   x = torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2)))
+  module, variables = convert.from_timm(timm_name, sd)
+  if float64:  # the same weights, both sides computing in float64: what is left is a difference of arithmetic
+    model, x = model.double(), x.double()
+    variables = jax.tree.map(lambda v: np.asarray(v, np.float64), variables)
+    images = images.astype(np.float64)
   with torch.no_grad():
     want = model(x).numpy()
-  module, variables = convert.from_timm(timm_name, sd)
   got = np.asarray(jax.jit(module.apply)(variables, images)[0])
   rows = [dict(direction="timm in", diff=rel(got, want))]
+  if float64:
+    return rows
   state, cfg = convert.to_timm(module, variables, images.shape[1])
   back = convert.build_timm(cfg)
   back.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()}, strict=True)
@@ -137,11 +145,15 @@ def main():
   p.add_argument("--vit-repo", required=True, help="checkout of google-research/vision_transformer (c6de1e5)")
   p.add_argument("--out", default=None, help="append the rows (JSON lines) here")
   p.add_argument("--sizes", default=",".join(SIZES))
+  p.add_argument("--float64", action="store_true", help="timm in only, both sides in float64 (no npz rows)")
   a = p.parse_args()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   import tempfile
 
   import jax
+
+  if a.float64:
+    jax.config.update("jax_enable_x64", True)
 
   jax.config.update("jax_default_matmul_precision", "highest")
   import flax.io  # noqa: F401  (before the stubs, as make_vision does)
@@ -149,20 +161,21 @@ def main():
 
   g = _golden_helpers()
   images = np.random.default_rng(7).uniform(-1, 1, (2, 224, 224, 3)).astype(np.float32)
-  command = "python experiments/hybrid_parity.py --vit-repo REPO " + (f"--sizes={a.sizes}" if a.sizes else "")
+  command = f"python experiments/hybrid_parity.py --vit-repo REPO --sizes={a.sizes}" + (" --float64" * a.float64)
   rows = []
   for release in a.sizes.split(","):
     timm_name, name = SIZES[release]
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
-      found = npz_rows(release, os.path.abspath(a.vit_repo), images, tmp, g) + timm_rows(timm_name, images)
+      npz = [] if a.float64 else npz_rows(release, os.path.abspath(a.vit_repo), images, tmp, g)
+      found = npz + timm_rows(timm_name, images, a.float64)
     for r in found:
       r.update(
         release=release,
         vitjax=name,
         timm=timm_name,
         image_size=224,
-        dtype="float32",
+        dtype="float64" if a.float64 else "float32",
         command=command,
         vit_jax_commit=g.git_commit(a.vit_repo),
         timm_version=sys.modules["timm"].__version__,

@@ -40,7 +40,9 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
   pytest.importorskip("sphinx")
   out = tmp_path / "html"
   cmd = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-E", "-q", "-b", "html", "docs", str(out)]
-  proc = subprocess.run(cmd, cwd=th.ROOT, env=th.env(), capture_output=True, text=True, timeout=600)
+  # the basic theme: the same pages, references and warnings in half the time of sphinx-book-theme's (docs/conf.py)
+  env = {**th.env(), "VITJAX_DOCS_THEME": "basic"}
+  proc = subprocess.run(cmd, cwd=th.ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-5000:]
   for page in PAGES:
     assert os.path.getsize(out / f"{page}.html") > 2000, page

@@ -24,7 +24,10 @@ TIMM_PARAMS = {
 }
 
 
-@pytest.mark.parametrize("name,size", sorted(TIMM_PARAMS))
+@pytest.mark.parametrize(
+  "name,size",
+  [pytest.param(*k, marks=pytest.mark.slow) if k[0] == "vit_r50_l32" else k for k in sorted(TIMM_PARAMS)],
+)  # R50+ViT-L_32 (the largest trace, 4 s) with -m slow
 def test_the_release_sizes_have_timms_parameter_counts(name, size):
   model = models.create(name, num_classes=1000)
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, size, size, 3)))

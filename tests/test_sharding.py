@@ -1,5 +1,5 @@
-"""Sharding presets on a named mesh (8 simulated CPU devices): for a tiny ViT, Swin and translation Transformer, 20
-training steps under dp, fsdp, tp and fsdp_tp give the losses of a 1-device run, and fsdp / tp hold the
+"""Sharding presets on a named mesh (8 simulated CPU devices): for a tiny ViT, Swin, hybrid ViT and translation
+Transformer, 20 training steps under dp, fsdp, tp and fsdp_tp give the losses of a 1-device run, and fsdp / tp hold the
 fraction of the parameter and optimizer bytes per device that they promise; the tp step's only collectives are
 all-reduces (Megatron's). Also: config.mesh and config.sharding_rules errors are one line."""
 
@@ -33,6 +33,9 @@ SCRIPT = textwrap.dedent(r"""
       c = default_config()
       if family == "vit":
         c.model = mlc.ConfigDict(dict(name="Ti/2", width=64, depth=2, num_heads=4, mlp_dim=256, num_classes=10))
+      elif family == "hybrid":  # the release's R+ViT-Ti_16 shape: a ResNet root block under the ViT
+        c.model = mlc.ConfigDict(dict(name="vit_r_ti16", width=64, depth=2, num_heads=4, mlp_dim=256, num_classes=10,
+                                      patch_size=1, resnet_width=32))
       else:
         c.model = mlc.ConfigDict(dict(name="swin_t", embed_dim=32, depths=(2, 2), num_heads=(2, 4), window_size=4,
                                       patch_size=2, num_classes=10))
@@ -103,9 +106,15 @@ def _run(family: str, runs: dict, devices: int) -> dict:
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-# ViT in the default run; Swin and the Transformer (3.5 and 2 minutes on a CI core) with -m slow.
+# ViT in the default run; Swin, the Transformer (3.5 and 2 minutes on a CI core) and the hybrid ViT with -m slow.
 @pytest.mark.parametrize(
-  "family", ["vit", pytest.param("swin", marks=pytest.mark.slow), pytest.param("transformer", marks=pytest.mark.slow)]
+  "family",
+  [
+    "vit",
+    pytest.param("swin", marks=pytest.mark.slow),
+    pytest.param("transformer", marks=pytest.mark.slow),
+    pytest.param("hybrid", marks=pytest.mark.slow),
+  ],
 )
 def test_every_preset_gives_the_one_device_losses_and_saves_the_memory_it_promises(family):
   ref = _run(family, {"one": ("dp", [["data", -1]])}, devices=1)["one"]

@@ -135,15 +135,18 @@ from vitjax.config import load_module
 
 def get_config():
   c = load_module({vit!r}).get_config()
-  c.model = mlc.ConfigDict(dict(name="vit_r_ti16", width=16, depth=1, num_heads=2, mlp_dim=32, patch_size=1,
+  c.model = mlc.ConfigDict(dict(name="vit_r_ti16", width=24, depth=1, num_heads=3, mlp_dim=48, patch_size=1,
                                 resnet_width=32, num_classes=10))
   return c
 """
 
 
-def test_a_hybrid_trains_and_starts_from_its_npz(data_dir, tmp_path):
-  """A hybrid through the ordinary trainer on digits (8x8: the root block and the max-pool leave 2x2), its export to
-  the release's .npz, and a second run that starts from that file (init_from=npz:FILE)."""
+def test_a_hybrid_trains_exports_both_formats_and_starts_from_them(data_dir, tmp_path):
+  """A hybrid through the ordinary trainer on digits (8x8: the root block and the max-pool leave 2x2); its export to
+  the release's .npz, which init_from=npz:FILE reads back exactly, and to timm's layout, from which a second run
+  starts (init_from=timm:NAME:FILE; 3 heads: a 'tiny' name)."""
+  import vitjax
+
   config = tmp_path / "hybrid_digits.py"
   config.write_text(HYBRID_CONFIG.format(vit=os.path.join(th.ROOT, "configs", "vit_digits.py")))
   args = [
@@ -155,13 +158,15 @@ def test_a_hybrid_trains_and_starts_from_its_npz(data_dir, tmp_path):
     "--config.checkpoint_every=6",
   ]
   first = str(tmp_path / "first")
-  log = th.check_ok(th.run_main(first, *args, config=str(config))).stderr
-  assert "HybridViT" in log or "vit_r_ti16" in log
-  npz = str(tmp_path / "hybrid.npz")
+  th.check_ok(th.run_main(first, *args, config=str(config)))
+  npz, st = str(tmp_path / "hybrid.npz"), str(tmp_path / "hybrid.safetensors")
   th.check_ok(th.run_module("export", f"--workdir={first}", "--format=npz", f"--out={npz}"))
-  assert os.path.exists(npz)
+  th.check_ok(th.run_module("export", f"--workdir={first}", "--format=timm", f"--out={st}"))
+  trained = vitjax.load(first)
+  assert type(trained.model).__name__ == "HybridViT"
+  jax.tree.map(np.testing.assert_array_equal, convert.load_params(f"npz:{npz}"), trained.variables["params"])
   second = str(tmp_path / "second")
-  th.check_ok(th.run_main(second, *args, f"--config.init_from=npz:{npz}", config=str(config)))
+  th.check_ok(th.run_main(second, *args, f"--config.init_from=timm:vit_tiny_r_s16_p1_8:{st}", config=str(config)))
 
 
 @pytest.mark.parametrize(

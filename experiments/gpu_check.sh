@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One command that proves vitjax on a GPU (issue 44): environment, bring-up tests, attention, the training step
-# side by side with PyTorch, and real runs. Each step runs under its own time limit, and a failing step is written
-# down and the next one runs. JSON lines go to OUT/gpu_check.jsonl (bench_train's rows to OUT/bench_train_*.jsonl),
-# the whole log to OUT/gpu_check.log, and a summary table ends the output. At most 8 minutes on an H100: a global
+# side by side with PyTorch, a profile of ViT-B/16's step, and real runs. Each step runs under its own time limit,
+# and a failing step is written down and the next one runs. JSON lines go to OUT/gpu_check.jsonl (bench_train's
+# rows to OUT/bench_train_*.jsonl), the profile's trace to OUT/profile_*.tar.gz, the whole log to
+# OUT/gpu_check.log, and a summary table ends the output. At most 8 minutes on an H100: a global
 # budget (GPU_CHECK_BUDGET_S, 450 s) caps every step's limit and skips what would not fit.
 #
 #   bash experiments/gpu_check.sh [--out DIR]   # on the GPU machine (OUT: $OUT, else experiments/results/gpu_check)
@@ -147,6 +148,11 @@ else
   measured bench_vit_b16 || bench bench_vit_b16_b128 100 --torch_device=cuda --models=vit_b16_224_b8 --batch=128 \
     --repeats=10
 fi
+
+# where ViT-B/16's step spends its time: per-op device time by category from a jax.profiler trace, with the trace
+# and the compiled HLO in OUT/profile_*.tar.gz (issue 44's MFU goal: read it here at no device cost)
+XLA_PYTHON_CLIENT_MEM_FRACTION=0.45 step profile 90 "$PY" experiments/gpu_check.py profile --out "$OUTDIR" \
+  $([ "$DRY" = 1 ] && echo --dry)
 
 # (e) real runs: the README's main job (digits), and Fashion-MNIST for one epoch beside its CPU curve
 if [ "$DRY" = 1 ]; then main_len="--config.total_steps=10 --config.log_every=5"; fm_len="--config.total_steps=6"

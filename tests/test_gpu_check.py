@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 
 import pytest
 import train_helpers as th
@@ -60,11 +61,11 @@ def test_dry_run_does_every_step(tmp_path):
 
 
 @pytest.mark.slow
-def test_dry_run_benchmarks_beside_torch_and_follows_the_fashion_mnist_cpu_curve(tmp_path):
+def test_dry_run_benchmarks_beside_torch_profiles_and_follows_the_fashion_mnist_cpu_curve(tmp_path):
   if not os.path.exists(FASHION):
     pytest.skip("apt-get install dataset-fashion-mnist")
-  log, rows, status = _dry_run(tmp_path, "env,bench_dry,fashion_mnist")
-  assert status == {"env": "ok", "bench_dry": "ok", "fashion_mnist": "ok"}, log[-3000:]
+  log, rows, status = _dry_run(tmp_path, "env,bench_dry,profile,fashion_mnist")
+  assert status == {"env": "ok", "bench_dry": "ok", "profile": "ok", "fashion_mnist": "ok"}, log[-3000:]
   bench = [json.loads(line) for line in (tmp_path / "out" / "bench_train_bench_dry.jsonl").read_text().splitlines()]
   timed = {(r["model"], r["framework"]) for r in bench if r.get("step_s")}
   for model in ("vit_s16_224_b2", "transformer_small"):
@@ -72,3 +73,13 @@ def test_dry_run_benchmarks_beside_torch_and_follows_the_fashion_mnist_cpu_curve
   # the first step's loss is the CPU curve's (the same data, initialisation and batch)
   fashion = next(r for r in rows if r["step"] == "run" and r["name"] == "fashion_mnist_1_epoch")
   assert fashion["cpu_loss"] == {"1": 2.3026} and fashion["max_abs_loss_diff"] < 1e-3, fashion
+
+  # the profile: every executed op of the step found in its HLO and categorised, the trace and HLO to bring back
+  profile = next(r for r in rows if r["step"] == "profile")
+  assert profile["planes"] == ["/host:CPU"] and profile["ops"] == profile["ops_in_hlo"] > 50, profile
+  assert profile["categories_ms"]["matmul"] > 0 and profile["categories_ms"]["optimizer"] > 0, profile
+  assert 0 < profile["busy_ms"] <= profile["kernel_ms"] and profile["busy_ms"] < 1.5 * profile["step_ms"], profile
+  assert any("fc1" in m["op"] for m in profile["top_ops"]) and profile["matmuls"][0]["gflops_per_s"] > 0
+  with tarfile.open(tmp_path / "out" / profile["archive"]) as tar:
+    assert sorted(tar.getnames()) == ["step.hlo.txt", "step.xplane.pb"]
+  assert "profile vit_b16_224_b8 batch 2" in log

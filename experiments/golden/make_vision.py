@@ -198,68 +198,23 @@ def vit_jax_cases(vit_repo, out, manifest):
     from vit_jax import checkpoint, models_vit, test_utils
 
   exact = lambda x: jax.nn.gelu(x, approximate=False)  # noqa: E731
+
+  def tiny(**kw):  # two 32-wide layers, 2 heads, 5 classes: each case's own fields on top
+    layers = {"num_layers": 2, "mlp_dim": 64, "num_heads": 2, "dropout_rate": 0.0, "attention_dropout_rate": 0.0}
+    return dict(num_classes=5, transformer=layers, hidden_size=32, representation_size=None, **kw)
+
   cases = {
-    "vit_jax_token_rep": dict(
-      num_classes=5,
-      patches={"size": (4, 4)},
-      transformer={
-        "num_layers": 2,
-        "mlp_dim": 64,
-        "num_heads": 2,
-        "dropout_rate": 0.0,
-        "attention_dropout_rate": 0.0,
-      },
-      hidden_size=32,
-      representation_size=24,
-      classifier="token",
-    ),
-    "vit_jax_gap": dict(
-      num_classes=5,
-      patches={"size": (4, 4)},
-      transformer={
-        "num_layers": 2,
-        "mlp_dim": 64,
-        "num_heads": 2,
-        "dropout_rate": 0.0,
-        "attention_dropout_rate": 0.0,
-      },
-      hidden_size=32,
-      representation_size=None,
-      classifier="gap",
-    ),
+    "vit_jax_token_rep": {**tiny(patches={"size": (4, 4)}, classifier="token"), "representation_size": 24},
+    "vit_jax_gap": tiny(patches={"size": (4, 4)}, classifier="gap"),
     # The hybrids (models_vit's `resnet` option): the root block alone with 2x2 patches on its feature map (as
     # R+ViT-Ti_16's 8x8; a 64-channel root: two channels per GroupNorm group, so that the weight standardisation's
     # arithmetic shows), and two one-unit stages with 1x1 patches (as R26+ViT-S_32's four two-unit stages;
     # width_factor 0.5: a 32-channel root). 32x32 images: a 4x4 token grid either way.
-    "vit_jax_hybrid_root": dict(
-      num_classes=5,
-      patches={"size": (2, 2)},
-      resnet={"num_layers": (), "width_factor": 1.0},
-      transformer={
-        "num_layers": 2,
-        "mlp_dim": 64,
-        "num_heads": 2,
-        "dropout_rate": 0.0,
-        "attention_dropout_rate": 0.0,
-      },
-      hidden_size=32,
-      representation_size=None,
-      classifier="token",
+    "vit_jax_hybrid_root": tiny(
+      patches={"size": (2, 2)}, resnet={"num_layers": (), "width_factor": 1.0}, classifier="token"
     ),
-    "vit_jax_hybrid_stages": dict(
-      num_classes=5,
-      patches={"size": (1, 1)},
-      resnet={"num_layers": (1, 1), "width_factor": 0.5},
-      transformer={
-        "num_layers": 2,
-        "mlp_dim": 64,
-        "num_heads": 2,
-        "dropout_rate": 0.0,
-        "attention_dropout_rate": 0.0,
-      },
-      hidden_size=32,
-      representation_size=None,
-      classifier="token",
+    "vit_jax_hybrid_stages": tiny(
+      patches={"size": (1, 1)}, resnet={"num_layers": (1, 1), "width_factor": 0.5}, classifier="token"
     ),
   }
   for i, (case, kw) in enumerate(cases.items()):

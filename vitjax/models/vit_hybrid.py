@@ -92,6 +92,12 @@ def standardize(kernel: Array, form: str = "release") -> Array:
   raise ValueError(f"unknown weight standardisation {form!r}; use one of {STANDARDIZE}")
 
 
+def group_norm(eps: float, dtype: Any, name: str, zeros: bool = False) -> nn.GroupNorm:
+  """The stem's GroupNorm: 32 groups; zeros: its scale starts at zero (a unit's last norm, the original's init)."""
+  init = nn.initializers.zeros if zeros else nn.initializers.ones
+  return nn.GroupNorm(num_groups=32, epsilon=eps, scale_init=init, dtype=dtype, name=name)
+
+
 class StdConv(nn.Module):
   """A weight-standardised convolution without bias, 'SAME' padding: [B, H, W, C] -> [B, H/s, W/s, features]."""
 
@@ -134,9 +140,8 @@ class Bottleneck(nn.Module):
     return StdConv(features, (kernel, kernel), strides, self.dtype, self.std, name=name)
 
   def norm(self, name: str, zeros: bool = False) -> nn.GroupNorm:
-    """A GroupNorm of 32 groups; the last one's scale starts at zero (the original's init)."""
-    init = nn.initializers.zeros if zeros else nn.initializers.ones
-    return nn.GroupNorm(num_groups=32, epsilon=self.gn_eps, scale_init=init, dtype=self.dtype, name=name)
+    """A GroupNorm of this unit (`group_norm`)."""
+    return group_norm(self.gn_eps, self.dtype, name, zeros)
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
@@ -186,7 +191,7 @@ class ResNetStem(nn.Module):
   def __call__(self, x: Array) -> Array:
     """Applies the stem to images x [B, H, W, C]."""
     x = StdConv(self.width, (7, 7), 2, self.dtype, self.std, name="conv_root")(x)
-    x = nn.GroupNorm(num_groups=32, epsilon=self.gn_eps, dtype=self.dtype, name="gn_root")(x)
+    x = group_norm(self.gn_eps, self.dtype, "gn_root")(x)
     x = nn.max_pool(nn.relu(x), (3, 3), strides=(2, 2), padding="SAME")
     for s, units in enumerate(self.layers):
       strides = 1 if s == 0 else 2

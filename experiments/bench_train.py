@@ -496,19 +496,25 @@ def compiled_step(case: Case):
   return jax.jit(step, donate_argnums=(0, 1, 2)).lower(*state, xs, y, rng).compile(), state, xs, y, rng
 
 
-def vitjax_step(case: Case, repeats: int, max_row_s: float) -> dict:
-  t = time.perf_counter()
-  compiled, state, xs, y, rng = compiled_step(case)
-  compile_s = time.perf_counter() - t
-  cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  losses = []
+def step_runner(compiled, state: list, xs, y, rng, losses: list):
+  """A call that runs the compiled step once, carries its state forward and appends its loss (which blocks)."""
 
   def once():
     *new, loss = compiled(*state, xs, y, rng)
     state[:] = new
     losses.append(float(loss))  # blocks until the step is done
 
+  return once
+
+
+def vitjax_step(case: Case, repeats: int, max_row_s: float) -> dict:
+  t = time.perf_counter()
+  compiled, *args = compiled_step(case)
+  compile_s = time.perf_counter() - t
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  losses = []
+  once = step_runner(compiled, *args, losses)
   once()  # the first step: its loss is the one before any update
   med, times = timed(once, repeats, max_row_s)
   return {

@@ -486,88 +486,15 @@ def summary_step(args) -> None:
     print(f"not run or not finished in the time given; their own call: {args.command} --steps={','.join(again)}")
 
 
-def _busy_ns(spans: list[tuple[int, int]]) -> int:
-  """The time covered by the union of [start, end) spans."""
-  total, end = 0, None
-  for a, b in sorted(spans):
-    if end is None or a > end:
-      total, end = total + b - a, b
-    elif b > end:
-      total, end = total + b - end, b
-  return total
-
-
-def profile_summary(xplane: str, hlo_text: str, steps: int) -> dict:
-  """Per-op device time of a traced step from the profiler's xplane, read with jax.profiler.ProfileData (no xprof).
-
-  The device's events are the GPU planes' kernels ("/device:GPU:N"), else (a CPU) the XLA thunks of "/host:CPU";
-  those of the step's module (stat hlo_module) are grouped by their HLO op (stat hlo_op, else the kernel's name) and
-  categorised from the compiled HLO's text as experiments/op_profile.py does (matmul, attention, norms, activations,
-  optimizer, copies, other). Times are per step: summed over the trace, divided by `steps`. `busy_ms` is the time
-  in which any of the step's kernels ran; the step's wall time less that is the device idling (launches, the host).
-  """
-  import collections
-
-  from jax.profiler import ProfileData
-  from op_profile import Hlo, describe, hlo_op_category, matmul_table
-
-  hlo = Hlo(hlo_text)
-  data = ProfileData.from_file(xplane)
-  planes = [p for p in data.planes if p.name.startswith("/device:GPU")]
-  planes = planes or [p for p in data.planes if p.name == "/host:CPU"]
-  per_op, kernels, spans, n, other_modules = collections.Counter(), collections.Counter(), [], 0, collections.Counter()
-  stat_keys = set()
-  for plane in planes:
-    for line in plane.lines:
-      for ev in line.events:
-        stats = dict(ev.stats)
-        module = stats.get("hlo_module")
-        if plane.name == "/host:CPU" and "hlo_op" not in stats:
-          continue  # the host's own events (Python, the runtime)
-        if module is not None and str(module) != hlo.name:
-          other_modules[str(module)] += ev.duration_ns
-          continue
-        stat_keys.update(stats)
-        op = str(stats.get("hlo_op") or ev.name)
-        per_op[op] += ev.duration_ns
-        kernels[op] += 1
-        spans.append((int(ev.start_ns), int(ev.start_ns + ev.duration_ns)))
-        n += 1
-  per_op_ms = {k: v / 1e6 / steps for k, v in per_op.items()}
-  categories = collections.Counter()
-  for op, ms in per_op_ms.items():
-    categories[hlo_op_category(hlo, op)] += ms
-  top = sorted(per_op_ms.items(), key=lambda kv: -kv[1])[:30]
-  return {
-    "planes": [p.name for p in planes],
-    "events": n,
-    "event_stats": sorted(stat_keys),
-    "ops_in_hlo": sum(op in hlo.instrs for op in per_op),
-    "ops": len(per_op),
-    "kernel_ms": sum(per_op_ms.values()),
-    "busy_ms": _busy_ns(spans) / 1e6 / steps,
-    "categories_ms": {k: round(v, 4) for k, v in categories.most_common()},
-    "top_ops": [
-      {"op": describe(hlo, op), "category": hlo_op_category(hlo, op), "ms": round(ms, 4), "kernels": kernels[op]}
-      for op, ms in top
-    ],
-    "matmuls": matmul_table(hlo, per_op_ms)[:15],
-    "other_modules_ms": {k: v / 1e6 / steps for k, v in other_modules.most_common(5)},
-  }
-
-
 def profile_step(args) -> None:
-  """ViT-B/16 224 px bf16's training step (experiments/bench_train.py's bare step, AdamW) traced with jax.profiler;
-  a row with the per-op table (profile_summary) and OUT/profile_<model>.tar.gz (the xplane and the compiled HLO text,
-  for experiments/op_profile.py-style reading here). --dry: one layer at 32 px, batch 2, on the CPU."""
-  import tarfile
-  import tempfile
-
-  import jax
-
+  """ViT-B/16 224 px bf16's training step (experiments/bench_train.py's bare step, AdamW) traced and read op by op
+  with experiments/op_profile.py's profile_vitjax: a row with the device's busy time, the time per category, the
+  largest ops and the dots by shape, and OUT/profile_<model>.tar.gz (the xplane and the compiled HLO text, for a
+  closer reading here). --dry: one layer at 32 px, batch 2, on the CPU."""
   sys.path.insert(0, HERE)
   import torch  # bench_train's case builds the timm twin too
-  from bench_train import MODELS, compiled_step, image_case
+  from bench_train import MODELS, image_case
+  from op_profile import profile_vitjax
 
   if torch.version.cuda is None:  # the CPU build of torch: timm needs torchvision's op names defined (tests/)
     import torchvision_ops_shim  # noqa: F401
@@ -578,48 +505,24 @@ def profile_step(args) -> None:
   size = 32 if args.dry else size
   t = time.perf_counter()
   case = image_case(name, kind, batch, size, "bfloat16", torch, layers=layers)
-  compiled, state, xs, y, rng = compiled_step(case)
   setup_s = time.perf_counter() - t
-
-  def once():
-    *new, loss = compiled(*state, xs, y, rng)
-    state[:] = new
-    return float(loss)  # blocks
-
-  for _ in range(3):
-    once()
-  work = tempfile.mkdtemp(prefix="gpu_check_profile_")
-  steps = args.profile_steps
-  jax.profiler.start_trace(work)
-  t = time.perf_counter()
-  try:
-    for _ in range(steps):
-      once()
-  finally:
-    wall_ms = (time.perf_counter() - t) * 1e3 / steps
-    jax.profiler.stop_trace()
-  xplane = sorted(glob.glob(os.path.join(work, "**", "*.xplane.pb"), recursive=True))[-1]
-  hlo_text = compiled.as_text()
+  archive, steps = os.path.join(args.out, f"profile_{name}.tar.gz"), args.profile_steps
+  r = profile_vitjax(case, steps, archive=archive)
   row = {"step": "profile", "model": name, "batch": batch, "dtype": "bfloat16", "steps": steps, "setup_s": setup_s}
-  row["step_ms"] = wall_ms
   row["analytic_tflop"] = case.analytic_flops / 1e12
-  row.update(profile_summary(xplane, hlo_text, steps))
-  row["idle_ms"] = wall_ms - row["busy_ms"]
-  with open(os.path.join(work, "step.hlo.txt"), "w") as f:
-    f.write(hlo_text)
-  archive = os.path.join(args.out, f"profile_{name}.tar.gz")
-  with tarfile.open(archive, "w:gz") as tar:
-    tar.add(xplane, arcname="step.xplane.pb")
-    tar.add(os.path.join(work, "step.hlo.txt"), arcname="step.hlo.txt")
-  row["archive"] = os.path.basename(archive)
-  row["archive_mb"] = os.path.getsize(archive) / 2**20
+  row.update({k: r[k] for k in ("step_ms", "busy_ms", "planes", "events", "event_stats", "top_ops")})
+  row.update(ops=r["n_ops"], ops_in_hlo=r["n_in_hlo"], kernel_ms=r["ops_own_ms"], idle_ms=r["step_ms"] - r["busy_ms"])
+  row["categories_ms"] = dict(
+    sorted(((c, round(sum(o.values()), 4)) for c, o in r["ops"].items()), key=lambda x: -x[1])
+  )
+  row.update(matmuls=r["matmuls"][:15], other_modules_ms=r["other_modules_ms"])
+  row["archive"], row["archive_mb"] = os.path.basename(archive), os.path.getsize(archive) / 2**20
   if row["archive_mb"] > 15.5:  # the device tool brings back files of at most 16 MiB
     os.remove(archive)
     row["archive"] = None
-  subprocess.run(["rm", "-rf", work], check=False)
   emit(args.out, row)
   print(
-    f"profile {name} batch {batch}: step {wall_ms:.2f} ms, kernels busy {row['busy_ms']:.2f} ms "
+    f"profile {name} batch {batch}: step {row['step_ms']:.2f} ms, kernels busy {row['busy_ms']:.2f} ms "
     f"(idle {row['idle_ms']:.2f}), {row['ops']} ops ({row['ops_in_hlo']} named in the HLO), {row['events']} events"
   )
   for cat, ms in row["categories_ms"].items():
@@ -651,7 +554,7 @@ def main():
   ap.add_argument("--n", type=int, default=2000)
   ap.add_argument("--model", default="vit_b16_224_b8", help="profile: a model of bench_train.MODELS")
   ap.add_argument("--batch", type=int, default=128, help="profile: its batch")
-  ap.add_argument("--profile_steps", type=int, default=5, help="profile: steps traced (after 3 untraced)")
+  ap.add_argument("--profile_steps", type=int, default=5, help="profile: steps traced (after 2 untraced)")
   ap.add_argument("--status", default="")
   ap.add_argument("--seconds", type=float, default=0.0)
   ap.add_argument("--note", default="")

@@ -5,14 +5,13 @@
     python experiments/op_profile.py --models=fashion_mnist --steps=1   # a quick look
 
 The models, weights, batches and steps are experiments/bench_train.py's (its builders image_case /
-transformer_case, its vitjax_step and its eager torch_step are called as they are): one step is forward, backward
+transformer_case, its compiled_step and its eager torch_step are called as they are): one step is forward, backward
 and the AdamW update, on the CPU. Each framework runs the step 2 + --steps times; the last --steps are profiled.
 
-  vitjax  jax.profiler traces the steps (started after compilation); xprof's "trace_viewer" converter
-          (xprof.convert.raw_to_tool_data.xspace_to_tool_data) turns the xplane into trace events, in which the XLA
-          CPU runtime gives one event per executed thunk, i.e. per HLO instruction of the entry computation (a
-          fusion, a dot, a copy, ...; the thunks a call / while thunk runs are counted, not the call itself), with
-          its module and run id. XLA runs independent thunks concurrently: each moment of the step is split
+  vitjax  jax.profiler traces the last --steps steps; jaxlib's own reader of the trace (jax.profiler.ProfileData,
+          no xprof needed) gives, on the CPU, one event per executed thunk of the XLA runtime, i.e. per HLO
+          instruction of the entry computation (a fusion, a dot, a copy, ...; the thunks a call / while thunk runs
+          are counted, not the call itself), and on a GPU one per kernel, each with its HLO op, module and run id. XLA runs independent thunks concurrently: each moment of the step is split
           equally among the ops running then, so the ops' times sum to the time during which any op ran (their
           own durations, summed, are printed too). Each op is categorised from the compiled HLO text
           (compiled.as_text()): its opcode or, for a fusion, a vote of the instructions it fuses, from their
@@ -61,14 +60,14 @@ import collections
 import contextlib
 import functools
 import glob
-import gzip
+import io
 import json
 import linecache
 import os
 import re
 import statistics
-import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 
@@ -79,15 +78,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from bench_train import (  # noqa: E402
   MODELS,
+  compiled_step,
   cpu_flags,
   git_revision,
   host_info,
   image_case,
   machine_state,
   start,
+  step_runner,
   torch_step,
   transformer_case,
-  vitjax_step,
 )
 
 RESULTS = os.path.join(HERE, "results", "op_profile.jsonl")
@@ -381,34 +381,73 @@ def describe(hlo: Hlo, name: str) -> str:
 # -- vitjax: trace the compiled step
 
 
-def _trace_events(logdir: str) -> list[dict]:
-  """Trace events (Chrome trace format) of the xplane in logdir: xprof's trace_viewer converter, else the
-  .trace.json.gz that jax.profiler may write beside it."""
-  paths = glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb"))
+# Lines a profiler derives from a device's kernels (xprof adds them when it converts a trace): not kernels themselves.
+DERIVED_LINES = {"XLA Modules", "XLA Ops", "XLA TraceMe", "Steps", "Framework Ops", "Framework Name Scope"}
+DERIVED_LINES |= {"Source code", "Launch Stats", "Host Offload Ops", "_counters_"}
+
+
+def trace_step(case, steps: int, logdir: str, warmup: int = 2) -> tuple:
+  """bench_train's compiled bare step for `case`, run `warmup` times, then `steps` times under jax.profiler into
+  logdir. Returns (compiled, the trace's xplane file, each traced step's wall seconds)."""
+  compiled, *args = compiled_step(case)
+  once = step_runner(compiled, *args, [])
+  for _ in range(warmup):
+    once()
+  times = []
+  jax.profiler.start_trace(logdir)
   try:
-    try:
-      from xprof.convert.raw_to_tool_data import xspace_to_tool_data
-    except ImportError:
-      from tensorboard_plugin_profile.convert.raw_to_tool_data import xspace_to_tool_data
-    data, _ = xspace_to_tool_data(paths, "trace_viewer", {})
-    if data:
-      return json.loads(data)["traceEvents"]
-  except ImportError:
-    pass
-  gz = glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.trace.json.gz"))
-  if not gz:
-    raise RuntimeError("no converter for the xplane (pip install xprof) and no .trace.json.gz beside it")
-  with gzip.open(gz[0]) as f:
-    return json.load(f)["traceEvents"]
+    for _ in range(steps):
+      t = time.perf_counter()
+      once()
+      times.append(time.perf_counter() - t)
+  finally:
+    jax.profiler.stop_trace()
+  return compiled, glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb"))[0], times
 
 
-def _op_times(events: list[dict]) -> tuple[collections.Counter, collections.Counter]:
-  """Per op name, in us: (wall time, own time). An event's own time is its duration less that of the events nested
-  in it on its thread (a call or while thunk and the thunks it runs); its wall time splits each moment equally
-  among the ops running then (XLA runs independent thunks concurrently), so wall times sum to the time when any
-  op ran, and own times to more where ops overlapped."""
+def device_events(xplane: str) -> tuple[list[dict], list[str]]:
+  """The executed XLA ops in a profiler's xplane, read with jax.profiler.ProfileData (jaxlib's own reader, no
+  xprof): a GPU's kernels (planes "/device:GPU:N", less the lines derived from them), else the XLA CPU runtime's
+  thunks (the "/host:CPU" events that carry an hlo_op; the host's own events, Python and the runtime, do not).
+  Returns (events, the planes read); an event is {start, end (ns), thread (plane and line), op (its hlo_op stat,
+  else the kernel's name), module (hlo_module stat, None where absent), run (run_id stat), stats (stat names)}."""
+  from jax.profiler import ProfileData
+
+  data = ProfileData.from_file(xplane)
+  planes = [p for p in data.planes if p.name.startswith("/device:GPU")] or [
+    p for p in data.planes if p.name == "/host:CPU"
+  ]
+  events = []
+  for plane in planes:
+    for line in plane.lines:
+      if line.name in DERIVED_LINES:
+        continue
+      for ev in line.events:
+        stats = dict(ev.stats)
+        if plane.name == "/host:CPU" and "hlo_op" not in stats:
+          continue
+        start = int(ev.start_ns)
+        events.append(
+          {
+            "start": start,
+            "end": start + int(ev.duration_ns),
+            "thread": (plane.name, line.name),
+            "op": str(stats.get("hlo_op") or ev.name),
+            "module": None if stats.get("hlo_module") is None else str(stats["hlo_module"]),
+            "run": stats.get("run_id"),
+            "stats": tuple(stats),
+          }
+        )
+  return events, [p.name for p in planes]
+
+
+def op_times(events: list[dict]) -> tuple[collections.Counter, collections.Counter]:
+  """Per op, in ns: (wall time, own time). An event's own time is its duration less that of the events nested in
+  it on its thread (a call or while thunk and the thunks it runs); its wall time splits each moment equally among
+  the ops running then (XLA runs independent thunks concurrently; a GPU, kernels on several streams), so wall times
+  sum to the time when any op ran (the device's busy time), and own times to more where ops overlapped."""
   wall, own = collections.Counter(), collections.Counter()
-  spans = [(e["ts"], e["ts"] + e["dur"], (e.get("pid"), e.get("tid")), e["args"]["hlo_op"]) for e in events]
+  spans = [(e["start"], e["end"], e["thread"], e["op"]) for e in events]
 
   def inside(j, i):  # j runs within i on its thread: i (a call or while thunk) waits for j
     (a, b, thread_i, _), (c, d, thread_j, _) = spans[i], spans[j]
@@ -429,59 +468,55 @@ def _op_times(events: list[dict]) -> tuple[collections.Counter, collections.Coun
   return wall, own
 
 
-def profile_vitjax(case, steps: int) -> dict:
-  """bench_train.vitjax_step with the trace on from just after compilation; the last `steps` runs are counted."""
-  compiled, logdir = [], tempfile.mkdtemp(prefix="op_profile_")
-  original = jax.stages.Lowered.compile
-
-  def compile_then_trace(self, *args, **kwargs):
-    out = original(self, *args, **kwargs)
-    if not compiled:
-      compiled.append(out)
-      jax.profiler.start_trace(logdir)
-    return out
-
-  jax.stages.Lowered.compile = compile_then_trace
-  try:
-    r = vitjax_step(case, steps, 1e9)  # 1e9: no cap on the repeats
-  finally:
-    jax.stages.Lowered.compile = original
-    if compiled:
-      jax.profiler.stop_trace()
-  try:
-    hlo = Hlo(compiled[0].as_text())
-    events = [
-      e
-      for e in _trace_events(logdir)
-      if e.get("ph") == "X" and (e.get("args") or {}).get("hlo_module") == hlo.name and "hlo_op" in e["args"]
-    ]
-  finally:
-    subprocess.run(["rm", "-rf", logdir], check=False)
-  first = collections.defaultdict(lambda: float("inf"))
+def profile_vitjax(case, steps: int, archive: str | None = None) -> dict:
+  """bench_train's bare step traced (trace_step) and read (device_events) op by op: each op's time per step
+  (op_times' wall share) by category, the dots by shape, the device's busy time. `archive`: also write the xplane
+  and the compiled HLO text there as a .tar.gz, for a closer reading elsewhere."""
+  with tempfile.TemporaryDirectory(prefix="op_profile_") as logdir:
+    compiled, xplane, times = trace_step(case, steps, logdir)
+    text = compiled.as_text()
+    hlo = Hlo(text)
+    events, planes = device_events(xplane)
+    if archive:
+      with tarfile.open(archive, "w:gz") as tar:
+        tar.add(xplane, arcname="step.xplane.pb")
+        info = tarfile.TarInfo("step.hlo.txt")
+        info.size = len(text.encode())
+        tar.addfile(info, io.BytesIO(text.encode()))
+  other_modules = collections.Counter()
   for e in events:
-    first[e["args"].get("run_id")] = min(first[e["args"].get("run_id")], e["ts"])
-  runs = sorted(first, key=first.get)[-steps:]
-  if len(runs) < steps:
-    raise RuntimeError(f"{len(runs)} runs of {hlo.name} in the trace, expected at least {steps}")
-  chosen = [e for e in events if e["args"].get("run_id") in set(runs)]
-  wall_us, own_us = _op_times(chosen)
-  per_op = {k: v / 1e3 / steps for k, v in wall_us.items()}
-  ops, attention_matmul = collections.defaultdict(dict), 0.0
-  unknown = sorted(n for n in per_op if n not in hlo.instrs)
+    if e["module"] not in (None, hlo.name):
+      other_modules[e["module"]] += (e["end"] - e["start"]) / 1e6 / steps
+  events = [e for e in events if e["module"] in (None, hlo.name)]
+  runs = {e["run"] for e in events} - {None}
+  if runs and len(runs) != steps:
+    raise RuntimeError(f"{len(runs)} runs of {hlo.name} in the trace, expected {steps}")
+  wall_ns, own_ns = op_times(events)
+  per_op = {k: v / 1e6 / steps for k, v in wall_ns.items()}
+  calls = collections.Counter(e["op"] for e in events)
+  ops, top, attention_matmul = collections.defaultdict(dict), [], 0.0
   for name, ms in per_op.items():
     cat = hlo_op_category(hlo, name)
     ops[cat][describe(hlo, name)] = ms
+    top.append({"op": describe(hlo, name), "category": cat, "ms": round(ms, 4), "kernels": calls[name] // steps})
     if cat == "matmul" and name in hlo.instrs and _attention_core(hlo, name):
       attention_matmul += ms
   return {
     "ops": ops,
+    "top_ops": sorted(top, key=lambda r: -r["ms"])[:30],
     "matmuls": matmul_table(hlo, per_op),
     "attention_matmul_ms": attention_matmul,
-    "step_ms": 1e3 * statistics.mean(r["times_s"][-steps:]),
-    "ops_own_ms": sum(own_us.values()) / 1e3 / steps,
+    "step_ms": 1e3 * statistics.mean(times),
+    "busy_ms": sum(per_op.values()),
+    "ops_own_ms": sum(own_ns.values()) / 1e6 / steps,
     "n_ops": len(per_op),
-    "unmatched_ops": unknown,
-    "source": "jax.profiler.trace + xprof trace_viewer (thunk events per HLO op)",
+    "n_in_hlo": sum(n in hlo.instrs for n in per_op),
+    "unmatched_ops": sorted(n for n in per_op if n not in hlo.instrs),
+    "planes": planes,
+    "events": len(events),
+    "event_stats": sorted({k for e in events for k in e["stats"]}),
+    "other_modules_ms": dict(other_modules.most_common(5)),
+    "source": "jax.profiler.trace read with jax.profiler.ProfileData (one event per thunk or kernel, with its HLO op)",
   }
 
 

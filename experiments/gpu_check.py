@@ -468,7 +468,8 @@ def summary_step(args) -> None:
     if r["step"] == "profile":
       cats = ", ".join(f"{k} {v:.2f}" for k, v in r["categories_ms"].items())
       print(
-        f"\nprofile {r['model']} batch {r['batch']}: step {r['step_ms']:.2f} ms, kernels busy {r['busy_ms']:.2f} ms,"
+        f"\nprofile {r['model']} batch {r['batch']}, attention {r.get('implementation', 'fast')}: step "
+        f"{r['step_ms']:.2f} ms, kernels busy {r['busy_ms']:.2f} ms,"
         f" idle {r['idle_ms']:.2f} ms; ms by category: {cats}; trace in {r['archive']}"
       )
   for r in rows:
@@ -488,9 +489,11 @@ def summary_step(args) -> None:
 
 def profile_step(args) -> None:
   """ViT-B/16 224 px bf16's training step (experiments/bench_train.py's bare step, AdamW) traced and read op by op
-  with experiments/op_profile.py's profile_vitjax: a row with the device's busy time, the time per category, the
-  largest ops and the dots by shape, and OUT/profile_<model>.tar.gz (the xplane and the compiled HLO text, for a
-  closer reading here). --dry: one layer at 32 px, batch 2, on the CPU."""
+  with experiments/op_profile.py's profile_vitjax, once per attention implementation in --implementations (the
+  first is the models' default, "fast": cuDNN's kernels on a GPU; "xla": XLA's own attention): a row each with the
+  device's busy time, the time per category, the largest ops and the dots by shape, and for the first
+  OUT/profile_<model>.tar.gz (the xplane and the compiled HLO text, for a closer reading here). --dry: one layer
+  at 32 px, batch 2, on the CPU."""
   sys.path.insert(0, HERE)
   import torch  # bench_train's case builds the timm twin too
   from bench_train import MODELS, image_case
@@ -503,32 +506,37 @@ def profile_step(args) -> None:
   kind, _, size = MODELS[name]
   batch, layers = (2, 1) if args.dry else (args.batch, 0)
   size = 32 if args.dry else size
-  t = time.perf_counter()
-  case = image_case(name, kind, batch, size, "bfloat16", torch, layers=layers)
-  setup_s = time.perf_counter() - t
-  archive, steps = os.path.join(args.out, f"profile_{name}.tar.gz"), args.profile_steps
-  r = profile_vitjax(case, steps, archive=archive)
-  row = {"step": "profile", "model": name, "batch": batch, "dtype": "bfloat16", "steps": steps, "setup_s": setup_s}
-  row["analytic_tflop"] = case.analytic_flops / 1e12
-  row.update({k: r[k] for k in ("step_ms", "busy_ms", "planes", "events", "event_stats", "top_ops")})
-  row.update(ops=r["n_ops"], ops_in_hlo=r["n_in_hlo"], kernel_ms=r["ops_own_ms"], idle_ms=r["step_ms"] - r["busy_ms"])
-  row["categories_ms"] = dict(
-    sorted(((c, round(sum(o.values()), 4)) for c, o in r["ops"].items()), key=lambda x: -x[1])
-  )
-  row.update(matmuls=r["matmuls"][:15], other_modules_ms=r["other_modules_ms"])
-  row["archive"], row["archive_mb"] = os.path.basename(archive), os.path.getsize(archive) / 2**20
-  if row["archive_mb"] > 15.5:  # the device tool brings back files of at most 16 MiB
-    os.remove(archive)
-    row["archive"] = None
-  emit(args.out, row)
-  print(
-    f"profile {name} batch {batch}: step {row['step_ms']:.2f} ms, kernels busy {row['busy_ms']:.2f} ms "
-    f"(idle {row['idle_ms']:.2f}), {row['ops']} ops ({row['ops_in_hlo']} named in the HLO), {row['events']} events"
-  )
-  for cat, ms in row["categories_ms"].items():
-    print(f"  {cat:12s} {ms:9.3f} ms")
-  for r in row["top_ops"][:12]:
-    print(f"  {r['ms']:9.3f} ms  {r['category']:11s} x{r['kernels']:<4d} {r['op'][:90]}")
+  for i, implementation in enumerate(args.implementations.split(",")):
+    t = time.perf_counter()
+    case = image_case(
+      name, kind, batch, size, "bfloat16", torch, layers=layers, model={"implementation": implementation}
+    )
+    setup_s = time.perf_counter() - t
+    archive, steps = os.path.join(args.out, f"profile_{name}.tar.gz") if i == 0 else None, args.profile_steps
+    r = profile_vitjax(case, steps, archive=archive)
+    row = {"step": "profile", "model": name, "implementation": implementation, "batch": batch, "dtype": "bfloat16"}
+    row.update(steps=steps, setup_s=setup_s, analytic_tflop=case.analytic_flops / 1e12)
+    row.update({k: r[k] for k in ("step_ms", "busy_ms", "planes", "events", "event_stats", "top_ops")})
+    row.update(ops=r["n_ops"], ops_in_hlo=r["n_in_hlo"], kernel_ms=r["ops_own_ms"], idle_ms=r["step_ms"] - r["busy_ms"])
+    row["categories_ms"] = dict(
+      sorted(((c, round(sum(o.values()), 4)) for c, o in r["ops"].items()), key=lambda x: -x[1])
+    )
+    row.update(matmuls=r["matmuls"][:15], other_modules_ms=r["other_modules_ms"], archive=None)
+    if archive:
+      row["archive"], row["archive_mb"] = os.path.basename(archive), os.path.getsize(archive) / 2**20
+      if row["archive_mb"] > 15.5:  # the device tool brings back files of at most 16 MiB
+        os.remove(archive)
+        row["archive"] = None
+    emit(args.out, row)
+    print(
+      f"profile {name} batch {batch}, attention {implementation}: step {row['step_ms']:.2f} ms, kernels busy "
+      f"{row['busy_ms']:.2f} ms (idle {row['idle_ms']:.2f}), {row['ops']} ops ({row['ops_in_hlo']} named in the HLO), "
+      f"{row['events']} events"
+    )
+    for cat, ms in row["categories_ms"].items():
+      print(f"  {cat:12s} {ms:9.3f} ms")
+    for op in row["top_ops"][:12]:
+      print(f"  {op['ms']:9.3f} ms  {op['category']:11s} x{op['kernels']:<4d} {op['op'][:90]}")
 
 
 def status_step(args) -> None:
@@ -555,6 +563,7 @@ def main():
   ap.add_argument("--model", default="vit_b16_224_b8", help="profile: a model of bench_train.MODELS")
   ap.add_argument("--batch", type=int, default=128, help="profile: its batch")
   ap.add_argument("--profile_steps", type=int, default=5, help="profile: steps traced (after 2 untraced)")
+  ap.add_argument("--implementations", default="fast,xla", help="profile: the attention implementations, in turn")
   ap.add_argument("--status", default="")
   ap.add_argument("--seconds", type=float, default=0.0)
   ap.add_argument("--note", default="")

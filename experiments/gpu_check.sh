@@ -150,8 +150,9 @@ else
 fi
 
 # where ViT-B/16's step spends its time: per-op device time by category from a jax.profiler trace, with the trace
-# and the compiled HLO in OUT/profile_*.tar.gz (issue 44's MFU goal: read it here at no device cost)
-XLA_PYTHON_CLIENT_MEM_FRACTION=0.45 step profile 90 "$PY" experiments/gpu_check.py profile --out "$OUTDIR" \
+# and the compiled HLO in OUT/profile_*.tar.gz (issue 44's MFU goal: read it here at no device cost); once with the
+# default attention (cuDNN's kernels, padded to an even length) and once with XLA's own, to weigh the two
+XLA_PYTHON_CLIENT_MEM_FRACTION=0.45 step profile 120 "$PY" experiments/gpu_check.py profile --out "$OUTDIR" \
   $([ "$DRY" = 1 ] && echo --dry)
 
 # (e) real runs: the README's main job (digits), and Fashion-MNIST for one epoch beside its CPU curve

@@ -75,7 +75,9 @@ def test_dry_run_benchmarks_beside_torch_profiles_and_follows_the_fashion_mnist_
   assert fashion["cpu_loss"] == {"1": 2.3026} and fashion["max_abs_loss_diff"] < 1e-3, fashion
 
   # the profile: every executed op of the step found in its HLO and categorised, the trace and HLO to bring back
-  profile = next(r for r in rows if r["step"] == "profile")
+  profiles = [r for r in rows if r["step"] == "profile"]
+  assert [r["implementation"] for r in profiles] == ["fast", "xla"] and profiles[1]["archive"] is None, profiles
+  profile = profiles[0]
   assert profile["planes"] == ["/host:CPU"] and profile["ops"] == profile["ops_in_hlo"] > 50, profile
   assert profile["categories_ms"]["matmul"] > 0 and profile["categories_ms"]["optimizer"] > 0, profile
   assert 0 < profile["busy_ms"] <= profile["kernel_ms"] and profile["busy_ms"] < 1.5 * profile["step_ms"], profile

@@ -30,9 +30,10 @@ Categories (both frameworks):
                torch, mm/addmm/bmm/matmul/linear/convolution and what runs inside their backward nodes (the bias
                gradient's sum). Attention's QK^T and AV are here where they are separate matmuls (vitjax on the CPU,
                timm's Swin): the "attention's own matmuls" line gives their share
-  attention    the rest of attention's core (softmax, scale, bias and mask), and torch's fused
-               scaled_dot_product_attention kernels (timm's ViT, torch's MultiheadAttention) which contain their
-               matmuls: compare "matmul + attention" across frameworks
+  attention    the rest of attention's core (softmax, scale, bias and mask), and the fused kernels that contain
+               their matmuls: cuDNN's (vitjax's "fast" attention on a GPU, a custom call) and torch's
+               scaled_dot_product_attention (timm's ViT, torch's MultiheadAttention): compare "matmul + attention"
+               across frameworks
   norms        LayerNorm / BatchNorm forward and backward
   activations  GELU / ReLU / tanh / erf and their derivatives
   window       Swin's window partition / reverse, cyclic shift (roll) and the relative-position-bias gather,
@@ -262,6 +263,8 @@ def _instr_category(hlo: Hlo, ins: dict) -> str:
   op = ins["opcode"]
   if op in MATMUL_OPS or (op == "custom-call" and re.search(r"matmul|conv|gemm|dot", ins["target"], re.I)):
     return "matmul"
+  if op == "custom-call" and re.search(r"fmha|flash|attention", ins["target"], re.I):  # cuDNN's fused attention
+    return "attention"
   if _RANDOM.search(ins["op_name"]):  # random bits (dropout, drop-path): its jitted helpers carry stale stacks
     return "other"
   stack = tuple(hlo.stack(ins))

@@ -85,3 +85,21 @@ def test_dry_run_benchmarks_beside_torch_profiles_and_follows_the_fashion_mnist_
   with tarfile.open(tmp_path / "out" / profile["archive"]) as tar:
     assert sorted(tar.getnames()) == ["step.hlo.txt", "step.xplane.pb"]
   assert "profile vit_b16_224_b8 batch 2" in log
+
+
+def test_a_gpu_steps_library_calls_are_categorised():
+  """The profile step reads a GPU's compiled HLO, which this CPU cannot make: cuDNN's fused attention and cuBLAS's
+  GEMM are custom calls there, and must land in "attention" and "matmul", not in "other"."""
+  sys.path.insert(0, os.path.join(th.ROOT, "experiments"))
+  from op_profile import Hlo, hlo_op_category
+
+  hlo = Hlo(
+    "HloModule jit_step\n\nENTRY %main (p0: bf16[2,198,12,64]) -> bf16[2,198,12,64] {\n"
+    "  %p0 = bf16[2,198,12,64]{3,2,1,0} parameter(0)\n"
+    '  %custom-call.3 = (bf16[2,198,12,64]{3,2,1,0}, u8[0]{0}) custom-call(%p0, %p0, %p0), custom_call_target="__cudnn'
+    '$fmhaSoftmaxBackward", metadata={op_name="jit(step)/transpose(jvp(attn))/dot_product_attention"}\n'
+    '  %gemm.1 = (bf16[396,768]{1,0}, s8[4]{0}) custom-call(%p0, %p0), custom_call_target="__cublas$gemm", '
+    'metadata={op_name="jit(step)/mlp/fc1/dot_general"}\n'
+    "  ROOT %gte = bf16[2,198,12,64]{3,2,1,0} get-tuple-element(%custom-call.3), index=0\n}\n"
+  )
+  assert [hlo_op_category(hlo, n) for n in ("custom-call.3", "gemm.1")] == ["attention", "matmul"]

@@ -85,9 +85,10 @@ def chosen() -> dict:
   return {k: tag for k, (_, tag) in best.items()}
 
 
-def rows() -> dict:
-  """{(arm, fraction): {seed: test accuracy}} at each arm's chosen setting, and the 100% rows."""
-  tags, out = chosen(), {}
+def rows(tags: dict | None = None) -> dict:
+  """{(arm, fraction): {seed: test accuracy}} at each arm's chosen setting (or at `tags`, {(arm, fraction): tag},
+  the default setting where it names none), and the 100% rows."""
+  tags, out = chosen() if tags is None else tags, {}
   for r in map(json.loads, open(OUT)) if os.path.exists(OUT) else []:
     if r.get("tag", "") == tags.get((r["arm"], r["fraction"]), ""):
       out.setdefault((r["arm"], r["fraction"]), {})[r["seed"]] = r["linear"] if r["arm"] == "probe" else r["test"]
@@ -100,29 +101,33 @@ def rows() -> dict:
 
 
 def summary() -> None:
-  got, tags = rows(), chosen()
-  fractions = sorted({f for _, f in got})
+  """The table at each arm's chosen setting; below a fraction where tuning chose a setting other than the defaults,
+  its row at the defaults too (the chosen setting may have fewer seeds run); then every seed-0 setting."""
+  tags = chosen()
   fmt = lambda v: (
     "-" if not v else f"{100 * np.mean(v):.2f} ± {100 * np.std(v, ddof=1):.2f}" if len(v) > 1 else f"{100 * v[0]:.2f}"
   )
   print("| labels | MAE, fine-tuned | scratch | MAE - scratch (paired) | MAE, linear probe | probe - scratch |")
   print("| --- | --- | --- | --- | --- | --- |")
-  for f in fractions:
-    cells = {a: got.get((a, f), {}) for a in ("mae", "scratch", "probe")}
+  for f in sorted({f for _, f in rows()}):
+    for at in (tags, {}) if any(tags.get((a, f)) for a in ("mae", "scratch")) else (tags,):
+      got = rows(at)
+      cells = {a: got.get((a, f), {}) for a in ("mae", "scratch", "probe")}
 
-    def diff(a, b, c=cells):
-      seeds = sorted(set(c[a]) & set(c[b]))
-      d = [100 * (c[a][s] - c[b][s]) for s in seeds]
-      if len(d) < 2:
-        return "-" if not d else f"{d[0]:+.2f} (1 seed)"
-      return f"{np.mean(d):+.2f} ± {np.std(d, ddof=1) / np.sqrt(len(d)):.2f} (n={len(d)})"
+      def diff(a, b, c=cells):
+        seeds = sorted(set(c[a]) & set(c[b]))
+        d = [100 * (c[a][s] - c[b][s]) for s in seeds]
+        if len(d) < 2:
+          return "-" if not d else f"{d[0]:+.2f} (1 seed)"
+        return f"{np.mean(d):+.2f} ± {np.std(d, ddof=1) / np.sqrt(len(d)):.2f} (n={len(d)})"
 
-    vals = {a: list(c.values()) for a, c in cells.items()}
-    setting = lambda a, f=f: f" ({tags[(a, f)] or 'default'})" if (a, f) in tags else ""
-    print(
-      f"| {100 * f:g}% | {fmt(vals['mae'])}{setting('mae')} | {fmt(vals['scratch'])}{setting('scratch')} "
-      f"| {diff('mae', 'scratch')} | {fmt(vals['probe'])} | {diff('probe', 'scratch')} |"
-    )
+      vals = {a: list(c.values()) for a, c in cells.items()}
+      setting = lambda a, f=f, at=at: f" ({at.get((a, f)) or 'default'})" if (a, f) in tags else ""
+      print(
+        f"| {100 * f:g}%{'' if at else ', defaults'} | {fmt(vals['mae'])}{setting('mae')} | "
+        f"{fmt(vals['scratch'])}{setting('scratch')} | {diff('mae', 'scratch')} | {fmt(vals['probe'])} | "
+        f"{diff('probe', 'scratch')} |"
+      )
   tuning = [json.loads(x) for x in open(OUT)] if os.path.exists(OUT) else []
   print("\nseed 0, every setting (validation / test):")
   for r in sorted(tuning, key=lambda r: (r["fraction"], r["arm"], r.get("tag", ""))):
@@ -139,7 +144,9 @@ def plot(path: str) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  got = rows()
+  # each point at its arm's chosen setting, unless that has fewer seeds run than the defaults (then the defaults)
+  got, defaults = rows(), rows({})
+  got = {k: v if len(v) >= len(defaults.get(k, {})) else defaults[k] for k, v in got.items()}
   fig, ax = plt.subplots(figsize=(5.5, 4))
   names = {"mae": "MAE, fine-tuned", "scratch": "from scratch", "probe": "MAE, linear probe"}
   for arm, label in names.items():

@@ -337,16 +337,7 @@ def _torch_conv_stem(torch, stem_params: dict, stats: dict):
   return nn.Sequential(*layers), sd
 
 
-def image_case(
-  name: str,
-  kind: str,
-  batch: int,
-  image_size: int | None,
-  dtype: str,
-  torch,
-  layers: int = 0,
-  model: dict | None = None,
-) -> Case:
+def image_case(name: str, kind: str, batch: int, image_size: int | None, dtype: str, torch, layers: int = 0) -> Case:
   from vitjax import convert, models
   from vitjax.train import build_model
 
@@ -355,7 +346,7 @@ def image_case(
   overrides = {"head_zeroinit": False} if "vit" in kind or kind == "fashion_mnist" else {}
   if layers:  # --layers: a toy depth (gpu_check.sh --dry)
     overrides.update({"depths": (layers,) * 4} if kind.startswith("swin") else {"depth": layers})
-  config.model.update({**overrides, **(model or {})})  # model: config.model overrides (e.g. implementation="xla")
+  config.model.update(overrides)
   module = build_model(config)
   size = config.data.image_size
   hw = (size, size) if isinstance(size, int) else tuple(size)

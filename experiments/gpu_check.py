@@ -24,6 +24,7 @@ shapes, masks as torch's attn_mask (torch on its GPU where it has one).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import json
 import os
@@ -506,12 +507,11 @@ def profile_step(args) -> None:
   kind, _, size = MODELS[name]
   batch, layers = (2, 1) if args.dry else (args.batch, 0)
   size = 32 if args.dry else size
-  for i, implementation in enumerate(args.implementations.split(",")):
-    t = time.perf_counter()
-    case = image_case(
-      name, kind, batch, size, "bfloat16", torch, layers=layers, model={"implementation": implementation}
-    )
-    setup_s = time.perf_counter() - t
+  t = time.perf_counter()
+  base = image_case(name, kind, batch, size, "bfloat16", torch, layers=layers)
+  setup_s = time.perf_counter() - t
+  for i, implementation in enumerate(args.implementations.split(",")):  # the same weights and batch, each path
+    case = dataclasses.replace(base, module=base.module.clone(implementation=implementation))
     archive, steps = os.path.join(args.out, f"profile_{name}.tar.gz") if i == 0 else None, args.profile_steps
     r = profile_vitjax(case, steps, archive=archive)
     row = {"step": "profile", "model": name, "implementation": implementation, "batch": batch, "dtype": "bfloat16"}

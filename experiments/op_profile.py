@@ -483,9 +483,10 @@ def profile_vitjax(case, steps: int, archive: str | None = None) -> dict:
     if archive:
       with tarfile.open(archive, "w:gz") as tar:
         tar.add(xplane, arcname="step.xplane.pb")
+        data = text.encode()
         info = tarfile.TarInfo("step.hlo.txt")
-        info.size = len(text.encode())
-        tar.addfile(info, io.BytesIO(text.encode()))
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
   other_modules = collections.Counter()
   for e in events:
     if e["module"] not in (None, hlo.name):

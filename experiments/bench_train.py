@@ -471,9 +471,10 @@ def transformer_case(name: str, kind: str, sentences: int, tokens: int, dtype: s
 # -- the steps
 
 
-def compiled_step(case: Case):
+def compiled_step(case: Case, compiler_options: dict | None = None):
   """vitjax's bare training step for a case (AdamW, no trainer), compiled: (compiled, state list, xs, y, rng),
-  where compiled(*state, xs, y, rng) -> (*new state, loss) donates the state."""
+  where compiled(*state, xs, y, rng) -> (*new state, loss) donates the state. `compiler_options`: XLA options for
+  this compilation alone (e.g. {"xla_gpu_enable_triton_gemm": False}; an unknown name is XLA's error)."""
   module, variables = case.module, case.variables
   tx = optax.adamw(LR, weight_decay=WEIGHT_DECAY)
   model_state0 = {k: v for k, v in variables.items() if k != "params"}
@@ -493,7 +494,8 @@ def compiled_step(case: Case):
   params = jax.device_put(variables["params"])
   state = [params, jax.jit(tx.init)(params), jax.device_put(model_state0)]
   xs, y, rng = tuple(jax.device_put(a) for a in case.x), jax.device_put(case.y), jax.random.key(1)
-  return jax.jit(step, donate_argnums=(0, 1, 2)).lower(*state, xs, y, rng).compile(), state, xs, y, rng
+  lowered = jax.jit(step, donate_argnums=(0, 1, 2)).lower(*state, xs, y, rng)
+  return lowered.compile(compiler_options=compiler_options), state, xs, y, rng
 
 
 def step_runner(compiled, state: list, xs, y, rng, losses: list):

@@ -7,6 +7,7 @@
     python experiments/gpu_check.py curve --out=DIR --workdir=W --curve=FILE --command=... --host=...
                                      # a CPU run's losses as the reference curve (results/gpu_check_cpu_curve_*.json)
     python experiments/gpu_check.py profile --out=DIR [--dry]        # where ViT-B/16's bf16 step spends its time
+    python experiments/gpu_check.py variants --out=DIR [--dry] [--peak_tflops=P]   # that step under XLA's options
     python experiments/gpu_check.py summary --out=DIR                # the table at the end
 
 Attention cases (--dry: the same cases at toy sizes): ViT-B/16 (197 tokens, 12 heads of 64, no mask), Swin-T's first
@@ -473,6 +474,21 @@ def summary_step(args) -> None:
         f"{r['step_ms']:.2f} ms, kernels busy {r['busy_ms']:.2f} ms,"
         f" idle {r['idle_ms']:.2f} ms; ms by category: {cats}; trace in {r['archive']}"
       )
+  variants = [r for r in rows if r["step"] == "variants"]
+  if variants:
+    r = variants[0]
+    print(f"\nvariants of {r['model']}'s bf16 step, batch {r['batch']}")
+    print(f"{'variant':20s} {'step ms':>9s} {'MFU':>6s} {'x default':>9s} {'loss diff':>9s}  options")
+    for r in variants:
+      if "error" in r:
+        print(f"{r['variant']:20s} error: {r['error'][:100]}")
+        continue
+      mfu, x, diff = r.get("mfu"), r.get("x_default"), r.get("loss_diff")
+      print(
+        f"{r['variant']:20s} {r['step_ms']:9.2f} {'-' if mfu is None else format(mfu, '.1%'):>6s} "
+        f"{'-' if x is None else format(x, '.3f'):>9s} {'-' if diff is None else format(diff, '.1e'):>9s}  "
+        f"{json.dumps(r['options'])}"
+      )
   for r in rows:
     if r["step"] == "run":
       diff = r.get("max_abs_loss_diff")
@@ -488,6 +504,124 @@ def summary_step(args) -> None:
     print(f"not run or not finished in the time given; their own call: {args.command} --steps={','.join(again)}")
 
 
+def _bf16_case(args):
+  """(bench_train's bf16 case of --model at --batch, seconds it took): --dry, one layer at 32 px, batch 2."""
+  sys.path.insert(0, HERE)
+  import torch  # bench_train's case builds the timm twin too
+  from bench_train import MODELS, image_case
+
+  if torch.version.cuda is None:  # the CPU build of torch: timm needs torchvision's op names defined (tests/)
+    import torchvision_ops_shim  # noqa: F401
+
+  kind, _, size = MODELS[args.model]
+  batch, layers = (2, 1) if args.dry else (args.batch, 0)
+  t = time.perf_counter()
+  case = image_case(args.model, kind, batch, 32 if args.dry else size, "bfloat16", torch, layers=layers)
+  return case, time.perf_counter() - t
+
+
+# XLA options that may move ViT-B/16's bf16 step on a GPU (issue 44's MFU goal), each compiled into the same step
+# with `Lowered.compile(compiler_options=...)`: one process, one case and its weights, no restart per flag.
+# "attention" is not an XLA option: it swaps the model's attention implementation. A name this jaxlib does not know
+# fails its own row. --dry: the CPU's counterparts, to exercise the step.
+VARIANTS = {
+  "gpu": {
+    "default": {},
+    "attention_xla": {"attention": "xla"},  # XLA's attention, not cuDNN's (padded 197 -> 198)
+    "no_triton_gemm": {"xla_gpu_enable_triton_gemm": False},  # cuBLAS for every GEMM, no Triton GEMM fusions
+    "triton_gemm_any": {"xla_gpu_triton_gemm_any": True},  # Triton for any GEMM where autotuning finds it faster
+    "cublaslt": {"xla_gpu_enable_cublaslt": True},  # cuBLASLt: bias (and GELU) epilogues fused into the GEMM
+    "cudnn_layer_norm": {"xla_gpu_enable_cudnn_layer_norm": True},  # LayerNorm as cuDNN's kernel
+    "no_command_buffer": {"xla_gpu_enable_command_buffer": ""},  # no CUDA graphs: what launches cost
+  },
+  "cpu": {
+    "default": {},
+    "attention_xla": {"attention": "xla"},
+    "no_fusion_emitters": {"xla_cpu_use_fusion_emitters": False},
+  },
+}
+FASTER = 0.98  # a variant joins "combined" when its step takes under 98% of the default's
+
+
+def _time_variant(base, options: dict, repeats: int) -> dict:
+  """One variant's row: the bare step compiled with `options` (its "attention" swapped into the model), timed."""
+  from bench_train import compiled_step, step_runner, timed
+
+  options = dict(options)
+  implementation = options.pop("attention", None)
+  case = base
+  if implementation is not None:
+    case = dataclasses.replace(base, module=base.module.clone(implementation=implementation))
+  t = time.perf_counter()
+  compiled, *state = compiled_step(case, compiler_options=options or None)
+  compile_s = time.perf_counter() - t
+  losses = []
+  once = step_runner(compiled, *state, losses)
+  once()
+  med, times = timed(once, repeats, max_row_s=20.0)
+  return {"step_ms": 1e3 * med, "times_ms": [1e3 * x for x in times], "compile_s": compile_s, "first_loss": losses[0]}
+
+
+def variants_step(args) -> None:
+  """ViT-B/16 224 px bf16's bare training step (bench_train's, AdamW) under each of VARIANTS' options, then under
+  the union of those that beat the default by 2% ("combined"): step time, MFU at --peak_tflops, time against the
+  default, and the first step's loss against the default's (the same weights and batch: a variant must not change
+  what the step computes beyond rounding). A variant that fails writes its error and the next one runs."""
+  import jax
+
+  base, setup_s = _bf16_case(args)
+  variants = dict(VARIANTS["cpu" if jax.default_backend() == "cpu" else "gpu"])
+  if args.variants:
+    variants = {k: v for k, v in variants.items() if k in args.variants.split(",") or k == "default"}
+  rows, default = [], None
+
+  def measure(name, options):
+    row = {"step": "variants", "model": base.name, "batch": base.per_step, "dtype": "bfloat16", "variant": name}
+    row.update(options=dict(options), setup_s=setup_s)
+    try:
+      row.update(_time_variant(base, options, args.repeats))
+    except Exception as e:  # an option this XLA does not know, a kernel that does not fit: its row says so
+      row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    if "step_ms" in row:
+      if args.peak_tflops:
+        row["mfu"] = base.analytic_flops / (row["step_ms"] / 1e3) / (args.peak_tflops * 1e12)
+      if default is not None:
+        row["x_default"] = default["step_ms"] / row["step_ms"]
+        row["loss_diff"] = abs(row["first_loss"] - default["first_loss"])
+    emit(args.out, row)
+    rows.append(row)
+    text = row.get("error") or f"step {row['step_ms']:.2f} ms, compiled in {row['compile_s']:.1f} s"
+    if "mfu" in row:
+      text += f", MFU {row['mfu']:.1%}"
+    if "x_default" in row:
+      text += f", {row['x_default']:.3f}x the default, first loss {row['first_loss']:.5f}"
+    print(f"variant {name}: {text}")
+    return row
+
+  for name, options in variants.items():
+    row = measure(name, options)
+    if name == "default":
+      if "step_ms" not in row:
+        sys.exit(f"variants: the default step failed ({row['error']}); nothing to compare with")
+      default = row
+  combined = combined_options(rows)
+  if combined is not None:
+    measure("combined", combined)
+
+
+def combined_options(rows: list[dict]) -> dict | None:
+  """The union of the options of the variants whose step took under FASTER x the default's (rows[0]), where
+  there are at least two of them (one alone is its own row); else None."""
+  default = rows[0]["step_ms"]
+  better = [r for r in rows[1:] if r.get("step_ms", float("inf")) < FASTER * default]
+  if len(better) < 2:
+    return None
+  combined = {}
+  for r in sorted(better, key=lambda r: -r["step_ms"]):  # where two set one option, the fastest's value wins
+    combined.update(r["options"])
+  return combined
+
+
 def profile_step(args) -> None:
   """ViT-B/16 224 px bf16's training step (experiments/bench_train.py's bare step, AdamW) traced and read op by op
   with experiments/op_profile.py's profile_vitjax, once per attention implementation in --implementations (the
@@ -495,21 +629,10 @@ def profile_step(args) -> None:
   device's busy time, the time per category, the largest ops and the dots by shape, and for the first
   OUT/profile_<model>.tar.gz (the xplane and the compiled HLO text, for a closer reading here). --dry: one layer
   at 32 px, batch 2, on the CPU."""
-  sys.path.insert(0, HERE)
-  import torch  # bench_train's case builds the timm twin too
-  from bench_train import MODELS, image_case
   from op_profile import profile_vitjax
 
-  if torch.version.cuda is None:  # the CPU build of torch: timm needs torchvision's op names defined (tests/)
-    import torchvision_ops_shim  # noqa: F401
-
-  name = args.model
-  kind, _, size = MODELS[name]
-  batch, layers = (2, 1) if args.dry else (args.batch, 0)
-  size = 32 if args.dry else size
-  t = time.perf_counter()
-  base = image_case(name, kind, batch, size, "bfloat16", torch, layers=layers)
-  setup_s = time.perf_counter() - t
+  base, setup_s = _bf16_case(args)
+  name, batch = base.name, base.per_step
   for i, implementation in enumerate(args.implementations.split(",")):  # the same weights and batch, each path
     case = dataclasses.replace(base, module=base.module.clone(implementation=implementation))
     archive, steps = os.path.join(args.out, f"profile_{name}.tar.gz") if i == 0 else None, args.profile_steps
@@ -547,7 +670,9 @@ def status_step(args) -> None:
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("what", choices=["env", "attention", "profile", "run", "curve", "subset", "summary", "status"])
+  ap.add_argument(
+    "what", choices=["env", "attention", "profile", "variants", "run", "curve", "subset", "summary", "status"]
+  )
   ap.add_argument("--out", required=True)
   ap.add_argument("--dry", action="store_true")
   ap.add_argument("--cases", default="", help="attention: a comma-separated subset of vit,swin,causal,decode")
@@ -561,7 +686,10 @@ def main():
   ap.add_argument("--dst", default="")
   ap.add_argument("--n", type=int, default=2000)
   ap.add_argument("--model", default="vit_b16_224_b8", help="profile: a model of bench_train.MODELS")
-  ap.add_argument("--batch", type=int, default=128, help="profile: its batch")
+  ap.add_argument("--batch", type=int, default=128, help="profile, variants: its batch")
+  ap.add_argument("--variants", default="", help="variants: a comma-separated subset of VARIANTS (the default always)")
+  ap.add_argument("--peak_tflops", type=float, default=0.0, help="variants: the device's dense bf16 peak, for MFU")
+  ap.add_argument("--repeats", type=int, default=10, help="variants: timed steps per variant (a median)")
   ap.add_argument("--profile_steps", type=int, default=5, help="profile: steps traced (after 2 untraced)")
   ap.add_argument("--implementations", default="fast,xla", help="profile: the attention implementations, in turn")
   ap.add_argument("--status", default="")
@@ -573,6 +701,7 @@ def main():
     "env": env_step,
     "attention": attention_step,
     "profile": profile_step,
+    "variants": variants_step,
     "run": run_step,
     "curve": curve_step,
     "subset": subset_step,

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One command that proves vitjax on a GPU (issue 44): environment, bring-up tests, attention, the training step
-# side by side with PyTorch, a profile of ViT-B/16's step, and real runs. Each step runs under its own time limit,
-# and a failing step is written down and the next one runs. JSON lines go to OUT/gpu_check.jsonl (bench_train's
-# rows to OUT/bench_train_*.jsonl), the profile's trace to OUT/profile_*.tar.gz, the whole log to
-# OUT/gpu_check.log, and a summary table ends the output. At most 8 minutes on an H100: a global
+# side by side with PyTorch, a profile of ViT-B/16's step, that step under XLA's GPU options, and real runs. Each
+# step runs under its own time limit, and a failing step is written down and the next one runs. JSON lines go to
+# OUT/gpu_check.jsonl (bench_train's rows to OUT/bench_train_*.jsonl), the profile's trace to OUT/profile_*.tar.gz,
+# the whole log to OUT/gpu_check.log, and a summary table ends the output. At most 8 minutes on an H100: a global
 # budget (GPU_CHECK_BUDGET_S, 450 s) caps every step's limit and skips what would not fit.
 #
 #   bash experiments/gpu_check.sh [--out DIR]   # on the GPU machine (OUT: $OUT, else experiments/results/gpu_check)
@@ -154,6 +154,11 @@ fi
 # default attention (cuDNN's kernels, padded to an even length) and once with XLA's own, to weigh the two
 XLA_PYTHON_CLIENT_MEM_FRACTION=0.45 step profile 120 "$PY" experiments/gpu_check.py profile --out "$OUTDIR" \
   $([ "$DRY" = 1 ] && echo --dry)
+
+# the same step (batch 256, as bench_vit_b16) compiled under XLA's GPU options one at a time, then those that beat
+# the default together (gpu_check.py's VARIANTS): which flags, or which attention, move the MFU
+XLA_PYTHON_CLIENT_MEM_FRACTION=0.45 step variants 180 "$PY" experiments/gpu_check.py variants --out "$OUTDIR" \
+  --batch=256 --peak_tflops=$peak $([ "$DRY" = 1 ] && echo --dry)
 
 # (e) real runs: the README's main job (digits), and Fashion-MNIST for one epoch beside its CPU curve
 if [ "$DRY" = 1 ]; then main_len="--config.total_steps=10 --config.log_every=5"; fm_len="--config.total_steps=6"

@@ -64,8 +64,8 @@ def test_dry_run_does_every_step(tmp_path):
 def test_dry_run_benchmarks_beside_torch_profiles_and_follows_the_fashion_mnist_cpu_curve(tmp_path):
   if not os.path.exists(FASHION):
     pytest.skip("apt-get install dataset-fashion-mnist")
-  log, rows, status = _dry_run(tmp_path, "env,bench_dry,profile,fashion_mnist")
-  assert status == {"env": "ok", "bench_dry": "ok", "profile": "ok", "fashion_mnist": "ok"}, log[-3000:]
+  log, rows, status = _dry_run(tmp_path, "env,bench_dry,profile,variants,fashion_mnist")
+  assert status == {s: "ok" for s in ("env", "bench_dry", "profile", "variants", "fashion_mnist")}, log[-3000:]
   bench = [json.loads(line) for line in (tmp_path / "out" / "bench_train_bench_dry.jsonl").read_text().splitlines()]
   timed = {(r["model"], r["framework"]) for r in bench if r.get("step_s")}
   for model in ("vit_s16_224_b2", "transformer_small"):
@@ -86,6 +86,14 @@ def test_dry_run_benchmarks_beside_torch_profiles_and_follows_the_fashion_mnist_
     assert sorted(tar.getnames()) == ["step.hlo.txt", "step.xplane.pb"]
   assert "profile vit_b16_224_b8 batch 2" in log
 
+  # the variants: each of the CPU's compiled into the same step, timed, the same first loss as the default's
+  variants = {r["variant"]: r for r in rows if r["step"] == "variants"}
+  assert list(variants)[:3] == ["default", "attention_xla", "no_fusion_emitters"], variants
+  for name in ("attention_xla", "no_fusion_emitters"):
+    r = variants[name]
+    assert r["step_ms"] > 0 and r["x_default"] > 0 and r["loss_diff"] < 1e-2, r
+  assert "variants of vit_b16_224_b8's bf16 step, batch 2" in log
+
 
 def test_a_gpu_steps_library_calls_are_categorised():
   """The profile step reads a GPU's compiled HLO, which this CPU cannot make: cuDNN's fused attention and cuBLAS's
@@ -103,3 +111,15 @@ def test_a_gpu_steps_library_calls_are_categorised():
     "  ROOT %gte = bf16[2,198,12,64]{3,2,1,0} get-tuple-element(%custom-call.3), index=0\n}\n"
   )
   assert [hlo_op_category(hlo, n) for n in ("custom-call.3", "gemm.1")] == ["attention", "matmul"]
+
+
+def test_the_variants_step_combines_the_options_that_beat_the_default():
+  """gpu_check.py variants times the union of the options of the variants faster than the default, where two or
+  more are: a GPU-only path this CPU never takes in the dry run."""
+  sys.path.insert(0, os.path.join(th.ROOT, "experiments"))
+  from gpu_check import combined_options
+
+  row = lambda ms, **options: {"step_ms": ms, "options": options}
+  rows = [row(100.0), row(90.0, a=1), row(99.0, b=2), row(95.0, c=3, a=0), {"options": {"d": 4}, "error": "no"}]
+  assert combined_options(rows) == {"a": 1, "c": 3}  # b: under 2% faster; a: the faster variant's value
+  assert combined_options(rows[:3]) is None  # one faster variant is its own row

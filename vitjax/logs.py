@@ -110,12 +110,15 @@ class _Stderr:
   """sys.stderr, less the tracebacks that end in `RuntimeError: Event loop is closed` (at verbosity < 1).
 
   After a failed checkpoint write orbax closes its asyncio loop, and tensorstore's callbacks for the writes still
-  pending print one such traceback each from C++ (a full disk printed hundreds). The trainer says what happened in one
-  line (vitjax.errors.WorkdirUnwritable). Every other line, and every other traceback, passes unchanged.
+  pending print one such traceback each from C++ (a full disk printed hundreds), from several threads at once, so
+  that their lines interleave. The trainer says what happened in one line (vitjax.errors.WorkdirUnwritable). Every
+  other line, and every other traceback, passes unchanged: tracebacks that overlap are held until the last of them
+  ends, and dropped only if each of them ends in that line.
   """
 
   def __init__(self, stream):
     self.stream, self.partial, self.held = stream, "", None
+    self.open, self.ends = 0, []  # while held: tracebacks begun and not ended; the exception lines that ended some
 
   def write(self, text: str) -> int:
     if logging.get_verbosity() >= 1 and self.held is None and not self.partial:
@@ -131,16 +134,22 @@ class _Stderr:
     return len(text)
 
   def _line(self, line: str) -> None:
-    if self.held is None and line.startswith("Traceback (most recent call last):"):
-      self.held = [line]
-    elif self.held is not None:
-      self.held.append(line)
-      if not line.startswith((" ", "\t")):  # the exception's own line ends the traceback
-        block, self.held = self.held, None
-        if line.strip() != _NOISE:
-          self.stream.write("".join(block))
-    else:
+    head = line.startswith("Traceback (most recent call last):")
+    if self.held is None and not head:
       self.stream.write(line)
+      return
+    if self.held is None:
+      self.held, self.open, self.ends = [], 0, []
+    self.held.append(line)
+    if head:  # (another thread's traceback may begin before the one held ends)
+      self.open += 1
+    elif not line.startswith((" ", "\t")):  # an exception's own line ends a traceback
+      self.open -= 1
+      self.ends.append(line.strip())
+      if self.open == 0:
+        block, self.held = self.held, None
+        if any(end != _NOISE for end in self.ends):
+          self.stream.write("".join(block))
 
   def flush(self) -> None:
     self.stream.flush()

@@ -581,7 +581,7 @@ def variants_step(args) -> None:
     try:
       row.update(_time_variant(base, options, args.repeats))
     except Exception as e:  # an option this XLA does not know, a kernel that does not fit: its row says so
-      row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+      row["error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
     if "step_ms" in row:
       if args.peak_tflops:
         row["mfu"] = base.analytic_flops / (row["step_ms"] / 1e3) / (args.peak_tflops * 1e12)

@@ -509,9 +509,9 @@ def step_runner(compiled, state: list, xs, y, rng, losses: list):
   return once
 
 
-def vitjax_step(case: Case, repeats: int, max_row_s: float) -> dict:
+def vitjax_step(case: Case, repeats: int, max_row_s: float, compiler_options: dict | None = None) -> dict:
   t = time.perf_counter()
-  compiled, *args = compiled_step(case)
+  compiled, *args = compiled_step(case, compiler_options)
   compile_s = time.perf_counter() - t
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost

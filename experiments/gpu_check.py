@@ -543,23 +543,23 @@ VARIANTS = {
 FASTER = 0.98  # a variant joins "combined" when its step takes under 98% of the default's
 
 
+def _with_attention(case, implementation: str | None):
+  """The case with its model's attention implementation swapped (None: the case itself), same weights and batch."""
+  if implementation is None:
+    return case
+  return dataclasses.replace(case, module=case.module.clone(implementation=implementation))
+
+
 def _time_variant(base, options: dict, repeats: int) -> dict:
-  """One variant's row: the bare step compiled with `options` (its "attention" swapped into the model), timed."""
-  from bench_train import compiled_step, step_runner, timed
+  """One variant's row: bench_train's bare step compiled with `options` (its "attention" swapped into the model)."""
+  from bench_train import vitjax_step
 
   options = dict(options)
-  implementation = options.pop("attention", None)
-  case = base
-  if implementation is not None:
-    case = dataclasses.replace(base, module=base.module.clone(implementation=implementation))
-  t = time.perf_counter()
-  compiled, *state = compiled_step(case, compiler_options=options or None)
-  compile_s = time.perf_counter() - t
-  losses = []
-  once = step_runner(compiled, *state, losses)
-  once()
-  med, times = timed(once, repeats, max_row_s=20.0)
-  return {"step_ms": 1e3 * med, "times_ms": [1e3 * x for x in times], "compile_s": compile_s, "first_loss": losses[0]}
+  case = _with_attention(base, options.pop("attention", None))
+  r = vitjax_step(case, repeats, max_row_s=20.0, compiler_options=options or None)
+  return {"step_ms": 1e3 * r["step_s"], "times_ms": [1e3 * x for x in r["times_s"]]} | {
+    k: r[k] for k in ("compile_s", "first_loss")
+  }
 
 
 def variants_step(args) -> None:
@@ -634,7 +634,7 @@ def profile_step(args) -> None:
   base, setup_s = _bf16_case(args)
   name, batch = base.name, base.per_step
   for i, implementation in enumerate(args.implementations.split(",")):  # the same weights and batch, each path
-    case = dataclasses.replace(base, module=base.module.clone(implementation=implementation))
+    case = _with_attention(base, implementation)
     archive, steps = os.path.join(args.out, f"profile_{name}.tar.gz") if i == 0 else None, args.profile_steps
     r = profile_vitjax(case, steps, archive=archive)
     row = {"step": "profile", "model": name, "implementation": implementation, "batch": batch, "dtype": "bfloat16"}

@@ -109,9 +109,10 @@ def summary() -> None:
   )
   print("| labels | MAE, fine-tuned | scratch | MAE - scratch (paired) | MAE, linear probe | probe - scratch |")
   print("| --- | --- | --- | --- | --- | --- |")
-  for f in sorted({f for _, f in rows()}):
+  at_tags, at_defaults = rows(tags), rows({})
+  for f in sorted({f for _, f in at_tags}):
     for at in (tags, {}) if any(tags.get((a, f)) for a in ("mae", "scratch")) else (tags,):
-      got = rows(at)
+      got = at_tags if at else at_defaults
       cells = {a: got.get((a, f), {}) for a in ("mae", "scratch", "probe")}
 
       def diff(a, b, c=cells):

@@ -118,7 +118,7 @@ class _Stderr:
 
   def __init__(self, stream):
     self.stream, self.partial, self.held = stream, "", None
-    self.open, self.ends = 0, []  # while held: tracebacks begun and not ended; the exception lines that ended some
+    self.open, self.keep = 0, False  # while held: tracebacks begun and not ended; whether one ended otherwise
 
   def write(self, text: str) -> int:
     if logging.get_verbosity() >= 1 and self.held is None and not self.partial:
@@ -139,16 +139,16 @@ class _Stderr:
       self.stream.write(line)
       return
     if self.held is None:
-      self.held, self.open, self.ends = [], 0, []
+      self.held, self.open, self.keep = [], 0, False
     self.held.append(line)
     if head:  # (another thread's traceback may begin before the one held ends)
       self.open += 1
     elif not line.startswith((" ", "\t")):  # an exception's own line ends a traceback
       self.open -= 1
-      self.ends.append(line.strip())
+      self.keep |= line.strip() != _NOISE
       if self.open == 0:
         block, self.held = self.held, None
-        if any(end != _NOISE for end in self.ends):
+        if self.keep:
           self.stream.write("".join(block))
 
   def flush(self) -> None:

@@ -477,15 +477,15 @@ def summary_step(args) -> None:
   variants = [r for r in rows if r["step"] == "variants"]
   if variants:
     r = variants[0]
-    print(f"\nvariants of {r['model']}'s bf16 step, batch {r['batch']}")
-    print(f"{'variant':20s} {'step ms':>9s} {'MFU':>6s} {'x default':>9s} {'loss diff':>9s}  options")
+    print(f"\nvariants of {r['model']}'s bf16 step, batch {r['batch']} (x default: per example)")
+    print(f"{'variant':20s} {'batch':>5s} {'step ms':>9s} {'MFU':>6s} {'x default':>9s} {'loss diff':>9s}  options")
     for r in variants:
       if "error" in r:
         print(f"{r['variant']:20s} error: {r['error'][:100]}")
         continue
       mfu, x, diff = r.get("mfu"), r.get("x_default"), r.get("loss_diff")
       print(
-        f"{r['variant']:20s} {r['step_ms']:9.2f} {'-' if mfu is None else format(mfu, '.1%'):>6s} "
+        f"{r['variant']:20s} {r['batch']:5d} {r['step_ms']:9.2f} {'-' if mfu is None else format(mfu, '.1%'):>6s} "
         f"{'-' if x is None else format(x, '.3f'):>9s} {'-' if diff is None else format(diff, '.1e'):>9s}  "
         f"{json.dumps(r['options'])}"
       )
@@ -504,8 +504,9 @@ def summary_step(args) -> None:
     print(f"not run or not finished in the time given; their own call: {args.command} --steps={','.join(again)}")
 
 
-def _bf16_case(args):
-  """(bench_train's bf16 case of --model at --batch, seconds it took): --dry, one layer at 32 px, batch 2."""
+def _bf16_case(args, batch: int | None = None):
+  """(bench_train's bf16 case of --model at `batch` (else --batch), seconds it took): --dry, one layer at 32 px,
+  batch 2 (or `batch`)."""
   sys.path.insert(0, HERE)
   import torch  # bench_train's case builds the timm twin too
   from bench_train import MODELS, image_case
@@ -514,7 +515,7 @@ def _bf16_case(args):
     import torchvision_ops_shim  # noqa: F401
 
   kind, _, size = MODELS[args.model]
-  batch, layers = (2, 1) if args.dry else (args.batch, 0)
+  batch, layers = batch or (2 if args.dry else args.batch), (1 if args.dry else 0)
   t = time.perf_counter()
   case = image_case(args.model, kind, batch, 32 if args.dry else size, "bfloat16", torch, layers=layers)
   return case, time.perf_counter() - t
@@ -522,8 +523,9 @@ def _bf16_case(args):
 
 # XLA options that may move ViT-B/16's bf16 step on a GPU (issue 44's MFU goal), each compiled into the same step
 # with `Lowered.compile(compiler_options=...)`: one process, one case and its weights, no restart per flag.
-# "attention" is not an XLA option: it swaps the model's attention implementation. A name this jaxlib does not know
-# fails its own row. --dry: the CPU's counterparts, to exercise the step.
+# "attention" and "batch" are not XLA options: one swaps the model's attention implementation, the other builds the
+# case at another batch (compared per example; the MFU goal is at the largest batch that fits). A name this jaxlib
+# does not know fails its own row. --dry: the CPU's counterparts, to exercise the step.
 VARIANTS = {
   "gpu": {
     "default": {},
@@ -533,14 +535,16 @@ VARIANTS = {
     "cublaslt": {"xla_gpu_enable_cublaslt": True},  # cuBLASLt: bias (and GELU) epilogues fused into the GEMM
     "cudnn_layer_norm": {"xla_gpu_enable_cudnn_layer_norm": True},  # LayerNorm as cuDNN's kernel
     "no_command_buffer": {"xla_gpu_enable_command_buffer": ""},  # no CUDA graphs: what launches cost
+    "batch_512": {"batch": 512},  # twice the images a step: does a larger step keep the GPU busier?
   },
   "cpu": {
     "default": {},
     "attention_xla": {"attention": "xla"},
     "no_fusion_emitters": {"xla_cpu_use_fusion_emitters": False},
+    "batch_4": {"batch": 4},
   },
 }
-FASTER = 0.98  # a variant joins "combined" when its step takes under 98% of the default's
+FASTER = 0.98  # a variant joins "combined" when its step takes under 98% of the default's per example
 
 
 def _with_attention(case, implementation: str | None):
@@ -550,15 +554,21 @@ def _with_attention(case, implementation: str | None):
   return dataclasses.replace(case, module=case.module.clone(implementation=implementation))
 
 
-def _time_variant(base, options: dict, repeats: int) -> dict:
-  """One variant's row: bench_train's bare step compiled with `options` (its "attention" swapped into the model)."""
+def _time_variant(base, options: dict, args) -> dict:
+  """One variant's row: bench_train's bare step compiled with `options` (its "attention" swapped into the model,
+  its "batch" a case of its own: the same seed, more images)."""
   from bench_train import vitjax_step
 
   options = dict(options)
-  case = _with_attention(base, options.pop("attention", None))
-  r = vitjax_step(case, repeats, max_row_s=20.0, compiler_options=options or None)
-  return {"step_ms": 1e3 * r["step_s"], "times_ms": [1e3 * x for x in r["times_s"]]} | {
-    k: r[k] for k in ("compile_s", "first_loss")
+  batch = options.pop("batch", base.per_step)
+  case = base if batch == base.per_step else _bf16_case(args, batch)[0]
+  case = _with_attention(case, options.pop("attention", None))
+  r = vitjax_step(case, args.repeats, max_row_s=20.0, compiler_options=options or None)
+  row = {"batch": batch, "step_ms": 1e3 * r["step_s"], "times_ms": [1e3 * x for x in r["times_s"]]}
+  return row | {
+    "analytic_tflop": case.analytic_flops / 1e12,
+    "compile_s": r["compile_s"],
+    "first_loss": r["first_loss"],
   }
 
 
@@ -566,7 +576,8 @@ def variants_step(args) -> None:
   """ViT-B/16 224 px bf16's bare training step (bench_train's, AdamW) under each of VARIANTS' options, then under
   the union of those that beat the default by 2% ("combined"): step time, MFU at --peak_tflops, time against the
   default, and the first step's loss against the default's (the same weights and batch: a variant must not change
-  what the step computes beyond rounding). A variant that fails writes its error and the next one runs."""
+  what the step computes beyond rounding). A variant at another batch is compared per example and has no loss
+  difference (other images). A variant that fails writes its error and the next one runs."""
   import jax
 
   base, setup_s = _bf16_case(args)
@@ -576,18 +587,20 @@ def variants_step(args) -> None:
   rows, default = [], None
 
   def measure(name, options):
-    row = {"step": "variants", "model": base.name, "batch": base.per_step, "dtype": "bfloat16", "variant": name}
+    batch = options.get("batch", base.per_step)
+    row = {"step": "variants", "model": base.name, "batch": batch, "dtype": "bfloat16", "variant": name}
     row.update(options=dict(options), setup_s=setup_s)
     try:
-      row.update(_time_variant(base, options, args.repeats))
-    except Exception as e:  # an option this XLA does not know, a kernel that does not fit: its row says so
+      row.update(_time_variant(base, options, args))
+    except Exception as e:  # an option this XLA does not know, a kernel or batch that does not fit: its row says so
       row["error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
     if "step_ms" in row:
       if args.peak_tflops:
-        row["mfu"] = base.analytic_flops / (row["step_ms"] / 1e3) / (args.peak_tflops * 1e12)
-      if default is not None:
-        row["x_default"] = default["step_ms"] / row["step_ms"]
-        row["loss_diff"] = abs(row["first_loss"] - default["first_loss"])
+        row["mfu"] = row["analytic_tflop"] / (row["step_ms"] / 1e3) / args.peak_tflops
+      if default is not None:  # per example: a batch variant's step does more
+        row["x_default"] = (default["step_ms"] / default["batch"]) / (row["step_ms"] / row["batch"])
+        if row["batch"] == default["batch"]:
+          row["loss_diff"] = abs(row["first_loss"] - default["first_loss"])
     emit(args.out, row)
     rows.append(row)
     text = row.get("error") or f"step {row['step_ms']:.2f} ms, compiled in {row['compile_s']:.1f} s"
@@ -610,14 +623,13 @@ def variants_step(args) -> None:
 
 
 def combined_options(rows: list[dict]) -> dict | None:
-  """The union of the options of the variants whose step took under FASTER x the default's (rows[0]), where
-  there are at least two of them (one alone is its own row); else None."""
-  default = rows[0]["step_ms"]
-  better = [r for r in rows[1:] if r.get("step_ms", float("inf")) < FASTER * default]
+  """The union of the options of the variants whose step took under FASTER x the default's per example (rows[0];
+  `x_default` > 1 / FASTER), where there are at least two of them (one alone is its own row); else None."""
+  better = [r for r in rows[1:] if r.get("x_default", 0.0) > 1 / FASTER]
   if len(better) < 2:
     return None
   combined = {}
-  for r in sorted(better, key=lambda r: -r["step_ms"]):  # where two set one option, the fastest's value wins
+  for r in sorted(better, key=lambda r: r["x_default"]):  # where two set one option, the fastest's value wins
     combined.update(r["options"])
   return combined
 

@@ -88,10 +88,14 @@ def test_dry_run_benchmarks_beside_torch_profiles_and_follows_the_fashion_mnist_
 
   # the variants: each of the CPU's compiled into the same step, timed, the same first loss as the default's
   variants = {r["variant"]: r for r in rows if r["step"] == "variants"}
-  assert list(variants)[:3] == ["default", "attention_xla", "no_fusion_emitters"], variants
+  assert list(variants)[:4] == ["default", "attention_xla", "no_fusion_emitters", "batch_4"], variants
   for name in ("attention_xla", "no_fusion_emitters"):
     r = variants[name]
     assert r["step_ms"] > 0 and r["x_default"] > 0 and r["loss_diff"] < 1e-2, r
+  # twice the batch: twice the FLOPs, compared per example, and no loss difference (other images)
+  r, d = variants["batch_4"], variants["default"]
+  assert r["batch"] == 4 and r["analytic_tflop"] == pytest.approx(2 * d["analytic_tflop"]) and "loss_diff" not in r
+  assert r["x_default"] == pytest.approx(d["step_ms"] / 2 / (r["step_ms"] / 4)), r
   assert "variants of vit_b16_224_b8's bf16 step, batch 2" in log
 
 
@@ -119,7 +123,12 @@ def test_the_variants_step_combines_the_options_that_beat_the_default():
   sys.path.insert(0, os.path.join(th.ROOT, "experiments"))
   from gpu_check import combined_options
 
-  row = lambda ms, **options: {"step_ms": ms, "options": options}
+  row = lambda ms, per=8, **options: {"step_ms": ms, "options": options, "x_default": 100 / 8 / (ms / per)}
   rows = [row(100.0), row(90.0, a=1), row(99.0, b=2), row(95.0, c=3, a=0), {"options": {"d": 4}, "error": "no"}]
   assert combined_options(rows) == {"a": 1, "c": 3}  # b: under 2% faster; a: the faster variant's value
   assert combined_options(rows[:3]) is None  # one faster variant is its own row
+  # a larger batch wins per example, not per step: 190 ms for twice the images is faster than 100 ms for 8
+  rows[2] = row(190.0, per=16, batch=16)
+  assert combined_options(rows) == {"a": 1, "c": 3, "batch": 16}
+  rows[2] = row(210.0, per=16, batch=16)
+  assert combined_options(rows) == {"a": 1, "c": 3}

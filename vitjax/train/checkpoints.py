@@ -52,20 +52,23 @@ def _words(x) -> jax.Array:
 
 
 @jax.jit
-def _fingerprints(tree):
-  def one(x):
-    u = _words(x)
-    i = jnp.arange(u.shape[0], dtype=jnp.uint32)
-    a = jnp.sum(u * (2 * i + 1), dtype=jnp.uint32)  # odd weights: invertible mod 2^32
-    b = jnp.sum(u * ((i * jnp.uint32(2654435761)) | 1), dtype=jnp.uint32)
-    return jnp.stack([a, b])
-
-  return jax.tree.map(one, tree)
+def _fingerprint(x) -> jax.Array:
+  """[2] uint32: two position-weighted sums of an array's bit patterns (see the module docstring)."""
+  u = _words(x)
+  i = jnp.arange(u.shape[0], dtype=jnp.uint32)
+  a = jnp.sum(u * (2 * i + 1), dtype=jnp.uint32)  # odd weights: invertible mod 2^32
+  b = jnp.sum(u * ((i * jnp.uint32(2654435761)) | 1), dtype=jnp.uint32)
+  return jnp.stack([a, b])
 
 
 def checksums(tree) -> dict:
-  """{path: [uint32, uint32]} of every array of a tree (see the module docstring)."""
-  values = jax.device_get(_fingerprints(tree))
+  """{path: [uint32, uint32]} of every array of a tree (see the module docstring).
+
+  One small program per distinct shape, dtype and sharding, called per array: a model's blocks share theirs, so
+  a run compiles a dozen or so small programs, where one program over the whole tree took seconds to compile (2.1 s
+  for a 221-array state on a 2-core EPYC, against 1.1 s).
+  """
+  values = jax.device_get(jax.tree.map(_fingerprint, tree))
   return {path_name(p): [int(v[0]), int(v[1])] for p, v in jax.tree_util.tree_leaves_with_path(values)}
 
 

@@ -281,7 +281,9 @@ def _attention_case(case: str, dtype, dry: bool) -> dict:
     truth_out, truth_grads = both("reference", cast(jnp.float32))(*cast(jnp.float32))
   low, row, backend, reps = cast(dtype), {}, jax.default_backend(), 3 if dry else 10
   row["truth_s"] = round(time.perf_counter() - t0, 2)  # where the step's time goes (the H100 took ~25 s a row)
-  for impl in ("fast", "reference"):
+  # "xla": XLA's own attention (scores materialised, softmax fused), timed beside cuDNN's: which kernel "fast"
+  # should take at each length (ViT-B's 197 tokens, Swin's 49, the decoder's 128)
+  for impl in ("fast", "reference", "xla"):
     t0 = time.perf_counter()
     cb = both(impl, low)
     out, grads = cb(*low)
@@ -289,14 +291,20 @@ def _attention_case(case: str, dtype, dry: bool) -> dict:
     grad_errors = [_errors(a, b) for a, b in zip(grads, truth_grads)]
     row[f"{impl}_bwd_max_abs"] = max(e[0] for e in grad_errors)
     row[f"{impl}_bwd_max_rel"] = max(e[1] for e in grad_errors)
-    if impl == "fast":
+    if impl != "reference":
       cf = jax.jit(functools.partial(fwd, impl=impl)).lower(*low).compile()
+      name = "vitjax" if impl == "fast" else impl
+      row[f"{name}_fwd_ms"] = _time(lambda f: jax.block_until_ready(f(*low)), cf, reps)
+      row[f"{name}_fwd_bwd_ms"] = _time(lambda f: jax.block_until_ready(f(*low)), cb, reps)
+    if impl == "fast":
       row["path_fwd"] = _compiled_path(cf.as_text(), impl, backend)
       row["path_bwd"] = _compiled_path(cb.as_text(), impl, backend)
-      row["vitjax_fwd_ms"] = _time(lambda f: jax.block_until_ready(f(*low)), cf, reps)
-      row["vitjax_fwd_bwd_ms"] = _time(lambda f: jax.block_until_ready(f(*low)), cb, reps)
     row[f"{impl}_s"] = round(time.perf_counter() - t0, 2)
-  row["ok"] = all(_ok(row[f"fast_{p}_max_rel"], row[f"reference_{p}_max_rel"], dtype) for p in ("fwd", "bwd"))
+  row["ok"] = all(
+    _ok(row[f"{impl}_{p}_max_rel"], row[f"reference_{p}_max_rel"], dtype)
+    for impl in ("fast", "xla")
+    for p in ("fwd", "bwd")
+  )
   arrays = [np.asarray(a, np.float32) for a in (q0, k0, v0)]
   arrays = [a.astype(jnp.bfloat16) if dtype == jnp.bfloat16 else a for a in arrays]
   t0 = time.perf_counter()
@@ -436,7 +444,7 @@ def summary_step(args) -> None:
   if att:
     print(
       f"\n{'attention':8s} {'dtype':9s} {'path f/b':16s} {'fast rel f/b':>19s} {'ref rel f/b':>19s} {'ok':>3s}"
-      f" {'vitjax ms f/fb':>15s} {'torch ms f/fb':>15s}"
+      f" {'vitjax ms f/fb':>15s} {'xla ms f/fb':>15s} {'torch ms f/fb':>15s}"
     )
     fmt = lambda v, s=".1e": "-" if v is None else format(v, s)
     for r in att:
@@ -449,6 +457,7 @@ def summary_step(args) -> None:
         f"{fmt(r.get('reference_fwd_max_rel')):>9s}/{fmt(r.get('reference_bwd_max_rel')):9s} "
         f"{'yes' if r.get('ok') else 'NO':>3s} "
         f"{fmt(r.get('vitjax_fwd_ms'), '.2f'):>7s}/{fmt(r.get('vitjax_fwd_bwd_ms'), '.2f'):7s} "
+        f"{fmt(r.get('xla_fwd_ms'), '.2f'):>7s}/{fmt(r.get('xla_fwd_bwd_ms'), '.2f'):7s} "
         f"{fmt(r.get('torch_fwd_ms'), '.2f'):>7s}/{fmt(r.get('torch_fwd_bwd_ms'), '.2f'):7s}"
       )
   bench = []

@@ -64,9 +64,9 @@ def _fingerprint(x) -> jax.Array:
 def checksums(tree) -> dict:
   """{path: [uint32, uint32]} of every array of a tree (see the module docstring).
 
-  One small program per distinct shape, dtype and sharding, called per array: a model's blocks share theirs, so
-  a run compiles a dozen or so small programs, where one program over the whole tree took seconds to compile (2.1 s
-  for a 221-array state on a 2-core EPYC, against 1.1 s).
+  One small program per distinct shape, dtype and sharding, called per array: a model's blocks share theirs, so a
+  run compiles a dozen or so small programs. One program over the whole tree compiled for seconds: ViT-B/16's AdamW
+  state (601 arrays, 2-core EPYC) took 7.1 s the first time and 981 ms a save after, against 2.3 s and 405 ms.
   """
   values = jax.device_get(jax.tree.map(_fingerprint, tree))
   return {path_name(p): [int(v[0]), int(v[1])] for p, v in jax.tree_util.tree_leaves_with_path(values)}

@@ -6,6 +6,7 @@ import logging as py_logging
 import os
 import re
 import subprocess
+import threading
 import time
 
 import pytest
@@ -117,32 +118,74 @@ def test_library_info_is_hidden_at_the_default_verbosity():
     absl_logging.set_verbosity(old)
 
 
+def _write_from_threads(err, schedule) -> None:
+  """Writes each (thread index, text) of `schedule` to `err` from that thread, in the schedule's order."""
+  import queue
+
+  n = max(i for i, _ in schedule) + 1
+  inboxes, done = [queue.Queue() for _ in range(n)], queue.Queue()
+
+  def work(inbox):
+    for text in iter(inbox.get, None):
+      err.write(text)
+      done.put(True)
+
+  workers = [threading.Thread(target=work, args=(inbox,)) for inbox in inboxes]
+  for w in workers:
+    w.start()
+  for i, text in schedule:
+    inboxes[i].put(text)
+    done.get(timeout=10)
+  for inbox, w in zip(inboxes, workers):
+    inbox.put(None)
+    w.join()
+
+
 def test_stderr_drops_the_closed_event_loop_tracebacks_even_interleaved_and_keeps_every_other():
-  """After a full disk, tensorstore's callbacks print "Event loop is closed" tracebacks from several threads at once
-  (CI saw two interleave, and the filter let them through); anything else, even overlapping them, must pass."""
+  """After a full disk, tensorstore's callbacks print "Event loop is closed" tracebacks from several threads at once,
+  while the trainer writes its one line (CI saw two tracebacks interleave, and the full-disk line land inside one):
+  each thread's traceback is read on its own; anything else, from any thread, must pass whole."""
   import io
 
   from absl import logging as absl_logging
 
   tb, loop = (
     "Traceback (most recent call last):\n",
-    '  File "asyncio/base_events.py", line 806, in call_soon_threadsafe\n',
+    '  File "/usr/lib/python3.11/asyncio/base_events.py", line 806, in call_soon_threadsafe\n',
   )
-  check, noise = "    self._check_closed()\n", "RuntimeError: Event loop is closed\n"
-  interleaved = tb + loop + tb + check + loop + check + "    raise RuntimeError('Event loop is closed')\n" + noise
-  interleaved += "    raise RuntimeError('Event loop is closed')\n" + noise
-  real = tb + '  File "x.py", line 1, in f\n' + "ValueError: a real one\n"
-  mixed = tb + loop + real + check + noise  # a real traceback begun inside a closed loop's
+  check, noise = (
+    "    self._check_closed()\n",
+    "    raise RuntimeError('Event loop is closed')\nRuntimeError: Event loop is closed\n",
+  )
+  closed = tb + loop + check + noise
+  real = tb + '  File "x.py", line 1, in f\n' + "    f()\n" + "ValueError: a real one\n"
+  error = "error: cannot write the workdir /w: no space is left (0.1 MB free of 64.0 MB)\n"
+
+  def pieces(thread, text):  # in pieces of 7 characters, as C++ and Python write them
+    return [(thread, text[i : i + 7]) for i in range(0, len(text), 7)]
+
+  def interleave(*streams):
+    streams, out = [list(s) for s in streams], []
+    while any(streams):
+      for s in streams:
+        if s:
+          out.append(s.pop(0))
+    return out
+
   old = absl_logging.get_verbosity()
   try:
     absl_logging.set_verbosity(0)
     out = io.StringIO()
     err = logs._Stderr(out)
-    for text in ("step 16/30\n", tb + loop + check + noise, interleaved, "step 17/30\n", real, mixed):
-      for i in range(0, len(text), 7):  # in pieces, as C++ and Python write them
-        err.write(text[i : i + 7])
+    schedule = pieces(0, "step 16/30\n") + pieces(1, closed)
+    # two closed loops' tracebacks and the trainer's line at once (thread 0 is the trainer's)
+    schedule += interleave(pieces(1, closed), pieces(2, closed), pieces(0, "step 17/30\n" + error))
+    # a real traceback in one thread while another prints a closed loop's, and a closed loop's cut short by the exit
+    schedule += interleave(pieces(3, real), pieces(2, closed), pieces(1, tb + loop + check))
+    _write_from_threads(err, schedule)
     err.close()
-    assert out.getvalue() == "step 16/30\n" + "step 17/30\n" + real + mixed
+    assert out.getvalue() == "step 16/30\n" + "step 17/30\n" + error + real
+    assert not err.threads
   finally:
     absl_logging.set_verbosity(old)
 

@@ -110,52 +110,64 @@ class _Stderr:
   """sys.stderr, less the tracebacks that end in `RuntimeError: Event loop is closed` (at verbosity < 1).
 
   After a failed checkpoint write orbax closes its asyncio loop, and tensorstore's callbacks for the writes still
-  pending print one such traceback each from C++ (a full disk printed hundreds), from several threads at once, so
-  that their lines interleave. The trainer says what happened in one line (vitjax.errors.WorkdirUnwritable). Every
-  other line, and every other traceback, passes unchanged: tracebacks that overlap are held until the last of them
-  ends, and dropped only if each of them ends in that line.
+  pending print one such traceback each from C++ (a full disk printed hundreds), from several threads at once, while
+  the trainer says what happened in one line (vitjax.errors.WorkdirUnwritable). Each thread's writes are therefore
+  read on their own: its lines pass as they end, a traceback it begins is held until its exception's line and then
+  dropped if that line is the one above, written whole otherwise. So the other threads' lines, the trainer's own
+  included, neither split a held traceback nor get caught in it (CI saw both: two tracebacks interleaved, and the
+  full-disk line written in the middle of one).
   """
 
+  _HEAD = "Traceback (most recent call last):"
+
   def __init__(self, stream):
-    self.stream, self.partial, self.held = stream, "", None
-    self.open, self.keep = 0, False  # while held: tracebacks begun and not ended; whether one ended otherwise
+    self.stream = stream
+    self.threads = {}  # thread id -> [partial line, held traceback lines or None]
 
   def write(self, text: str) -> int:
-    if logging.get_verbosity() >= 1 and self.held is None and not self.partial:
-      return self.stream.write(text)
-    lines = (self.partial + text).split("\n")
-    self.partial = lines.pop()
+    thread = threading.get_ident()
+    state = self.threads.get(thread)
+    if state is None:
+      if logging.get_verbosity() >= 1:
+        return self.stream.write(text)
+      state = self.threads[thread] = ["", None]
+    lines = (state[0] + text).split("\n")
+    state[0] = lines.pop()
     for line in lines:
-      self._line(line + "\n")
-    head = "Traceback (most recent call last):"
-    if self.partial and self.held is None and not (head.startswith(self.partial) or self.partial.startswith(head)):
-      self.stream.write(self.partial)  # an unfinished line that is no traceback: now, not at the next newline
-      self.partial = ""
+      self._line(state, line + "\n")
+    partial = state[0]
+    if partial and state[1] is None and not (self._HEAD.startswith(partial) or partial.startswith(self._HEAD)):
+      self.stream.write(partial)  # an unfinished line that is no traceback: now, not at the next newline
+      state[0] = ""
+    if state == ["", None]:
+      del self.threads[thread]
     return len(text)
 
-  def _line(self, line: str) -> None:
-    head = line.startswith("Traceback (most recent call last):")
-    if self.held is None and not head:
+  def _line(self, state: list, line: str) -> None:
+    if state[1] is None and not line.startswith(self._HEAD):
       self.stream.write(line)
-      return
-    if self.held is None:
-      self.held, self.open, self.keep = [], 0, False
-    self.held.append(line)
-    if head:  # (another thread's traceback may begin before the one held ends)
-      self.open += 1
-    elif not line.startswith((" ", "\t")):  # an exception's own line ends a traceback
-      self.open -= 1
-      self.keep |= line.strip() != _NOISE
-      if self.open == 0:
-        block, self.held = self.held, None
-        if self.keep:
+    elif state[1] is None:
+      state[1] = [line]
+    else:
+      state[1].append(line)
+      if not line.startswith((" ", "\t")):  # an exception's own line ends a traceback
+        block, state[1] = state[1], None
+        if line.strip() != _NOISE:
           self.stream.write("".join(block))
 
   def flush(self) -> None:
     self.stream.flush()
 
-  def close(self) -> None:  # (at exit: whatever is held goes out)
-    held, self.held, self.partial = "".join(self.held or ()) + self.partial, None, ""
+  def close(self) -> None:
+    """At exit: what each thread holds goes out, but for a closed loop's traceback cut short."""
+    held = ""
+    for partial, block in list(self.threads.values()):
+      lines = (block or []) + ([partial] if partial else [])
+      frames = [line for line in lines if line.startswith("  File ")]
+      if block and frames and all("asyncio" in line and "base_events.py" in line for line in frames):
+        continue
+      held += "".join(lines)
+    self.threads.clear()
     try:
       self.stream.write(held)
       self.stream.flush()

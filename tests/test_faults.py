@@ -218,7 +218,7 @@ def test_a_second_run_is_refused_and_a_dead_runs_lock_is_taken_over(run_args, tm
   finally:
     first.kill()
     first.communicate(timeout=60)
-  third = th.check_ok(th.run_main(workdir, *long, "--config.max_train_minutes=0.1"))
+  third = th.check_ok(th.run_main(workdir, *long, "--config.max_train_minutes=0.01"))
   assert f"took over the lock of PID {first.pid}" in third.stderr, third.stderr[-2000:]
   assert not os.path.exists(os.path.join(workdir, "lock"))  # released at the end
 

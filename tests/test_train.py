@@ -449,11 +449,11 @@ def test_max_train_minutes_stops_with_a_final_eval_and_checkpoint(tmp_path, run_
     th.run_main(workdir, *run_args, "--config.total_steps=100000", "--config.max_train_minutes=0.001")
   )
   assert "has spent its max_train_minutes=0.001" in again.stderr and max(th.finished_steps(workdir)) == last
-  more = f"--config.max_train_minutes={(spent + 8) / 60}"
+  more = f"--config.max_train_minutes={(spent + 5) / 60}"
   longer = th.check_ok(th.run_main(workdir, *run_args, "--config.total_steps=100000", more))
   assert f"resumed from {workdir}/checkpoints at step {last}" in longer.stderr, longer.stderr[-2000:]
   rows = [r for r in th.read_metrics(workdir) if "train/elapsed_s" in r]
-  assert max(th.finished_steps(workdir)) > last and spent + 7 < rows[-1]["train/elapsed_s"] < spent + 30
+  assert max(th.finished_steps(workdir)) > last and spent + 3 < rows[-1]["train/elapsed_s"] < spent + 26
 
 
 def test_compute_dtype_auto_is_bfloat16_on_cpus_with_bfloat16_instructions_only(monkeypatch):

@@ -16,7 +16,6 @@ import jax.numpy as jnp
 import optax
 
 from vitjax import models
-from vitjax.mesh import path_name
 from vitjax.train import checkpoints
 
 
@@ -27,8 +26,7 @@ def _whole_tree(tree):
 
 def whole_tree(tree) -> dict:
   """The checksums from one program over the tree (the earlier way): the same values."""
-  values = jax.device_get(_whole_tree(tree))
-  return {path_name(p): [int(v[0]), int(v[1])] for p, v in jax.tree_util.tree_leaves_with_path(values)}
+  return checkpoints.named_checksums(jax.device_get(_whole_tree(tree)))
 
 
 def main():

@@ -1,6 +1,7 @@
 """Sharding presets on a named mesh (8 simulated CPU devices): for a tiny ViT, Swin, hybrid ViT and translation
 Transformer, 20 training steps under dp, fsdp, tp and fsdp_tp give the losses of a 1-device run, and fsdp / tp hold the
-fraction of the parameter and optimizer bytes per device that they promise; the tp step's only collectives are
+fraction of the parameter and optimizer bytes per device that they promise, and the log's line says what a device
+holds; the tp step's only collectives are
 all-reduces (Megatron's). Also: config.mesh and config.sharding_rules errors are one line."""
 
 import json
@@ -79,6 +80,9 @@ SCRIPT = textwrap.dedent(r"""
              for p, a in jax.tree_util.tree_leaves_with_path(state.params)}
     out[name] = {"losses": losses, "devices": jax.device_count(), "mesh": dict(exp.mesh.shape),
                  "bytes": mesh_lib.device_bytes((state.params, state.opt_state)),
+                 "param_bytes": mesh_lib.device_bytes(state.params),
+                 "whole_bytes": sum(a.nbytes for a in jax.tree.leaves(state.params)),
+                 "describe": mesh_lib.describe(exp.mesh, state.params, exp.state_sharding.params),
                  "block_bytes": mesh_lib.device_bytes(blocks), "specs": specs,
                  "collectives": sorted(set(re.findall(r" (all-gather|all-to-all|reduce-scatter|all-reduce|"
                                                       r"collective-permute)(?:-start)?\(", hlo)))}
@@ -140,6 +144,13 @@ def test_every_preset_gives_the_one_device_losses_and_saves_the_memory_it_promis
   assert "all-gather" in got["fsdp"]["collectives"]  # ZeRO-3: each parameter gathered where it is used
   if family == "swin":
     assert specs["stage_0_block_0/attn/query/kernel"] == "P()"
+  # the run log's line on the layout states what a device really holds
+  mb = lambda n: f"{n / 2**20:.3g}"
+  assert dp["describe"] == f"mesh data=8: parameters replicated ({mb(dp['whole_bytes'])} MB on each device)"
+  for name, mesh in (("fsdp", "fsdp=8"), ("tp", "data=2 tensor=4"), ("fsdp_tp", "fsdp=2 tensor=4")):
+    run = got[name]
+    held = f"a device holds {mb(run['param_bytes'])} of {mb(run['whole_bytes'])} MB of parameters"
+    assert run["describe"].startswith(f"mesh {mesh}: ") and held in run["describe"], (run["describe"], held)
 
 
 @pytest.mark.parametrize(

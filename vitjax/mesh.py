@@ -210,6 +210,31 @@ def param_shardings(mesh: Mesh, params, sharding: str = "dp", rules=(), tp_rules
   return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
 
 
+def describe(mesh: Mesh, params, shardings) -> str:
+  """One line for the log: the mesh's axes and what the parameter layout leaves a device to hold.
+
+  `params`: ShapeDtypeStructs (or arrays); `shardings`: a NamedSharding per parameter (param_shardings).
+  E.g. "mesh fsdp=8: 12 of 40 parameter arrays split, a device holds 0.06 of 0.54 MB of parameters (11%)".
+  """
+  sizes = {a: n for a, n in mesh.shape.items() if n > 1} or {"data": 1}
+  text = "mesh " + " ".join(f"{a}={n}" for a, n in sizes.items())
+  leaves, shards = jax.tree.leaves(params), jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
+  whole = held = 0
+  split = 0
+  for leaf, sharding in zip(leaves, shards, strict=True):
+    item = np.dtype(leaf.dtype).itemsize
+    whole += int(np.prod(leaf.shape)) * item
+    shard = sharding.shard_shape(leaf.shape)
+    held += int(np.prod(shard)) * item
+    split += tuple(shard) != tuple(leaf.shape)
+  if not split:
+    return f"{text}: parameters replicated ({whole / 2**20:.3g} MB on each device)"
+  return (
+    f"{text}: {split} of {len(leaves)} parameter arrays split, a device holds {held / 2**20:.3g} of "
+    f"{whole / 2**20:.3g} MB of parameters ({held / whole:.0%}), and that share of their optimizer state"
+  )
+
+
 def device_bytes(tree) -> int:
   """Bytes the first device holds of a tree of arrays (its shards, not the global arrays)."""
   device = jax.devices()[0]

@@ -277,7 +277,7 @@ def _begin(run: _Run, state, start: int, changes: dict) -> None:
     workdir_lib.start_fresh(run.workdir, config)
   workdir_lib.write_json(run.workdir, "task.json", run.task.describe())
   logging.info(
-    "%s: %s parameters | %s: %d training examples, %d steps/epoch | %d steps | %d devices, %d processes",
+    "%s: %s parameters | %s: %d training examples, %d steps/epoch | %d steps | %d devices, %d process%s",
     config.model.name,
     f"{state_lib.num_params(state):,}",
     data.name,
@@ -286,6 +286,13 @@ def _begin(run: _Run, state, start: int, changes: dict) -> None:
     run.plan.total,
     jax.device_count(),
     jax.process_count(),
+    "es" if jax.process_count() > 1 else "",
+  )
+  logging.info(
+    "sharding=%s%s, %s",
+    config.sharding,
+    " + sharding_rules" if config.sharding_rules else "",
+    mesh_lib.describe(exp.mesh, exp.abstract_state.params, exp.state_sharding.params),
   )
   for line in optim.describe(config, exp.model, exp.abstract_state.params):
     logging.info("%s", line)

@@ -13,6 +13,8 @@ Expected: depends on the arguments (not measured here for every variant; see exp
 dedicated configs).
 """
 
+import re
+
 import ml_collections as mlc
 
 from vitjax.config import default_config
@@ -27,6 +29,13 @@ def parse_args(arg: str | None) -> dict:
     if key not in ARGS:
       raise ValueError(f"configs/vit.py: unknown argument {key!r}; use {', '.join(ARGS)}")
     out[key] = value
+  if not re.fullmatch(r"[A-Za-z0-9]+/\d+", str(out["variant"])):
+    raise ValueError(f"configs/vit.py: variant={out['variant']!r} must be SIZE/PATCH, e.g. variant=S/16")
+  for key, kind in (("image_size", int), ("num_classes", int), ("epochs", float)):
+    try:
+      out[key] = None if out[key] is None else kind(out[key])
+    except ValueError:
+      raise ValueError(f"configs/vit.py: {key}={out[key]!r} must be a number, e.g. {key}={ARGS[key] or 32}") from None
   return out
 
 

@@ -5,6 +5,8 @@ if it was absent."""
 import os
 import shutil
 import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -50,6 +52,7 @@ def _cases():
     "unknown optimizer", "new", ["--config.optim.name=adamm"], "optim.name='adamm' is not an optax optimizer", "adamw"
   )
   add("unknown decay", "new", ["--config.schedule.decay=exp"], "unknown schedule.decay 'exp'", "cosine")
+  add("kwarg of a wrong type", "notes", ["--config.optim.kwargs={'b1': 'x'}"], "optax.adamw cannot step", "'b1': 'x'")
   add(
     "compute_dtype", "new", ["--config.compute_dtype=float16"], "compute_dtype must be 'float32', 'bfloat16' or 'auto'"
   )
@@ -57,6 +60,10 @@ def _cases():
   add("unknown model", "new", ["--config.model.name=vit_x99"], "config.model", "unknown model 'vit_x99'")
   add("num_classes", "new", ["--config.model.num_classes=7"], "has 10 classes", "--config.model.num_classes=10")
   add("image size vs patch", "new", ["--config.data.image_size=9"], "not divisible by the patch size", "image_size")
+  add("image_size=0", "new", ["--config.data.image_size=0"], "data.image_size=0 must be", "--config.data.image_size=")
+  add("heads vs width", "new", ["--config.model.num_heads=3"], "num_heads=3", "--config.model.*")
+  add("worker_count<0", "new", ["--config.data.worker_count=-1"], "data.worker_count=-1 must be 0")
+  add("evaluator every<0", "new", ["--config.evals.eval.every=-5"], "evals.eval.every=-5 must be at least 1 step")
   add("best", "new", ["--config.best=eval/acuracy"], "best='eval/acuracy' is not reported", "'eval/accuracy'")
   add("evaluator type", "new", ["--config.evals.eval.type=clasification"], "no evaluator type 'clasification'")
   add(
@@ -82,6 +89,7 @@ def _cases():
   add("train without config", "new", ["--config="], "training needs --config", "has no config.json")
   add("unknown mode", "new", ["--mode=evaluate"], "--mode", "one of <train|eval>")
   add("workdir is a file", "file", [], "is a file, not a directory")
+  add("its checkpoints/ is a file", "checkpoints_file", [], "checkpoints is a file", "move it away")
   add("read-only workdir", "readonly", [], "is not writable", "another --workdir")
   # weights to start from
   add("init_from missing dir", "new", ["--config.init_from=/nonexistent/run"], "no checkpoints/ there")
@@ -106,6 +114,13 @@ def _cases():
   add("eval step missing", "finished", ["--mode=eval", "--checkpoint=7", "--config="], "no checkpoint for step 7")
   add("eval split", "finished", ["--mode=eval", "--split=validation", "--config="], "validation", "split")
   add("eval without a run", "notes", ["--mode=eval", "--config="], "config.json not found")
+  # a translation run's data (a 60-pair TSV: 20 to train on)
+  tsv = ["--config=TRANSLATION", "--config.data.source=tsv:PAIRS", "--config.data.num_valid=20"]
+  tsv += ["--config.data.num_test=20", "--config.data.tokenizer_sentences=100"]
+  add("max_len=0", "new", [*tsv, "--config.data.max_len=0"], "data.max_len=0 must be at least 2")
+  add("too_long", "new", [*tsv, "--config.data.too_long=cut"], "data.too_long='cut'", "'truncate'")
+  add("tokens_per_batch=0", "new", [*tsv, "--config.data.tokens_per_batch=0"], "data.tokens_per_batch=0 must hold")
+  add("vocabulary too large", "notes", tsv, "config.data.vocab_size=8000 is more pieces", "--config.data.vocab_size")
   # vitjax.translate
   add("translate: no run", "notes", ["TRANSLATE"], "config.json not found")
   add("translate: a classifier", "finished", ["TRANSLATE"], "is a classification run, not a translation run")
@@ -125,6 +140,9 @@ def places(tmp_path_factory, finished_run):
   (root / "truncated.safetensors").write_bytes(data[: len(data) // 2])
   (root / "syntax.py").write_text("def get_config(:\n")
   (root / "empty").mkdir()
+  words = "the a of to and in that is was he for it with as his on be at by".split()
+  pairs = [" ".join(words[(i + k) % len(words)] for k in range(3 + i % 4)) for i in range(60)]
+  (root / "pairs.tsv").write_text("".join(f"{p}\t{p.upper()}\n" for p in pairs))
   finished = str(root / "finished")
   shutil.copytree(finished_run, finished)
   return {
@@ -132,6 +150,8 @@ def places(tmp_path_factory, finished_run):
     "TRUNCATED": str(root / "truncated.safetensors"),
     "VITFILE": str(root / "vit.safetensors"),
     "SYNTAX": str(root / "syntax.py"),
+    "TRANSLATION": os.path.join(th.ROOT, "configs", "transformer_bible_en_es.py"),
+    "PAIRS": str(root / "pairs.tsv"),
     "EMPTY": str(root / "empty"),
     "FINISHED": finished_run,
     "finished": finished,
@@ -149,6 +169,8 @@ def _workdir(kind, tmp_path, places):
     return str(path)
   path.mkdir()
   (path / "notes.txt").write_text("keep me\n")
+  if kind == "checkpoints_file":
+    (path / "checkpoints").write_text("not a folder\n")
   if kind == "readonly":
     if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
       pytest.skip("cannot make a folder read-only here (chattr +i failed)")
@@ -174,8 +196,9 @@ def test_bad_input_is_one_line_exit_2_and_leaves_the_workdir_alone(kind, args, w
       # "--config=" alone: no config file (and none of the tiny run's --config.* overrides)
       config = None if "--config=" in args else next((a[9:] for a in args if a.startswith("--config=")), th.CONFIG)
       rest = [a for a in args if not a.startswith("--config=")]
-      proc = th.run_main(workdir, *(run_args if config else []), *rest, config=config)
+      proc = th.run_main(workdir, *(run_args if config == th.CONFIG else []), *rest, config=config)
     after = _state(workdir)
+    created = _state(os.path.dirname(workdir)) if kind == "new" else None  # a new workdir's parent is new too
   finally:
     if kind == "readonly":
       subprocess.run(["chattr", "-i", workdir])
@@ -187,6 +210,7 @@ def test_bad_input_is_one_line_exit_2_and_leaves_the_workdir_alone(kind, args, w
   for word in words:
     assert word in errors[0], f"{word!r} not in {errors[0]!r}"
   assert after == before, "the workdir changed"
+  assert created is None, "the workdir's new parent folder was left behind"
 
 
 def test_every_command_line_goes_through_the_one_runner():
@@ -226,3 +250,27 @@ def test_the_command_lines_run_forked_from_the_import_server():
   assert proc.returncode == 2 and "--mode" in th.error_lines(proc), proc.stderr[-2000:]
   server = th._servers[th._import_time(th.env())]
   assert server.proc.poll() is None and server.env.get("JAX_COMPILATION_CACHE_DIR") == th.CACHE_DIR
+
+
+def test_a_thread_left_running_cannot_keep_an_ended_command_alive():
+  """Python waits for every non-daemon thread at exit: after a failed asynchronous write orbax left such threads waiting
+  forever, and a run that had printed its error hung. cli.run exits anyway, EXIT_WAIT_S after the end, with the
+  status, naming the threads."""
+  script = textwrap.dedent("""
+    import threading
+    from vitjax import cli
+    from vitjax.errors import ConfigError
+
+    cli.EXIT_WAIT_S = 1
+
+    def main():
+      threading.Thread(target=threading.Event().wait, name="left-waiting").start()
+      raise ConfigError("the check failed")
+
+    cli.run(main)
+  """)
+  proc = subprocess.run([sys.executable, "-c", script], env=th.env(), capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = proc.stderr.strip().splitlines()
+  assert lines[0] == "error: the check failed", lines
+  assert lines[-1] == "error: exiting 1 s after the end, which threads left running held: left-waiting", lines

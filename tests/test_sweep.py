@@ -129,13 +129,23 @@ def test_bad_sweep_is_one_line(tmp_path, body, message):
     sweep.load(_config_file(tmp_path, body), get_config())
 
 
-def test_bad_command_line_is_one_line(tmp_path):
-  """A bad flag of the sweep's own: one error line, exit 2, no sweep directory left behind."""
-  sweep_dir = str(tmp_path / "sweep")
-  for args in (["--grace=5"], ["--workers=64"], ["--max_trials=0"]):
+def test_bad_command_line_is_one_line(tmp_path, data_dir):
+  """A bad flag of the sweep's own, a config the trials would refuse, a storage that cannot open: one error line,
+  exit 2, no sweep directory (nor the new folder above it) left behind. A bad config is refused before the sweep
+  exists, so the corrected command makes the same sweep."""
+  sweep_dir = str(tmp_path / "new" / "sweep")
+  for args, words in (
+    (["--grace=5"], "--grace=5"),
+    (["--workers=64"], "--workers=64"),
+    (["--max_trials=0"], "--max_trials=0"),
+    (["--config.data.eval_batch_size=0"], "data.eval_batch_size=0 must be positive"),
+    (["--storage=foo://bar"], "foo"),
+  ):
+    args = [f"--config.data.data_dir={data_dir}", *args]
     proc = th.run_module("sweep", f"--config={th.CONFIG}", f"--sweep_dir={sweep_dir}", *args, timeout=120)
     assert proc.returncode == 2 and th.error_lines(proc).count("\n") == 0 and "error: " in proc.stderr, proc.stderr
-    assert not os.path.exists(sweep_dir)
+    assert words in th.error_lines(proc), (words, proc.stderr[-2000:])
+    assert not os.path.exists(tmp_path / "new"), args
 
 
 # ------------------------------------------------------------------ the runner, end to end (subprocesses)

@@ -14,6 +14,8 @@ line and 2; Preempted 75 and Diverged 3, already logged; anything else is a bug 
 import os
 import re
 import sys
+import threading
+import time
 from collections.abc import Callable
 
 from absl import app, flags
@@ -102,9 +104,37 @@ def run(main: Callable[[], int | None]) -> None:
     from vitjax import logs  # pylint: disable=g-import-not-at-top  (after the flags: --verbosity)
 
     logs.setup()
-    sys.exit(guarded(main))
+    status = 1  # a bug: its traceback, then exit 1
+    try:
+      status = guarded(main)
+    finally:
+      exit_within(EXIT_WAIT_S, status)
+    sys.exit(status)
 
   app.run(entry, flags_parser=parse_flags)
+
+
+EXIT_WAIT_S = 30.0
+
+
+def exit_within(seconds: float, status: int) -> None:
+  """Makes sure the process ends: if threads a library left behind still hold it `seconds` from now, exit anyway.
+
+  Python waits for every non-daemon thread before it exits. After a failed asynchronous checkpoint write, orbax leaves
+  threads that wait forever for a signal that will not come, and a run that had said how it ended would hang there.
+  A daemon thread watches: a normal exit ends it with the process; otherwise it names the threads and exits with
+  `status` (1 if it was 0: something was wrong).
+  """
+
+  def watch():
+    time.sleep(seconds)
+    names = [t.name for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()]
+    sys.stdout.flush()
+    print(f"error: exiting {seconds:g} s after the end, which threads left running held: {', '.join(names[:3])}",
+          file=sys.stderr, flush=True)  # fmt: skip
+    os._exit(status or 1)
+
+  threading.Thread(target=watch, name="vitjax-exit-watch", daemon=True).start()
 
 
 def guarded(main: Callable[[], int | None]) -> int:

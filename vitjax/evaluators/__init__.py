@@ -41,6 +41,7 @@ from absl import logging
 
 from vitjax.errors import ConfigError
 from vitjax.tasks.base import VALID, check_stop
+from vitjax.train import durations
 
 COMMON = ("type", "split", "every", "data", "weights", "examples")
 WEIGHTS = ("params", "ema")
@@ -170,9 +171,13 @@ def plan(config, task, steps_of=None, workdir: str | None = None) -> tuple[Evalu
   """
   found = []
   for name, entry in entries(config).items():
-    every = None
+    every, given = None, entry.get("every")
+    if given is not None and durations.parse(f"config.evals.{name}.every", given)[0] <= 0:
+      raise ConfigError(
+        f"config.evals.{name}.every={given!r} must be at least 1 step (e.g. ='1 epoch'), or unset: config.eval_every"
+      )
     if steps_of is not None:
-      every = max(1, steps_of(f"config.evals.{name}.every", entry.get("every") or config.eval_every))
+      every = max(1, steps_of(f"config.evals.{name}.every", config.eval_every if given is None else given))
     found.append(resolve(config, task, name, entry, every, workdir))
   best_of(config, found)
   return tuple(found)

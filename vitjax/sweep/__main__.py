@@ -108,14 +108,30 @@ def _check_flags(sweep, overrides: list[str]) -> None:
     )
 
 
+def _check_config(config, sweep_dir: str) -> None:
+  """The trials' shared config passes the trainer's checks and its data is there, before the sweep folder exists.
+
+  An override the trials would refuse is refused here, while a corrected command can still make the same sweep (the
+  overrides name its study). What depends on a trial's devices (batch sizes over its mesh) is the trial's to check.
+  """
+  from vitjax import mesh as mesh_lib
+  from vitjax import tasks
+  from vitjax.train import loop
+
+  loop.check_config(config)
+  tasks.get(config, os.path.join(sweep_dir, "trial"), layout=mesh_lib.Layout()).check()
+
+
 def _open_study(url: str, name: str, sweep, target: int, sweep_dir: str):
   """(study, store) of the sweep, creating sweep_dir.
 
   Bad input leaves nothing behind (only what this process made).
   """
   from vitjax.sweep import study as study_lib
+  from vitjax.train import workdir as workdir_lib
 
   existed = os.path.isdir(sweep_dir)
+  missing = workdir_lib.missing_folders(sweep_dir)
   os.makedirs(sweep_dir, exist_ok=True)
   try:
     study, store = study_lib.open_study(url, name, sweep, target, FLAGS.heartbeat, FLAGS.grace)
@@ -124,8 +140,7 @@ def _open_study(url: str, name: str, sweep, target: int, sweep_dir: str):
       for name in ("study.db", "study.db.claim-lock"):
         if os.path.exists(os.path.join(sweep_dir, name)):
           os.remove(os.path.join(sweep_dir, name))
-    if not existed and os.path.isdir(sweep_dir) and not os.listdir(sweep_dir):
-      os.rmdir(sweep_dir)
+    workdir_lib.remove_empty(missing)  # the sweep folder and the parents this made, if nothing else is there
     raise
   return study, store
 
@@ -179,7 +194,8 @@ def _run_workers(run) -> int:
     return status
   if status == runner.EXIT_USER_ERROR:
     print(
-      f"error: 3 trials in a row failed: the last {run.user_error}; fix it, then rerun with --retry_failed",
+      f"error: 3 trials in a row failed: the last {run.user_error}; fix it in the config file, then rerun with "
+      "--retry_failed (a changed --config override makes another sweep: give it a new --sweep_dir)",
       file=sys.stderr,
       flush=True,
     )
@@ -212,6 +228,7 @@ def _run(argv) -> int:
     "command": shlex.join(["python", "-m", "vitjax.sweep", *argv[1:]]),
   }
   _check_sweep_dir(sweep_dir, record)
+  _check_config(FLAGS.config, sweep_dir)
   study, store = _open_study(url, name, sweep, target, sweep_dir)
   if not os.path.exists(os.path.join(sweep_dir, "sweep.json")):
     tmp = os.path.join(sweep_dir, f".sweep.json.{os.getpid()}")  # several machines may write it at once

@@ -135,9 +135,9 @@ class ImageClassification:
   def check(self):
     """Validates the config against the data and the devices, before anything is written.
 
-    Checks that batch_size and data.eval_batch_size split over the layout, data.valid_fraction is in [0, 1),
-    data.labelled can be drawn, data.preprocess has one mean and std per channel, and model.num_classes is the
-    dataset's.
+    Checks that batch_size and data.eval_batch_size split over the layout, data.image_size is positive,
+    data.valid_fraction is in [0, 1), data.labelled can be drawn, data.preprocess has one mean and std per channel,
+    and model.num_classes is the dataset's.
 
     Raises:
       ConfigError: naming the setting and the value to give.
@@ -145,8 +145,19 @@ class ImageClassification:
     c = self.config
     check_batch(c.batch_size, "batch_size", self.layout, c.optim.accum_steps)
     check_batch(c.data.eval_batch_size, "data.eval_batch_size", self.layout)
+    size = c.data.image_size
+    sizes = (size, size) if isinstance(size, int) else tuple(size) if isinstance(size, (list, tuple)) else ()
+    if len(sizes) != 2 or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes):
+      raise ConfigError(
+        f"data.image_size={size!r} must be a size in pixels or (height, width), each at least 1, "
+        "e.g. --config.data.image_size=32"
+      )
     if not 0 <= c.data.valid_fraction < 1:
       raise ConfigError(f"data.valid_fraction={c.data.valid_fraction} must be in [0, 1)")
+    for key in ("worker_count", "read_threads"):
+      n = c.data[key]
+      if (n is not None or key != "read_threads") and (not isinstance(n, int) or n < 0):  # read_threads None: grain's
+        raise ConfigError(f"data.{key}={n!r} must be 0 (read in the training process) or more")
     info = self.describe()
     self.training_positions()  # data.labelled: a bad amount, or too few examples of a class
     mean = self.preprocess().mean

@@ -99,14 +99,17 @@ class Translation:
         os.makedirs(self.workdir, exist_ok=True)
         if jax.process_index() == 0:  # deterministic, so other processes wait and read the same file
           tmp = os.path.join(self.workdir, "tokenizer.tmp")
-          text.Tokenizer.train(
-            texts,
-            tmp,
-            vocab_size=d.vocab_size,
-            seed=self.config.seed,
-            input_sentence_size=d.tokenizer_sentences,
-            **self._configured_ids(),
-          )
+          try:
+            text.Tokenizer.train(
+              texts,
+              tmp,
+              vocab_size=d.vocab_size,
+              seed=self.config.seed,
+              input_sentence_size=d.tokenizer_sentences,
+              **self._configured_ids(),
+            )
+          except ConfigError as e:  # the vocabulary this text cannot give
+            raise ConfigError(f"config.data.{e}; set --config.data.vocab_size") from None
           os.replace(tmp + ".model", path)
           if os.path.exists(tmp + ".vocab"):
             os.replace(tmp + ".vocab", os.path.join(self.workdir, "tokenizer.vocab"))
@@ -132,14 +135,24 @@ class Translation:
   def check(self):
     """Validates the config before anything is written.
 
-    Checks that data.eval_batch_size splits over the layout, init_from is not imported weights (only a translation
-    workdir), and the data can be read.
+    Checks that data.eval_batch_size splits over the layout, data.max_len, too_long and tokens_per_batch can batch,
+    init_from is not imported weights (only a translation workdir), and the data can be read.
 
     Raises:
       ConfigError: naming the setting and what is wrong.
     """
     c = self.config
-    check_batch(c.data.eval_batch_size, "data.eval_batch_size", self.layout)
+    d = c.data
+    check_batch(d.eval_batch_size, "data.eval_batch_size", self.layout)
+    if not isinstance(d.max_len, int) or d.max_len < 2:
+      raise ConfigError(f"data.max_len={d.max_len!r} must be at least 2 tokens (EOS included), e.g. 128")
+    if d.too_long not in ("drop", "truncate"):
+      raise ConfigError(f"data.too_long={d.too_long!r}: use 'drop' or 'truncate'")
+    if not isinstance(d.tokens_per_batch, int) or d.tokens_per_batch < d.max_len:
+      raise ConfigError(
+        f"data.tokens_per_batch={d.tokens_per_batch!r} must hold at least one pair of data.max_len={d.max_len} "
+        "tokens, e.g. --config.data.tokens_per_batch=4096"
+      )
     if convert.WeightSource.parse(c.init_from).imported:
       raise ConfigError("translation can start only from another translation workdir (init_from=WORKDIR)")
     self.splits  # noqa: B018 (reads the data now: a missing source stops the run before anything is written)

@@ -82,7 +82,9 @@ def check(config) -> None:
   for name, value, ok, want in rules:
     if not ok:
       raise ConfigError(f"{name}={value} must be {want} (--config.{name}=...)")
-  optimizer(o.name, kwargs(o))
+  fn, _ = optimizer(o.name, kwargs(o))
+  if kwargs(o):
+    _try(o.name, fn, kwargs(o))
   for what in ("lr_mults", "wd_mults"):
     _rules(config[what] or (), what)
   _rules(tuple((r, 1.0) for r in config.frozen or ()), "frozen")
@@ -156,6 +158,20 @@ def optimizer(name: str, kw: dict):
     if not isinstance(v, (bool, int, float, str, type(None))):
       raise ConfigError(f"optim.kwargs: {k}={v!r} must be a number, a bool, a string or None")
   return fn, own
+
+
+def _try(name: str, fn, kw: dict) -> None:
+  """ConfigError if optax.NAME(**kw) cannot take a step (a value of the wrong type): traced only, nothing computed."""
+  try:
+    tx = fn(learning_rate=1e-3, **kw)
+    params = {"w": jax.ShapeDtypeStruct((2, 2), jnp.float32)}
+    jax.eval_shape(lambda p: tx.update(p, tx.init(p), p), params)
+  except Exception as e:  # noqa: BLE001 -- whatever optax raises, the arguments are the user's
+    why = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+    raise ConfigError(
+      f"optim.kwargs={kw}: optax.{name} cannot step with them ({why}); give each argument a value of its type "
+      f"(see help(optax.{name}))"
+    ) from None
 
 
 def _rules(rules, what: str) -> tuple[tuple[re.Pattern, float], ...]:

@@ -152,7 +152,11 @@ def network(config, task: Task) -> Network:
   try:
     params, model_state = jax.eval_shape(init)
   except ValueError as e:  # impossible shapes (image size vs patch, widths vs heads): say which setting
-    raise ConfigError(f"{e} (the model's input comes from config.data; e.g. set --config.data.image_size)") from None
+    about_input = any(w in str(e).lower() for w in ("image", "patch", "window"))
+    where = "the model's options are --config.model.*"
+    if about_input:
+      where = "the model's input comes from config.data; e.g. set --config.data.image_size"
+    raise ConfigError(f"{e} ({where})") from None
   replicated = NamedSharding(mesh, jax.sharding.PartitionSpec())
   sharding = {
     "params": mesh_lib.param_shardings(

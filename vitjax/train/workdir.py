@@ -82,9 +82,10 @@ class Untouched:
   KEEP = ("corrupt", "lock")
 
   def __init__(self, workdir: str):
-    self.workdir = workdir
+    self.workdir = workdir = os.path.abspath(workdir)
     self.existed = os.path.isdir(workdir)
     self.before = set(os.listdir(workdir)) if self.existed else set()
+    self.missing = missing_folders(workdir)
 
   def create(self) -> None:
     """Creates the workdir (and its parents) if it does not exist."""
@@ -93,15 +94,33 @@ class Untouched:
   def restore(self) -> None:
     """On process 0: removes what was created in the workdir since, and the workdir if this run created it.
 
-    The top-level entries created since are removed, except KEEP's; the workdir itself only if it is then empty.
+    The top-level entries created since are removed, except KEEP's; the workdir itself only if it is then empty, and
+    then the parents this run created, while they are empty.
     """
     if jax.process_index() != 0 or not os.path.isdir(self.workdir):
       return
     for name in set(os.listdir(self.workdir)) - self.before - set(self.KEEP):
       path = os.path.join(self.workdir, name)
       shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
-    if not self.existed and not os.listdir(self.workdir):
-      os.rmdir(self.workdir)
+    remove_empty(self.missing)
+
+
+def missing_folders(path: str) -> list[str]:
+  """`path` and those of its parents that do not exist, innermost first (what os.makedirs(path) would create)."""
+  missing, path = [], os.path.abspath(path)
+  while not os.path.exists(path):
+    missing.append(path)
+    path = os.path.dirname(path)
+  return missing
+
+
+def remove_empty(folders: list[str]) -> None:
+  """Removes these folders in order (innermost first), stopping at the first that is not empty or not there."""
+  for path in folders:
+    try:
+      os.rmdir(path)
+    except OSError:
+      break
 
 
 def write_json(workdir: str, name: str, obj) -> None:
@@ -131,6 +150,9 @@ def read_json(workdir: str, name: str):
     raise ConfigError(f"{path} is not valid JSON ({e}); restore it from a copy or use a new --workdir") from None
 
 
+FOLDERS = ("checkpoints", "tb", "corrupt", "averaged")  # what a run (or vitjax.average) keeps in a workdir as folders
+
+
 def check_path(workdir: str) -> None:
   """A workdir must be a writable directory, or not exist yet.
 
@@ -138,6 +160,12 @@ def check_path(workdir: str) -> None:
   """
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise ConfigError(f"--workdir={workdir} is a file, not a directory; give a directory path")
+  for name in FOLDERS:
+    path = os.path.join(workdir, name)
+    if os.path.lexists(path) and not os.path.isdir(path):
+      raise ConfigError(
+        f"--workdir={workdir}: {path} is a file, but the run keeps a folder there; move it away or use another --workdir"
+      )
   parent = workdir
   while not os.path.exists(parent):
     parent = os.path.dirname(parent)

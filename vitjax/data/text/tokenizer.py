@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
 from vitjax.data.text.sources import _norm_ws
+from vitjax.errors import ConfigError
 
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
 
@@ -93,25 +95,40 @@ class Tokenizer:
       keep = np.sort(np.random.default_rng(seed).choice(len(texts), input_sentence_size, replace=False))
       texts = [texts[i] for i in keep]
     spm.set_random_generator_seed(seed)
+    if vocab_size < 4:  # the special pieces alone take up to 4
+      raise ConfigError(f"vocab_size={vocab_size} is too small: the special pieces alone take 4; e.g. 8000")
     os.makedirs(os.path.dirname(os.path.abspath(path_prefix)), exist_ok=True)
-    spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(texts),
-      model_prefix=path_prefix,
-      vocab_size=vocab_size,
-      model_type=model_type,
-      character_coverage=character_coverage,
-      pad_id=pad_id,
-      eos_id=eos_id,
-      bos_id=-1 if bos_id == pad_id else bos_id,
-      unk_id=unk_id,
-      byte_fallback=False,
-      shuffle_input_sentence=False,
-      input_sentence_size=0,
-      num_threads=num_threads,
-      hard_vocab_limit=hard_vocab_limit,
-      minloglevel=2,
-      **kwargs,
-    )
+    try:
+      spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts),
+        model_prefix=path_prefix,
+        vocab_size=vocab_size,
+        model_type=model_type,
+        character_coverage=character_coverage,
+        pad_id=pad_id,
+        eos_id=eos_id,
+        bos_id=-1 if bos_id == pad_id else bos_id,
+        unk_id=unk_id,
+        byte_fallback=False,
+        shuffle_input_sentence=False,
+        input_sentence_size=0,
+        num_threads=num_threads,
+        hard_vocab_limit=hard_vocab_limit,
+        minloglevel=2,
+        **kwargs,
+      )
+    except RuntimeError as e:  # SentencePiece's checks, as one line that says what to change
+      high = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", str(e))
+      low = re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", str(e))
+      if high:
+        most = high.group(2)
+        raise ConfigError(
+          f"vocab_size={vocab_size} is more pieces than {len(texts):,} sentences give: at most {most}"
+        ) from None
+      if low:
+        least = low.group(2)
+        raise ConfigError(f"vocab_size={vocab_size} is fewer pieces than the text's {least} characters need") from None
+      raise
     return cls.load(path_prefix + ".model")
 
   @property

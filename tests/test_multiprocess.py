@@ -99,7 +99,7 @@ def test_two_processes_follow_the_one_process_curve_and_a_sigterm_to_one_stops_b
   assert step in th.finished_steps(cut)
 
   resumed = th.check_ok(th.run_main(cut, *run_args, devices=4))  # one process now
-  assert f"at step {step}" in resumed.stderr and "4 devices, 1 processes" in resumed.stderr
+  assert f"at step {step}" in resumed.stderr and "4 devices, 1 process\n" in resumed.stderr
   np.testing.assert_allclose(_losses(cut), ref, rtol=1e-5)
 
 

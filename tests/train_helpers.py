@@ -137,6 +137,17 @@ def error_lines(proc: subprocess.CompletedProcess) -> str:
   return "\n".join(s for s in proc.stderr.splitlines() if not re.match(r"\d\d:\d\d:\d\d ", s))
 
 
+def assert_refused(proc: subprocess.CompletedProcess, words) -> None:
+  """A command refused bad input: exit 2, no traceback, one "error: " line and nothing else, holding every word."""
+  assert proc.returncode == 2, f"exit {proc.returncode}\n{proc.stderr[-3000:]}"
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  err = error_lines(proc)
+  errors = [line for line in err.splitlines() if line.startswith("error: ")]
+  assert len(errors) == 1 and err.strip() == errors[0], err
+  for word in words:
+    assert word in errors[0], f"{word!r} not in {errors[0]!r}"
+
+
 def read_metrics(workdir: str) -> list[dict]:
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     return [json.loads(line) for line in f if line.strip()]

@@ -23,19 +23,20 @@ so the model's results do not change.
 from __future__ import annotations
 
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from vitjax import cli
+from vitjax import cli, paths
 
 flags.DEFINE_string("workdir", None, "the trained run to look into", required=True)
 flags.DEFINE_string("out", None, "the directory the PNGs go to", required=True)
 flags.DEFINE_string("image", None, "an image file (any size: it is resized as in evaluation)")
 flags.DEFINE_integer("example", None, "or the N-th example of --split of the run's dataset")
-flags.DEFINE_string("split", "test", "the split --example reads")
+flags.DEFINE_string("split", "test", "the split --example reads: 'valid' (the run's validation split), 'test', ...")
 flags.DEFINE_string("patch", None, "ROW,COL: the query patch (ViT: instead of the class token; Swin: in stage 0)")
 flags.DEFINE_string("checkpoint", "best", "'best', 'latest' or a step number")
 FLAGS = flags.FLAGS
@@ -183,22 +184,36 @@ def inspect(trained, image: np.ndarray, out_dir: str, patch: tuple[int, int] | N
   draw = {models.ViT: _draw_vit, models.Swin: _draw_swin}.get(models.family_of(trained.model).cls)
   if draw is None:
     raise ConfigError(f"vitjax.attention_maps draws ViT and Swin models, not {type(trained.model).__name__}")
-  os.makedirs(out_dir, exist_ok=True)
+  grid = _grid_of(trained.model, image.shape[:2])  # ViT's patch grid; Swin's first stage's
+  if patch is not None and not (0 <= patch[0] < grid[0] and 0 <= patch[1] < grid[1]):
+    where = "the" if draw is _draw_vit else "stage 0's"
+    raise ConfigError(
+      f"--patch={patch[0]},{patch[1]} is outside {where} {grid[0]}x{grid[1]} patch grid "
+      f"(e.g. --patch={grid[0] // 2},{grid[1] // 2})"
+    )
   shown = image.astype(np.float32) / 255.0
   pre = trained.task.preprocess()
   x = np.asarray(device_ops.to_float(jnp.asarray(image), pre.mean, pre.std))
   weights, inter = attention_weights(trained.model, trained.variables, x)
-  fig, ax = plt.subplots(figsize=(2, 2))
-  _show(ax, shown)
-  written = [_save(fig, os.path.join(out_dir, "input.png"))]
-  return written + draw(trained, image, shown, weights, inter, out_dir, patch)
+  created = paths.missing_folders(out_dir)
+  try:
+    os.makedirs(out_dir, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(2, 2))
+    _show(ax, shown)
+    written = [_save(fig, os.path.join(out_dir, "input.png"))]
+    return written + draw(trained, image, shown, weights, inter, out_dir, patch)
+  except OSError as e:
+    plt.close("all")
+    if created:
+      shutil.rmtree(created[-1], ignore_errors=True)
+    raise ConfigError(
+      f"--out={out_dir}: cannot write there ({e.strerror}); give another --out, in a writable folder with room"
+    ) from None
 
 
 def _draw_vit(trained, image, shown, weights, inter, out_dir, patch) -> list[str]:
   """attention.png (every layer's and head's attention from the query), rollout.png, posemb_similarity.png."""
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
-  from vitjax.errors import ConfigError  # pylint: disable=g-import-not-at-top
 
   model, written = trained.model, []
   grid = _grid_of(model, image.shape[:2])
@@ -207,9 +222,7 @@ def _draw_vit(trained, image, shown, weights, inter, out_dir, patch) -> list[str
   if patch is None and prefix:
     query, what = 0, "class token"
   else:
-    r, c = patch if patch is not None else (grid[0] // 2, grid[1] // 2)
-    if not (0 <= r < grid[0] and 0 <= c < grid[1]):
-      raise ConfigError(f"--patch={r},{c} is outside the {grid[0]}x{grid[1]} patch grid")
+    r, c = patch if patch is not None else (grid[0] // 2, grid[1] // 2)  # (inspect checked --patch)
     query, what = prefix + r * grid[1] + c, f"patch ({r}, {c})"
   heads = layers[0].shape[0]
   fig, axes = plt.subplots(len(layers), heads + 1, figsize=(1.6 * (heads + 1), 1.6 * len(layers)), squeeze=False)
@@ -241,14 +254,10 @@ def _draw_swin(trained, image, shown, weights, inter, out_dir, patch) -> list[st
   """window_attention.png: each block's window attention of one patch of stage 0's grid (shifted windows too)."""
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  from vitjax.errors import ConfigError  # pylint: disable=g-import-not-at-top
-
   del image
   model, written = trained.model, []
   first = tuple(inter["stage_0"].shape[1:3])
-  patch = patch if patch is not None else (first[0] // 2, first[1] // 2)
-  if not (0 <= patch[0] < first[0] and 0 <= patch[1] < first[1]):
-    raise ConfigError(f"--patch={patch[0]},{patch[1]} is outside stage 0's {first[0]}x{first[1]} grid")
+  patch = patch if patch is not None else (first[0] // 2, first[1] // 2)  # (inspect checked --patch)
   blocks = swin_blocks(model, weights, inter, patch)
   heads = max(m.shape[0] for _, m in blocks)
   fig, axes = plt.subplots(len(blocks), heads, figsize=(1.6 * heads, 1.6 * len(blocks)), squeeze=False)
@@ -296,14 +305,43 @@ def _image(trained, path: str | None, example: int | None, split: str) -> np.nda
       raise ConfigError(f"--image={path}: not an image PIL can read ({e})") from None
     image = np.asarray(pil)
   else:
-    from vitjax import data as data_lib  # pylint: disable=g-import-not-at-top
-
-    source, _ = data_lib.open_split(trained.config.data.name, split, trained.config.data.get("data_dir"))
-    if not 0 <= example < len(source):
-      raise ConfigError(f"--example={example}: {split} has examples 0 to {len(source) - 1}")
-    image = np.asarray(source[example]["image"])
+    source, positions = _split_examples(trained, split)
+    if not 0 <= example < len(positions):
+      raise ConfigError(f"--example={example}: {split} has examples 0 to {len(positions) - 1}")
+    image = np.asarray(source[int(positions[example])]["image"])
   image = image[..., None] if image.ndim == 2 else image
   return augment.preprocess_eval(image, size, trained.task.preprocess())
+
+
+def _split_examples(trained, split: str):
+  """(the tfds source, the positions in it of --split's examples).
+
+  The split names are those of `python -m vitjax.main --mode=eval --split=...`: 'valid' is the run's validation
+  split (held out of its training split, or the dataset's own), the others the dataset's.
+  """
+  from vitjax import data as data_lib  # pylint: disable=g-import-not-at-top
+  from vitjax.data import splits as splits_lib  # pylint: disable=g-import-not-at-top
+  from vitjax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  from vitjax.tasks.base import VALID  # pylint: disable=g-import-not-at-top
+
+  d = trained.config.data
+  data_dir = d.get("data_dir")
+  if split == VALID and not trained.task.own_valid():
+    if not d.valid_fraction:
+      raise ConfigError(
+        f"--split={VALID}: the run held out no '{VALID}' split (its data.valid_fraction is 0); "
+        "give another split, e.g. --split=test"
+      )
+    source, _ = data_lib.open_split(d.name, d.train_split, data_dir)
+    return source, data_lib.holdout_split(len(source), d.valid_fraction, d.valid_seed)[1]
+  try:
+    source, _ = data_lib.open_split(d.name, split, data_dir)
+  except ValueError:  # tfds: an unknown split name
+    names = [VALID, *splits_lib.prepared_builder(d.name, data_dir).info.splits]
+    raise ConfigError(
+      f"--split={split}: {d.name} has no such split; give one of {', '.join(dict.fromkeys(names))} (e.g. --split=test)"
+    ) from None
+  return source, np.arange(len(source))
 
 
 def main() -> None:
@@ -312,13 +350,17 @@ def main() -> None:
   The image is --image, or the --example-th example of --split; the paths written are printed.
 
   Raises:
-    ConfigError: --patch is not ROW,COL.
+    ConfigError: --workdir is not an image run, --patch is not ROW,COL, --out cannot be written, ... (checked before
+      anything is written).
   """
   import vitjax  # pylint: disable=g-import-not-at-top
   from vitjax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  from vitjax.train.workdir import read_config  # pylint: disable=g-import-not-at-top
 
-  trained = vitjax.load(FLAGS.workdir, FLAGS.checkpoint)
-  image = _image(trained, FLAGS.image, FLAGS.example, FLAGS.split)
+  if (FLAGS.image is None) == (FLAGS.example is None):
+    raise ConfigError("give one of --image=FILE or --example=N")
+  if FLAGS.example is not None and FLAGS.example < 0:
+    raise ConfigError(f"--example={FLAGS.example} must be 0 or more (e.g. --example=0)")
   patch = None
   if FLAGS.patch:
     try:
@@ -326,6 +368,14 @@ def main() -> None:
       assert len(patch) == 2
     except (ValueError, AssertionError):
       raise ConfigError(f"--patch={FLAGS.patch}: give ROW,COL, e.g. --patch=3,4") from None
+  paths.check_writable(FLAGS.out, "out", folder=True)
+  task = read_config(FLAGS.workdir).get("task")
+  if task not in ("classification", "mae"):
+    raise ConfigError(
+      f"--workdir={FLAGS.workdir} is a {task} run: attention maps need an image-classification run (a ViT or Swin)"
+    )
+  trained = vitjax.load(FLAGS.workdir, FLAGS.checkpoint)
+  image = _image(trained, FLAGS.image, FLAGS.example, FLAGS.split)
   for path in inspect(trained, image, FLAGS.out, patch):
     print(path)
 

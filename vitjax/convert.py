@@ -239,8 +239,13 @@ def save_safetensors(path: str, state_dict: Mapping[str, Any], metadata: dict[st
 
   arrays = {k: np.ascontiguousarray(u.to_numpy(v), dtype=np.float32) for k, v in state_dict.items()}
   tmp = f"{path}.tmp{os.getpid()}"
-  save_file(arrays, tmp, metadata=metadata)
-  publish(tmp, path)
+  try:
+    save_file(arrays, tmp, metadata=metadata)
+    publish(tmp, path)
+  except BaseException:
+    if os.path.isfile(tmp):
+      os.remove(tmp)
+    raise
 
 
 def publish(tmp: str, path: str) -> None:

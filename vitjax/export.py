@@ -13,15 +13,16 @@ gives the logits of `vitjax.load(workdir)` on the same (NCHW) images. npz: `conv
 the original ViT code and timm's npz reader load it. The model is built at the run's image size.
 
 Exit status: 0 written; 2 a problem you can fix (one "error: ..." line: no such workdir, a model the format has
-no equivalent for); the workdir is only read.
+no equivalent for, an --out that cannot be written); the workdir is only read, and a refused export writes nothing.
 """
 
 import json
 import os
+import shutil
 
 from absl import flags
 
-from vitjax import cli
+from vitjax import cli, paths
 
 flags.DEFINE_string("workdir", None, "the run to export", required=True)
 flags.DEFINE_enum("format", None, ["timm", "npz"], "timm (.safetensors + .json) or npz (the original ViT layout)")
@@ -33,40 +34,65 @@ FLAGS = flags.FLAGS
 
 
 def export(workdir: str, fmt: str, out: str, checkpoint: str = "best", weights: str = "params") -> list[str]:
-  """Writes the export; returns the paths written. Raises ConfigError for what the user can fix."""
+  """Writes the export; returns the paths written. Raises ConfigError for what the user can fix.
+
+  Everything is checked, and the model converted, before anything is written; a write that fails all the same
+  removes what the export had written (and the folders it had made).
+  """
   import numpy as np
 
   import vitjax
   from vitjax import convert
   from vitjax.errors import ConfigError
+  from vitjax.train.workdir import read_config
 
   suffix = {"timm": ".safetensors", "npz": ".npz"}[fmt]
   if not out.endswith(suffix):
     raise ConfigError(f"--out={out}: a --format={fmt} export is a {suffix} file (e.g. --out=model{suffix})")
+  side = out[: -len(suffix)] + ".json"
+  files = [out, side] if fmt == "timm" else [out]
+  paths.check_writable(out, "out", folder=False)
+  if os.path.isdir(side):
+    raise ConfigError(f"--out={out}: {side}, its config beside it, is a folder; move it away or give another --out")
+  task = read_config(workdir).get("task")
+  if task == "translation":
+    raise ConfigError(
+      f"--workdir={workdir} is a translation run: vitjax.export writes image models (ViT, Swin); "
+      "give an image run's --workdir"
+    )
   trained = vitjax.load(workdir, checkpoint, weights)
-  folder = os.path.dirname(os.path.abspath(out))
-  try:
-    os.makedirs(folder, exist_ok=True)
-  except OSError as e:
-    raise ConfigError(f"--out={out}: cannot create its folder {folder} ({e.strerror}); choose another --out") from None
   image = tuple(trained.task.example_inputs()[0].shape[1:3])  # [B, H, W, C] for the image models
   try:
     if fmt == "timm":
       state_dict, cfg = convert.to_timm(trained.model, trained.variables, image)
-      meta = {"vitjax_workdir": os.path.abspath(workdir), "vitjax_step": str(trained.step), "vitjax_weights": weights}
-      convert.save_safetensors(out, state_dict, meta)
-      side = out[: -len(suffix)] + ".json"
-      with open(side + ".tmp", "w") as f:
-        json.dump(cfg, f, indent=1)
-      convert.publish(side + ".tmp", side)
-      return [out, side]
-    arrays = convert.to_vit_npz(trained.model, trained.variables)
-    tmp = out + ".tmp.npz"
-    np.savez(tmp, **arrays)
-    convert.publish(tmp, out)
-    return [out]
+    else:
+      arrays = convert.to_vit_npz(trained.model, trained.variables)
   except ValueError as e:  # a model the format cannot express
     raise ConfigError(f"--format={fmt}: {e}") from None
+  folder = os.path.dirname(os.path.abspath(out))
+  created, new = paths.missing_folders(folder), [f for f in files if not os.path.exists(f)]
+  tmp = out + ".tmp.npz" if fmt == "npz" else side + ".tmp"
+  try:
+    os.makedirs(folder, exist_ok=True)
+    if fmt == "npz":
+      np.savez(tmp, **arrays)
+      convert.publish(tmp, out)
+      return [out]
+    with open(tmp, "w") as f:
+      json.dump(cfg, f, indent=1)
+    meta = {"vitjax_workdir": os.path.abspath(workdir), "vitjax_step": str(trained.step), "vitjax_weights": weights}
+    convert.save_safetensors(out, state_dict, meta)  # (atomic: it removes its own temporary file if it fails)
+    convert.publish(tmp, side)
+    return [out, side]
+  except OSError as e:
+    for path in [tmp, *new]:
+      if os.path.isfile(path):
+        os.remove(path)
+    if created:
+      shutil.rmtree(created[-1], ignore_errors=True)
+    raise ConfigError(
+      f"--out={out}: cannot write it ({e.strerror}); give another --out, in a writable folder with room"
+    ) from None
 
 
 def main() -> None:

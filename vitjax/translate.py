@@ -8,11 +8,12 @@ the unknown token; a line longer than the model's max_len tokens is truncated, w
 the line. --method=greedy or --method=sample (with --temperature, --top_k) replace beam search.
 """
 
+import os
 import sys
 
 from absl import flags
 
-from vitjax import cli
+from vitjax import cli, paths
 
 flags.DEFINE_string("workdir", None, "a workdir of a translation run", required=True)
 flags.DEFINE_string("input", None, "file of source lines (default: stdin)")
@@ -48,30 +49,70 @@ def _read_lines(path: str | None) -> list[str]:
   return lines
 
 
+def _check_decoding() -> None:
+  """ConfigError for a decoding flag or --batch_size out of range (before the run is loaded)."""
+  from vitjax.errors import ConfigError
+
+  for name, low, example in (("batch_size", 1, 32), ("beam_size", 1, 4), ("top_k", 0, 40)):
+    value = getattr(FLAGS, name)
+    if value is not None and value < low:
+      raise ConfigError(f"--{name}={value} must be at least {low} (e.g. --{name}={example})")
+  for name, example, zero in (("alpha", 0.6, "no length penalty"), ("temperature", 1, "the most likely token")):
+    value = getattr(FLAGS, name)
+    if value is not None and not value >= 0:  # (not NaN either)
+      raise ConfigError(f"--{name}={value} must be 0 or more (0: {zero}; e.g. --{name}={example})")
+
+
+def _write(path: str | None, text: str) -> None:
+  """Writes the translations to --output (or stdout); ConfigError if the file cannot be written, removed if new."""
+  from vitjax.errors import ConfigError
+
+  if not path:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    return
+  existed = os.path.exists(path)
+  try:
+    with open(path, "w", encoding="utf-8") as f:
+      f.write(text)
+  except OSError as e:
+    if not existed and os.path.isfile(path):
+      os.remove(path)
+    raise ConfigError(
+      f"--output={path}: cannot write it ({e.strerror}); give another --output, in a writable folder with room"
+    ) from None
+
+
 def main() -> None:
   """Command line entry: translates --input (or stdin) with --workdir's --checkpoint into --output (or stdout).
 
   One output line per input line; a final newline does not count as an extra empty line.
 
   Raises:
-    ConfigError: --workdir is not a translation run.
+    ConfigError: --workdir is not a translation run, a decoding flag is out of range, --output cannot be written.
   """
   import vitjax
   from vitjax.errors import ConfigError
   from vitjax.train.workdir import read_config
 
+  _check_decoding()
+  if FLAGS.output:
+    paths.check_writable(FLAGS.output, "output", folder=False, make_parents=False)
   task = read_config(FLAGS.workdir).get("task")
   if task != "translation":
     raise ConfigError(f"{FLAGS.workdir} is a {task} run, not a translation run")
-  trained = vitjax.load(FLAGS.workdir, FLAGS.checkpoint)
   lines = _read_lines(FLAGS.input)
+  trained = vitjax.load(FLAGS.workdir, FLAGS.checkpoint)
+  vocab = trained.task.tokenizer.vocab_size
+  if FLAGS.top_k is not None and FLAGS.top_k > vocab:
+    raise ConfigError(
+      f"--top_k={FLAGS.top_k} is more than the run's {vocab} tokens (e.g. --top_k={min(40, vocab)}; 0: all)"
+    )
   if lines and lines[-1] == "":
     lines.pop()  # a final newline ends the last line; it is not an extra empty line
   decode_args = {k: getattr(FLAGS, k) for k in ("method", "beam_size", "alpha", "temperature", "top_k")}
   result = trained.translate(lines, FLAGS.batch_size, **decode_args)
-  dst = open(FLAGS.output, "w", encoding="utf-8") if FLAGS.output else sys.stdout
-  dst.write("".join(r + "\n" for r in result))
-  dst.flush()
+  _write(FLAGS.output, "".join(r + "\n" for r in result))
 
 
 if __name__ == "__main__":

@@ -30,8 +30,9 @@ import time
 import tensorflow_datasets as tfds
 from absl import flags, logging
 
-from vitjax import cli
+from vitjax import cli, paths
 from vitjax.data import builders, folder, local
+from vitjax.data import splits as splits_lib
 from vitjax.errors import DatasetNotPreparedError
 
 
@@ -63,7 +64,8 @@ def prepare(
     Preparing an already prepared dataset is a no-op.
 
   Raises:
-    vitjax.errors.ConfigError: a ``folder:``/``csv:`` source that cannot be a dataset (the message says why).
+    vitjax.errors.ConfigError: a ``folder:``/``csv:`` source that cannot be a dataset (the message says why), or a
+      ``data_dir`` that cannot be written. A dataset that fails to prepare leaves ``data_dir`` as it was.
   """
   return _prepare(name, data_dir, manual_dir, workers)[0]
 
@@ -81,22 +83,55 @@ def _prepare(
   builder = builders.get_builder(name, data_dir)
   if os.path.exists(os.path.join(builder.data_dir, "dataset_info.json")):  # is_prepared(), without its warning
     return builder, True
+  paths.check_writable(data_dir, "data_dir", folder=True)
   if source is not None:  # check the source (one error line for a bad one) before tfds makes any folder
     builder.scan_result, builder.workers = folder.scan(source), workers
   config = tfds.download.DownloadConfig(manual_dir=os.path.expanduser(manual_dir) if manual_dir else None)
   # tfds prints "Downloading and preparing dataset ..." even when nothing downloads: shown at --verbosity=1
   quiet = logging.get_verbosity() < 1
+  made = _made_by_tfds(data_dir, builder)
   try:
     with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
       builder.download_and_prepare(download_config=config)
   except Exception:
-    if source is not None:  # the empty folder tfds made for the source's config (tfds removes what it wrote)
-      with contextlib.suppress(OSError):
-        os.rmdir(os.path.dirname(builder.data_dir))
+    _remove_new(made)  # tfds removes the dataset files it wrote, not the folders and metadata it made on the way
     raise
   if source is not None:
     folder.report(builder)
   return builder, False
+
+
+def _made_by_tfds(data_dir: str, builder) -> list[str]:
+  """What tfds may create in data_dir while preparing `builder` and does not remove when that fails, deepest first.
+
+  data_dir and its parents, downloads/ (and its extracted/), the dataset's folders down to its version's, and the
+  dataset's .config/metadata.json: those of them that do not exist yet.
+  """
+  data_dir = os.path.abspath(data_dir)
+  made, path = [], os.path.abspath(builder.data_dir)
+  while path != data_dir and path.startswith(data_dir + os.sep):
+    made.append(path)
+    path = os.path.dirname(path)
+  path = data_dir
+  if made:
+    made += [os.path.join(made[-1], ".config"), os.path.join(made[-1], ".config", "metadata.json")]
+  made += [os.path.join(data_dir, "downloads"), os.path.join(data_dir, "downloads", "extracted")]
+  while True:
+    made.append(path)
+    if os.path.dirname(path) == path:
+      break
+    path = os.path.dirname(path)
+  return sorted((p for p in made if not os.path.lexists(p)), key=lambda p: -p.count(os.sep))
+
+
+def _remove_new(made: list[str]) -> None:
+  """Removes those of `made` (deepest first) that are files or empty folders now (another process may share them)."""
+  for path in made:
+    with contextlib.suppress(OSError):
+      if os.path.isfile(path):
+        os.remove(path)
+      else:
+        os.rmdir(path)
 
 
 def define_flags() -> None:
@@ -121,7 +156,10 @@ def main() -> None:
   start = time.time()
   try:
     builder, was_prepared = _prepare(f.dataset, f.data_dir, f.manual_dir, f.workers)
-  except (FileNotFoundError, tfds.core.DatasetNotFoundError) as e:
+  except tfds.core.DatasetNotFoundError:  # the trainer's message for the same name: the valid names, a tfds command
+    splits_lib.prepared_builder(f.dataset, f.data_dir)  # (raises DatasetNotPreparedError: the name is not found there)
+    raise
+  except FileNotFoundError as e:
     raise DatasetNotPreparedError(str(e).strip().splitlines()[0]) from None
   splits = {k: v.num_examples for k, v in builder.info.splits.items()}
   if was_prepared:

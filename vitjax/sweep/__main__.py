@@ -127,11 +127,11 @@ def _open_study(url: str, name: str, sweep, target: int, sweep_dir: str):
 
   Bad input leaves nothing behind (only what this process made).
   """
+  from vitjax import paths
   from vitjax.sweep import study as study_lib
-  from vitjax.train import workdir as workdir_lib
 
   existed = os.path.isdir(sweep_dir)
-  missing = workdir_lib.missing_folders(sweep_dir)
+  missing = paths.missing_folders(sweep_dir)
   os.makedirs(sweep_dir, exist_ok=True)
   try:
     study, store = study_lib.open_study(url, name, sweep, target, FLAGS.heartbeat, FLAGS.grace)
@@ -140,7 +140,7 @@ def _open_study(url: str, name: str, sweep, target: int, sweep_dir: str):
       for name in ("study.db", "study.db.claim-lock"):
         if os.path.exists(os.path.join(sweep_dir, name)):
           os.remove(os.path.join(sweep_dir, name))
-    workdir_lib.remove_empty(missing)  # the sweep folder and the parents this made, if nothing else is there
+    paths.remove_empty(missing)  # the sweep folder and the parents this made, if nothing else is there
     raise
   return study, store
 

@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import socket
-import tempfile
 import time
 
 import jax
@@ -29,6 +28,7 @@ import ml_collections as mlc
 from absl import logging
 
 from vitjax import config as config_lib
+from vitjax import paths
 from vitjax.errors import ConfigError
 from vitjax.mesh import all_agree
 
@@ -85,7 +85,7 @@ class Untouched:
     self.workdir = workdir = os.path.abspath(workdir)
     self.existed = os.path.isdir(workdir)
     self.before = set(os.listdir(workdir)) if self.existed else set()
-    self.missing = missing_folders(workdir)
+    self.missing = paths.missing_folders(workdir)
 
   def create(self) -> None:
     """Creates the workdir (and its parents) if it does not exist."""
@@ -102,25 +102,7 @@ class Untouched:
     for name in set(os.listdir(self.workdir)) - self.before - set(self.KEEP):
       path = os.path.join(self.workdir, name)
       shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
-    remove_empty(self.missing)
-
-
-def missing_folders(path: str) -> list[str]:
-  """`path` and those of its parents that do not exist, innermost first (what os.makedirs(path) would create)."""
-  missing, path = [], os.path.abspath(path)
-  while not os.path.exists(path):
-    missing.append(path)
-    path = os.path.dirname(path)
-  return missing
-
-
-def remove_empty(folders: list[str]) -> None:
-  """Removes these folders in order (innermost first), stopping at the first that is not empty or not there."""
-  for path in folders:
-    try:
-      os.rmdir(path)
-    except OSError:
-      break
+    paths.remove_empty(self.missing)
 
 
 def write_json(workdir: str, name: str, obj) -> None:
@@ -154,31 +136,17 @@ FOLDERS = ("checkpoints", "tb", "corrupt", "averaged")  # what a run (or vitjax.
 
 
 def check_path(workdir: str) -> None:
-  """A workdir must be a writable directory, or not exist yet.
+  """A workdir must be a writable folder, or not exist yet, and hold no file where a run keeps a folder.
 
   Leaves nothing behind (it probes with a temporary file).
   """
-  if os.path.exists(workdir) and not os.path.isdir(workdir):
-    raise ConfigError(f"--workdir={workdir} is a file, not a directory; give a directory path")
+  paths.check_writable(workdir, "workdir", folder=True)
   for name in FOLDERS:
     path = os.path.join(workdir, name)
     if os.path.lexists(path) and not os.path.isdir(path):
       raise ConfigError(
         f"--workdir={workdir}: {path} is a file, but the run keeps a folder there; move it away or use another --workdir"
       )
-  parent = workdir
-  while not os.path.exists(parent):
-    parent = os.path.dirname(parent)
-  if not os.path.isdir(parent):
-    raise ConfigError(f"--workdir={workdir}: {parent} is a file, not a directory; give a directory path")
-  try:  # a real write: root passes os.access on read-only or immutable directories
-    fd, probe = tempfile.mkstemp(prefix=".vitjax-write-test-", dir=parent)
-    os.close(fd)
-    os.remove(probe)
-  except OSError as e:
-    raise ConfigError(
-      f"--workdir={workdir}: {parent} is not writable ({e.strerror}); fix its permissions or use another --workdir"
-    ) from None
 
 
 # ------------------------------------------------------------------------------------ a workdir that fills up

@@ -1,0 +1,177 @@
+"""Bad input to the tools beside the trainer (translate, attention_maps, export, data.prepare, data.text): each case
+exits with status 2 and one "error:" line that names the flag (its key words asserted), without a traceback, and
+leaves the workdir, the output location and the data_dir as they were (absent stays absent). Every case is refused
+before a model runs: most before a checkpoint is read."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+import train_helpers as th
+
+# the worker of tests/test_bad_input.py: its tiny finished run (conftest.finished_run) is built once for both
+pytestmark = pytest.mark.xdist_group("bad_input")
+
+
+@pytest.fixture(scope="session")  # not "module": xdist may interleave modules, and a module fixture is rebuilt
+def tool_places(tmp_path_factory):
+  """What the cases refer to: a translation workdir (its config.json: every case is refused before a checkpoint is
+  read), a plain file, a two-pair TSV, a folder of 'images' that are not, and an empty folder."""
+  root = tmp_path_factory.mktemp("tools")
+  (root / "tr").mkdir()
+  (root / "tr" / "config.json").write_text(json.dumps({"task": "translation"}))
+  (root / "afile").write_text("a plain file\n")
+  (root / "text").mkdir()
+  (root / "text" / "two.tsv").write_text("a b\tc d\ne f\tg h\n")
+  (root / "imgs" / "a").mkdir(parents=True)
+  (root / "imgs" / "a" / "x.png").write_text("not an image\n")
+  (root / "empty").mkdir()
+  return {"TR": str(root / "tr"), "AFILE": str(root / "afile"), "TEXT": str(root / "text"), "IMGS": str(root / "imgs"),
+          "EMPTY": str(root / "empty")}  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def image_run(tmp_path_factory, finished_run):
+  """A copy of the tiny finished image-classification run (conftest.finished_run), shared by the cases."""
+  run = str(tmp_path_factory.mktemp("tools_run") / "run")
+  shutil.copytree(finished_run, run)
+  return run
+
+
+def _state(path):
+  if not os.path.lexists(path):
+    return None
+  return th.snapshot(path) if os.path.isdir(path) else open(path, "rb").read()
+
+
+def _fill(text, places, tmp_path):
+  """The placeholders (the keys of `places`, TMP: the test's tmp_path) in `text` replaced by their paths."""
+  paths = {**places, "TMP": str(tmp_path)}
+  return re.sub(r"\b(" + "|".join(paths) + r")\b", lambda m: paths[m.group(1)], text)
+
+
+def _check(module, args, words, watched, places, tmp_path, stdin=""):
+  """Runs `python -m vitjax.MODULE ARGS`; asserts exit 2, one error line with `words`, `watched` paths unchanged."""
+  args = [_fill(a, places, tmp_path) for a in args]
+  watched = [_fill(w, places, tmp_path) for w in watched]
+  if "READONLY" in places:
+    os.mkdir(places["READONLY"])
+    if subprocess.run(["chattr", "+i", places["READONLY"]], capture_output=True).returncode != 0:
+      pytest.skip("cannot make a folder read-only here (chattr +i failed)")
+  try:
+    before = [_state(w) for w in watched]
+    proc = th.run_module(module, *args, stdin=stdin, timeout=120)
+    after = [_state(w) for w in watched]
+  finally:
+    if "READONLY" in places:
+      subprocess.run(["chattr", "-i", places["READONLY"]])
+  th.assert_refused(proc, words)
+  for path, b, a in zip(watched, before, after):
+    assert a == b, f"{path} changed"
+
+
+def _case(cid, args, words, watched=()):
+  return pytest.param(args, words, watched, id=cid)
+
+
+@pytest.mark.parametrize(
+  "args, words, watched",
+  [
+    _case("beam_size=0", ["--beam_size=0"], ["--beam_size=0 must be at least 1", "--beam_size=4"]),
+    _case("top_k<0", ["--method=sample", "--top_k=-3"], ["--top_k=-3 must be at least 0"]),
+    _case("batch_size=0", ["--batch_size=0"], ["--batch_size=0 must be at least 1"]),
+    _case("temperature<0", ["--method=sample", "--temperature=-1"], ["--temperature=-1.0 must be 0 or more"]),
+    _case("alpha<0", ["--alpha=-1"], ["--alpha=-1.0 must be 0 or more"]),
+    _case("output under a file", ["--output=AFILE/x.txt"], ["--output=", "is a file, not a folder"], ["AFILE"]),
+    _case("output folder missing", ["--output=TMP/nodir/x.txt"], ["--output=", "mkdir -p"], ["TMP/nodir"]),
+    _case("output is a folder", ["--output=EMPTY"], ["--output=", "is a folder"], ["EMPTY"]),
+    _case("output read-only", ["--output=READONLY/x.txt"], ["--output=", "is not writable"], ["READONLY"]),
+  ],
+)
+def test_translate(args, words, watched, tool_places, tmp_path):
+  places = {**tool_places, "READONLY": str(tmp_path / "ro")} if any("READONLY" in a for a in args) else tool_places
+  _check("translate", ["--workdir=TR", *args], words, ["TR", *watched], places, tmp_path, stdin="a b c\n")
+
+
+@pytest.mark.parametrize(
+  "args, words, watched",
+  [
+    _case("split=validation", ["--split=validation"], ["--split=validation", "valid, test, train"], ["TMP/out"]),
+    _case("out is a file", ["--out=AFILE"], ["--out=", "is a file"], ["AFILE"]),
+    _case("translation run", ["--workdir=TR"], ["--workdir=", "image-classification run"], ["TR", "TMP/out"]),
+    _case("patch outside", ["--patch=9,9"], ["--patch=9,9 is outside", "4x4"], ["TMP/out"]),
+    _case("example<0", ["--example=-1"], ["--example=-1 must be 0 or more"], ["TMP/out"]),
+  ],
+)
+def test_attention_maps(args, words, watched, tool_places, image_run, tmp_path):
+  args = ["--workdir=RUN", "--out=TMP/out/maps", "--example=0", *args]
+  _check("attention_maps", args, words, ["RUN", *watched], {**tool_places, "RUN": image_run}, tmp_path)
+
+
+@pytest.mark.parametrize(
+  "args, words, watched",
+  [
+    _case("npz out is a folder", ["--format=npz", "--out=TMP/D.npz"], ["--out=", "is a folder"], ["TMP/D.npz"]),
+    _case("timm out a folder", ["--format=timm", "--out=TMP/D.safetensors"], ["--out=", "is a folder"], ["TMP"]),
+    _case("read-only folder", ["--format=npz", "--out=READONLY/sub/a.npz"], ["--out=", "not writable"], ["READONLY"]),
+    _case("out under a file", ["--format=npz", "--out=AFILE/a.npz"], ["--out=", "is a file"], ["AFILE"]),
+    _case(
+      "translation run",
+      ["--workdir=TR", "--format=npz", "--out=TMP/new/a.npz"],
+      ["--workdir=", "translation run"],
+      ["TR", "TMP/new"],
+    ),
+  ],
+)
+def test_export(args, words, watched, tool_places, image_run, tmp_path):
+  (tmp_path / "D.npz").mkdir()
+  (tmp_path / "D.safetensors").mkdir()
+  places = {**tool_places, "RUN": image_run}
+  if any("READONLY" in a for a in args):
+    places["READONLY"] = str(tmp_path / "ro")
+  args = args if any(a.startswith("--workdir") for a in args) else ["--workdir=RUN", *args]
+  _check("export", args, words, ["RUN", *watched], places, tmp_path)
+
+
+@pytest.mark.parametrize(
+  "args, words, watched",
+  [
+    _case("data_dir is a file", ["--dataset=digits", "--data_dir=AFILE"], ["--data_dir=", "is a file"], ["AFILE"]),
+    _case(
+      "unknown dataset",
+      ["--dataset=nosuchset", "--data_dir=TMP/dd"],
+      ["nosuchset", "digits, fashion_mnist", "tfds build nosuchset"],
+      ["TMP/dd"],
+    ),
+    _case(
+      "no images, new",
+      ["--dataset=folder:IMGS", "--data_dir=TMP/dd", "--workers=1"],
+      ["folder:", "readable image"],
+      ["TMP/dd"],
+    ),
+    _case(
+      "no images, existing",
+      ["--dataset=folder:IMGS", "--data_dir=EMPTY", "--workers=1"],
+      ["folder:", "readable image"],
+      ["EMPTY", "IMGS"],
+    ),
+  ],
+)
+def test_prepare(args, words, watched, tool_places, tmp_path):
+  _check("data.prepare", args, words, watched, tool_places, tmp_path)
+
+
+@pytest.mark.parametrize(
+  "args, words, watched",
+  [
+    _case("unknown source", ["--source=nosuch"], ["--source=nosuch", "tsv:PATH"]),
+    _case("too few pairs", ["--source=tsv:TEXT/two.tsv"], ["--source=", "2 distinct pairs", "more than 2000"]),
+    _case("vocab=0", ["--source=tsv:TEXT/two.tsv", "--vocab=0"], ["--vocab=0 must be at least 1"]),
+    _case("missing tsv", ["--source=tsv:TEXT/none.tsv"], ["no such file", "check --source"]),
+  ],
+)
+def test_text(args, words, watched, tool_places, tmp_path):
+  _check("data.text", ["--src=en", "--tgt=es", *args], words, ["TEXT", *watched], tool_places, tmp_path)

@@ -86,6 +86,9 @@ def _cases():
   add("no config file", "new", ["--config=/nonexistent/c.py"], "no such file /nonexistent/c.py")
   add("config syntax error", "new", ["--config=SYNTAX"], "line 1: SyntaxError")
   add("config argument", "new", ["--config=configs/vit.py:varaint=S/16"], "unknown argument 'varaint'")
+  add("config raises", "new", ["--config=RAISES"], "the config file failed: ModuleNotFoundError", "nosuchmodule")
+  add("config not a config", "new", ["--config=DICTCFG"], "get_config() returned dict, not a config")
+  add("seed<0", "new", ["--config.seed=-1"], "seed=-1 must be a whole number, 0 or more")
   add("train without config", "new", ["--config="], "training needs --config", "has no config.json")
   add("unknown mode", "new", ["--mode=evaluate"], "--mode", "one of <train|eval>")
   add("workdir is a file", "file", [], "is a file, not a folder")
@@ -97,6 +100,7 @@ def _cases():
   add("init_from truncated", "new", ["--config.init_from=timm:vit_tiny_patch16_224:TRUNCATED"], "not a readable")
   add("init_from other family", "new", ["--config.init_from=timm:swin_tiny_patch4_window7_224:VITFILE"], "model family")
   add("init_from no file", "new", ["--config.init_from=npz:Ti/16:/nonexistent.npz"], "no such file")
+  add("init_from not an npz", "new", ["--config.init_from=npz:SYNTAX"], "is not an .npz file")
   add("init_from shapes", "notes", ["--config.model.width=24", "--config.init_from=FINISHED"], "do not match the model")
   # a finished run: its config and checkpoints
   add("other model", "finished", ["--config.model.width=24"], "model.width: 16 there, 24 now", "--workdir")
@@ -121,6 +125,8 @@ def _cases():
   add("too_long", "new", [*tsv, "--config.data.too_long=cut"], "data.too_long='cut'", "'truncate'")
   add("tokens_per_batch=0", "new", [*tsv, "--config.data.tokens_per_batch=0"], "data.tokens_per_batch=0 must hold")
   add("vocabulary too large", "notes", tsv, "config.data.vocab_size=8000 is more pieces", "--config.data.vocab_size")
+  add("decoding alpha<0", "new", [*tsv, "--config.data.vocab_size=40", "--config.evals.eval.alpha=-1"], "alpha=-1")
+  add("eval across tasks", "translation_run", ["--mode=eval"], "is a translation run and --config's task is")
   # vitjax.translate
   add("translate: no run", "notes", ["TRANSLATE"], "config.json not found")
   add("translate: a classifier", "finished", ["TRANSLATE"], "is a classification run, not a translation run")
@@ -139,6 +145,8 @@ def places(tmp_path_factory, finished_run):
   data = (root / "vit.safetensors").read_bytes()
   (root / "truncated.safetensors").write_bytes(data[: len(data) // 2])
   (root / "syntax.py").write_text("def get_config(:\n")
+  (root / "raises.py").write_text("def get_config():\n  import nosuchmodule\n")
+  (root / "dict_cfg.py").write_text("def get_config():\n  return {'optim': {'lr': 1e-3}}\n")
   (root / "empty").mkdir()
   words = "the a of to and in that is was he for it with as his on be at by".split()
   pairs = [" ".join(words[(i + k) % len(words)] for k in range(3 + i % 4)) for i in range(60)]
@@ -150,6 +158,8 @@ def places(tmp_path_factory, finished_run):
     "TRUNCATED": str(root / "truncated.safetensors"),
     "VITFILE": str(root / "vit.safetensors"),
     "SYNTAX": str(root / "syntax.py"),
+    "RAISES": str(root / "raises.py"),
+    "DICTCFG": str(root / "dict_cfg.py"),
     "TRANSLATION": os.path.join(th.ROOT, "configs", "transformer_bible_en_es.py"),
     "PAIRS": str(root / "pairs.tsv"),
     "EMPTY": str(root / "empty"),
@@ -169,6 +179,9 @@ def _workdir(kind, tmp_path, places):
     return str(path)
   path.mkdir()
   (path / "notes.txt").write_text("keep me\n")
+  if kind == "translation_run":  # as much of one as evaluation reads before it meets the image config
+    (path / "config.json").write_text('{"task": "translation"}\n')
+    (path / "task.json").write_text('{"task": "translation"}\n')
   if kind == "checkpoints_file":
     (path / "checkpoints").write_text("not a folder\n")
   if kind == "readonly":

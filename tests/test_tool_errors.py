@@ -29,7 +29,10 @@ def tool_places(tmp_path_factory):
   (root / "imgs" / "a").mkdir(parents=True)
   (root / "imgs" / "a" / "x.png").write_text("not an image\n")
   (root / "empty").mkdir()
-  return {"TR": str(root / "tr"), "AFILE": str(root / "afile"), "TEXT": str(root / "text"), "IMGS": str(root / "imgs"),
+  for name, record in (("nodb", {"study": "s", "storage": f"sqlite:///{root}/sweeps/nodb/study.db"}), ("odd", [1])):
+    (root / "sweeps" / name).mkdir(parents=True)
+    (root / "sweeps" / name / "sweep.json").write_text(json.dumps(record))
+  return {"SWEEPS": str(root / "sweeps"), "TR": str(root / "tr"), "AFILE": str(root / "afile"), "TEXT": str(root / "text"), "IMGS": str(root / "imgs"),
           "EMPTY": str(root / "empty")}  # fmt: skip
 
 
@@ -175,3 +178,23 @@ def test_prepare(args, words, watched, tool_places, tmp_path):
 )
 def test_text(args, words, watched, tool_places, tmp_path):
   _check("data.text", ["--src=en", "--tgt=es", *args], words, ["TEXT", *watched], tool_places, tmp_path)
+
+
+@pytest.mark.parametrize(
+  "args, words, watched",
+  [
+    _case(
+      "decode: a file",
+      ["decode", "--workdir=AFILE"],
+      ["config.json not found", "the workdir of a vitjax run"],
+      ["AFILE"],
+    ),
+    _case("report: study gone", ["--mode=report", "--sweep_dir=SWEEPS/nodb"], ["study.db is gone"], ["SWEEPS"]),
+    _case("report: odd record", ["--mode=report", "--sweep_dir=SWEEPS/odd"], ["not a sweep's record"], ["SWEEPS"]),
+  ],
+)
+def test_sweeps(args, words, watched, tool_places, tmp_path):
+  """The decode sweep on what is not a run, a report of a sweep whose record or study is gone (optuna would make an
+  empty study.db)."""
+  module = "sweep.decode" if args[0] == "decode" else "sweep"
+  _check(module, args[1:] if args[0] == "decode" else args, words, watched, tool_places, tmp_path)

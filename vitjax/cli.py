@@ -11,6 +11,7 @@ and turns how it ended into the exit statuses of vitjax.errors: a problem the us
 line and 2; Preempted 75 and Diverged 3, already logged; anything else is a bug and keeps its traceback.
 """
 
+import logging
 import os
 import re
 import sys
@@ -70,6 +71,26 @@ def _config_file_problem(argv) -> str | None:
   return None
 
 
+# what every vitjax config has (vitjax.config.default_config and translation_config build them)
+CONFIG_FIELDS = ("task", "model", "data", "optim", "schedule")
+
+
+def _config_value_problem(argv) -> str | None:
+  """One line if --config's get_config() returned something other than a vitjax config, or None."""
+  given = next((a for a in argv[1:] if a.startswith("--config=") and a != "--config="), None)
+  if given is None or "config" not in flags.FLAGS:
+    return None
+  import ml_collections  # pylint: disable=g-import-not-at-top
+
+  value = flags.FLAGS.config
+  if not isinstance(value, ml_collections.ConfigDict):
+    return f"{given}: get_config() returned {type(value).__name__}, not a config (build it on vitjax.config.default_config())"
+  missing = [k for k in CONFIG_FIELDS if k not in value]
+  if missing:
+    return f"{given}: get_config()'s config has no {', '.join(missing)} (build it on vitjax.config.default_config())"
+  return None
+
+
 def _root_message(e: BaseException) -> str:
   """The innermost cause's last line (ml_collections wraps a config file's own error twice)."""
   while e.__cause__ is not None or (e.__context__ is not None and not e.__suppress_context__):
@@ -82,13 +103,27 @@ def parse_flags(argv):
   """Parses flags as absl does, with one clear line (exit status 2) for a bad flag, config file or --config.FIELD."""
   problem = _config_file_problem(argv)
   if problem is None:
+    quiet = logging.getLogger("absl")  # ml_collections' warnings while it loads the file: the error line says it
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
     try:
-      return flags.FLAGS(argv)
+      rest = flags.FLAGS(argv)
+      problem = _config_value_problem(argv)
+      if problem is None:
+        return rest
     except (flags.Error, AttributeError, KeyError, ValueError, TypeError) as e:
       problem = _unknown_field_message(e, argv)
       if problem is None:
         flag = re.match(r"flag (--[^=: ]+)", str(e))
         problem = f"{flag.group(1) + ': ' if flag else ''}{_root_message(e)}"
+    except Exception as e:  # noqa: BLE001 -- the config file's own code failed (an import, a RuntimeError, ...)
+      given = next((a for a in argv[1:] if a.startswith("--config=")), "--config")
+      root = e
+      while root.__cause__ is not None or (root.__context__ is not None and not root.__suppress_context__):
+        root = root.__cause__ or root.__context__
+      problem = f"{given}: the config file failed: {type(root).__name__}: {_root_message(e)}"
+    finally:
+      quiet.setLevel(level)
   from vitjax import logs  # pylint: disable=g-import-not-at-top
 
   if not logs.is_quiet_process():  # the processes of a --multihost run share their flags: one line says it

@@ -40,7 +40,8 @@ def metrics(options: dict) -> dict[str, str]:
 def check(ev) -> None:
   """Checks the entry before anything is written.
 
-  Checks a translation run, a known method, beam_size >= 1, extra_len and top_k >= 0, and a split the task has.
+  Checks a translation run, a known method, beam_size >= 1, extra_len, top_k, alpha and temperature >= 0, and a split
+  the task has.
 
   Raises:
     ConfigError: naming config.evals.NAME and what is wrong.
@@ -54,6 +55,9 @@ def check(ev) -> None:
   for key in ("beam_size", "extra_len", "top_k"):
     if not isinstance(o[key], int) or o[key] < (1 if key == "beam_size" else 0):
       raise ConfigError(f"{what}: {key}={o[key]!r} must be a whole number >= {1 if key == 'beam_size' else 0}")
+  for key in ("alpha", "temperature"):  # (not NaN either)
+    if not isinstance(o[key], (int, float)) or isinstance(o[key], bool) or not o[key] >= 0:
+      raise ConfigError(f"{what}: {key}={o[key]!r} must be 0 or more")
   ev.task.check_split(ev.split, f"evals.{ev.name}.split")
 
 

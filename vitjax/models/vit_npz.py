@@ -47,6 +47,9 @@ def load_npz(path_or_mapping) -> dict[str, np.ndarray]:
     flat = dict(path_or_mapping)
   else:
     with open(path_or_mapping, "rb") as f:
+      if f.read(4) != b"PK\x03\x04":  # an .npz is a zip archive (np.load would speak of pickled data)
+        raise ValueError(f"{path_or_mapping} is not an .npz file (numpy.savez's zip archive of arrays)")
+      f.seek(0)
       flat = dict(np.load(f, allow_pickle=False))
   if any(isinstance(v, Mapping) for v in flat.values()):  # a nested tree
     flat = flax.traverse_util.flatten_dict(flat, sep="/")

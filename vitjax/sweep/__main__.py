@@ -87,9 +87,12 @@ def _read_record(path: str) -> dict:
 
   try:
     with open(path) as f:
-      return json.load(f)
+      record = json.load(f)
   except (OSError, ValueError) as e:
     raise ConfigError(f"{path} cannot be read ({e}); restore it, or give a new --sweep_dir") from None
+  if not isinstance(record, dict) or not {"study", "storage"} <= set(record):
+    raise ConfigError(f"{path} is not a sweep's record (no study and storage); restore it, or give a new --sweep_dir")
+  return record
 
 
 def _check_flags(sweep, overrides: list[str]) -> None:
@@ -273,6 +276,9 @@ def _report(argv) -> int:
   url = FLAGS.storage or record["storage"]
   if "***" in url:
     raise ConfigError(f"the sweep's storage {url} needs its password: give --storage=URL")
+  db = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else None
+  if db is not None and not os.path.isfile(db):  # optuna would create an empty one
+    raise ConfigError(f"the sweep's study {db} is gone: restore it, or give the sweep's --storage")
   optuna = study_lib.optuna_module()
   try:
     study = optuna.load_study(study_name=record["study"], storage=study_lib.storage(url))

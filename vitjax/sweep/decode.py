@@ -68,6 +68,7 @@ def sweep(workdir, checkpoint="best", points=(), split="valid", limit=None, stor
   from vitjax.train import workdir as workdir_lib
 
   workdir = os.path.abspath(workdir)
+  workdir_lib.read_config(workdir)  # a vitjax run's workdir (one line if not), before the lock is taken in it
   lock = workdir_lib.Lock(workdir)
   if write:
     lock.acquire()  # from the start: not beside a training run that writes the workdir (one line naming it)

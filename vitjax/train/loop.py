@@ -42,6 +42,8 @@ def check_config(config) -> None:
   if config.sharding not in mesh_lib.PRESETS:
     raise ConfigError(f"config.sharding={config.sharding!r}: use one of {', '.join(mesh_lib.PRESETS)}")
   durations.check(config)
+  if not isinstance(config.seed, int) or config.seed < 0:  # numpy's and grain's seeds
+    raise ConfigError(f"seed={config.seed!r} must be a whole number, 0 or more (e.g. --config.seed=1)")
   for key in ("keep_checkpoints", "max_nonfinite_skips"):
     if config[key] < 1:
       raise ConfigError(f"{key}={config[key]} must be at least 1 (e.g. --config.{key}=500)")
@@ -513,7 +515,14 @@ def evaluate(
   trained = ckpt_lib.has_checkpoints(workdir)
   imported = not trained and bool(config.init_from)
   initial = str(checkpoint) == "init" or imported
-  task = tasks.get(config, workdir, described=None if initial else workdir_lib.read_json(workdir, "task.json"))
+  described = None if initial else workdir_lib.read_json(workdir, "task.json")
+  ran = (described or {}).get("task")
+  if ran and ran != config.task and "translation" in (ran, config.task):  # text and images: nothing carries over
+    raise ConfigError(
+      f"{workdir} is a {ran} run and --config's task is {config.task}: evaluate it with its own config (leave out "
+      "--config)"
+    )
+  task = tasks.get(config, workdir, described=described)
   if initial or not trained:
     workdir_lib.check_path(workdir)
     task.check()

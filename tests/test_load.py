@@ -81,6 +81,9 @@ def test_load_in_process_latest_and_a_step(run_without_data):
   assert acc(latest) == pytest.approx(logged[30], abs=1e-6) and acc(at_20) == pytest.approx(logged[20], abs=1e-6)
   with pytest.raises(TypeError, match=r"classification run: use .predict"):
     latest.translate(["hello"])
+  for size in (0, -1):  # (-1 gave an empty result)
+    with pytest.raises(ValueError, match=f"batch_size={size} must be a whole number, at least 1"):
+      latest.predict(images, batch_size=size)
   # the input contract: uint8 [N, H, W, C] (or [N, H, W] for one channel), 0..255; anything else is one line
   assert np.array_equal(latest.predict(images[..., 0]), latest.predict(images.astype(np.int64)))
   digits16 = images.astype(np.float32) * 16 / 255  # sklearn's digits as they come: floats 0..16

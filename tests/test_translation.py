@@ -100,7 +100,14 @@ def test_load_translates_without_the_data_from_a_relative_workdir(run, tmp_path)
       pairs = json.load(open("lines.json"))
       trained = vitjax.load("runs/tr", checkpoint=40)
       hyps = trained.translate([s for s, _ in pairs], batch_size=8)
-      print(json.dumps({"bleu": sacrebleu.corpus_bleu(hyps, [[t for _, t in pairs]]).score, "n": len(hyps)}))
+      refused = []  # mistakes a caller makes: each one line naming it, before anything decodes
+      for args, kwargs in ((("one line",), {}), ((["a", None],), {}), ((["a"],), {"beam": 4}), ((["a"], 0), {})):
+        try:
+          trained.translate(*args, **kwargs)
+        except (TypeError, ValueError) as e:
+          refused.append(str(e))
+      print(json.dumps({"bleu": sacrebleu.corpus_bleu(hyps, [[t for _, t in pairs]]).score, "n": len(hyps),
+                        "refused": refused}))
     """)
     proc = subprocess.run(
       [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=_env(tmp_path)
@@ -110,6 +117,13 @@ def test_load_translates_without_the_data_from_a_relative_workdir(run, tmp_path)
   assert proc.returncode == 0, proc.stderr[-3000:]
   got = json.loads(proc.stdout.strip().splitlines()[-1])
   assert got["n"] == 24
+  assert got["refused"] == [
+    "translate takes a list of sentences, not one str: translate([line])",
+    "translate takes sentences (str); line 1 is NoneType",
+    "translate has no option 'beam'; did you mean 'beam_size'? (the options: method, beam_size, alpha, temperature, "
+    "top_k, extra_len)",
+    "batch_size=0 must be a whole number, at least 1",
+  ], got["refused"]
   assert got["bleu"] == pytest.approx(logged["eval/bleu"], abs=1e-6)
 
 

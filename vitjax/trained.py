@@ -21,6 +21,7 @@ as a workdir's config.json and task.json do; `step` is 0 and `workdir` the spec.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from typing import Any
 
@@ -68,6 +69,7 @@ class Trained:
     """
     if not hasattr(self.task, "predict"):
       raise TypeError(f"{self.workdir} is a {self.config.task} run: use .translate(lines)")
+    _check_batch_size(batch_size)
     with jax.set_mesh(self.mesh):
       return self.task.predict(self.model, self.variables, images, self.sharding, batch_size)
 
@@ -88,8 +90,27 @@ class Trained:
     """
     if not hasattr(self.task, "translate"):
       raise TypeError(f"{self.workdir} is a {self.config.task} run: use .predict(images)")
+    if isinstance(lines, str):  # a str is a sequence too: of characters, each translated on its own
+      raise TypeError("translate takes a list of sentences, not one str: translate([line])")
+    lines = list(lines)
+    bad = next((i for i, line in enumerate(lines) if not isinstance(line, str)), None)
+    if bad is not None:
+      raise TypeError(f"translate takes sentences (str); line {bad} is {type(lines[bad]).__name__}")
+    from vitjax.tasks.translation import DECODING  # pylint: disable=g-import-not-at-top
+
+    unknown = sorted(set(decode_args) - set(DECODING))
+    if unknown:
+      near = difflib.get_close_matches(unknown[0], list(DECODING), 1)
+      hint = f"; did you mean {near[0]!r}?" if near else ""
+      raise TypeError(f"translate has no option {unknown[0]!r}{hint} (the options: {', '.join(DECODING)})")
+    _check_batch_size(batch_size)
     with jax.set_mesh(self.mesh):
-      return self.task.translate(self.model, self.variables, list(lines), self.sharding, batch_size, **decode_args)
+      return self.task.translate(self.model, self.variables, lines, self.sharding, batch_size, **decode_args)
+
+
+def _check_batch_size(batch_size) -> None:
+  if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+    raise ValueError(f"batch_size={batch_size!r} must be a whole number, at least 1")
 
 
 def load(workdir: str, checkpoint: str | int = "best", weights: str = "params") -> Trained:

@@ -91,12 +91,17 @@ def _config_value_problem(argv) -> str | None:
   return None
 
 
-def _root_message(e: BaseException) -> str:
-  """The innermost cause's last line (ml_collections wraps a config file's own error twice)."""
+def _root(e: BaseException) -> BaseException:
+  """The innermost cause (ml_collections wraps a config file's own error twice)."""
   while e.__cause__ is not None or (e.__context__ is not None and not e.__suppress_context__):
     e = e.__cause__ or e.__context__
-  text = str(e).strip().splitlines()
-  return text[-1] if text else type(e).__name__
+  return e
+
+
+def _root_message(e: BaseException) -> str:
+  """The innermost cause's last line."""
+  text = str(_root(e)).strip().splitlines()
+  return text[-1] if text else type(_root(e)).__name__
 
 
 def parse_flags(argv):
@@ -118,10 +123,7 @@ def parse_flags(argv):
         problem = f"{flag.group(1) + ': ' if flag else ''}{_root_message(e)}"
     except Exception as e:  # noqa: BLE001 -- the config file's own code failed (an import, a RuntimeError, ...)
       given = next((a for a in argv[1:] if a.startswith("--config=")), "--config")
-      root = e
-      while root.__cause__ is not None or (root.__context__ is not None and not root.__suppress_context__):
-        root = root.__cause__ or root.__context__
-      problem = f"{given}: the config file failed: {type(root).__name__}: {_root_message(e)}"
+      problem = f"{given}: the config file failed: {type(_root(e)).__name__}: {_root_message(e)}"
     finally:
       quiet.setLevel(level)
   from vitjax import logs  # pylint: disable=g-import-not-at-top

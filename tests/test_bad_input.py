@@ -126,6 +126,12 @@ def _cases():
   add("tokens_per_batch=0", "new", [*tsv, "--config.data.tokens_per_batch=0"], "data.tokens_per_batch=0 must hold")
   add("vocabulary too large", "notes", tsv, "config.data.vocab_size=8000 is more pieces", "--config.data.vocab_size")
   add("decoding alpha<0", "new", [*tsv, "--config.data.vocab_size=40", "--config.evals.eval.alpha=-1"], "alpha=-1")
+  add(
+    "decoding top_k>vocab",
+    "new",
+    [*tsv, "--config.data.vocab_size=40", "--config.evals.eval.method=sample", "--config.evals.eval.top_k=50"],
+    "--config.evals.eval.top_k=50 is more than the run's 40 tokens",
+  )
   add("eval across tasks", "translation_run", ["--mode=eval"], "is a translation run and --config's task is")
   # vitjax.translate
   add("translate: no run", "notes", ["TRANSLATE"], "config.json not found")

@@ -83,9 +83,9 @@ def _case(cid, args, words, watched=()):
 @pytest.mark.parametrize(
   "args, words, watched",
   [
-    _case("beam_size=0", ["--beam_size=0"], ["--beam_size=0 must be at least 1", "--beam_size=4"]),
-    _case("top_k<0", ["--method=sample", "--top_k=-3"], ["--top_k=-3 must be at least 0"]),
-    _case("batch_size=0", ["--batch_size=0"], ["--batch_size=0 must be at least 1"]),
+    _case("beam_size=0", ["--beam_size=0"], ["--beam_size=0 must be a whole number, at least 1", "--beam_size=4"]),
+    _case("top_k<0", ["--method=sample", "--top_k=-3"], ["--top_k=-3 must be a whole number, at least 0"]),
+    _case("batch_size=0", ["--batch_size=0"], ["--batch_size=0 must be a whole number, at least 1"]),
     _case("temperature<0", ["--method=sample", "--temperature=-1"], ["--temperature=-1.0 must be 0 or more"]),
     _case("alpha<0", ["--alpha=-1"], ["--alpha=-1.0 must be 0 or more"]),
     _case("output under a file", ["--output=AFILE/x.txt"], ["--output=", "is a file, not a folder"], ["AFILE"]),

@@ -101,13 +101,14 @@ def test_load_translates_without_the_data_from_a_relative_workdir(run, tmp_path)
       trained = vitjax.load("runs/tr", checkpoint=40)
       hyps = trained.translate([s for s, _ in pairs], batch_size=8)
       refused = []  # mistakes a caller makes: each one line naming it, before anything decodes
-      for args, kwargs in ((("one line",), {}), ((["a", None],), {}), ((["a"],), {"beam": 4}), ((["a"], 0), {})):
+      for args, kwargs in ((("one line",), {}), ((["a", None],), {}), ((["a"],), {"beam": 4}), ((["a"], 0), {}),
+                           ((["a"],), {"beam_size": 0}), ((["a"],), {"method": "sample", "top_k": 10**6})):
         try:
           trained.translate(*args, **kwargs)
         except (TypeError, ValueError) as e:
           refused.append(str(e))
       print(json.dumps({"bleu": sacrebleu.corpus_bleu(hyps, [[t for _, t in pairs]]).score, "n": len(hyps),
-                        "refused": refused}))
+                        "refused": refused, "vocab": trained.task.tokenizer.vocab_size}))
     """)
     proc = subprocess.run(
       [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=_env(tmp_path)
@@ -123,6 +124,8 @@ def test_load_translates_without_the_data_from_a_relative_workdir(run, tmp_path)
     "translate has no option 'beam'; did you mean 'beam_size'? (the options: method, beam_size, alpha, temperature, "
     "top_k, extra_len)",
     "batch_size=0 must be a whole number, at least 1",
+    "beam_size=0 must be a whole number, at least 1 (e.g. beam_size=4)",
+    f"top_k=1000000 is more than the run's {got['vocab']} tokens (e.g. top_k=40; 0: all)",
   ], got["refused"]
   assert got["bleu"] == pytest.approx(logged["eval/bleu"], abs=1e-6)
 
@@ -320,4 +323,4 @@ def test_decode_sweep_chooses_on_valid_writes_the_config_and_resumes(run, tmp_pa
   wider = th.run_module("sweep.decode", *args, "--alphas=0,1,2", "--nowrite")
   assert wider.returncode == 0 and wider.stderr.count("point ") == 2, wider.stderr[-2000:]  # only alpha 2 is new
   bad = th.run_module("sweep.decode", args[0], "--beam_sizes=0", timeout=120)
-  assert bad.returncode == 2 and "--beam_sizes must be integers >= 1" in bad.stderr
+  assert bad.returncode == 2 and "--beam_sizes=0 must be a whole number, at least 1" in bad.stderr

@@ -49,18 +49,17 @@ def _read_lines(path: str | None) -> list[str]:
   return lines
 
 
-def _check_decoding() -> None:
-  """ConfigError for a decoding flag or --batch_size out of range (before the run is loaded)."""
-  from vitjax.errors import ConfigError
+DECODE_FLAGS = ("method", "beam_size", "alpha", "temperature", "top_k")
 
-  for name, low, example in (("batch_size", 1, 32), ("beam_size", 1, 4), ("top_k", 0, 40)):
-    value = getattr(FLAGS, name)
-    if value is not None and value < low:
-      raise ConfigError(f"--{name}={value} must be at least {low} (e.g. --{name}={example})")
-  for name, example, zero in (("alpha", 0.6, "no length penalty"), ("temperature", 1, "the most likely token")):
-    value = getattr(FLAGS, name)
-    if value is not None and not value >= 0:  # (not NaN either)
-      raise ConfigError(f"--{name}={value} must be 0 or more (0: {zero}; e.g. --{name}={example})")
+
+def _check_decoding(vocab_size: int | None = None) -> None:
+  """ConfigError for a decoding flag (top_k: above vocab_size too) or --batch_size out of range."""
+  from vitjax.errors import ConfigError
+  from vitjax.tasks.translation import check_decoding
+
+  if FLAGS.batch_size < 1:
+    raise ConfigError(f"--batch_size={FLAGS.batch_size} must be a whole number, at least 1 (e.g. --batch_size=32)")
+  check_decoding({k: getattr(FLAGS, k) for k in DECODE_FLAGS}, name=lambda key: f"--{key}", vocab_size=vocab_size)
 
 
 def _write(path: str | None, text: str) -> None:
@@ -103,14 +102,10 @@ def main() -> None:
     raise ConfigError(f"{FLAGS.workdir} is a {task} run, not a translation run")
   lines = _read_lines(FLAGS.input)
   trained = vitjax.load(FLAGS.workdir, FLAGS.checkpoint)
-  vocab = trained.task.tokenizer.vocab_size
-  if FLAGS.top_k is not None and FLAGS.top_k > vocab:
-    raise ConfigError(
-      f"--top_k={FLAGS.top_k} is more than the run's {vocab} tokens (e.g. --top_k={min(40, vocab)}; 0: all)"
-    )
+  _check_decoding(trained.task.tokenizer.vocab_size)  # (top_k needs the run's vocabulary)
   if lines and lines[-1] == "":
     lines.pop()  # a final newline ends the last line; it is not an extra empty line
-  decode_args = {k: getattr(FLAGS, k) for k in ("method", "beam_size", "alpha", "temperature", "top_k")}
+  decode_args = {k: getattr(FLAGS, k) for k in DECODE_FLAGS}
   result = trained.translate(lines, FLAGS.batch_size, **decode_args)
   _write(FLAGS.output, "".join(r + "\n" for r in result))
 

@@ -20,10 +20,9 @@ from vitjax import mesh as mesh_lib
 from vitjax.errors import ConfigError
 from vitjax.logs import Progress
 from vitjax.tasks.base import check_stop, cross_entropy
-from vitjax.tasks.translation import DECODING
+from vitjax.tasks.translation import DECODING, check_decoding
 
 OPTIONS = dict(DECODING)
-METHODS = ("beam", "greedy", "sample")
 
 
 def metrics(options: dict) -> dict[str, str]:
@@ -40,8 +39,8 @@ def metrics(options: dict) -> dict[str, str]:
 def check(ev) -> None:
   """Checks the entry before anything is written.
 
-  Checks a translation run, a known method, beam_size >= 1, extra_len, top_k, alpha and temperature >= 0, and a split
-  the task has.
+  Checks a translation run, the decoding options (vitjax.tasks.translation.check_decoding; top_k against
+  config.data.vocab_size), and a split the task has.
 
   Raises:
     ConfigError: naming config.evals.NAME and what is wrong.
@@ -49,15 +48,8 @@ def check(ev) -> None:
   what = f"config.evals.{ev.name}"
   if ev.config.task != "translation":
     raise ConfigError(f"{what}: type 'translation' evaluates a translation run, not a {ev.config.task!r} run")
-  o = ev.options
-  if o["method"] not in METHODS:
-    raise ConfigError(f"{what}: method={o['method']!r}; use 'beam', 'greedy' or 'sample'")
-  for key in ("beam_size", "extra_len", "top_k"):
-    if not isinstance(o[key], int) or o[key] < (1 if key == "beam_size" else 0):
-      raise ConfigError(f"{what}: {key}={o[key]!r} must be a whole number >= {1 if key == 'beam_size' else 0}")
-  for key in ("alpha", "temperature"):  # (not NaN either)
-    if not isinstance(o[key], (int, float)) or isinstance(o[key], bool) or not o[key] >= 0:
-      raise ConfigError(f"{what}: {key}={o[key]!r} must be 0 or more")
+  vocab = ev.config.data.get("vocab_size")
+  check_decoding(ev.options, name=lambda key: f"--{what}.{key}", vocab_size=vocab if isinstance(vocab, int) else None)
   ev.task.check_split(ev.split, f"evals.{ev.name}.split")
 
 

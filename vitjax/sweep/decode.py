@@ -42,15 +42,19 @@ FLAGS = flags.FLAGS
 
 
 def grid(beam_sizes, alphas) -> list[tuple[int, float]]:
-  """The points, checked: beam sizes >= 1, alphas >= 0."""
+  """The points, checked: beam sizes >= 1, alphas >= 0 (vitjax.tasks.translation.check_decoding)."""
   from vitjax.errors import ConfigError
+  from vitjax.tasks.translation import check_decoding
 
   try:
     beams, alphas = sorted({int(b) for b in beam_sizes}), sorted({float(a) for a in alphas})
   except ValueError as e:
     raise ConfigError(f"--beam_sizes / --alphas: {e}; give numbers, e.g. --beam_sizes=1,4 --alphas=0.6,1.0") from None
-  if not beams or not alphas or beams[0] < 1 or alphas[0] < 0:
-    raise ConfigError("--beam_sizes must be integers >= 1 and --alphas numbers >= 0 (e.g. --beam_sizes=1,4)")
+  if not beams or not alphas:
+    raise ConfigError("give --beam_sizes and --alphas a value each at least (e.g. --beam_sizes=1,4 --alphas=0.6,1.0)")
+  for key, values in (("beam_size", beams), ("alpha", alphas)):
+    for v in values:
+      check_decoding({key: v}, name=lambda k: f"--{k}s")
   return [(b, a) for b in beams for a in alphas]
 
 

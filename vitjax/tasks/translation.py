@@ -30,6 +30,40 @@ from vitjax.tasks.base import TrainInput, check_batch, cross_entropy
 # How translate() decodes unless told otherwise: the decoding of the evaluator that chose the run's best
 # (vitjax.evaluators.translation.decoding), else these.
 DECODING = {"method": "beam", "beam_size": 4, "alpha": 0.6, "temperature": 1.0, "top_k": 0, "extra_len": 10}
+METHODS = ("beam", "greedy", "sample")
+_EXAMPLE = {"beam_size": 4, "top_k": 40, "extra_len": 10, "alpha": 0.6, "temperature": 1}
+_ZERO = {"alpha": "no length penalty", "temperature": "always the most likely token"}
+
+
+def check_decoding(options: dict, name=str, vocab_size: int | None = None) -> None:
+  """ConfigError naming the first decoding option out of range; the one check of every way to decode.
+
+  Args:
+    options: some of DECODING's keys (a value None: unset, not checked; other keys: not checked).
+    name: key -> the option as its user spells it ("--beam_size", "--config.evals.eval.beam_size").
+    vocab_size: the tokens top_k may keep at most (None: not checked).
+
+  Raises:
+    ConfigError: method not one of METHODS; beam_size not a whole number >= 1; top_k or extra_len not a whole
+      number >= 0, or top_k above vocab_size; alpha or temperature negative or NaN.
+  """
+  for key, value in options.items():
+    if value is None or key not in DECODING:
+      continue
+    n = name(key)
+    if key == "method":
+      if value not in METHODS:
+        raise ConfigError(f"{n}={value!r}; use 'beam', 'greedy' or 'sample'")
+    elif key in ("beam_size", "top_k", "extra_len"):
+      low = 1 if key == "beam_size" else 0
+      if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
+        raise ConfigError(f"{n}={value!r} must be a whole number, at least {low} (e.g. {n}={_EXAMPLE[key]})")
+      if key == "top_k" and vocab_size is not None and value > vocab_size:
+        raise ConfigError(
+          f"{n}={value} is more than the run's {vocab_size} tokens (e.g. {n}={min(40, vocab_size)}; 0: all)"
+        )
+    elif not isinstance(value, (int, float, np.number)) or isinstance(value, bool) or not value >= 0:  # (NaN too)
+      raise ConfigError(f"{n}={value!r} must be 0 or more (0: {_ZERO[key]}; e.g. {n}={_EXAMPLE[key]})")
 
 
 class Translation:
@@ -257,7 +291,7 @@ class Translation:
     if g["method"] == "sample":
       key = jax.random.key(self.config.seed)
       return decode.sample(model, params, src, key, max_len=max_len, temperature=g["temperature"], top_k=g["top_k"])
-    raise ConfigError(f"unknown decoding method {g['method']!r}; use 'beam', 'greedy' or 'sample'")
+    raise ConfigError(f"unknown decoding method {g['method']!r}; use {', '.join(map(repr, METHODS))}")
 
   def decode_len(self, src_len: int, extra_len: int) -> int:
     """The most tokens decoded for a source of `src_len` tokens: int(1.5 src_len + extra_len), at most data.max_len."""
@@ -304,6 +338,7 @@ class Translation:
     from vitjax.evaluators import translation as evaluator  # pylint: disable=g-import-not-at-top
 
     g = {**evaluator.decoding(self.config), **{k: v for k, v in decode_args.items() if v is not None}}
+    check_decoding(g, vocab_size=self.tokenizer.vocab_size)
     tok, max_len = self.tokenizer, self.config.data.max_len
     out = [""] * len(lines)
     todo = []

@@ -370,10 +370,23 @@ def check_images(images, channels: int) -> np.ndarray:
   """
   images = np.asarray(images)
   want = f"predict takes uint8 images [N, H, W, {channels}] with values 0..255, as the dataset stores them"
-  if images.ndim == 3 and channels == 1 and images.shape[-1] != 1:  # [N, H, W]; a lone [H, W, 1] is refused
+  shape, last = list(images.shape), images.shape[-1] if images.ndim else None
+  if images.ndim == 3 and channels == 1 and last in (3, 4):  # no image is 3 or 4 pixels wide: one colour image
+    raise ValueError(
+      f"{want}; got shape {shape}, one colour image? Make it grey, e.g. np.asarray(PIL.Image.open(f).convert('L')), "
+      "and pass images[None]"
+    )
+  if images.ndim == 3 and channels == 1 and last != 1:  # [N, H, W]; a lone [H, W, 1] is refused
     images = images[..., None]
+  if images.ndim == 3 and last == channels:
+    raise ValueError(f"{want}; got shape {shape}, one image? Pass a batch of one: images[None]")
+  if images.ndim == 4 and last != channels and last in (1, 3, 4):
+    to = "'L'" if channels == 1 else "'RGB'"
+    raise ValueError(
+      f"{want}; got shape {shape}, images of {last} channel(s): convert them, e.g. PIL.Image.open(f).convert({to})"
+    )
   if images.ndim != 4 or images.shape[-1] != channels:
-    raise ValueError(f"{want}; got shape {list(images.shape)}")
+    raise ValueError(f"{want}; got shape {shape}")
   if images.dtype == np.uint8:
     return images
   if np.issubdtype(images.dtype, np.integer) or images.dtype == bool:

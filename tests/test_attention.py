@@ -1,3 +1,5 @@
+import functools
+
 import flax
 import jax
 import jax.numpy as jnp
@@ -190,8 +192,41 @@ def test_kv_cache_decoding_equals_full_causal_pass(rng):
   np.testing.assert_allclose(jnp.concatenate(outs, 1), want, atol=1e-5)
   cache = dec.init(jax.random.key(0), x)["cache"]  # ... or in chunks (a prompt, then tokens)
   y0, upd = dec.apply({"params": params, "cache": cache}, x[:, :4], mutable=["cache"])
-  y1, _ = dec.apply({"params": params, "cache": upd["cache"]}, x[:, 4:], mutable=["cache"])
+  y1, upd = dec.apply({"params": params, "cache": upd["cache"]}, x[:, 4:], mutable=["cache"])
   np.testing.assert_allclose(jnp.concatenate([y0, y1], 1), want, atol=1e-5)
+  # past the cache's end: NaN (jax would clamp the write onto the last slot and answer as if nothing were wrong)
+  y, _ = step(upd["cache"], x[:, :1])  # the cache is full: index 7 of 7
+  assert np.isnan(np.asarray(y)).all()
+  with pytest.raises(ValueError, match="cache holds 7 tokens; called with 8 at once"):
+    dec.apply(
+      {"params": params, "cache": dec.init(jax.random.key(0), x)["cache"]},
+      jnp.tile(x, (1, 2, 1))[:, :8],
+      mutable=["cache"],
+    )
+
+
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+def test_a_mask_or_bias_attention_would_misread_is_refused(rng, impl):
+  """A float (additive) mask read as boolean is inverted; a [B, S] padding mask reads as [T, S] when B == T."""
+  b, t, h, k = 4, 4, 2, 8
+  q = jnp.asarray(rng.randn(b, t, h, k), jnp.float32)
+  valid = jnp.asarray(rng.rand(b, t) > 0.3)
+  attend = functools.partial(dot_product_attention, q, q, q, implementation=impl)
+  for kwargs, says in (
+    (
+      {"mask": jnp.where(valid, 0.0, -jnp.inf)[:, None, None]},
+      "mask is float32: a mask is boolean .* pass it as bias=",
+    ),
+    ({"mask": valid}, r"mask has shape \(4, 4\); give it 4 dimensions .* \[4, 2, 4, 4\]: a padding mask \[B, S\]"),
+    ({"mask": valid[:, None, :, None][:, :, :3]}, r"mask has shape \(4, 1, 3, 1\), which does not broadcast"),
+    ({"bias": jnp.zeros((3, t, t))}, r"bias has shape \(3, 4, 4\), which does not broadcast .* \[H, T, S\]"),
+    ({"bias": jnp.zeros((t,))}, r"bias has shape \(4,\), which does not broadcast"),
+  ):
+    with pytest.raises(ValueError, match=says):
+      attend(**kwargs)
+  want = attend(mask=padding_mask(None, valid))  # the right spelling; integer masks read as boolean too
+  np.testing.assert_array_equal(attend(mask=padding_mask(None, valid).astype(jnp.int32)), want)
+  np.testing.assert_array_equal(attend(mask=valid[:, None, None, :]), want)
 
 
 @pytest.mark.parametrize("bias_shape", [None, (1, 2, 9, 9)], ids=["no_bias", "bias"])

@@ -92,8 +92,11 @@ def test_load_in_process_latest_and_a_step(run_without_data):
     (images / 255.0, r"got float64 with values 0\.\.1: convert them, e\.g\. np\.round\(x \* 255\)"),
     (images.astype(np.int32) * 2, r"got int32 with values 0\.\.510$"),
     (images[0], r"got shape \[8, 8, 1\], one image\? Pass a batch of one: images\[None\]"),
-    (np.repeat(images, 3, axis=-1), r"uint8 images \[N, H, W, 1\] with values 0\.\.255.*got shape \[150, 8, 8, 3\], "
-     r"images of 3 channel\(s\): convert them, e\.g\. PIL\.Image\.open\(f\)\.convert\('L'\)"),
+    (
+      np.repeat(images, 3, axis=-1),
+      r"uint8 images \[N, H, W, 1\] with values 0\.\.255.*got shape \[150, 8, 8, 3\], "
+      r"images of 3 channel\(s\): convert them, e\.g\. PIL\.Image\.open\(f\)\.convert\('L'\)",
+    ),
     (np.repeat(images[0], 3, axis=-1), r"got shape \[8, 8, 3\], one colour image\? Make it grey"),  # (was 8 images)
     (images[:, :, :, :, None], r"got shape \[150, 8, 8, 1, 1\]$"),
   ]:

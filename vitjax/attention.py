@@ -56,6 +56,36 @@ def _as_4d(x: Array | None) -> Array | None:
   return x.reshape((1,) * (4 - x.ndim) + x.shape)
 
 
+def check_mask_bias(q_shape, k_shape, mask, bias) -> None:
+  """ValueError of one line for a mask or bias that attention would misread or fail on deep inside.
+
+  A mask is boolean (or integer 0/1), 4-d and broadcastable to [B, H, T, S]: a 2-d padding mask [B, S] would read
+  as [T, S] (silently when B == T), and a float mask is most likely an additive one (0 / -inf), which as a boolean
+  is inverted. A bias has 2 to 4 dimensions ([T, S], [H, T, S], [B, H, T, S]), right-aligned, that broadcast.
+  """
+  b, t, h, _ = q_shape
+  full = (b, h, t, k_shape[1])
+  for name, x in (("mask", mask), ("bias", bias)):
+    if x is None:
+      continue
+    shape, dtype = tuple(np.shape(x)), jnp.result_type(x)
+    if name == "mask" and not (jnp.issubdtype(dtype, jnp.bool_) or jnp.issubdtype(dtype, jnp.integer)):
+      raise ValueError(
+        f"mask is {dtype}: a mask is boolean (True = attend); an additive one (0 where allowed, -inf where not) is "
+        "a bias: pass it as bias="
+      )
+    if name == "mask" and len(shape) != 4:
+      raise ValueError(
+        f"mask has shape {shape}; give it 4 dimensions broadcastable to [B, H, T, S] = {list(full)}: a padding mask "
+        "[B, S] is m[:, None, None, :] (attention.padding_mask), a [T, S] one m[None, None]"
+      )
+    if not 2 <= len(shape) <= 4 or any(n not in (1, f) for n, f in zip(shape[::-1], full[::-1])):
+      raise ValueError(
+        f"{name} has shape {shape}, which does not broadcast to [B, H, T, S] = {list(full)}"
+        + (" (a bias of 2 or 3 dimensions is [T, S] or [H, T, S])" if name == "bias" else "")
+      )
+
+
 def causal_mask(length: int, key_length: int | None = None) -> Array:
   """[1, 1, T, S] boolean mask: query t may attend to keys s <= t (S defaults to T)."""
   key_length = length if key_length is None else key_length
@@ -270,7 +300,7 @@ def dot_product_attention(
     k: keys [B, S, H, K].
     v: values [B, S, H, V].
     bias: additive attention bias broadcastable to [B, H, T, S] (relative positions, ALiBi, ...).
-    mask: boolean, broadcastable to [B, H, T, S]; True where a query may attend to a key.
+    mask: boolean, 4-d, broadcastable to [B, H, T, S]; True where a query may attend to a key (check_mask_bias).
     scale: defaults to 1/sqrt(K).
     dropout_rate: dropout on the attention weights: the rate.
     dropout_rng: that dropout's PRNG key.
@@ -287,6 +317,7 @@ def dot_product_attention(
     raise ValueError(f"q, k, v must be [B, T, H, K]; got shapes {q.shape}, {k.shape}, {v.shape}")
   if q.shape[-1] != k.shape[-1] or k.shape[:-1] != v.shape[:-1]:
     raise ValueError(f"incompatible q/k/v shapes {q.shape}, {k.shape}, {v.shape}")
+  check_mask_bias(q.shape, k.shape, mask, bias)
   dropout = not deterministic and dropout_rate > 0.0
   if implementation == "reference" or dropout or k.shape[-1] != v.shape[-1]:
     return reference_attention(
@@ -313,7 +344,7 @@ class MultiHeadAttention(nn.Module):
   With decode=True (self-attention only) the module keeps a KV cache in the "cache" collection. Initialise
   it with a full-length input [B, S_max, D] (flax's convention); then each call appends its tokens
   [B, T, D] at the cache index and attends causally to everything cached so far, so feeding a sequence a
-  token at a time gives the outputs of one causal pass.
+  token at a time gives the outputs of one causal pass. A call past the cache's length returns NaN.
 
   Attributes:
     num_heads: H.
@@ -373,7 +404,7 @@ class MultiHeadAttention(nn.Module):
     if self.decode:
       if inputs_kv is not None:
         raise ValueError("decode=True is for self-attention; cross-attention needs no cache")
-      k, v, cache_mask = self._update_cache(k, v)
+      k, v, cache_mask, overflow = self._update_cache(k, v)
       if cache_mask is not None:  # None while the cache is being initialised.
         mask = cache_mask if mask is None else jnp.logical_and(_as_4d(mask), cache_mask)
 
@@ -397,6 +428,8 @@ class MultiHeadAttention(nn.Module):
       deterministic=self.deterministic,
       implementation=self.implementation,
     )
+    if self.decode and overflow is not None:  # past the cache's end: NaN, not a silently overwritten last slot
+      x = jnp.where(overflow, jnp.nan, x)
     return dots.DenseGeneral(
       features=self.out_features or d,
       axis=(-2, -1),
@@ -409,21 +442,27 @@ class MultiHeadAttention(nn.Module):
     )(x)
 
   def _update_cache(self, k: Array, v: Array):
-    """Writes k, v [B, T, H, *] at the cache index; returns the whole cache and its [B, 1, T, S] mask."""
+    """Writes k, v [B, T, H, *] at the cache index; returns the whole cache, its [1, 1, T, S] mask, and overflow.
+
+    overflow: whether this call writes past the cache's length S_max (traced: the index is); the module then
+    returns NaN, since jax would clamp the write onto the last slots. T > S_max is a ValueError.
+    """
     initialised = self.has_variable("cache", "cached_key")
     cached_k = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
     cached_v = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
     index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
     if not initialised:
-      return k, v, None
+      return k, v, None, None
     batch, steps = k.shape[0], k.shape[1]
     max_len = cached_k.value.shape[1]
     if cached_k.value.shape[0] != batch:
       raise ValueError(f"cache was initialised for batch {cached_k.value.shape[0]}, called with {batch}")
+    if steps > max_len:
+      raise ValueError(f"cache holds {max_len} tokens; called with {steps} at once")
     i = index.value
     cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k.astype(cached_k.value.dtype), (0, i, 0, 0))
     cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v.astype(cached_v.value.dtype), (0, i, 0, 0))
     index.value = i + steps
     query_pos = i + jnp.arange(steps)
     mask = jnp.arange(max_len)[None, :] <= query_pos[:, None]  # [T, S]
-    return cached_k.value, cached_v.value, mask[None, None]
+    return cached_k.value, cached_v.value, mask[None, None], i + steps > max_len

@@ -221,6 +221,32 @@ def test_registry_names_and_errors():
     models.create("vit_s16", num_clases=10)
   with pytest.raises(ValueError, match="unknown ViT variant"):
     models.create("Q/16")
+  # values a model cannot be built with: one line each (a 3-d patch gave a batch of 0; dropout 1.5 trained)
+  for name, kw, says in (
+    ("vit_ti16", {"patch_size": (4, 4, 4)}, r"ViT: patch_size=\(4, 4, 4\) must be one size or an \(height, width\)"),
+    ("vit_ti16", {"dropout_rate": 1.5}, r"ViT: dropout_rate=1.5 must be in \[0, 1\)"),
+    ("vit_ti16", {"num_heads": 0}, "ViT: num_heads=0 must be a whole number >= 1"),
+    ("vit_ti16", {"width": 19.5}, "ViT: width=19.5 must be a whole number >= 1"),
+    ("swin_t", {"num_heads": (3, 6, 0, 24)}, r"Swin: num_heads=\(3, 6, 0, 24\) must be whole numbers >= 1"),
+    ("transformer_tiny", {"vocab_size": 0}, "Transformer: vocab_size=0 must be a whole number >= 1"),
+    ("mae", {"mask_ratio": 1.0}, r"MAE: mask_ratio=1.0 must be in \[0, 1\)"),
+  ):
+    with pytest.raises(ValueError, match=says):
+      models.create(name, **kw)
+  assert models.create("vit_ti16", depth=0, num_classes=0).depth == 0  # counts may be 0
+
+
+@pytest.mark.parametrize("name", ["vit_ti16", "swin_t"])
+def test_inputs_of_another_size_or_channels_than_the_weights_are_one_line(name):
+  model = models.create(name, num_classes=3)
+  variables = model.init(jax.random.key(0), jnp.zeros((1, 64, 64, 3)))
+  param = {"vit_ti16": ("posembed/pos_embedding", "embedding/kernel"), "swin_t": ("relative_position_bias_table",
+           "patch_embed/kernel")}[name]  # fmt: skip
+  for shape, where in (((1, 128, 128, 3), param[0]), ((1, 64, 64, 1), param[1])):
+    with pytest.raises(ValueError, match=rf"inputs \[{', '.join(map(str, shape))}\] do not fit its weights: .*{where}"
+                       r".*or adapt the weights .*adapt_params") as e:  # fmt: skip
+      model.apply(variables, jnp.zeros(shape))
+    assert str(e.value).splitlines()[0].endswith("(as config.init_from does)")  # (jax may add a note below)
 
 
 def _brute_force_shift_mask(hw, window, shift):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import importlib
 import re
 from collections.abc import Callable, Mapping
@@ -140,4 +141,70 @@ def create(name: str, **overrides):
     near = difflib.get_close_matches(bad, sorted(fields), n=1)
     hint = f" Did you mean {near[0]!r}?" if near else ""
     raise ValueError(f"{family.name} has no option {bad!r}.{hint} Options: {', '.join(sorted(fields))}")
-  return family.cls(**{**kwargs, **family.overrides(dict(overrides))})
+  fields_ = {**kwargs, **family.overrides(dict(overrides))}
+  check_values(family.name, fields_)
+  return family.cls(**fields_)
+
+
+# Field names shared across families and the values they take; check_values refuses the rest, which would otherwise
+# build a model that fails deep inside jax or, worse, runs (a 3-d patch gave a batch of 0, dropout 1.5 trained).
+SIZES = {"width", "mlp_dim", "num_heads", "embed_dim", "window_size", "d_model", "d_ff", "max_len", "vocab_size",
+         "tgt_vocab_size", "decoder_width", "decoder_heads", "decoder_mlp_dim", "resnet_width", "representation_size",
+         "channels", "patch_size"}  # fmt: skip
+COUNTS = {"depth", "depths", "num_layers", "decoder_depth", "num_classes", "stem_depth", "resnet_layers"}
+PAIRS = {"patch_size", "window_size"}  # an int or an (h, w) pair
+
+
+def check_values(family: str, fields: dict) -> None:
+  """ValueError of one line for a size, count or rate a model cannot be built with.
+
+  Sizes (widths, heads, patch, vocabulary) are whole numbers >= 1; counts (depths, classes) >= 0; a patch or window
+  is one or a pair; rates (`*_rate`, mask_ratio) are in [0, 1). None leaves a field at its default.
+  """
+  for key, value in fields.items():
+    if value is None:
+      continue
+    if key.endswith("_rate") or key == "mask_ratio":
+      if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1:
+        raise ValueError(f"{family}: {key}={value!r} must be in [0, 1) (e.g. {key}=0.1)")
+    elif key in SIZES or key in COUNTS:
+      low = 1 if key in SIZES else 0
+      items = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+      if key in PAIRS and len(items) not in (1, 2):
+        raise ValueError(f"{family}: {key}={value!r} must be one size or an (height, width) pair")
+      if (not items and key in SIZES) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= low for v in items
+      ):
+        raise ValueError(f"{family}: {key}={value!r} must be {'whole numbers' if len(items) > 1 else 'a whole number'}"
+                         f" >= {low}")  # fmt: skip
+
+
+_SHAPE_ERROR = re.compile(
+  r'parameter "([^"]+)" in "([^"]*)", the given initializer is expected to generate shape (\([^)]*\)), but the '
+  r"existing parameter it received has shape (\([^)]*\))"
+)
+
+
+def fits_weights(call: Callable) -> Callable:
+  """Wraps a model's __call__ so that inputs its weights do not fit get one line.
+
+  Flax's ScopeParamShapeError (inputs of another size or channels than the weights were made for) becomes a
+  ValueError that names the inputs, the parameter and what to do.
+  """
+
+  @functools.wraps(call)
+  def wrapped(self, inputs, *args, **kwargs):
+    try:
+      return call(self, inputs, *args, **kwargs)
+    except Exception as e:  # pylint: disable=broad-except
+      m = _SHAPE_ERROR.search(str(e))
+      if m is None or type(e).__name__ != "ScopeParamShapeError":
+        raise
+      param, scope, want, have = m.groups()
+      raise ValueError(
+        f"{type(self).__name__}: inputs {list(inputs.shape)} do not fit its weights: {scope.strip('/')}/{param} is "
+        f"{have}, these inputs need {want}. Give it inputs of the size and channels it was made for, or adapt the "
+        "weights to the new ones with vitjax.models.adapt.adapt_params (as config.init_from does)"
+      ) from None
+
+  return wrapped

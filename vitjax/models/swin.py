@@ -243,6 +243,7 @@ class Swin(nn.Module):
       return sum(self.depths) + 1
     return 0
 
+  @registry.fits_weights
   @nn.compact
   def __call__(self, images: Array, train: bool = False) -> tuple[Array, dict]:
     """Classifies images.

@@ -339,6 +339,7 @@ class ViT(nn.Module):
       return x.reshape(x.shape[0], -1)
     return x  # "none"
 
+  @registry.fits_weights
   @nn.compact
   def __call__(self, images: Array, train: bool = False, keep: Array | None = None) -> tuple[Array, dict]:
     """Applies the ViT to images [B, H, W, C], optionally to a subset of their patches (`keep`).

@@ -62,7 +62,9 @@ def _cases():
   add("image size vs patch", "new", ["--config.data.image_size=9"], "not divisible by the patch size", "image_size")
   add("image_size=0", "new", ["--config.data.image_size=0"], "data.image_size=0 must be", "--config.data.image_size=")
   add("heads vs width", "new", ["--config.model.num_heads=3"], "num_heads=3", "--config.model.*")
-  add("dropout 1.5", "new", ["--config.model.dropout_rate=1.5"], "config.model: ViT: dropout_rate=1.5 must be in [0, 1)")
+  add(
+    "dropout 1.5", "new", ["--config.model.dropout_rate=1.5"], "config.model: ViT: dropout_rate=1.5 must be in [0, 1)"
+  )
   add("worker_count<0", "new", ["--config.data.worker_count=-1"], "data.worker_count=-1 must be 0")
   add("evaluator every<0", "new", ["--config.evals.eval.every=-5"], "evals.eval.every=-5 must be at least 1 step")
   add("best", "new", ["--config.best=eval/acuracy"], "best='eval/acuracy' is not reported", "'eval/accuracy'")

@@ -175,6 +175,31 @@ def test_swin_to_timm_loads_strictly_and_round_trips(torch_ref, timm_ref):
     assert tuple(np.atleast_1d(getattr(back, field))) == tuple(np.atleast_1d(getattr(module, field))), field
 
 
+@pytest.mark.parametrize("family", ["vit", "swin"])
+def test_to_timm_at_another_image_size_fits_the_weights_as_init_from_does(family, torch_ref, timm_ref, caplog):
+  """A model made at 16 px exported for 32 px: timm's logits are vitjax's with the weights config.init_from would give
+  (before, the ViT's position table was written for the old grid: timm refused it, or misread a non-square one)."""
+  from vitjax.models import adapt
+
+  if family == "vit":
+    module = models.ViT(**TINY_VIT)
+    changed = "pos_embedding"
+  else:  # 16 px: stage 1's map is 2 x 2, its window 2; at 32 px 4 x 4 and 4: a bigger bias table
+    module = models.Swin(num_classes=5, embed_dim=16, depths=(2, 2), num_heads=(2, 4), window_size=4)
+    changed = "relative_position_bias_table"
+  variables = _randomised(jax.jit(module.init)(jax.random.key(0), _images((16, 16))))
+  x = _images((32, 32))
+  state_dict, cfg = convert.to_timm(module, variables, 32)
+  target = jax.eval_shape(module.init, jax.random.key(0), x)["params"]
+  fitted, changes = adapt.adapt_params(variables["params"], target, module)
+  assert changes and all(changed in c for c in changes)
+  assert any(changed in r.getMessage() and "at image size (32, 32)" in r.getMessage() for r in caplog.records)
+  want, _ = jax.jit(module.apply)({"params": fitted}, x)
+  assert _rel(_timm_logits(torch_ref, state_dict, cfg, x), want) <= TOL
+  with pytest.raises(ValueError, match=r"not divisible by the patch size \(4, 4\)"):
+    convert.to_timm(module, variables, 30)
+
+
 def test_export_refuses_what_the_format_cannot_express():
   x = jnp.zeros((1, 16, 16, 3))
   vit = models.ViT(**TINY_VIT, stem="conv")

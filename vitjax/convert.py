@@ -191,7 +191,8 @@ def to_timm(module, variables, image_size) -> tuple[dict[str, np.ndarray], dict]
   """(state_dict, config) of timm's ViT or Swin for a vitjax ViT / Swin.
 
   `image_size` (int or (H, W)) is the resolution the timm model is built for (timm fixes it at construction; vitjax
-  reads it from the input).
+  reads it from the input). At another size than the weights were made for they are fitted to it as config.init_from
+  fits them (a learned position table resampled, bias tables resized; a warning names each change).
 
   state_dict: numpy float32 arrays that `load_state_dict(..., strict=True)` accepts in the model that
   `build_timm(config)` makes (timm's VisionTransformer or SwinTransformer classes with config["kwargs"]).
@@ -200,7 +201,8 @@ def to_timm(module, variables, image_size) -> tuple[dict[str, np.ndarray], dict]
   raise ValueError naming them.
   """
   image_size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
-  return _converter(module, "timm", "to_timm").write(module, u.flat_params(variables["params"]), image_size)
+  flat = u.at_image_size(module, u.flat_params(variables["params"]), image_size)
+  return _converter(module, "timm", "to_timm").write(module, flat, image_size)
 
 
 def to_vit_npz(module, variables) -> dict[str, np.ndarray]:

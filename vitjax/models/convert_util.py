@@ -16,6 +16,7 @@ import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 
 from vitjax.models import registry
 
@@ -112,10 +113,32 @@ def finish(module, flat: dict[str, np.ndarray], image_hw: tuple[int, int]):
     ValueError: a parameter's shape differs from the model's, or one is missing or extra.
   """
   params = nest(flat)
-  first = ("resnet/conv_root/kernel", "embedding/kernel", "patch_embed/kernel")  # the first layer the image meets
-  channels = next(flat[k].shape[2] for k in first if k in flat)
-  check_shapes(module, params, (1, *image_hw, channels))
+  check_shapes(module, params, (1, *image_hw, input_channels(flat)))
   return module, {"params": jax.tree.map(jnp.asarray, params)}
+
+
+FIRST_LAYERS = ("resnet/conv_root/kernel", "embedding/kernel", "patch_embed/kernel")  # the first the image meets
+
+
+def input_channels(flat: dict[str, np.ndarray]) -> int:
+  """The image channels an image model's flat parameters take: the first layer's kernel's third dimension."""
+  return next(flat[k].shape[2] for k in FIRST_LAYERS if k in flat)
+
+
+def at_image_size(module, flat: dict[str, np.ndarray], image_hw: tuple[int, int]) -> dict[str, np.ndarray]:
+  """Flat parameters fitted to `module` at images of image_hw, as config.init_from fits them (vitjax.models.adapt).
+
+  A learned position table is resampled to the new patch grid, relative position bias tables resized to the new
+  windows; each change is logged as a warning, since the model's outputs are then no longer the same. Parameters
+  that fit are returned as they are. ValueError for a size the model cannot take or parameters no adapter fits.
+  """
+  from vitjax.models import adapt  # pylint: disable=g-import-not-at-top
+
+  target = jax.eval_shape(lambda: module.init(jax.random.key(0), jnp.zeros((1, *image_hw, input_channels(flat)))))
+  fitted, changes = adapt.adapt_params(nest(flat), target["params"], module)
+  for change in changes:
+    logging.warning("at image size %s: %s", tuple(image_hw), change)
+  return flat_params(fitted)
 
 
 def unwrap(state_dict: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -116,6 +116,23 @@ def test_batch_size_must_divide_over_processes(data_dir):
     _input(data_dir, global_batch_size=33, process_index=0, process_count=2)
 
 
+def test_arguments_of_the_wrong_kind_are_one_line(data_dir):
+  """Before: image_size="8" unpacked into ('8',), split=None read as a missing dataset, name=None a TypeError."""
+  for kw, says in (
+    ({"image_size": "8"}, "image_size='8': give one whole number >= 1"),
+    ({"image_size": (8, 8, 8)}, r"image_size=\(8, 8, 8\): give one whole number >= 1 .* or an \(H, W\) pair"),
+    ({"image_size": 0}, "image_size=0"),
+    ({"split": None}, "split=None: give the dataset's split as a str"),
+    ({"name": None}, "name=None: give the dataset's name as a str"),
+    ({"global_batch_size": 2.5}, "global_batch_size=2.5 must be a positive multiple"),
+  ):
+    args = dict(name="digits", split="test", data_dir=data_dir, global_batch_size=100, image_size=8, train=False)
+    with pytest.raises(ValueError, match=says):
+      make_input(**{**args, **kw})
+  it, info = make_input("digits", "test", data_dir=data_dir, global_batch_size=100, image_size=[8, 6], train=False)
+  assert info.image_shape[:2] == (8, 6) and next(iter(it))["image"].shape[1:3] == (8, 6)
+
+
 def test_two_processes_read_disjoint_shards(data_dir):
   # Eval: disjoint shards covering the split, same number of batches each.
   seen, lengths = [], []

@@ -289,10 +289,15 @@ class _GlobalBatches:
 
 
 def _pair(size: int | Sequence[int]) -> tuple[int, int]:
-  if isinstance(size, int):
-    return size, size
-  height, width = size
-  return int(height), int(width)
+  """image_size as (H, W); ValueError of one line for anything but one whole number >= 1 or a pair of them."""
+  pair = (size, size) if isinstance(size, (int, np.integer)) else tuple(size) if isinstance(size, Sequence) else ()
+  if (
+    isinstance(size, str)
+    or len(pair) != 2
+    or not all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 1 for n in pair)
+  ):
+    raise ValueError(f"image_size={size!r}: give one whole number >= 1 (square images) or an (H, W) pair of them")
+  return int(pair[0]), int(pair[1])
 
 
 def _ensure_absl_flags_parsed():
@@ -500,16 +505,21 @@ def make_input(
 
   Raises:
     DatasetNotPreparedError: the split is not prepared (the message has the fix).
-    ValueError: bad batch size / sharding / augment keys.
+    ValueError: bad name, split, image size, batch size / sharding, augment keys.
   """
+  for arg, value in (("name", name), ("split", split)):
+    if not isinstance(value, str) or not value:
+      raise ValueError(f"{arg}={value!r}: give the dataset's {arg} as a str (e.g. name='digits', split='train')")
+  size = _pair(image_size)
   aug = parse_augment(augment)
   process_index, process_count = _process_shard(process_index, process_count, train)
-  if global_batch_size <= 0 or global_batch_size % process_count:
+  if (
+    not isinstance(global_batch_size, (int, np.integer)) or global_batch_size <= 0 or global_batch_size % process_count
+  ):
     raise ValueError(
       f"global_batch_size={global_batch_size} must be a positive multiple of process_count={process_count}."
     )
   local_batch = global_batch_size // process_count
-  size = _pair(image_size)
   split_ = _Split(name, split, data_dir, subset)
   if cache is None:
     cache = _fits_in_memory(split_, worker_count, cache_max_mb)

@@ -167,6 +167,30 @@ def test_not_cached_offline_and_unknown_layouts_are_one_line(hub_cache):
     vitjax.load("hf:someone/no-weights", weights="ema")
 
 
+def test_an_unreachable_hub_reads_the_cache_at_once(hub_cache, monkeypatch, caplog):
+  """No network and HF_HUB_OFFLINE unset: huggingface_hub retried each file for about 20 s, logging each retry twice.
+  Now one probe of the host; a cached repository opens, an uncached one is one line, and nothing retries."""
+  import huggingface_hub.constants as constants
+
+  monkeypatch.delenv("HF_HUB_OFFLINE")
+  monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+  monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens there
+  for proxy in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+    monkeypatch.delenv(proxy, raising=False)
+  hub.reachable.cache_clear()
+  try:
+    cache_repo(hub_cache, "someone/cached", {"config.json": {"architecture": "vit_tiny_patch16_224", "num_classes": 3}})
+    assert hub.open_repo("hf:someone/cached").layout == "timm"
+    with pytest.raises(ConfigError, match=r"^hf:nobody/nothing: the hub cannot be reached and config.json is not in"):
+      hub.open_repo("hf:nobody/nothing")
+    assert hub.reachable() is False
+  finally:
+    hub.reachable.cache_clear()
+  said = [r.getMessage() for r in caplog.records]
+  assert not any("Retry" in m for m in said), said
+  assert sum("cannot be reached" in m for m in said) == 1, said
+
+
 def _run_cli(tmp_path, hf_home, data_dir, *args, config=th.CONFIG):
   workdir = str(tmp_path / "absent" / "w")
   env = {**th.env(), "HF_HOME": hf_home, "HF_HUB_OFFLINE": "1"}

@@ -3,7 +3,8 @@
 Names: 'hf:ORG/NAME' or 'hf:ORG/NAME@REVISION' (a branch, tag or commit).
 
 Files come through `huggingface_hub` (hf_hub_download), so its cache, HF_HOME / HF_HUB_CACHE, HF_TOKEN and
-HF_HUB_OFFLINE apply: a repository downloaded once loads offline. Two layouts are read, told apart by config.json:
+HF_HUB_OFFLINE apply: a repository downloaded once loads offline. Where the hub's host does not answer (no network, and
+no proxy set) the cache alone is read, at once: huggingface_hub would retry for about 20 s first. Two layouts are read, told apart by config.json:
 
   timm          (hf:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k, ...): config.json's `architecture`,
                 `num_classes`, `label_names` and `pretrained_cfg` (mean, std, crop_pct, interpolation,
@@ -22,8 +23,12 @@ no such repository or revision, another kind of model) is a vitjax.errors.Config
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import os
 import re
+import socket
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
@@ -277,6 +282,30 @@ def _not_cached(spec: str, filename: str) -> ConfigError:
   )
 
 
+REACH_TIMEOUT_S = 3.0
+
+
+@functools.cache
+def reachable() -> bool:
+  """Whether the hub's host (HF_ENDPOINT's) takes a TCP connection within REACH_TIMEOUT_S; asked once a process.
+
+  True where a proxy is set (the proxy decides) or the question cannot be put; False logs one warning.
+  """
+  if any(
+    os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+  ):
+    return True
+  url = urllib.parse.urlparse(_hub().constants.ENDPOINT)
+  if not url.hostname:
+    return True
+  try:
+    socket.create_connection((url.hostname, url.port or (80 if url.scheme == "http" else 443)), REACH_TIMEOUT_S).close()
+    return True
+  except OSError as e:
+    logging.warning("the hub %s cannot be reached (%s): reading the hub cache only", url.netloc, e.strerror or e)
+    return False
+
+
 def _download(repo: Repo, filename: str) -> str:
   """The local path of `filename` at the repository's commit (or asked-for revision).
 
@@ -287,7 +316,13 @@ def _download(repo: Repo, filename: str) -> str:
 
   spec = repo.spec
   try:
-    return hub.hf_hub_download(repo.repo_id, filename, revision=repo.commit or repo.revision, library_name="vitjax")
+    return hub.hf_hub_download(
+      repo.repo_id,
+      filename,
+      revision=repo.commit or repo.revision,
+      library_name="vitjax",
+      local_files_only=offline() or not reachable(),
+    )
   except errors.HFValidationError as e:
     raise ConfigError(f"{spec}: {str(e).strip().splitlines()[0]} (the form is {FORM})") from None
   except errors.RevisionNotFoundError:

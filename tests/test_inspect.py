@@ -79,6 +79,12 @@ def test_vit_attention_rollout_and_positions(runs):
   assert all(Image.open(out / n).size[0] > 50 for n in names)
   proc = th.run_module("attention_maps", f"--workdir={vit}", f"--out={out}", "--example=300")
   assert proc.returncode == 2 and proc.stderr.count("error:") == 1 and "examples 0 to 299" in proc.stderr
+  # --split names the examples as --mode=eval does: 'valid' the held-out part, the training split the rest
+  d = trained.config.data
+  held = trained.task.split_source("valid")[1]
+  assert d.valid_fraction and len(held) and np.array_equal(inspect_lib._split_examples(trained, "valid")[1], held)
+  source, rest = inspect_lib._split_examples(trained, d.train_split)
+  assert len(rest) + len(held) == len(source) and not set(rest.tolist()) & set(held.tolist())  # (was all of it)
 
 
 def test_swin_window_attention_follows_the_patch(runs):

@@ -314,10 +314,10 @@ def _image(trained, path: str | None, example: int | None, split: str) -> np.nda
 
 
 def _split_examples(trained, split: str):
-  """(the tfds source, the positions in it of --split's examples).
+  """(the tfds source, the positions in it of --split's examples), as `--mode=eval --split=...` reads them.
 
-  The split names are those of `python -m vitjax.main --mode=eval --split=...`: 'valid' is the run's validation
-  split (held out of its training split, or the dataset's own), the others the dataset's.
+  'valid' is the run's validation split (held out of its training split, or the dataset's own), the others the
+  dataset's (the training split without what was held out).
   """
   from vitjax import data as data_lib  # pylint: disable=g-import-not-at-top
   from vitjax.data import splits as splits_lib  # pylint: disable=g-import-not-at-top
@@ -325,23 +325,15 @@ def _split_examples(trained, split: str):
   from vitjax.tasks.base import VALID  # pylint: disable=g-import-not-at-top
 
   d = trained.config.data
-  data_dir = d.get("data_dir")
-  if split == VALID and not trained.task.own_valid():
-    if not d.valid_fraction:
-      raise ConfigError(
-        f"--split={VALID}: the run held out no '{VALID}' split (its data.valid_fraction is 0); "
-        "give another split, e.g. --split=test"
-      )
-    source, _ = data_lib.open_split(d.name, d.train_split, data_dir)
-    return source, data_lib.holdout_split(len(source), d.valid_fraction, d.valid_seed)[1]
+  name, positions = trained.task.split_source(split)
   try:
-    source, _ = data_lib.open_split(d.name, split, data_dir)
+    source, _ = data_lib.open_split(d.name, name, d.get("data_dir"))
   except ValueError:  # tfds: an unknown split name
-    names = [VALID, *splits_lib.prepared_builder(d.name, data_dir).info.splits]
+    names = [VALID, *splits_lib.prepared_builder(d.name, d.get("data_dir")).info.splits]
     raise ConfigError(
       f"--split={split}: {d.name} has no such split; give one of {', '.join(dict.fromkeys(names))} (e.g. --split=test)"
     ) from None
-  return source, np.arange(len(source))
+  return source, np.arange(len(source)) if positions is None else positions
 
 
 def main() -> None:

@@ -80,19 +80,26 @@ class ImageClassification:
       self._training_positions = (kept,)
     return self._training_positions[0]
 
-  def _input(self, split: str, train: bool, **kw):
-    """make_input for a split name of this task (see the module docstring)."""
+  def split_source(self, split: str) -> tuple[str, np.ndarray | None]:
+    """(the dataset's split to read, the positions in it) for a split name of this task (None: all of it).
+
+    'valid' without a split of its own is the part held out of train_split; train_split is the rest (and with
+    data.labelled its subset). ConfigError for 'valid' where nothing is held out.
+    """
     d = self.config.data
-    subset = None
     if split == VALID and not self.own_valid():
       if not d.valid_fraction:
         raise ConfigError(
-          f"no '{VALID}' split: data.valid_fraction is 0; set --config.data.valid_fraction=0.1 or evaluate another "
-          "split (--split=test)"
+          f"no '{VALID}' split: data.valid_fraction is 0; give another split (--split=test), or train with "
+          "--config.data.valid_fraction=0.1"
         )
-      subset, split = self._holdout()[1], d.train_split
-    elif split == d.train_split:
-      subset = self.training_positions()
+      return d.train_split, self._holdout()[1]
+    return split, self.training_positions() if split == d.train_split else None
+
+  def _input(self, split: str, train: bool, **kw):
+    """make_input for a split name of this task (see the module docstring)."""
+    d = self.config.data
+    split, subset = self.split_source(split)
     try:
       return data_lib.make_input(
         d.name,

@@ -146,6 +146,19 @@ def test_bad_command_line_is_one_line(tmp_path, data_dir):
     assert proc.returncode == 2 and th.error_lines(proc).count("\n") == 0 and "error: " in proc.stderr, proc.stderr
     assert words in th.error_lines(proc), (words, proc.stderr[-2000:])
     assert not os.path.exists(tmp_path / "new"), args
+  run = tmp_path / "a_run"  # a run's workdir is no sweep's folder, nor a sweep's folder a run's workdir
+  run.mkdir()
+  (run / "config.json").write_text("{}\n")
+  proc = th.run_module("sweep", f"--config={th.CONFIG}", f"--sweep_dir={run}", f"--config.data.data_dir={data_dir}")
+  th.assert_refused(proc, [f"--sweep_dir={run} is a run's workdir (it holds config.json)"])
+  assert os.listdir(run) == ["config.json"]
+  swept = tmp_path / "a_sweep"
+  swept.mkdir()
+  (swept / "sweep.json").write_text("{}\n")
+  proc = subprocess.run(th.main_cmd(str(swept), f"--config.data.data_dir={data_dir}"), cwd=th.ROOT, env=th.env(),
+                        capture_output=True, text=True, timeout=120)  # fmt: skip
+  th.assert_refused(proc, [f"--workdir={swept} is a sweep's folder (it holds sweep.json)"])
+  assert os.listdir(swept) == ["sweep.json"]
 
 
 # ------------------------------------------------------------------ the runner, end to end (subprocesses)

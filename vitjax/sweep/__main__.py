@@ -72,6 +72,10 @@ def _check_sweep_dir(sweep_dir: str, record: dict) -> None:
   if os.path.exists(sweep_dir) and not os.path.isdir(sweep_dir):
     raise ConfigError(f"--sweep_dir={sweep_dir} is a file; give a directory")
   path = os.path.join(sweep_dir, "sweep.json")
+  if not os.path.exists(path) and os.path.exists(os.path.join(sweep_dir, "config.json")):
+    raise ConfigError(
+      f"--sweep_dir={sweep_dir} is a run's workdir (it holds config.json); give the sweep a folder of its own"
+    )
   if os.path.exists(path):
     old = _read_record(path)
     for key in ("study", "storage"):

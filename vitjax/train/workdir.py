@@ -141,6 +141,10 @@ def check_path(workdir: str) -> None:
   Leaves nothing behind (it probes with a temporary file).
   """
   paths.check_writable(workdir, "workdir", folder=True)
+  if os.path.exists(os.path.join(workdir, "sweep.json")):
+    raise ConfigError(
+      f"--workdir={workdir} is a sweep's folder (it holds sweep.json); give the run a workdir of its own"
+    )
   for name in FOLDERS:
     path = os.path.join(workdir, name)
     if os.path.lexists(path) and not os.path.isdir(path):

@@ -154,3 +154,14 @@ def test_errors():
     decode.greedy(tiny(), init(tiny()), SRC, max_len=32)
   with pytest.raises(ValueError, match="unknown Transformer|Did you mean"):
     models.create("transformer_huge", vocab_size=5)
+  # token ids the vocabulary lacks would embed as NaN and spoil the whole batch's logits: one line, where known
+  model = tiny()
+  params = init(model)
+  tgt = jnp.ones((2, 4), jnp.int32)
+  for src, t, says in (
+    (SRC.at[0, 0].set(7), tgt, r"src holds token ids 0..7, outside the vocabulary's 0..6"),
+    (SRC, tgt.at[1, 1].set(-3), r"tgt holds token ids -3..2, outside the vocabulary's 0..6"),
+    (SRC.astype(jnp.float32), tgt, r"src must be integer token ids \[B, L\]; got float32 of shape \(2, 6\)"),
+  ):
+    with pytest.raises(ValueError, match=says):
+      model.apply({"params": params}, src, t)

@@ -433,6 +433,22 @@ def test_adapt_params_lists_every_mismatch():
   assert "mlp" not in str(e.value)
 
 
+def test_adapt_params_says_what_it_leaves_out_and_names_a_class_token_mismatch():
+  """A checkpoint deeper than the model, or with options it lacks, was cut without a word; a class token on one
+  side only was reported as 'a non-square grid of 15 tokens'."""
+  _, loaded = _tiny_vit(depth=4)
+  _, target = _tiny_vit(depth=2)
+  out, logs = adapt_params(loaded, target)
+  assert logs == ["left out 32 of the checkpoint's parameters that the model does not have: encoder/block_2/*, "
+                  "encoder/block_3/*"]  # fmt: skip
+  assert set(out["encoder"]) == set(target["encoder"])
+  _, gap = _tiny_vit(pool_type="gap")
+  for a, b, says in ((loaded, gap, "has a class token's row, the model's (1, 16, 16) no class token's row: set "
+                      "config.model.pool_type to the checkpoint's (tok)"), (gap, target, "(gap or map)")):  # fmt: skip
+    with pytest.raises(train.ConfigError, match=re.escape(says)):
+      adapt_params(a, b)
+
+
 def test_max_train_minutes_stops_with_a_final_eval_and_checkpoint(tmp_path, run_args):
   workdir = str(tmp_path / "w")
   proc = th.check_ok(th.run_main(workdir, *run_args, "--config.total_steps=100000", "--config.max_train_minutes=0.001"))

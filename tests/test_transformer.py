@@ -165,3 +165,21 @@ def test_errors():
   ):
     with pytest.raises(ValueError, match=says):
       model.apply({"params": params}, src, t)
+  # the decoders check what they would fail on deep inside jax, or misread: an id out of range decoded as padding
+  key = jax.random.key(0)
+  for call, says in (
+    (lambda: decode.greedy(model, params, SRC.at[1, 0].set(7), max_len=5), "src holds token ids 0..7, outside"),
+    (lambda: decode.beam_search(model, params, SRC.at[1, 0].set(9), 2, 5), "src holds token ids 0..9, outside"),
+    (lambda: decode.greedy(model, params, SRC, max_len=0), "max_len=0 must be a whole number, at least 1"),
+    (lambda: decode.beam_search(model, params, SRC, beam_size=0, max_len=5), "beam_size=0 must be a whole number"),
+    (lambda: decode.sample(model, params, SRC, key, max_len=5, top_k=50), "top_k=50 exceeds the model's vocabulary=7"),
+    (lambda: decode.sample(model, params, SRC, key, max_len=5, temperature=-1.0), "temperature=-1.0 must be 0 or"),
+    (lambda: decode.sample(model, params, SRC, 0, max_len=5), r"rng must be a PRNG key, e.g. jax.random.key\(0\)"),
+    (lambda: decode.beam_search(model, params, SRC, 2, 5, alpha=-1.0), "alpha=-1.0 must be 0 or more"),
+  ):
+    with pytest.raises(ValueError, match=says):
+      call()
+  # a list of ids is taken, and inside a caller's jit the ids are not known: nothing is checked there
+  want = decode.greedy(model, params, SRC, max_len=5)
+  np.testing.assert_array_equal(decode.greedy(model, params, SRC.tolist(), max_len=5), want)
+  np.testing.assert_array_equal(jax.jit(lambda s: decode.greedy(model, params, s, max_len=5))(SRC), want)

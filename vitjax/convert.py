@@ -201,8 +201,8 @@ def to_timm(module, variables, image_size) -> tuple[dict[str, np.ndarray], dict]
   raise ValueError naming them.
   """
   image_size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
-  flat = u.at_image_size(module, u.flat_params(variables["params"]), image_size)
-  return _converter(module, "timm", "to_timm").write(module, flat, image_size)
+  writer = _converter(module, "timm", "to_timm")
+  return writer.write(module, u.at_image_size(module, u.flat_params(variables["params"]), image_size), image_size)
 
 
 def to_vit_npz(module, variables) -> dict[str, np.ndarray]:

@@ -58,9 +58,34 @@ def _step(dec, params, cache, tokens, encoded, src, i):
   return logits[:, 0], upd["cache"]
 
 
-def _check(model, max_len):
-  if max_len > model.max_len:
-    raise ValueError(f"max_len={max_len} exceeds the model's max_len={model.max_len}")
+def _check(model, src, max_len, beam_size=1, top_k=0, temperature=1.0, rng=None):
+  """ValueError of one line for an argument the search would fail on deep inside jax, or misread silently.
+
+  src: integer [B, S] ids in the source vocabulary (checked where known: outside a caller's jit; an id out of range
+  encoded as NaN and decoded as padding). max_len in 1..model.max_len, beam_size >= 1, top_k in 0..V, temperature
+  >= 0 (where known), rng a jax.random.key.
+  """
+  from vitjax.models.transformer import check_ids  # pylint: disable=g-import-not-at-top
+
+  check_ids("src", src, model.vocab_size)
+  vocab = model.tgt_vocab_size or model.vocab_size
+  for name, value, low, high in (("max_len", max_len, 1, model.max_len), ("beam_size", beam_size, 1, None),
+                                 ("top_k", top_k, 0, vocab)):  # fmt: skip
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
+      raise ValueError(f"{name}={value!r} must be a whole number, at least {low}")
+    if high is not None and value > high:
+      raise ValueError(f"{name}={value} exceeds the model's {'max_len' if name == 'max_len' else 'vocabulary'}={high}")
+  if not isinstance(temperature, jax.core.Tracer) and not np.all(np.asarray(temperature) >= 0):
+    raise ValueError(f"temperature={temperature!r} must be 0 or more (0: the most likely token)")
+  if rng is not None and not (
+    jnp.issubdtype(jnp.result_type(rng), jax.dtypes.prng_key)
+    or (jnp.shape(rng) == (2,) and jnp.result_type(rng) == jnp.uint32)
+  ):
+    raise ValueError(f"rng must be a PRNG key, e.g. jax.random.key(0); got {jnp.result_type(rng)} {jnp.shape(rng)}")
+
+
+def _as_ids(src):
+  return src if isinstance(src, (jax.Array, jax.core.Tracer)) else jnp.asarray(src)
 
 
 def _sequential(model, params, src, max_len, choose):
@@ -90,18 +115,30 @@ def _sequential(model, params, src, max_len, choose):
   return jax.lax.while_loop(cond, body, init)[2]
 
 
-@functools.partial(jax.jit, static_argnames=("model", "max_len"))
 def greedy(model, params, src, max_len: int):
   """Most probable token at each step. src [B, S] -> tokens [B, max_len]."""
-  _check(model, max_len)
+  src = _as_ids(src)
+  _check(model, src, max_len)
+  return _greedy(model, params, src, max_len)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "max_len"))
+def _greedy(model, params, src, max_len: int):
   return _sequential(model, params, src, max_len, lambda logits, i: jnp.argmax(logits, -1).astype(jnp.int32))
 
 
-@functools.partial(jax.jit, static_argnames=("model", "max_len", "top_k"))
 def sample(model, params, src, rng, max_len: int, temperature: float = 1.0, top_k: int = 0):
-  """Samples from softmax(logits / temperature), restricted to the top_k tokens when top_k > 0."""
-  _check(model, max_len)
+  """Samples from softmax(logits / temperature), restricted to the top_k tokens when top_k > 0.
 
+  src [B, S] -> tokens [B, max_len]; rng: a jax.random.key; temperature 0: the most likely token.
+  """
+  src = _as_ids(src)
+  _check(model, src, max_len, top_k=top_k, temperature=temperature, rng=rng)
+  return _sample(model, params, src, rng, max_len, temperature, top_k)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "max_len", "top_k"))
+def _sample(model, params, src, rng, max_len: int, temperature: float = 1.0, top_k: int = 0):
   def choose(logits, i):
     logits = logits / jnp.maximum(temperature, 1e-6)
     if top_k:
@@ -117,7 +154,6 @@ def length_penalty(length, alpha: float):
   return ((5.0 + length) / 6.0) ** alpha
 
 
-@functools.partial(jax.jit, static_argnames=("model", "beam_size", "max_len", "finish"))
 def beam_search(model, params, src, beam_size: int, max_len: int, alpha: float = 0.6, finish: str = "candidates"):
   """Beam search. src [B, S] -> (tokens [B, max_len], scores [B]) for the best beam of each example.
 
@@ -135,9 +171,17 @@ def beam_search(model, params, src, beam_size: int, max_len: int, alpha: float =
   finish="beam" is vitjax's rule before this one (kept to reproduce old results; there beam 1 is greedy): an
   EOS candidate finishes only if it ranks within the top K, so hypotheses that scored higher were dropped.
   """
-  _check(model, max_len)
+  src = _as_ids(src)
+  _check(model, src, max_len, beam_size=beam_size)
   if finish not in ("candidates", "beam"):
     raise ValueError(f"unknown finish rule {finish!r}; use 'candidates' (the standard) or 'beam'")
+  if not isinstance(alpha, jax.core.Tracer) and not np.all(np.asarray(alpha) >= 0):
+    raise ValueError(f"alpha={alpha!r} must be 0 or more (0: no length penalty)")
+  return _beam_search(model, params, src, beam_size, max_len, alpha, finish)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "beam_size", "max_len", "finish"))
+def _beam_search(model, params, src, beam_size: int, max_len: int, alpha: float, finish: str):
   b, k = src.shape[0], beam_size
   encoded = model.apply({"params": params}, src, method=model.encode)
   rep = lambda x: jnp.repeat(x, k, axis=0)  # [B, ...] -> [B*K, ...]

@@ -53,6 +53,11 @@ def adapt_params(loaded, target, model=None) -> tuple[dict, list[str]]:
       changes.append(fitted[1])
     else:
       problems.append(f"  {k}: model {t.shape}, checkpoint {v.shape}")
+  unused = sorted(set(flat_l) - set(flat_t))
+  if unused:  # a shallower model, options it lacks (pre_logits, rel_pos): said, since config.model may be wrong
+    groups = list(dict.fromkeys(_group(k) for k in unused))
+    shown = ", ".join(groups[:8]) + (f" and {len(groups) - 8} more" if len(groups) > 8 else "")
+    changes.append(f"left out {len(unused)} of the checkpoint's parameters that the model does not have: {shown}")
   if problems:
     more = f"; and {len(problems) - 20} more" if len(problems) > 20 else ""
     raise ConfigError(
@@ -61,6 +66,13 @@ def adapt_params(loaded, target, model=None) -> tuple[dict, list[str]]:
       + more
     )
   return flax.traverse_util.unflatten_dict({tuple(k.split("/")): v for k, v in out.items()}), changes
+
+
+def _group(key: str) -> str:
+  """A parameter's subtree as left-out parameters are listed: "encoder/block_3/*", "pre_logits/*"."""
+  parts = key.split("/")
+  cut = next((i for i, p in enumerate(parts) if re.fullmatch(r"block_\d+|blocks", p)), 0)
+  return "/".join(parts[: cut + 1]) + ("/*" if cut + 1 < len(parts) else "")
 
 
 # Adapters: (key, loaded value, target value or its shape) -> (new value, one line saying what changed), or None if
@@ -82,6 +94,13 @@ def resample_patch_positions(k: str, v: np.ndarray, t: np.ndarray):
   """
   if k.endswith("pos_embedding") and v.ndim == 3 and v.shape[-1] == t.shape[-1]:
     prefix = 1 if _is_square(v.shape[1] - 1) and not _is_square(v.shape[1]) else 0
+    target_prefix = 1 if _is_square(t.shape[1] - 1) and not _is_square(t.shape[1]) else 0
+    if prefix != target_prefix and _is_square(t.shape[1] - target_prefix):
+      has = lambda p: "a class token's row" if p else "no class token's row"
+      raise ConfigError(
+        f"{k}: the checkpoint's table {v.shape} has {has(prefix)}, the model's {tuple(t.shape)} {has(target_prefix)}:"
+        f" set config.model.pool_type to the checkpoint's ({'tok' if prefix else 'gap or map'})"
+      )
     new = posenc.resample_posemb(v, _grid(t.shape[1] - prefix), num_prefix_tokens=prefix)
     return new, f"resampled {k} {v.shape} -> {new.shape}"
   return None

@@ -122,7 +122,10 @@ FIRST_LAYERS = ("resnet/conv_root/kernel", "embedding/kernel", "patch_embed/kern
 
 def input_channels(flat: dict[str, np.ndarray]) -> int:
   """The image channels an image model's flat parameters take: the first layer's kernel's third dimension."""
-  return next(flat[k].shape[2] for k in FIRST_LAYERS if k in flat)
+  found = [flat[k].shape[2] for k in FIRST_LAYERS if k in flat]
+  if not found:
+    raise ValueError(f"no first layer ({', '.join(FIRST_LAYERS)}) among the parameters: not an image model's")
+  return found[0]
 
 
 def at_image_size(module, flat: dict[str, np.ndarray], image_hw: tuple[int, int]) -> dict[str, np.ndarray]:

@@ -195,7 +195,7 @@ class Transformer(nn.Module):
 
   def encode(self, src: Array, train: bool = False) -> Array:
     """Encodes src [B, S] -> encoded [B, S, D] (padding positions are masked out of every attention)."""
-    _check_ids("src", src, self.vocab_size)
+    check_ids("src", src, self.vocab_size)
     return self.encoder(src, (src != self.pad_id)[:, None, None, :], train=train)
 
   def decode_logits(
@@ -205,7 +205,7 @@ class Transformer(nn.Module):
 
     positions: [1, T] absolute positions of tgt_in (needed in decode mode, where T is 1 per call).
     """
-    _check_ids("tgt", tgt_in, self.tgt_vocab_size or self.vocab_size)
+    check_ids("tgt", tgt_in, self.tgt_vocab_size or self.vocab_size)
     cross_mask = (src != self.pad_id)[:, None, None, :]
     x = self.decoder(tgt_in, encoded, None, cross_mask, train=train, positions=positions)
     logits = dots.tied_logits(self.tgt_embed, x) if self.tie_output else self.out_proj(x)
@@ -226,7 +226,7 @@ class Transformer(nn.Module):
     return self.decode_logits(shift_right(tgt, self.bos_id), encoded, src, train), {"encoded": encoded}
 
 
-def _check_ids(what: str, ids, vocab: int) -> None:
+def check_ids(what: str, ids, vocab: int) -> None:
   """ValueError for token ids that are not integers [B, L], or (outside jit, where they are known) not in 0..vocab - 1.
 
   An id out of range would embed as NaN (jnp.take's fill) and spread through the whole batch's logits.

@@ -295,6 +295,25 @@ def test_unknown_augment_keys_are_rejected():
   with pytest.raises(ValueError, match="valid keys: \\['magnitude', 'num_layers'\\]"):
     parse_augment({"randaugment": {"layers": 2}})
   assert parse_augment({"random_resized_crop": True}).random_resized_crop == ((0.08, 1.0), (0.75, 4 / 3))
+  # ranges that failed at the first batch (reversed, a zero ratio) or silently crop nothing (percent)
+  for options, says in (
+    ({"scale": (1.0, 0.35)}, r"scale=\(1, 0.35\): give 0 < lo <= hi <= 1"),
+    ({"scale": (8, 100)}, r"scale=\(8, 100\)"),
+    ({"ratio": (0.0, 1.0)}, r"ratio=\(0, 1\): give 0 < lo <= hi"),
+  ):
+    with pytest.raises(ValueError, match=says):
+      parse_augment({"random_resized_crop": options})
+
+
+def test_normalisation_in_the_wrong_units_is_refused():
+  """ImageNet's mean and std in 0..255 units made every image a constant; a std of 0 made it inf."""
+  from vitjax.data.augment import Preprocess
+
+  with pytest.raises(ValueError, match=r"in 0..255 units\? divide by 255: \(0.485, 0.456, 0.406\)"):
+    Preprocess(mean=(123.675, 116.28, 103.53), std=(58.395, 57.12, 57.375))
+  with pytest.raises(ValueError, match=r"std in \(0, 1\]"):
+    Preprocess(mean=(0.5,), std=(0.0,))
+  assert Preprocess(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)).std == (0.229, 0.224, 0.225)
 
 
 @pytest.mark.parametrize("channels", [1, 3])

@@ -108,6 +108,12 @@ def parse_augment(augment: Mapping[str, Any] | Any | None) -> Augment:
   for key in ("mixup_alpha", "cutmix_alpha"):
     if getattr(aug, key) < 0:
       raise ValueError(f"augment.{key} must be >= 0, got {getattr(aug, key)}")
+  if aug.random_resized_crop is not None:  # else a reversed or percent range fails at the first batch, or crops nothing
+    (s0, s1), (r0, r1) = aug.random_resized_crop
+    if not 0 < s0 <= s1 <= 1:
+      raise ValueError(f"augment.random_resized_crop.scale=({s0:g}, {s1:g}): give 0 < lo <= hi <= 1 (e.g. (0.08, 1.0))")
+    if not 0 < r0 <= r1:
+      raise ValueError(f"augment.random_resized_crop.ratio=({r0:g}, {r1:g}): give 0 < lo <= hi (e.g. (0.75, 1.3333))")
   return aug
 
 
@@ -317,6 +323,14 @@ class Preprocess:
   def __post_init__(self):
     if (self.mean is None) != (self.std is None):
       raise ValueError("preprocess: give both mean and std, or neither")
+    if self.mean is not None:
+      mean, std = np.ravel(np.asarray(self.mean, float)), np.ravel(np.asarray(self.std, float))
+      if not (np.all((mean >= 0) & (mean <= 1)) and np.all((std > 0) & (std <= 1))):
+        hint = f" (in 0..255 units? divide by 255: {tuple(np.round(mean / 255, 4).tolist())})" if mean.max() > 1 else ""
+        raise ValueError(
+          f"preprocess.mean={tuple(mean.tolist())}, std={tuple(std.tolist())}: per channel, in [0, 1] units, mean in "
+          f"[0, 1] and std in (0, 1]{hint}"
+        )
     if self.crop_fraction is not None and not 0 < self.crop_fraction <= 1:
       raise ValueError(f"preprocess.crop_fraction={self.crop_fraction} must be in (0, 1]")
     if self.interpolation not in _RESAMPLE:

@@ -538,6 +538,38 @@ def test_state_save_restore(tok, corpus):
     make(seed=8).set_state(state)
 
 
+def test_the_text_api_refuses_what_it_misread(tok, corpus, tmp_path):
+  """Each of these gave a silent wrong answer (or a deep error) before: one line now, naming the fix."""
+  ids = np.asarray([(tok.encode(s) + [tok.EOS] + [tok.PAD] * 20)[:20] for s in ("ka lo mi", "tu re")])
+  assert tok.decode_batch(ids) == [tok.decode(r) for r in ids]
+  for call, error, says in (
+    (lambda: tok.decode(ids), ValueError, r"decode takes one sequence of ids \[T\]; got shape \[2, 20\]: use decode_b"),
+    (lambda: tok.decode_batch(ids[0]), ValueError, "got one sequence"),
+    (lambda: tok.encode_batch("ka lo"), TypeError, "not one str"),
+    (lambda: text.Tokenizer.load(tok.path.removesuffix(".model")), FileNotFoundError, r"did you mean .*joint\.model"),
+    (lambda: text.Tokenizer.train(corpus[:5], str(tmp_path / "t"), 20), TypeError, "text 0 is a tuple: for pairs"),
+    (lambda: text.make_eval_batches([s for s, _ in corpus[:4]], tok, batch_size=2), ValueError, r"pairs are \(source"),
+    (lambda: text.make_eval_batches(corpus[:4], tok, batch_size=0), ValueError, "batch_size=0 must be a whole num"),
+    (
+      lambda: text.make_eval_batches(corpus[:4], tok, batch_size=2, process_index=2, process_count=2),
+      ValueError,
+      r"process_index 2 not in \[0, 2\)",
+    ),
+    (lambda: text.make_batches(corpus[:4], tok, batch_size=0), ValueError, "batch_size=0 must be a whole number"),
+    (lambda: text.split_pairs(corpus, 0, 0.1, 0.1), ValueError, "num_valid=0.1 must be a whole number of pairs"),
+    (lambda: text.split_pairs(corpus, None, 10, 10), ValueError, "seed=None must be a whole number"),
+  ):
+    with pytest.raises(error, match=says):
+      call()
+  # buckets shorter than max_len: rows kept their EOS only in make_batches, which adds max_len as a bucket
+  (batch,) = text.make_eval_batches(corpus[:1], tok, batch_size=1, max_len=32, buckets=[4])
+  assert batch["src"].shape[1] >= 4 and _key(batch["src"][0])[-1] == tok.EOS
+  comma = tmp_path / "pairs.csv"
+  comma.write_text("a b,c d\ne f,g h\n")
+  with pytest.raises(ValueError, match="none of its 2 lines is source<TAB>target"):
+    text.load_pairs(f"tsv:{comma}", src_lang="en", tgt_lang="es")
+
+
 def test_eval_batches(tok, corpus):
   pairs = corpus[:75]
   batches = text.make_eval_batches(pairs, tok, batch_size=16, max_len=32)

@@ -57,6 +57,9 @@ class EncodedPairs:
     self.num_dropped = self.num_truncated = 0
     for start in range(0, len(pairs), chunk):
       part = pairs[start : start + chunk]
+      for k, p in enumerate(part):  # else a list of strings reads their first two characters as the pair
+        if not (isinstance(p, (tuple, list)) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], str)):
+          raise ValueError(f"pairs[{start + k}] is {str(p)[:60]!r}: pairs are (source, target) strings")
       src_ids = tokenizer.encode_batch([p[0] for p in part])
       tgt_ids = tokenizer.encode_batch([p[1] for p in part])
       for k, (s, t) in enumerate(zip(src_ids, tgt_ids)):
@@ -283,6 +286,9 @@ def _batch_sizes(
 ) -> dict[int, int]:
   if (batch_size is None) == (tokens_per_batch is None):
     raise ValueError("Give exactly one of batch_size and tokens_per_batch.")
+  for name, value in (("batch_size", batch_size), ("tokens_per_batch", tokens_per_batch)):
+    if value is not None and (not isinstance(value, (int, np.integer)) or value < 1):
+      raise ValueError(f"{name}={value!r} must be a whole number, at least 1")
   if batch_size is not None:
     if batch_size % multiple:
       raise ValueError(f"batch_size {batch_size} is not a multiple of batch_multiple {multiple}.")

@@ -39,11 +39,16 @@ def make_eval_batches(
     ``tgt_mask`` (bool [B, L]), ``mask`` (bool [B]), ``index`` (int32 [B],
     the position in ``pairs``), ``src_text``, ``tgt_text`` (list[str]).
   """
+  if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+    raise ValueError(f"batch_size={batch_size!r} must be a whole number, at least 1")
+  if not 0 <= process_index < process_count:
+    raise ValueError(f"process_index {process_index} not in [0, {process_count}).")
   data = EncodedPairs(pairs, tokenizer, max_len, "truncate")
   longest = int(max(data.src_lengths.max(initial=1), data.tgt_lengths.max(initial=1)))
   if buckets is None:
     buckets = default_buckets(max(max_len or longest, 8))
-  buckets = np.asarray(sorted(buckets))
+  # as make_batches: the longest bucket holds max_len (else rows were cut to it without their EOS)
+  buckets = np.asarray(sorted({*buckets, max(max(buckets), max_len or longest)}))
   lengths = np.maximum(data.src_lengths, data.tgt_lengths)
   per_step = batch_size * process_count
   out = []

@@ -228,15 +228,18 @@ def tsv_pairs(path: str) -> list[Pair]:
   Extra columns are ignored; lines with fewer than two columns or an empty side are skipped.
   """
   _need_file(path, f"tsv:{path}")
-  pairs = []
+  pairs, lines = [], 0
   with open(path, encoding="utf-8") as f:
     for line in f:
+      lines += bool(line.strip())
       cols = line.rstrip("\r\n").split("\t")
       if len(cols) < 2:
         continue
       a, b = _norm_ws(cols[0]), _norm_ws(cols[1])
       if a and b:
         pairs.append((a, b))
+  if lines and not pairs:  # e.g. comma-separated: silently no data
+    raise ValueError(f"tsv:{path}: none of its {lines} lines is source<TAB>target; separate the sides with a tab")
   return pairs
 
 

@@ -19,6 +19,11 @@ def split_pairs(pairs: Sequence[Pair], seed: int, num_valid: int, num_test: int)
   returned in the original corpus order. The held-out sets depend only on the
   (deduplicated) pairs and the seed.
   """
+  for name, value in (("seed", seed), ("num_valid", num_valid), ("num_test", num_test)):
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):  # a fraction, or a seed of None (random)
+      raise ValueError(
+        f"{name}={value!r} must be a whole number" + (" of pairs (not a fraction)" if name != "seed" else "")
+      )
   unique = list(dict.fromkeys((a, b) for a, b in pairs))
   n = len(unique)
   if num_valid < 0 or num_test < 0 or num_valid + num_test > n:

@@ -46,6 +46,13 @@ class Tokenizer:
     """Loads ``PREFIX.model`` written by :meth:`train`."""
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top
 
+    if not os.path.isfile(path):
+      hint = (
+        f"; did you mean {path}.model (train takes the prefix, load the file)?"
+        if os.path.isfile(path + ".model")
+        else ""
+      )
+      raise FileNotFoundError(f"no SentencePiece model at {path}{hint}")
     return cls(spm.SentencePieceProcessor(model_file=path), path)
 
   @classmethod
@@ -90,6 +97,13 @@ class Tokenizer:
     unk_id = min(set(range(4)) - {pad_id, eos_id, bos_id})
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top
 
+    if isinstance(texts, str):
+      raise TypeError("train takes sentences (an iterable of str), not one str: train([text], ...)")
+    texts = list(texts)
+    bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+    if bad is not None:  # e.g. (source, target) pairs: give both sides' sentences
+      raise TypeError(f"train takes sentences (str); text {bad} is a {type(texts[bad]).__name__}: for pairs give "
+                      "[s for pair in pairs for s in pair]")  # fmt: skip
     texts = [t for t in (_norm_ws(t) for t in texts) if t]
     if len(texts) > input_sentence_size:
       keep = np.sort(np.random.default_rng(seed).choice(len(texts), input_sentence_size, replace=False))
@@ -142,12 +156,17 @@ class Tokenizer:
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     """Token ids of each of ``texts`` (no bos/eos), one list per text."""
+    if isinstance(texts, str):  # a str is a sequence too: of characters, each encoded on its own
+      raise TypeError("encode_batch takes a list of texts, not one str: encode(text) or encode_batch([text])")
     return self.sp.encode(list(texts))
 
   def decode(self, ids: Sequence[int]) -> str:
-    """Text of ``ids`` up to the first eos; pad and bos are skipped."""
+    """Text of ``ids`` (one sequence [T]) up to the first eos; pad and bos are skipped."""
+    ids = np.asarray(ids, dtype=np.int64)
+    if ids.ndim > 1:  # a batch: flattened it decoded the first row only, or glued the rows together
+      raise ValueError(f"decode takes one sequence of ids [T]; got shape {list(ids.shape)}: use decode_batch")
     out = []
-    for i in np.asarray(ids, dtype=np.int64).reshape(-1).tolist():
+    for i in ids.reshape(-1).tolist():
       if i == self.EOS:
         break
       if i not in (self.PAD, self.BOS) and 0 <= i < self.vocab_size:
@@ -156,4 +175,9 @@ class Tokenizer:
 
   def decode_batch(self, ids: Any) -> list[str]:
     """Text of each row of ``ids`` (int [B, T], or any sequence of id sequences) as `decode` gives it."""
+    flat = getattr(ids, "ndim", None) == 1 or (
+      not hasattr(ids, "ndim") and isinstance(next(iter(ids), None), (int, np.integer))
+    )
+    if flat:
+      raise ValueError("decode_batch takes rows of ids [B, T]; got one sequence [T]: use decode")
     return [self.decode(row) for row in ids]

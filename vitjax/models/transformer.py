@@ -17,6 +17,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from vitjax import dots
 from vitjax.layers import TP_RULES, DecoderBlock, EncoderBlock, Stack, check_norm
@@ -235,7 +236,8 @@ def check_ids(what: str, ids, vocab: int) -> None:
     raise ValueError(f"{what} must be integer token ids [B, L]; got {jnp.result_type(ids)} of shape {jnp.shape(ids)}")
   if isinstance(ids, jax.core.Tracer) or not jnp.size(ids):
     return
-  low, high = int(jnp.min(ids)), int(jnp.max(ids))
+  ids = np.asarray(ids)  # (numpy: under a jit trace jnp would stage even a constant's min)
+  low, high = int(ids.min()), int(ids.max())
   if low < 0 or high >= vocab:
     raise ValueError(f"{what} holds token ids {low}..{high}, outside the vocabulary's 0..{vocab - 1}")
 

@@ -305,6 +305,19 @@ def test_unknown_augment_keys_are_rejected():
       parse_augment({"random_resized_crop": options})
 
 
+def test_eval_preprocessing_crops_to_a_non_square_size_and_refuses_other_arrays():
+  """With a crop_fraction a square image could not be cropped to (224, 320); float or CHW arrays failed in PIL."""
+  from vitjax.data.augment import Preprocess, preprocess_eval
+
+  pre = Preprocess(crop_fraction=0.875)
+  for hw in ((500, 500), (300, 500), (500, 200)):
+    for size in ((224, 320), (320, 224), (224, 224)):
+      assert preprocess_eval(np.zeros((*hw, 3), np.uint8), size, pre).shape == (*size, 3)
+  for bad in (np.zeros((8, 8, 3)), np.zeros((3, 8, 8), np.uint8), np.zeros((2, 8, 8, 3), np.uint8)):
+    with pytest.raises(ValueError, match=r"takes one uint8 image \[H, W, C\]"):
+      preprocess_eval(bad, (8, 8))
+
+
 def test_normalisation_in_the_wrong_units_is_refused():
   """ImageNet's mean and std in 0..255 units made every image a constant; a std of 0 made it inf."""
   from vitjax.data.augment import Preprocess

@@ -211,6 +211,24 @@ def test_export_refuses_what_the_format_cannot_express():
     convert.to_vit_npz(gap, jax.jit(gap.init)(jax.random.key(0), x))
 
 
+def test_writers_name_a_tree_of_the_wrong_kind(tmp_path):
+  """params for variables was a bare KeyError 'params'; a nested dict for a state dict a TypeError from float()."""
+  module = models.ViT(**TINY_VIT)
+  variables = jax.jit(module.init)(jax.random.key(0), _images((16, 16)))
+  for write in (
+    lambda: convert.to_timm(module, variables["params"], 16),
+    lambda: convert.to_vit_npz(module, variables["params"]),
+  ):
+    with pytest.raises(ValueError, match=r"takes the variables \{'params': ...\} as module.init returns them; got \["):
+      write()
+  with pytest.raises(ValueError, match="save_safetensors takes a flat state dict .*'embedding' holds a dict"):
+    convert.save_safetensors(str(tmp_path / "m.safetensors"), jax.device_get(variables["params"]))
+  assert not os.listdir(tmp_path)
+  (tmp_path / "w.npz").write_bytes(b"x")
+  with pytest.raises(ValueError, match=r"is an .npz: the original ViT's or big_vision's weights: npz:"):
+    convert.load_params(f"timm:vit_tiny_patch16_224:{tmp_path / 'w.npz'}")
+
+
 # ------------------------------------------------------------------------------------------------- out: npz
 
 

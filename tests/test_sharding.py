@@ -165,6 +165,7 @@ def test_every_preset_gives_the_one_device_losses_and_saves_the_memory_it_promis
       ["--config.mesh=(('tensor', 8),)", "--config.sharding_rules=((r'query/kernel$', (None, 'tensor', None)),)"],
       "does not split over tensor",
     ),
+    (["--config.sharding_rules=((r'kernel$', 'tensor'),)"], "its spec 'tensor' is one str: give a tuple of axes"),
   ],
 )
 def test_mesh_and_rule_errors_are_one_line(args, words, tmp_path, run_args):

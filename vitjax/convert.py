@@ -202,6 +202,7 @@ def to_timm(module, variables, image_size) -> tuple[dict[str, np.ndarray], dict]
   """
   image_size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
   writer = _converter(module, "timm", "to_timm")
+  _check_variables(variables, "to_timm")
   return writer.write(module, u.at_image_size(module, u.flat_params(variables["params"]), image_size), image_size)
 
 
@@ -210,7 +211,15 @@ def to_vit_npz(module, variables) -> dict[str, np.ndarray]:
 
   For a vitjax ViT with learned positions and a class token or GAP (vitjax.models.vit_npz.write).
   """
-  return _converter(module, "npz", "to_vit_npz").write(module, variables)
+  writer = _converter(module, "npz", "to_vit_npz")
+  _check_variables(variables, "to_vit_npz")
+  return writer.write(module, variables)
+
+
+def _check_variables(variables, what: str) -> None:
+  if not isinstance(variables, Mapping) or "params" not in variables:
+    keys = list(variables)[:4] if isinstance(variables, Mapping) else type(variables).__name__
+    raise ValueError(f"{what} takes the variables {{'params': ...}} as module.init returns them; got {keys}")
 
 
 def _converter(module, fmt: str, what: str):
@@ -239,6 +248,12 @@ def save_safetensors(path: str, state_dict: Mapping[str, Any], metadata: dict[st
   """Writes a state dict as `.safetensors` (contiguous float32), atomically: a reader never sees half a file."""
   from safetensors.numpy import save_file
 
+  nested = next((k for k, v in state_dict.items() if isinstance(v, Mapping)), None)
+  if nested is not None:
+    raise ValueError(
+      f"save_safetensors takes a flat state dict {{name: array}}; {nested!r} holds a dict: give to_timm(...)[0], or "
+      "flatten parameters with vitjax.models.convert_util.flat_params"
+    )
   arrays = {k: np.ascontiguousarray(u.to_numpy(v), dtype=np.float32) for k, v in state_dict.items()}
   tmp = f"{path}.tmp{os.getpid()}"
   try:
@@ -376,6 +391,8 @@ def load_params(spec: str) -> dict:
       return from_vit_npz(path, name or None)[1]["params"]
     except Exception as e:
       raise _load_error(spec, path, e) from None
+  if path.endswith(".npz"):  # timm's files are .safetensors or .pth / .bin; an .npz is the original ViT's layout
+    raise ConfigError(f"init_from={spec!r}: {path} is an .npz: the original ViT's or big_vision's weights: npz:{path}")
   sd = _read_state_dict(f"init_from={spec!r}", path)
   try:
     return from_timm(name, sd)[1]["params"]

@@ -137,6 +137,10 @@ def _check_rules(rules) -> list:
   for rule in rules:
     try:
       regex, spec = rule
+      if isinstance(spec, str):  # ("kernel$", "tensor") would read as the axes 't', 'e', ...
+        raise ValueError(
+          f"its spec {spec!r} is one str: give a tuple of axes, one per dimension, e.g. (None, {spec!r})"
+        )
       compiled.append((re.compile(regex), tuple(spec)))
     except (TypeError, ValueError, re.error) as e:
       raise ConfigError(f"config.sharding_rules: {rule!r} is not a (regex, spec) rule ({e})") from None

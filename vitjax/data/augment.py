@@ -362,15 +362,22 @@ def preprocess_eval(image: np.ndarray, size: tuple[int, int], pre: Preprocess | 
   aspect ratio and take the centre crop (torchvision's Resize + CenterCrop, as timm evaluates). uint8 out; the device
   normalises it.
   """
+  image = np.asarray(image)
+  if image.dtype != np.uint8 or image.ndim != 3 or image.shape[-1] not in (1, 3):
+    raise ValueError(
+      f"preprocess_eval takes one uint8 image [H, W, C] (C 1 or 3); got {image.dtype} of shape {list(image.shape)}"
+    )
   pre = pre or Preprocess()
   if pre.crop_fraction is None:
     return resize(image, size, interpolation=pre.interpolation)
-  scale = math.floor(min(size) / pre.crop_fraction)
   h, w = image.shape[:2]
-  if h <= w:
-    new = (scale, int(scale * w / h))
-  else:
-    new = (int(scale * h / w), scale)
+  if size[0] == size[1]:
+    scale = math.floor(size[0] / pre.crop_fraction)
+    new = (scale, int(scale * w / h)) if h <= w else (int(scale * h / w), scale)
+  else:  # timm's ResizeKeepRatio: the aspect kept, just covering floor(size / crop_fraction) in both dimensions
+    want = [math.floor(s / pre.crop_fraction) for s in size]
+    f = max(want[0] / h, want[1] / w)
+    new = (max(want[0], round(h * f)), max(want[1], round(w * f)))
   image = resize(image, new, interpolation=pre.interpolation)
   top, left = int(round((new[0] - size[0]) / 2.0)), int(round((new[1] - size[1]) / 2.0))
   if top < 0 or left < 0:

@@ -91,6 +91,8 @@ def _cases():
   add("config argument", "new", ["--config=configs/vit.py:varaint=S/16"], "unknown argument 'varaint'")
   add("config raises", "new", ["--config=RAISES"], "the config file failed: ModuleNotFoundError", "nosuchmodule")
   add("config not a config", "new", ["--config=DICTCFG"], "get_config() returned dict, not a config")
+  add("config file typo", "new", ["--config=TYPOCFG"], "get_config() sets optim.weight_decy, which vitjax does not read;"
+      " did you mean optim.weight_decay? (and schedule.warmup)")  # fmt: skip
   add("seed<0", "new", ["--config.seed=-1"], "seed=-1 must be a whole number, 0 or more")
   add("train without config", "new", ["--config="], "training needs --config", "has no config.json")
   add("unknown mode", "new", ["--mode=evaluate"], "--mode", "one of <train|eval>")
@@ -156,6 +158,8 @@ def places(tmp_path_factory, finished_run):
   (root / "syntax.py").write_text("def get_config(:\n")
   (root / "raises.py").write_text("def get_config():\n  import nosuchmodule\n")
   (root / "dict_cfg.py").write_text("def get_config():\n  return {'optim': {'lr': 1e-3}}\n")
+  typo = "from vitjax.config import default_config\ndef get_config():\n  c = default_config()\n"
+  (root / "typo_cfg.py").write_text(typo + "  c.optim.weight_decy = 0.1\n  c.schedule.warmup = 5\n  return c\n")
   (root / "empty").mkdir()
   words = "the a of to and in that is was he for it with as his on be at by".split()
   pairs = [" ".join(words[(i + k) % len(words)] for k in range(3 + i % 4)) for i in range(60)]
@@ -169,6 +173,7 @@ def places(tmp_path_factory, finished_run):
     "SYNTAX": str(root / "syntax.py"),
     "RAISES": str(root / "raises.py"),
     "DICTCFG": str(root / "dict_cfg.py"),
+    "TYPOCFG": str(root / "typo_cfg.py"),
     "TRANSLATION": os.path.join(th.ROOT, "configs", "transformer_bible_en_es.py"),
     "PAIRS": str(root / "pairs.tsv"),
     "EMPTY": str(root / "empty"),

@@ -88,6 +88,16 @@ def _config_value_problem(argv) -> str | None:
   missing = [k for k in CONFIG_FIELDS if k not in value]
   if missing:
     return f"{given}: get_config()'s config has no {', '.join(missing)} (build it on vitjax.config.default_config())"
+  from vitjax.config import unknown_fields  # pylint: disable=g-import-not-at-top
+
+  unknown = unknown_fields(value)
+  if unknown:
+    key, near = unknown[0]
+    hint = f"; did you mean {near}?" if near else " (the fields: vitjax/config.py's default_config)"
+    more = (
+      f" (and {', '.join(k for k, _ in unknown[1:4])}{' ...' if len(unknown) > 4 else ''})" if len(unknown) > 1 else ""
+    )
+    return f"{given}: get_config() sets {key}, which vitjax does not read{hint}{more}"
   return None
 
 

@@ -360,6 +360,30 @@ def _evaluators_by_name(flat: dict) -> dict:
   return flat
 
 
+# Subtrees whose keys are checked where they are read (models.create, evaluators, the optimizer, parse_augment).
+OPEN = ("model.", "evals.", "optim.kwargs", "data.augment.")
+
+
+def unknown_fields(config) -> list[tuple[str, str | None]]:
+  """[(field, the nearest known one or None)] of a config's fields that vitjax never reads, in order.
+
+  Known: the fields of the task's default (translation_config for 'translation', default_config otherwise), and
+  anything under OPEN. A config file that sets `c.optim.weight_decy` adds a field the locked command line would
+  refuse; this finds it.
+  """
+  import difflib  # pylint: disable=g-import-not-at-top
+
+  task = config.get("task") if hasattr(config, "get") else None
+  ref = translation_config("x", "en", "es") if task == "translation" else default_config()
+  known = set(flatten(ref.to_dict()))
+  out = []
+  for key in flatten(config.to_dict() if hasattr(config, "to_dict") else dict(config)):
+    if key not in known and not key.startswith(OPEN):
+      near = difflib.get_close_matches(key, sorted(known), 1, 0.75)
+      out.append((key, near[0] if near else None))
+  return out
+
+
 # fields whose value is a dict of their own, compared and recorded whole (not field by field)
 WHOLE = ("optim.kwargs",)
 

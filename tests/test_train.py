@@ -602,3 +602,21 @@ def test_durations_in_steps_epochs_or_examples_resolve_once_into_steps():
     c.eval_every = bad
     with pytest.raises(ConfigError, match=why):
       durations.check(c)
+
+
+def test_a_warmup_as_long_as_the_run_is_said(caplog):
+  """total_steps=4 with 50 warm-up steps: the lr never reached its peak nor decayed, and nothing said so."""
+  from vitjax.config import default_config
+  from vitjax.train import durations
+
+  caplog.set_level("INFO")
+  c = default_config()
+  c.total_steps, c.schedule.warmup_steps, c.schedule.warmup_epochs = 4, 50, 2.0
+  assert durations.resolve(c, 10, 128).warmup == 4
+  said = [r.getMessage() for r in caplog.records]
+  assert any("the warm-up (50 steps) is as long as the run (4)" in m for m in said), said
+  assert any("warmup_steps=50 takes precedence over warmup_epochs=2" in m for m in said), said
+  caplog.clear()
+  c.total_steps, c.schedule.warmup_epochs = 100, None
+  durations.resolve(c, 10, 128)
+  assert not any("warm-up" in r.getMessage() for r in caplog.records)

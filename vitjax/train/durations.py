@@ -106,9 +106,18 @@ def warmup_steps(config, total: int, steps_per_epoch: int, examples_per_step: in
   """
   s = config.schedule
   if s.warmup_steps is not None:
+    if s.warmup_epochs is not None:
+      logging.info("schedule.warmup_steps=%s takes precedence over warmup_epochs=%g", s.warmup_steps, s.warmup_epochs)
     warmup = steps("schedule.warmup_steps", s.warmup_steps, steps_per_epoch, examples_per_step)
   else:
     warmup = int(round((s.warmup_epochs or 0) * steps_per_epoch))
+  if warmup >= total > 0:
+    logging.warning(
+      "the warm-up (%d steps) is as long as the run (%d): the learning rate never reaches config.optim.lr and "
+      "never decays; shorten schedule.warmup_steps / warmup_epochs",
+      warmup,
+      total,
+    )
   return min(warmup, total)
 
 

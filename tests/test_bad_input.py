@@ -128,6 +128,7 @@ def _cases():
   tsv += ["--config.data.num_test=20", "--config.data.tokenizer_sentences=100"]
   add("max_len=0", "new", [*tsv, "--config.data.max_len=0"], "data.max_len=0 must be at least 2")
   add("too_long", "new", [*tsv, "--config.data.too_long=cut"], "data.too_long='cut'", "'truncate'")
+  add("translation batch_size", "new", [*tsv, "--config.batch_size=8"], "config.batch_size=8 does nothing in a trans")
   add("tokens_per_batch=0", "new", [*tsv, "--config.data.tokens_per_batch=0"], "data.tokens_per_batch=0 must hold")
   add("vocabulary too large", "notes", tsv, "config.data.vocab_size=8000 is more pieces", "--config.data.vocab_size")
   add("decoding alpha<0", "new", [*tsv, "--config.data.vocab_size=40", "--config.evals.eval.alpha=-1"], "alpha=-1")

@@ -177,6 +177,13 @@ class Translation:
     """
     c = self.config
     d = c.data
+    from vitjax.config import default_config  # pylint: disable=g-import-not-at-top
+
+    if c.get("batch_size", None) not in (None, default_config().batch_size):  # (the field all tasks' configs have)
+      raise ConfigError(
+        f"config.batch_size={c.batch_size} does nothing in a translation run: its batches hold "
+        f"data.tokens_per_batch={d.tokens_per_batch} tokens; set --config.data.tokens_per_batch"
+      )
     check_batch(d.eval_batch_size, "data.eval_batch_size", self.layout)
     if not isinstance(d.max_len, int) or d.max_len < 2:
       raise ConfigError(f"data.max_len={d.max_len!r} must be at least 2 tokens (EOS included), e.g. 128")

@@ -128,6 +128,8 @@ def _cases():
   tsv += ["--config.data.num_test=20", "--config.data.tokenizer_sentences=100"]
   add("max_len=0", "new", [*tsv, "--config.data.max_len=0"], "data.max_len=0 must be at least 2")
   add("too_long", "new", [*tsv, "--config.data.too_long=cut"], "data.too_long='cut'", "'truncate'")
+  add("mae label smoothing", "new", ["--config=MAECFG", "--config.label_smoothing=0.1"], "label_smoothing=0.1 does no")
+  add("mae mixup", "new", ["--config=MAECFG", "--config.data.augment.mixup_alpha=0.8"], "mixup_alpha=0.8 does nothing")
   add("translation batch_size", "new", [*tsv, "--config.batch_size=8"], "config.batch_size=8 does nothing in a trans")
   add("tokens_per_batch=0", "new", [*tsv, "--config.data.tokens_per_batch=0"], "data.tokens_per_batch=0 must hold")
   add("vocabulary too large", "notes", tsv, "config.data.vocab_size=8000 is more pieces", "--config.data.vocab_size")
@@ -176,6 +178,7 @@ def places(tmp_path_factory, finished_run):
     "DICTCFG": str(root / "dict_cfg.py"),
     "TYPOCFG": str(root / "typo_cfg.py"),
     "TRANSLATION": os.path.join(th.ROOT, "configs", "transformer_bible_en_es.py"),
+    "MAECFG": os.path.join(th.ROOT, "configs", "mae_digits.py"),
     "PAIRS": str(root / "pairs.tsv"),
     "EMPTY": str(root / "empty"),
     "FINISHED": finished_run,

@@ -61,6 +61,14 @@ class MaskedImageModeling(ImageClassification):
     check_batch(c.data.eval_batch_size, "data.eval_batch_size", self.layout)
     if not 0 <= c.data.valid_fraction < 1:
       raise ConfigError(f"data.valid_fraction={c.data.valid_fraction} must be in [0, 1)")
+    aug = c.data.get("augment") or {}
+    unused = [f"{k}={v}" for k, v in (("label_smoothing", c.get("label_smoothing") or 0),
+              ("data.augment.mixup_alpha", aug.get("mixup_alpha") or 0),
+              ("data.augment.cutmix_alpha", aug.get("cutmix_alpha") or 0)) if v]  # fmt: skip
+    if unused:  # a reconstruction loss has no labels to smooth or mix
+      raise ConfigError(
+        f"config.{unused[0]} does nothing in an MAE run (it reconstructs pixels, no labels): set it to 0"
+      )
     self.training_positions()  # data.labelled: a bad amount, or too few examples of a class
     try:
       self.grid  # noqa: B018 (builds the model: a bad config.model raises here)

@@ -146,6 +146,15 @@ def test_bad_command_line_is_one_line(tmp_path, data_dir):
     assert proc.returncode == 2 and th.error_lines(proc).count("\n") == 0 and "error: " in proc.stderr, proc.stderr
     assert words in th.error_lines(proc), (words, proc.stderr[-2000:])
     assert not os.path.exists(tmp_path / "new"), args
+  for objective, direction, says in (
+    ("eval/loss", "maximize", "direction='maximize', but eval/loss is better lower: direction='minimize'"),
+    ("eval/acc", "maximize", "objective='eval/acc' is not reported by config.evals; use one of ["),
+  ):  # the sweep completed and chose the highest loss
+    body = f"def get_sweep():\n  return dict(grid=sweep.values('optim.lr', [1e-3]), objective={objective!r}, "
+    cfg = _config_file(tmp_path, body + f"direction={direction!r})\n", f"{direction}_{objective[5:]}.py")
+    proc = th.run_module("sweep", f"--config={cfg}", f"--sweep_dir={sweep_dir}", f"--config.data.data_dir={data_dir}")
+    th.assert_refused(proc, [says])
+    assert not os.path.exists(tmp_path / "new")
   run = tmp_path / "a_run"  # a run's workdir is no sweep's folder, nor a sweep's folder a run's workdir
   run.mkdir()
   (run / "config.json").write_text("{}\n")

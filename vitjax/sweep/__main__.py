@@ -115,7 +115,7 @@ def _check_flags(sweep, overrides: list[str]) -> None:
     )
 
 
-def _check_config(config, sweep_dir: str) -> None:
+def _check_config(config, sweep_dir: str, sweep=None) -> None:
   """The trials' shared config passes the trainer's checks and its data is there, before the sweep folder exists.
 
   An override the trials would refuse is refused here, while a corrected command can still make the same sweep (the
@@ -126,7 +126,27 @@ def _check_config(config, sweep_dir: str) -> None:
   from vitjax.train import loop
 
   loop.check_config(config)
-  tasks.get(config, os.path.join(sweep_dir, "trial"), layout=mesh_lib.Layout()).check()
+  task = tasks.get(config, os.path.join(sweep_dir, "trial"), layout=mesh_lib.Layout())
+  task.check()
+  if sweep is not None:
+    _check_objective(config, task, sweep)
+
+
+def _check_objective(config, task, sweep) -> None:
+  """ConfigError where the trials' evaluators do not report the objective, or report it better the other way."""
+  from vitjax import evaluators
+  from vitjax.errors import ConfigError
+
+  reported = {k: mode for e in evaluators.plan(config, task) for k, mode in e.metrics().items()}
+  if sweep.objective not in reported:
+    raise ConfigError(f"get_sweep() objective={sweep.objective!r} is not reported by config.evals; use one of "
+                      f"{sorted(reported)}")  # fmt: skip
+  want = "maximize" if reported[sweep.objective] == "max" else "minimize"
+  if sweep.direction != want:
+    raise ConfigError(
+      f"get_sweep() direction={sweep.direction!r}, but {sweep.objective} is better "
+      f"{'higher' if want == 'maximize' else 'lower'}: direction={want!r}"
+    )
 
 
 def _open_study(url: str, name: str, sweep, target: int, sweep_dir: str):
@@ -235,7 +255,7 @@ def _run(argv) -> int:
     "command": shlex.join(["python", "-m", "vitjax.sweep", *argv[1:]]),
   }
   _check_sweep_dir(sweep_dir, record)
-  _check_config(FLAGS.config, sweep_dir)
+  _check_config(FLAGS.config, sweep_dir, sweep)
   study, store = _open_study(url, name, sweep, target, sweep_dir)
   if not os.path.exists(os.path.join(sweep_dir, "sweep.json")):
     tmp = os.path.join(sweep_dir, f".sweep.json.{os.getpid()}")  # several machines may write it at once

@@ -135,6 +135,12 @@ def _cases():
   add("vocabulary too large", "notes", tsv, "config.data.vocab_size=8000 is more pieces", "--config.data.vocab_size")
   add("decoding alpha<0", "new", [*tsv, "--config.data.vocab_size=40", "--config.evals.eval.alpha=-1"], "alpha=-1")
   add(
+    "decoding option of another method",
+    "new",
+    [*tsv, "--config.data.vocab_size=40", "--config.evals.eval.method=greedy", "--config.evals.eval.beam_size=8"],
+    "--config.evals.eval.beam_size=8 does nothing with --config.evals.eval.method='greedy'",
+  )
+  add(
     "decoding top_k>vocab",
     "new",
     [*tsv, "--config.data.vocab_size=40", "--config.evals.eval.method=sample", "--config.evals.eval.top_k=50"],

@@ -88,6 +88,8 @@ def _case(cid, args, words, watched=()):
     _case("batch_size=0", ["--batch_size=0"], ["--batch_size=0 must be a whole number, at least 1"]),
     _case("temperature<0", ["--method=sample", "--temperature=-1"], ["--temperature=-1.0 must be 0 or more"]),
     _case("alpha<0", ["--alpha=-1"], ["--alpha=-1.0 must be 0 or more"]),
+    _case("temperature with beam", ["--temperature=5"], ["--temperature=5.0 does nothing with --method='beam'"]),
+    _case("beam_size with greedy", ["--method=greedy", "--beam_size=8"], ["--beam_size=8 does nothing", "'beam'"]),
     _case("output under a file", ["--output=AFILE/x.txt"], ["--output=", "is a file, not a folder"], ["AFILE"]),
     _case("output folder missing", ["--output=TMP/nodir/x.txt"], ["--output=", "mkdir -p"], ["TMP/nodir"]),
     _case("output is a folder", ["--output=EMPTY"], ["--output=", "is a folder"], ["EMPTY"]),

@@ -102,7 +102,8 @@ def test_load_translates_without_the_data_from_a_relative_workdir(run, tmp_path)
       hyps = trained.translate([s for s, _ in pairs], batch_size=8)
       refused = []  # mistakes a caller makes: each one line naming it, before anything decodes
       for args, kwargs in ((("one line",), {}), ((["a", None],), {}), ((["a"],), {"beam": 4}), ((["a"], 0), {}),
-                           ((["a"],), {"beam_size": 0}), ((["a"],), {"method": "sample", "top_k": 10**6})):
+                           ((["a"],), {"beam_size": 0}), ((["a"],), {"method": "sample", "top_k": 10**6}),
+                           ((["a"],), {"temperature": 2.0})):
         try:
           trained.translate(*args, **kwargs)
         except (TypeError, ValueError) as e:
@@ -126,6 +127,8 @@ def test_load_translates_without_the_data_from_a_relative_workdir(run, tmp_path)
     "batch_size=0 must be a whole number, at least 1",
     "beam_size=0 must be a whole number, at least 1 (e.g. beam_size=4)",
     f"top_k=1000000 is more than the run's {got['vocab']} tokens (e.g. top_k=40; 0: all)",
+    "temperature=2.0 does nothing with method='beam': it is an option of 'sample' decoding; set method='sample' or "
+    "leave it out",
   ], got["refused"]
   assert got["bleu"] == pytest.approx(logged["eval/bleu"], abs=1e-6)
 

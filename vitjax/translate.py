@@ -92,14 +92,19 @@ def main() -> None:
   """
   import vitjax
   from vitjax.errors import ConfigError
+  from vitjax.evaluators.translation import decoding
+  from vitjax.tasks.translation import check_method_options
   from vitjax.train.workdir import read_config
 
   _check_decoding()
   if FLAGS.output:
     paths.check_writable(FLAGS.output, "output", folder=False, make_parents=False)
-  task = read_config(FLAGS.workdir).get("task")
+  config = read_config(FLAGS.workdir)
+  task = config.get("task")
   if task != "translation":
     raise ConfigError(f"{FLAGS.workdir} is a {task} run, not a translation run")
+  method = FLAGS.method or decoding(config)["method"]  # (the run's: that of the evaluator that chose its best)
+  check_method_options(method, {k: getattr(FLAGS, k) for k in DECODE_FLAGS}, name=lambda key: f"--{key}")
   lines = _read_lines(FLAGS.input)
   trained = vitjax.load(FLAGS.workdir, FLAGS.checkpoint)
   _check_decoding(trained.task.tokenizer.vocab_size)  # (top_k needs the run's vocabulary)

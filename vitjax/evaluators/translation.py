@@ -20,7 +20,7 @@ from vitjax import mesh as mesh_lib
 from vitjax.errors import ConfigError
 from vitjax.logs import Progress
 from vitjax.tasks.base import check_stop, cross_entropy
-from vitjax.tasks.translation import DECODING, check_decoding
+from vitjax.tasks.translation import DECODING, check_decoding, check_method_options
 
 OPTIONS = dict(DECODING)
 
@@ -49,7 +49,10 @@ def check(ev) -> None:
   if ev.config.task != "translation":
     raise ConfigError(f"{what}: type 'translation' evaluates a translation run, not a {ev.config.task!r} run")
   vocab = ev.config.data.get("vocab_size")
-  check_decoding(ev.options, name=lambda key: f"--{what}.{key}", vocab_size=vocab if isinstance(vocab, int) else None)
+  name = lambda key: f"--{what}.{key}"
+  check_decoding(ev.options, name=name, vocab_size=vocab if isinstance(vocab, int) else None)
+  changed = {k: v for k, v in ev.options.items() if k in DECODING and v != DECODING[k]}  # (defaults: always there)
+  check_method_options(ev.options["method"], changed, name=name)
   ev.task.check_split(ev.split, f"evals.{ev.name}.split")
 
 

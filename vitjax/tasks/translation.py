@@ -66,6 +66,25 @@ def check_decoding(options: dict, name=str, vocab_size: int | None = None) -> No
       raise ConfigError(f"{n}={value!r} must be 0 or more (0: {_ZERO[key]}; e.g. {n}={_EXAMPLE[key]})")
 
 
+# The options each method reads; another given to it is refused by check_method_options (it did nothing, silently).
+APPLIES = {"beam": ("beam_size", "alpha"), "greedy": (), "sample": ("temperature", "top_k")}
+
+
+def check_method_options(method: str, given: dict, name=str) -> None:
+  """ConfigError for an option of `given` (decoding keys; None: not given) that `method` does not read.
+
+  extra_len applies to every method. name: as in check_decoding.
+  """
+  for key, value in given.items():
+    if value is None or key in ("method", "extra_len") or key not in DECODING or key in APPLIES.get(method, ()):
+      continue
+    users = [m for m, keys in APPLIES.items() if key in keys]
+    raise ConfigError(
+      f"{name(key)}={value!r} does nothing with {name('method')}={method!r}: it is an option of "
+      f"{' and '.join(map(repr, users))} decoding; set {name('method')}={users[0]!r} or leave it out"
+    )
+
+
 class Translation:
   """See the module docstring; the interface is vitjax.tasks.base.Task."""
 
@@ -346,6 +365,7 @@ class Translation:
 
     g = {**evaluator.decoding(self.config), **{k: v for k, v in decode_args.items() if v is not None}}
     check_decoding(g, vocab_size=self.tokenizer.vocab_size)
+    check_method_options(g["method"], {k: v for k, v in decode_args.items() if k != "method"})
     tok, max_len = self.tokenizer, self.config.data.max_len
     out = [""] * len(lines)
     todo = []

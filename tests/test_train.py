@@ -451,8 +451,10 @@ def test_adapt_params_says_what_it_leaves_out_and_names_a_class_token_mismatch()
 
 def test_max_train_minutes_stops_with_a_final_eval_and_checkpoint(tmp_path, run_args):
   workdir = str(tmp_path / "w")
+  run_args = [*run_args, "--config.ema_decay=0.9"]  # kept, but no evaluator reads it: said
   proc = th.check_ok(th.run_main(workdir, *run_args, "--config.total_steps=100000", "--config.max_train_minutes=0.001"))
   assert "max_train_minutes=0.001 reached" in proc.stdout + proc.stderr
+  assert "ema_decay=0.9: the moving average is kept" in proc.stderr and "no evaluator reads it" in proc.stderr
   rows = th.read_metrics(workdir)
   last = max(r["step"] for r in rows)
   assert last < 100000 and any("eval/accuracy" in r and r["step"] == last for r in rows)
@@ -466,8 +468,10 @@ def test_max_train_minutes_stops_with_a_final_eval_and_checkpoint(tmp_path, run_
   )
   assert "has spent its max_train_minutes=0.001" in again.stderr and max(th.finished_steps(workdir)) == last
   more = f"--config.max_train_minutes={(spent + 5) / 60}"
-  longer = th.check_ok(th.run_main(workdir, *run_args, "--config.total_steps=100000", more))
+  other = f"--config.init_from={workdir}"  # read only at a fresh start: a resume says it does not use it
+  longer = th.check_ok(th.run_main(workdir, *run_args, "--config.total_steps=100000", more, other))
   assert f"resumed from {workdir}/checkpoints at step {last}" in longer.stderr, longer.stderr[-2000:]
+  assert f"config.init_from='{workdir}' is new, but the run resumes its own checkpoint of step {last}" in longer.stderr
   rows = [r for r in th.read_metrics(workdir) if "train/elapsed_s" in r]
   assert max(th.finished_steps(workdir)) > last and spent + 3 < rows[-1]["train/elapsed_s"] < spent + 26
 

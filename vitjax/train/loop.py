@@ -275,6 +275,13 @@ def _begin(run: _Run, state, start: int, changes: dict) -> None:
       start,
       f" ({dropped} metrics rows past it dropped)" if dropped else "",
     )
+    if "init_from" in changes:
+      logging.warning(
+        "config.init_from=%r is new, but the run resumes its own checkpoint of step %d: init_from is read only at a "
+        "fresh start; give a new --workdir to start from it",
+        config.init_from,
+        start,
+      )
   else:
     workdir_lib.start_fresh(run.workdir, config)
   workdir_lib.write_json(run.workdir, "task.json", run.task.describe())
@@ -311,6 +318,12 @@ def _begin(run: _Run, state, start: int, changes: dict) -> None:
     logging.info(
       "compute_dtype=float32 on a CPU with AVX512-BF16 or AMX: bfloat16 (--config.compute_dtype=bfloat16 or auto) "
       "trained 1.20-1.59x faster on an AVX512-BF16 EPYC (experiments/README.md, issue 28)"
+    )
+  if config.ema_decay and not any(e.weights == "ema" for e in run.evals):
+    logging.warning(
+      "ema_decay=%g: the moving average is kept (vitjax.load(W, weights='ema'), --mode=eval --weights=ema) but no "
+      "evaluator reads it: evaluations, best and the result are the raw weights'; add an entry with weights='ema'",
+      config.ema_decay,
     )
   if config.ema_decay and jax.tree.leaves(exp.abstract_state.model_state):
     logging.warning(

@@ -128,6 +128,7 @@ def _cases():
   tsv += ["--config.data.num_test=20", "--config.data.tokenizer_sentences=100"]
   add("max_len=0", "new", [*tsv, "--config.data.max_len=0"], "data.max_len=0 must be at least 2")
   add("too_long", "new", [*tsv, "--config.data.too_long=cut"], "data.too_long='cut'", "'truncate'")
+  add("rsqrt_timescale with cosine", "new", ["--config.schedule.rsqrt_timescale=100"], "does nothing with schedule.de")
   add("mae label smoothing", "new", ["--config=MAECFG", "--config.label_smoothing=0.1"], "label_smoothing=0.1 does no")
   add("mae mixup", "new", ["--config=MAECFG", "--config.data.augment.mixup_alpha=0.8"], "mixup_alpha=0.8 does nothing")
   add("translation batch_size", "new", [*tsv, "--config.batch_size=8"], "config.batch_size=8 does nothing in a trans")

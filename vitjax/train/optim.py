@@ -82,6 +82,13 @@ def check(config) -> None:
   for name, value, ok, want in rules:
     if not ok:
       raise ConfigError(f"{name}={value} must be {want} (--config.{name}=...)")
+  for name, value, uses in (("rsqrt_timescale", s.rsqrt_timescale, ("rsqrt",)),
+                            ("end_lr_factor", s.end_lr_factor or None, ("cosine", "linear"))):  # fmt: skip
+    if value is not None and s.decay not in uses:  # it was silently unread
+      raise ConfigError(
+        f"schedule.{name}={value} does nothing with schedule.decay={s.decay!r}: it shapes {' and '.join(uses)} decay;"
+        f" set --config.schedule.decay={uses[0]} or leave it unset"
+      )
   fn, _ = optimizer(o.name, kwargs(o))
   if kwargs(o):
     _try(o.name, fn, kwargs(o))

@@ -128,6 +128,7 @@ def _cases():
   tsv += ["--config.data.num_test=20", "--config.data.tokenizer_sentences=100"]
   add("max_len=0", "new", [*tsv, "--config.data.max_len=0"], "data.max_len=0 must be at least 2")
   add("too_long", "new", [*tsv, "--config.data.too_long=cut"], "data.too_long='cut'", "'truncate'")
+  add("model.dtype", "new", ["--config=DTYPECFG"], "config.model.dtype='bfloat16'", "--config.compute_dtype")
   add("rsqrt_timescale with cosine", "new", ["--config.schedule.rsqrt_timescale=100"], "does nothing with schedule.de")
   add("mae label smoothing", "new", ["--config=MAECFG", "--config.label_smoothing=0.1"], "label_smoothing=0.1 does no")
   add("mae mixup", "new", ["--config=MAECFG", "--config.data.augment.mixup_alpha=0.8"], "mixup_alpha=0.8 does nothing")
@@ -170,6 +171,7 @@ def places(tmp_path_factory, finished_run):
   (root / "dict_cfg.py").write_text("def get_config():\n  return {'optim': {'lr': 1e-3}}\n")
   typo = "from vitjax.config import default_config\ndef get_config():\n  c = default_config()\n"
   (root / "typo_cfg.py").write_text(typo + "  c.optim.weight_decy = 0.1\n  c.schedule.warmup = 5\n  return c\n")
+  (root / "dtype_cfg.py").write_text(typo + "  c.model.dtype = 'bfloat16'\n  return c\n")
   (root / "empty").mkdir()
   words = "the a of to and in that is was he for it with as his on be at by".split()
   pairs = [" ".join(words[(i + k) % len(words)] for k in range(3 + i % 4)) for i in range(60)]
@@ -184,6 +186,7 @@ def places(tmp_path_factory, finished_run):
     "RAISES": str(root / "raises.py"),
     "DICTCFG": str(root / "dict_cfg.py"),
     "TYPOCFG": str(root / "typo_cfg.py"),
+    "DTYPECFG": str(root / "dtype_cfg.py"),
     "TRANSLATION": os.path.join(th.ROOT, "configs", "transformer_bible_en_es.py"),
     "MAECFG": os.path.join(th.ROOT, "configs", "mae_digits.py"),
     "PAIRS": str(root / "pairs.tsv"),

@@ -54,6 +54,11 @@ def check_config(config) -> None:
     raise ConfigError(f"on_nonfinite={config.on_nonfinite!r}: use 'stop' or 'skip'")
   if config.max_train_minutes is not None and config.max_train_minutes <= 0:
     raise ConfigError(f"max_train_minutes={config.max_train_minutes} must be positive (or None: no budget)")
+  if config.model.get("dtype") is not None:  # it fought compute_dtype silently, one way or the other
+    raise ConfigError(
+      f"config.model.dtype={config.model.dtype!r}: the run's compute dtype is config.compute_dtype (float32, "
+      "bfloat16 or auto); remove model.dtype and set --config.compute_dtype"
+    )
   trackers.check(config)
 
 

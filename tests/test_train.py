@@ -111,8 +111,10 @@ def test_one_and_eight_devices_give_the_same_losses(finished_run, run_args, tmp_
   losses agree with dropout too (a stronger check than the dropout-0 one).
   """
   w8 = str(tmp_path / "d8")
-  out8 = th.check_ok(th.run_main(w8, *run_args, devices=8)).stderr
+  # (sharding=fsdp on the default mesh, all data: nothing to split over, which the log says; the same losses)
+  out8 = th.check_ok(th.run_main(w8, *run_args, "--config.sharding=fsdp", devices=8)).stderr
   assert "| 8 devices" in out8
+  assert "sharding=fsdp splits over the mesh axis fsdp, which has size 1 in config.mesh=(('data', -1),)" in out8
   l1 = {r["step"]: r["train/loss"] for r in _train_rows(finished_run)}
   l8 = {r["step"]: r["train/loss"] for r in _train_rows(w8)}
   assert sorted(l1) == sorted(l8) == list(range(1, 31))

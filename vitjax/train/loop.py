@@ -308,6 +308,17 @@ def _begin(run: _Run, state, start: int, changes: dict) -> None:
     " + sharding_rules" if config.sharding_rules else "",
     mesh_lib.describe(exp.mesh, exp.abstract_state.params, exp.state_sharding.params),
   )
+  idle = [a for a in {"fsdp": ("fsdp",), "tp": ("tensor",), "fsdp_tp": ("fsdp", "tensor")}.get(config.sharding, ())
+          if exp.mesh.shape.get(a, 1) == 1]  # fmt: skip
+  if idle and jax.device_count() > 1:
+    logging.warning(
+      "sharding=%s splits over the mesh axis %s, which has size 1 in config.mesh=%s: nothing is split; e.g. "
+      "--config.mesh=\"(('%s', -1),)\"",
+      config.sharding,
+      " and ".join(idle),
+      tuple(tuple(x) for x in config.mesh),
+      idle[0],
+    )
   for line in optim.describe(config, exp.model, exp.abstract_state.params):
     logging.info("%s", line)
   dtype = state_lib.compute_dtype(config.compute_dtype)

@@ -198,6 +198,11 @@ def test_profile_steps_write_a_trace_tensorboard_reads(tmp_path, run_args):
   assert len(traces) == 1 and os.path.getsize(traces[0]) > 10_000, traces
   bad = th.run_main(str(tmp_path / "bad"), *run_args, "--config.profile_steps=(4, 3)")
   assert bad.returncode == 2 and "profile_steps=(4, 3)" in bad.stderr and not os.path.exists(tmp_path / "bad")
+  # a window past the run's end: the trace started and never stopped, without a word
+  late = th.check_ok(
+    th.run_main(str(tmp_path / "late"), *run_args, "--config.total_steps=4", "--config.profile_steps=(3, 10)")
+  )
+  assert "profile_steps=(3, 10) is not within this session's steps 1..4: no profile is written" in late.stderr
 
 
 def _readme_main_command() -> str:

@@ -335,6 +335,17 @@ def _begin(run: _Run, state, start: int, changes: dict) -> None:
       "compute_dtype=float32 on a CPU with AVX512-BF16 or AMX: bfloat16 (--config.compute_dtype=bfloat16 or auto) "
       "trained 1.20-1.59x faster on an AVX512-BF16 EPYC (experiments/README.md, issue 28)"
     )
+  p = config.profile_steps
+  if p is not None and (p[1] > run.plan.total or p[0] <= start):  # the trace never starts, or never stops
+    logging.warning(
+      "profile_steps=%s is not within this session's steps %d..%d: no profile is written; e.g. "
+      '--config.profile_steps="(%d, %d)"',
+      tuple(p),
+      start + 1,
+      run.plan.total,
+      min(start + 5, run.plan.total),
+      min(start + 7, run.plan.total),
+    )
   if config.ema_decay and not any(e.weights == "ema" for e in run.evals):
     logging.warning(
       "ema_decay=%g: the moving average is kept (vitjax.load(W, weights='ema'), --mode=eval --weights=ema) but no "

@@ -124,7 +124,10 @@ def test_wandb_that_cannot_start_is_one_warning_and_the_run_goes_on(
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
     says = "W&B: could not start the run ("
   workdir = str(tmp_path / "w")
-  proc = th.check_ok(th.run_main(workdir, *run_args, WANDB, "--config.total_steps=10"))
+  # (a warm-up shorter than the 10 steps: else its own warning)
+  proc = th.check_ok(
+    th.run_main(workdir, *run_args, WANDB, "--config.total_steps=10", "--config.schedule.warmup_steps=2")
+  )
   lines = proc.stderr.splitlines()
   warnings = [s for s in lines if " WARNING" in s or " ERROR" in s or s.startswith("wandb:") or "W&B" in s]
   assert len(warnings) == 1 and says in warnings[0] and "metrics.jsonl" in warnings[0], proc.stderr[-3000:]

@@ -615,7 +615,7 @@ def test_a_warmup_as_long_as_the_run_is_said(caplog):
   from vitjax.config import default_config
   from vitjax.train import durations
 
-  caplog.set_level("INFO")
+  caplog.set_level("INFO", logger="absl")  # (absl's logger: under xdist its level is not the root's)
   c = default_config()
   c.total_steps, c.schedule.warmup_steps, c.schedule.warmup_epochs = 4, 50, 2.0
   assert durations.resolve(c, 10, 128).warmup == 4

@@ -172,7 +172,7 @@ def test_errors():
     (lambda: decode.beam_search(model, params, SRC.at[1, 0].set(9), 2, 5), "src holds token ids 0..9, outside"),
     (lambda: decode.greedy(model, params, SRC, max_len=0), "max_len=0 must be a whole number, at least 1"),
     (lambda: decode.beam_search(model, params, SRC, beam_size=0, max_len=5), "beam_size=0 must be a whole number"),
-    (lambda: decode.sample(model, params, SRC, key, max_len=5, top_k=50), "top_k=50 exceeds the model's vocabulary=7"),
+    (lambda: decode.sample(model, params, SRC, key, max_len=5, top_k=50), "top_k=50 is more than the run's 7 tokens"),
     (lambda: decode.sample(model, params, SRC, key, max_len=5, temperature=-1.0), "temperature=-1.0 must be 0 or"),
     (lambda: decode.sample(model, params, SRC, 0, max_len=5), r"rng must be a PRNG key, e.g. jax.random.key\(0\)"),
     (lambda: decode.beam_search(model, params, SRC, 2, 5, alpha=-1.0), "alpha=-1.0 must be 0 or more"),

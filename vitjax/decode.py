@@ -58,25 +58,25 @@ def _step(dec, params, cache, tokens, encoded, src, i):
   return logits[:, 0], upd["cache"]
 
 
-def _check(model, src, max_len, beam_size=1, top_k=0, temperature=1.0, rng=None):
+def _check(model, src, max_len, beam_size=1, top_k=0, temperature=1.0, alpha=0.0, rng=None):
   """ValueError of one line for an argument the search would fail on deep inside jax, or misread silently.
 
   src: integer [B, S] ids in the source vocabulary (checked where known: outside a caller's jit; an id out of range
-  encoded as NaN and decoded as padding). max_len in 1..model.max_len, beam_size >= 1, top_k in 0..V, temperature
-  >= 0 (where known), rng a jax.random.key.
+  encoded as NaN and decoded as padding). max_len in 1..model.max_len; the decoding options as every way to decode
+  checks them (vitjax.tasks.translation.check_decoding; a traced one is not known); rng a jax.random.key.
   """
   from vitjax.models.transformer import check_ids  # pylint: disable=g-import-not-at-top
+  from vitjax.tasks.translation import check_decoding  # pylint: disable=g-import-not-at-top (it imports this module)
 
   check_ids("src", src, model.vocab_size)
-  vocab = model.tgt_vocab_size or model.vocab_size
-  for name, value, low, high in (("max_len", max_len, 1, model.max_len), ("beam_size", beam_size, 1, None),
-                                 ("top_k", top_k, 0, vocab)):  # fmt: skip
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
-      raise ValueError(f"{name}={value!r} must be a whole number, at least {low}")
-    if high is not None and value > high:
-      raise ValueError(f"{name}={value} exceeds the model's {'max_len' if name == 'max_len' else 'vocabulary'}={high}")
-  if not isinstance(temperature, jax.core.Tracer) and not np.all(np.asarray(temperature) >= 0):
-    raise ValueError(f"temperature={temperature!r} must be 0 or more (0: the most likely token)")
+  if not isinstance(max_len, (int, np.integer)) or isinstance(max_len, bool) or max_len < 1:
+    raise ValueError(f"max_len={max_len!r} must be a whole number, at least 1")
+  if max_len > model.max_len:
+    raise ValueError(f"max_len={max_len} exceeds the model's max_len={model.max_len}")
+  options = {"beam_size": beam_size, "top_k": top_k, "temperature": temperature, "alpha": alpha}
+  known = {k: np.asarray(v).item() if np.ndim(v) == 0 and hasattr(v, "dtype") else v  # (a 0-d array: its number)
+           for k, v in options.items() if not isinstance(v, jax.core.Tracer)}  # fmt: skip
+  check_decoding(known, vocab_size=model.tgt_vocab_size or model.vocab_size)
   if rng is not None and not (
     jnp.issubdtype(jnp.result_type(rng), jax.dtypes.prng_key)
     or (jnp.shape(rng) == (2,) and jnp.result_type(rng) == jnp.uint32)
@@ -172,11 +172,9 @@ def beam_search(model, params, src, beam_size: int, max_len: int, alpha: float =
   EOS candidate finishes only if it ranks within the top K, so hypotheses that scored higher were dropped.
   """
   src = _as_ids(src)
-  _check(model, src, max_len, beam_size=beam_size)
+  _check(model, src, max_len, beam_size=beam_size, alpha=alpha)
   if finish not in ("candidates", "beam"):
     raise ValueError(f"unknown finish rule {finish!r}; use 'candidates' (the standard) or 'beam'")
-  if not isinstance(alpha, jax.core.Tracer) and not np.all(np.asarray(alpha) >= 0):
-    raise ValueError(f"alpha={alpha!r} must be 0 or more (0: no length penalty)")
   return _beam_search(model, params, src, beam_size, max_len, alpha, finish)
 
 

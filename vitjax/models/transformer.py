@@ -234,8 +234,8 @@ def check_ids(what: str, ids, vocab: int) -> None:
   """
   if jnp.ndim(ids) != 2 or not jnp.issubdtype(jnp.result_type(ids), jnp.integer):
     raise ValueError(f"{what} must be integer token ids [B, L]; got {jnp.result_type(ids)} of shape {jnp.shape(ids)}")
-  if isinstance(ids, jax.core.Tracer) or not jnp.size(ids):
-    return
+  if isinstance(ids, jax.core.Tracer) or not jnp.size(ids) or not getattr(ids, "is_fully_addressable", True):
+    return  # (unknown here: traced, or held partly by other processes)
   ids = np.asarray(ids)  # (numpy: under a jit trace jnp would stage even a constant's min)
   low, high = int(ids.min()), int(ids.max())
   if low < 0 or high >= vocab:

@@ -281,14 +281,21 @@ class BatchIterator(Iterator[dict[str, np.ndarray]]):
     }
 
 
+def check_counts(process_index: int = 0, process_count: int = 1, **counts) -> None:
+  """ValueError for a count (batch_size=..., None: not given) below 1, or a process_index outside the processes."""
+  for name, value in counts.items():
+    if value is not None and (not isinstance(value, (int, np.integer)) or value < 1):
+      raise ValueError(f"{name}={value!r} must be a whole number, at least 1")
+  if not 0 <= process_index < process_count:
+    raise ValueError(f"process_index {process_index} not in [0, {process_count}).")
+
+
 def _batch_sizes(
   buckets: Sequence[int], batch_size: int | None, tokens_per_batch: int | None, multiple: int
 ) -> dict[int, int]:
   if (batch_size is None) == (tokens_per_batch is None):
     raise ValueError("Give exactly one of batch_size and tokens_per_batch.")
-  for name, value in (("batch_size", batch_size), ("tokens_per_batch", tokens_per_batch)):
-    if value is not None and (not isinstance(value, (int, np.integer)) or value < 1):
-      raise ValueError(f"{name}={value!r} must be a whole number, at least 1")
+  check_counts(batch_size=batch_size, tokens_per_batch=tokens_per_batch)
   if batch_size is not None:
     if batch_size % multiple:
       raise ValueError(f"batch_size {batch_size} is not a multiple of batch_multiple {multiple}.")
@@ -359,8 +366,7 @@ def make_batches(
   buckets = tuple(sorted(buckets)) if buckets else default_buckets(max_len)
   if buckets[-1] < max_len:
     buckets = buckets + (max_len,)
-  if not 0 <= process_index < process_count:
-    raise ValueError(f"process_index {process_index} not in [0, {process_count}).")
+  check_counts(process_index, process_count)
   data = pairs if isinstance(pairs, EncodedPairs) else EncodedPairs(pairs, tokenizer, max_len, too_long)
   return BatchIterator(
     data,

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from vitjax.data.text.batching import EncodedPairs, default_buckets
+from vitjax.data.text.batching import EncodedPairs, check_counts, default_buckets
 from vitjax.data.text.sources import Pair
 from vitjax.data.text.tokenizer import Tokenizer
 
@@ -39,10 +39,7 @@ def make_eval_batches(
     ``tgt_mask`` (bool [B, L]), ``mask`` (bool [B]), ``index`` (int32 [B],
     the position in ``pairs``), ``src_text``, ``tgt_text`` (list[str]).
   """
-  if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-    raise ValueError(f"batch_size={batch_size!r} must be a whole number, at least 1")
-  if not 0 <= process_index < process_count:
-    raise ValueError(f"process_index {process_index} not in [0, {process_count}).")
+  check_counts(process_index, process_count, batch_size=batch_size)
   data = EncodedPairs(pairs, tokenizer, max_len, "truncate")
   longest = int(max(data.src_lengths.max(initial=1), data.tgt_lengths.max(initial=1)))
   if buckets is None:

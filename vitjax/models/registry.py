@@ -31,6 +31,8 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
+import flax.errors
+
 BASE_NO_DECAY = ("bias", "scale")
 
 
@@ -196,9 +198,9 @@ def fits_weights(call: Callable) -> Callable:
   def wrapped(self, inputs, *args, **kwargs):
     try:
       return call(self, inputs, *args, **kwargs)
-    except Exception as e:  # pylint: disable=broad-except
+    except flax.errors.ScopeParamShapeError as e:
       m = _SHAPE_ERROR.search(str(e))
-      if m is None or type(e).__name__ != "ScopeParamShapeError":
+      if m is None:  # (another wording of flax's: its own message)
         raise
       param, scope, want, have = m.groups()
       raise ValueError(

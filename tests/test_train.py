@@ -453,10 +453,13 @@ def test_adapt_params_says_what_it_leaves_out_and_names_a_class_token_mismatch()
 
 def test_max_train_minutes_stops_with_a_final_eval_and_checkpoint(tmp_path, run_args):
   workdir = str(tmp_path / "w")
-  run_args = [*run_args, "--config.ema_decay=0.9"]  # kept, but no evaluator reads it: said
+  # kept, but no evaluator reads it; W&B's project without the wandb tracker; skips with on_nonfinite=stop: each said
+  run_args = [*run_args, "--config.ema_decay=0.9", "--config.wandb.project=p", "--config.max_nonfinite_skips=4"]
   proc = th.check_ok(th.run_main(workdir, *run_args, "--config.total_steps=100000", "--config.max_train_minutes=0.001"))
   assert "max_train_minutes=0.001 reached" in proc.stdout + proc.stderr
   assert "ema_decay=0.9: the moving average is kept" in proc.stderr and "no evaluator reads it" in proc.stderr
+  assert "config.wandb.project is set but 'wandb' is not in config.trackers=('tensorboard',)" in proc.stderr
+  assert "max_nonfinite_skips=4 is read only with on_nonfinite='skip'" in proc.stderr
   rows = th.read_metrics(workdir)
   last = max(r["step"] for r in rows)
   assert last < 100000 and any("eval/accuracy" in r and r["step"] == last for r in rows)

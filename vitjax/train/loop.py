@@ -346,6 +346,9 @@ def _begin(run: _Run, state, start: int, changes: dict) -> None:
       min(start + 5, run.plan.total),
       min(start + 7, run.plan.total),
     )
+  unread = _unread_settings(config)
+  if unread:
+    logging.warning("%s", unread)
   if config.ema_decay and not any(e.weights == "ema" for e in run.evals):
     logging.warning(
       "ema_decay=%g: the moving average is kept (vitjax.load(W, weights='ema'), --mode=eval --weights=ema) but no "
@@ -358,6 +361,36 @@ def _begin(run: _Run, state, start: int, changes: dict) -> None:
       "raw model's, so eval_ema/... can lag the raw weights: compare them before choosing best by eval_ema",
       "/".join(exp.abstract_state.model_state),
     )
+
+
+def _plain(value):
+  return tuple(value) if isinstance(value, (list, tuple)) else value
+
+
+def _unread_settings(config) -> str:
+  """A line naming settings changed from their defaults that this run never reads, or ''."""
+  from vitjax.config import default_config
+
+  default, said = default_config(), []
+  names, wandb = tuple(config.get("trackers", ("tensorboard",))), config.get("wandb") or {}
+  if "wandb" not in names:
+    # (not name or group: a sweep sets those for every trial, whatever its trackers)
+    changed = [
+      k
+      for k in ("project", "entity", "tags", "notes")
+      if _plain(wandb.get(k, default.wandb[k])) != _plain(default.wandb[k])
+    ]
+    if changed:
+      said.append(
+        f"config.wandb.{changed[0]} is set but 'wandb' is not in config.trackers={names}: nothing "
+        "goes to W&B; add it, e.g. --config.trackers=\"('tensorboard', 'wandb')\""
+      )
+  if config.on_nonfinite == "stop" and config.max_nonfinite_skips != default.max_nonfinite_skips:
+    said.append(
+      f"max_nonfinite_skips={config.max_nonfinite_skips} is read only with on_nonfinite='skip' (this run stops at "
+      "the first non-finite step); add --config.on_nonfinite=skip"
+    )
+  return "; ".join(said)
 
 
 def _steps(run: _Run, train_step, state, start: int, reporter: Reporter, evaluations, deadline) -> None:

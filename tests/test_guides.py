@@ -73,7 +73,7 @@ SWEPT = {"vit_digits.py": {"--config.optim.lr", "--config.optim.weight_decay", "
 # What a page's walkthrough leaves behind, beside every command's exit status 0: files (paths relative to the
 # reader's directory) and text its commands print on stdout.
 EXPECT = {
-  "getting_started": ['"split": "test"'],
+  "getting_started": ['"split": "test"', "workdirs/vit_digits/curves.png"],
   "guides/checkpoints": ["workdirs/vit_digits/averaged", "workdirs/vit_digits/config_history.jsonl"],
   "guides/evaluate": ["probe/linear", "(5, 10)"],
   "guides/export": ["exported/vit_digits.safetensors", "exported/vit_digits.json", "largest difference: 0.0"],

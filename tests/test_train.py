@@ -401,6 +401,46 @@ def test_gradient_accumulation_matches_one_big_batch():
     np.testing.assert_allclose(m2[key], m1[key], rtol=1e-5)
 
 
+def test_gradient_accumulation_of_a_per_token_loss_matches_one_big_batch():
+  """Translation's loss is a mean over target tokens: micro-batches holding unequal numbers of them are weighted by
+  those numbers, so that the step is the full batch's (equal weights moved the update by 1-9%)."""
+  from types import SimpleNamespace
+
+  from vitjax.tasks.translation import Translation
+
+  class Task:  # the translation task's batch handling and loss, without its data
+    tokenizer = SimpleNamespace(PAD=0)
+    device_batch = lambda self, batch, key: batch
+    model_inputs = lambda self, batch: (batch["src"], batch["tgt"])
+    loss = Translation.loss
+
+  rng = np.random.RandomState(0)
+  lengths = np.array([9, 2, 8, 1, 9, 3, 7, 2])  # micro-batch 0 (rows 0, 2, ...) holds 33 target tokens, 1 holds 8
+  tgt = np.where(np.arange(10)[None] < lengths[:, None], rng.randint(4, 20, (8, 10)), 0).astype(np.int32)
+  batch = {"src": jnp.asarray(rng.randint(4, 20, (8, 6)).astype(np.int32)), "tgt": jnp.asarray(tgt)}
+  results = []
+  for accum in (1, 2):
+    cfg = _step_config(accum)
+    cfg.model = mlc.ConfigDict(dict(name="transformer_tiny", vocab_size=20, d_model=16, num_heads=2, d_ff=32,
+                                    num_layers=1, dropout_rate=0.0, max_len=16))  # fmt: skip
+    cfg.label_smoothing = 0.1
+    task = Task()
+    task.config = cfg
+    model = train.build_model(cfg)
+    schedule = train.make_schedule(cfg, 10, 1)
+    tx = train.make_optimizer(cfg, schedule)
+    params = jax.jit(model.init)(jax.random.key(0), batch["src"], batch["tgt"])["params"]
+    state = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), {})
+    new_state, metrics = jax.jit(train.make_train_step(model, tx, schedule, cfg, task))(state, batch)
+    results.append((new_state, jax.device_get(metrics)))
+  (s1, m1), (s2, m2) = results
+  for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params)):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=1e-5)
+  for key in ("train/loss", "train/accuracy", "train/grad_norm"):
+    np.testing.assert_allclose(m2[key], m1[key], rtol=1e-5)
+  assert m1["train/tokens"] == m2["train/tokens"] == lengths.sum()
+
+
 def test_adapt_params_resamples_positions_and_replaces_head():
   _, loaded = _tiny_vit()  # 8x8 images: 1 + 4x4 tokens, 10 classes
   _, target = _tiny_vit(image_size=16, seed=1, num_classes=5)  # 1 + 8x8 tokens, 5 classes

@@ -113,7 +113,7 @@ def default_config() -> mlc.ConfigDict:
   # per parameter by wd_mults (None: the model family's rules, no decay on biases, norms, positions, bias tables)
   c.optim.weight_decay = 1e-4
   c.optim.grad_clip_norm = 1.0  # global-norm clipping; 0 disables
-  c.optim.accum_steps = 1  # gradient accumulation: micro-batches per step
+  c.optim.accum_steps = 1  # gradient accumulation: micro-batches per step (the step stays the full batch's)
   # Layer-wise learning-rate decay (ViT and Swin; BEiT's and MAE's fine-tuning recipe, e.g. 0.65-0.75): the
   # parameters of layer i of L learn at lr * layer_decay ** (L + 1 - i), the head at lr; None (or 1) is off. The layer of
   # every parameter: ViT.layer_index and Swin.layer_index (vitjax/models).

@@ -106,9 +106,11 @@ class Task(Protocol):
     """Positional model inputs from a (device) batch."""
 
   def loss(self, logits: jax.Array, batch: dict) -> tuple[jax.Array, dict]:
-    """(scalar loss, {name: scalar}) of one batch.
+    """(scalar loss, {name: scalar}) of one batch: means over the batch's examples, or over its "tokens".
 
-    A "tokens" entry is summed, not averaged, over micro-batches.
+    A "tokens" entry is what the loss and the other metrics are means over (translation: the target tokens): with
+    gradient accumulation the micro-batches are weighted by it, so that the step is the full batch's, and it is
+    summed; without one the micro-batches weigh the same.
     """
 
   def check_split(self, split: str, what: str) -> None:

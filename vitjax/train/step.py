@@ -1,7 +1,9 @@
 """The training step: batch-level work, forward, loss, gradients, optimizer update.
 
 The task's batch-level work on the device (task.device_batch), forward, the task's loss, gradients (accumulated over
-micro-batches), optimizer update.
+micro-batches), optimizer update. With accumulation the loss, gradient and metrics are the full batch's: each
+micro-batch's means weighted by what they are over (its "tokens" where the task counts them, else equally), so
+that accum_steps changes the memory a step needs, not the update.
 
 Pure and jit-compiled by the loop with donated state; the task decides the model's inputs and the loss.
 Divergence guard: the update is applied only if the loss, the gradient norm and every new parameter are finite
@@ -48,18 +50,20 @@ def make_train_step(model, tx, schedule, config, task, grad_sharding=None) -> Ca
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if accum == 1:
       (loss, (model_state, metrics)), grads = grad_fn(state.params, state.model_state, batch, rng)
-    else:  # micro-batches in sequence, gradients averaged: one optimizer step per global batch
+    else:  # micro-batches in sequence: one optimizer step per global batch, the full batch's loss and gradient
       # micro-batch i takes rows i, i + accum, ...: every micro-batch spans all devices of the data axis
       micro = jax.tree.map(lambda x: jnp.swapaxes(x.reshape((x.shape[0] // accum, accum) + x.shape[1:]), 0, 1), batch)
 
-      def body(carry, xs):
-        grads, model_state, loss, metrics, i = carry
+      def body(carry, xs):  # sums weighted by what each micro-batch's means are over (its tokens, or 1)
+        grads, model_state, loss, metrics, weight, i = carry
         (micro_loss, (model_state, m)), g = grad_fn(state.params, model_state, xs, jax.random.fold_in(rng, i))
+        w = m.get("tokens", 1.0)
         return (
-          jax.tree.map(jnp.add, grads, g),
+          jax.tree.map(lambda a, b: a + w * b, grads, g),
           model_state,
-          loss + micro_loss,
-          jax.tree.map(jnp.add, metrics, m),
+          loss + w * micro_loss,
+          {k: metrics[k] + (v if k == "tokens" else w * v) for k, v in m.items()},
+          weight + w,
           i + 1,
         ), None
 
@@ -70,9 +74,11 @@ def make_train_step(model, tx, schedule, config, task, grad_sharding=None) -> Ca
         lambda: grad_fn(state.params, state.model_state, jax.tree.map(lambda x: x[0], micro), rng)
       )
       m0 = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes[0][1][1])
-      (grads, model_state, loss, metrics, _), _ = jax.lax.scan(body, (zeros, state.model_state, 0.0, m0, 0), micro)
-      grads, loss = jax.tree.map(lambda g: g / accum, grads), loss / accum
-      metrics = {k: v if k == "tokens" else v / accum for k, v in metrics.items()}  # token counts add up
+      carry = (zeros, state.model_state, 0.0, m0, 0.0, 0)
+      (grads, model_state, loss, metrics, weight, _), _ = jax.lax.scan(body, carry, micro)
+      weight = jnp.maximum(weight, 1.0)  # (no tokens at all: every sum is 0)
+      grads, loss = jax.tree.map(lambda g: g / weight, grads), loss / weight
+      metrics = {k: v if k == "tokens" else v / weight for k, v in metrics.items()}  # token counts add up
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     grad_norm = optax.global_norm(grads)

@@ -441,6 +441,35 @@ def test_gradient_accumulation_of_a_per_token_loss_matches_one_big_batch():
   assert m1["train/tokens"] == m2["train/tokens"] == lengths.sum()
 
 
+def test_a_skipped_step_keeps_the_parameters_but_the_schedule_goes_on_with_the_step():
+  """A non-finite step is not applied, but it counts as a step: the next one applies the logged train/lr =
+  schedule(step) (it applied schedule(step - skips), and the schedule never reached its end)."""
+  cfg = _step_config(1)
+  cfg.schedule.decay, cfg.optim.weight_decay = "linear", 0.0  # plain sgd: an update is -lr * gradient
+  model, schedule = train.build_model(cfg), train.make_schedule(cfg, 10, 1)
+  tx = train.make_optimizer(cfg, schedule)
+  _, params = _tiny_vit(dropout_rate=0.0)
+  step = jax.jit(train.make_train_step(model, tx, schedule, cfg, tasks.ImageClassification(cfg, "")))
+  rng = np.random.RandomState(1)
+  good = {
+    "image": jnp.asarray(rng.uniform(-1, 1, (16, 8, 8, 1)).astype(np.float32)),
+    "label": jnp.asarray(rng.randint(0, 10, 16).astype(np.int32)),
+  }
+  bad = {**good, "image": jnp.full((16, 8, 8, 1), jnp.nan)}
+  fresh = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), {})
+  after_bad, m_bad = step(fresh, bad)
+  assert float(m_bad["train/nonfinite"]) == 1.0 and int(after_bad.step) == 1
+  for a, b in zip(jax.tree.leaves(after_bad.params), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  first, m0 = step(fresh, good)  # schedule(0) = lr
+  second, m1 = step(after_bad, good)  # the same gradient, at step 1: schedule(1) = 0.9 lr
+  assert float(m0["train/lr"]) == pytest.approx(0.5) and float(m1["train/lr"]) == pytest.approx(0.45)
+  moved = lambda s: np.concatenate(
+    [np.ravel(a - b) for a, b in zip(jax.tree.leaves(s.params), jax.tree.leaves(params))]
+  )
+  np.testing.assert_allclose(moved(second), moved(first) * 0.9, rtol=1e-4, atol=1e-7)  # (p + u) - p rounds
+
+
 def test_adapt_params_resamples_positions_and_replaces_head():
   _, loaded = _tiny_vit()  # 8x8 images: 1 + 4x4 tokens, 10 classes
   _, target = _tiny_vit(image_size=16, seed=1, num_classes=5)  # 1 + 8x8 tokens, 5 classes

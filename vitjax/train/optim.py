@@ -350,7 +350,7 @@ def scale_by_mults(mults) -> optax.GradientTransformation:
 
 
 class DecayState(NamedTuple):
-  """decoupled_weight_decay's state: `count`, an int32 scalar, the updates applied so far (the schedule's step)."""
+  """decoupled_weight_decay's state: `count`, an int32 scalar, the schedule's step (skipped steps count: kept_state)."""
 
   count: jax.Array
 
@@ -445,6 +445,18 @@ def check_rules(config, model, params) -> None:
     _decide(((r, 1.0),), params, "frozen", 0.0)
   if config.frozen:
     frozen_tree(config, params)
+
+
+def kept_state(applied, new_state, old_state):
+  """The optimizer state after a step: `new_state` if `applied` (a traced bool), else `old_state` but for its counts.
+
+  The schedule's step counts (optax.ScaleByScheduleState, DecayState) go on with the run's step, as the step count does: the learning rate of every later step is the one logged
+  (train/lr = schedule(step)), and the schedule still ends at total_steps. The optimizer's own counts (Adam's bias
+  correction) are those of the updates applied.
+  """
+  counts = lambda x: isinstance(x, (optax.ScaleByScheduleState, DecayState))
+  pick = lambda n, o: n if counts(n) else jax.tree.map(lambda a, b: jnp.where(applied, a, b), n, o)
+  return jax.tree.map(pick, new_state, old_state, is_leaf=counts)
 
 
 class EmaState(NamedTuple):

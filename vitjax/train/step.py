@@ -8,8 +8,8 @@ that accum_steps changes the memory a step needs, not the update.
 Pure and jit-compiled by the loop with donated state; the task decides the model's inputs and the loss.
 Divergence guard: the update is applied only if the loss, the gradient norm and every new parameter are finite
 (checked as the new parameters' global norm, which also flags parameters past 1e19);
-otherwise the state stays as it was (but for the step count) and `train/nonfinite` is 1, for the loop to stop
-or skip (config.on_nonfinite).
+otherwise the state stays as it was (but for the step count, and the learning-rate schedule's with it) and
+`train/nonfinite` is 1, for the loop to stop or skip (config.on_nonfinite).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def make_train_step(model, tx, schedule, config, task, grad_sharding=None) -> Ca
     new_state = TrainState(
       state.step + 1,
       keep(params, state.params),
-      keep(opt_state, state.opt_state),
+      optim.kept_state(finite, opt_state, state.opt_state),  # (the schedule's counts go on with the step)
       keep(model_state, state.model_state),
     )
     return new_state, metrics

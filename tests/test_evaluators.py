@@ -125,6 +125,13 @@ def test_classification_metrics_are_their_definitions(finished_run, data_dir):
   bins = np.minimum((conf * 10).astype(int), 9)
   ece = sum(abs(conf[bins == b].sum() - hit[bins == b].sum()) for b in range(10)) / n
   assert got["t/ece"] == pytest.approx(ece, abs=1e-5)
+  # examples= is a cap: the first 100 images exactly, at any batch size (it read whole batches: 128 at 64 a batch)
+  config.data.eval_batch_size = 64
+  with jax.set_mesh(net.mesh):
+    capped = evaluators.resolve(config, task, "t", {"type": "classification", "split": "test", "examples": 100}, None)
+    got = capped.run(net, variables)
+  assert got["t/examples"] == 100
+  np.testing.assert_allclose(got["t/loss"], -np.log(p[np.arange(100), labels[:100]]).mean(), rtol=1e-5)
 
 
 def test_shifts_and_other_data_reach_the_images(finished_run, data_dir):

@@ -378,6 +378,14 @@ class _Split:
     self.subset = subset
     self.num_examples = len(self.source) if subset is None else len(subset)
 
+  def limit(self, count: int) -> None:
+    """Keeps the first `count` examples (of the subset, if any)."""
+    if not isinstance(count, (int, np.integer)) or isinstance(count, bool) or count < 1:
+      raise ValueError(f"limit={count!r} must be a whole number, at least 1 (or None: every example)")
+    positions = np.arange(len(self.source)) if self.subset is None else self.subset
+    self.subset = np.asarray(positions[:count], np.int64)
+    self.num_examples = len(self.subset)
+
   def examples(self, positions: np.ndarray | None, cache: bool) -> _Examples:
     """The examples at `positions` (None: all, or the subset), read into memory first when `cache`."""
     source = self.source
@@ -472,6 +480,7 @@ def make_input(
   preprocess: Preprocess | None = None,
   cache: bool | None = False,
   cache_max_mb: float = 1024,
+  limit: int | None = None,
 ) -> tuple[Iterator[dict[str, np.ndarray]], DatasetInfo]:
   """Builds the grain input pipeline of one split on this process.
 
@@ -499,6 +508,8 @@ def make_input(
       same batches, faster, for datasets that fit in memory (Fashion-MNIST: 40 MiB). None: when
       `_cache_estimate` times (1 + worker_count) copies is at most `cache_max_mb`.
     cache_max_mb: the memory, in MiB, that cache=None lets the copies take.
+    limit: evaluation only: the first `limit` examples of the split (or of `subset`), shared among the processes
+      as the whole split would be; None: all. The same examples on any number of processes or devices.
 
   Returns:
     (iterator, info): the iterator yields the batches of the module docstring and has get_state() / set_state().
@@ -521,6 +532,8 @@ def make_input(
     )
   local_batch = global_batch_size // process_count
   split_ = _Split(name, split, data_dir, subset)
+  if limit is not None and not train:
+    split_.limit(limit)
   if cache is None:
     cache = _fits_in_memory(split_, worker_count, cache_max_mb)
   shards = (process_index, process_count, local_batch)

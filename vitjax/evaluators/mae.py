@@ -1,8 +1,9 @@
 """Masked image modelling's reconstruction (vitjax.tasks.mae): its loss, and images drawn as PNG.
 
-The loss of the dropped patches under fixed masks (the same at every evaluation, drawn from config.seed), and the first
-`drawn` images of the split drawn as PNG rows (original, what the encoder saw, the reconstruction with the visible
-patches pasted back) into WORKDIR/reconstructions/step_N.png.
+The loss of the dropped patches under fixed masks (each image's drawn from config.seed and its position in the
+split: the same at every evaluation, for any batch size or number of devices), and the first `drawn` images of the
+split drawn as PNG rows (original, what the encoder saw, the reconstruction with the visible patches pasted back)
+into WORKDIR/reconstructions/step_N.png.
 
 Options: drawn (8; 0 draws nothing).
 """
@@ -64,10 +65,10 @@ def run(ev, net, variables, stop=None, step=None) -> dict:
   (gh, gw), patch, pre = task.grid, task.patch, task.preprocess()
   key = jax.random.key(ev.config.seed + 4)  # the same masks at every evaluation
   sums, drawn = None, None
-  for i, batch in enumerate(task.eval_batches(ev.split, ev.examples)):
+  for batch in task.eval_batches(ev.split, ev.examples):
     check_stop(stop)
-    batch = mesh_lib.to_global(batch, net.batch_sharding, ("image", "mask"))
-    out, pred = _step(net.model, variables, batch, jax.random.fold_in(key, i), patch, gh * gw, pre.mean, pre.std)
+    batch = mesh_lib.to_global(batch, net.batch_sharding, ("image", "mask", "index"))
+    out, pred = _step(net.model, variables, batch, key, patch, gh * gw, pre.mean, pre.std)
     sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
     if drawn is None and ev.options["drawn"]:
       n = ev.options["drawn"]
@@ -105,7 +106,8 @@ def _draw(images, pred, mask, grid, patch, path: str) -> None:
 @functools.partial(jax.jit, static_argnums=(0, 4, 5, 6, 7))
 def _step(model, variables, batch, key, patch, num_patches, mean=None, std=None):
   images = device_ops.to_float(batch["image"], mean, std)
-  noise = jax.random.uniform(key, (images.shape[0], num_patches))
+  # each image's mask from its position in the split: the same whatever the batch size, devices or processes
+  noise = jax.vmap(lambda i: jax.random.uniform(jax.random.fold_in(key, i), (num_patches,)))(batch["index"])
   output, _ = model.apply(variables, images, noise, train=False)
   per_patch = patch_errors(output["pred"], images, patch)
   valid = batch["mask"].astype(jnp.float32)

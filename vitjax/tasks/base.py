@@ -117,7 +117,7 @@ class Task(Protocol):
     """ConfigError naming the setting `what` if the data has no split `split`."""
 
   def eval_batches(self, split: str, limit: int | None = None):
-    """A split's evaluation data for its evaluators (vitjax.evaluators), at least `limit` examples (None: all).
+    """A split's evaluation data for its evaluators (vitjax.evaluators): its first `limit` examples (None: all).
 
     Its form is the task's (image batches; translation's pairs and batches), as evaluators are written for tasks.
     """

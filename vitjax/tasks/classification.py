@@ -297,18 +297,14 @@ class ImageClassification:
   def eval_batches(self, split: str, limit: int | None = None):
     """The process-local evaluation batches of a split: what evaluators (vitjax.evaluators) read.
 
-    Batches of (image uint8, label, mask: 0 for padding rows), at least `limit` examples (None: all), with a progress
-    line.
+    Batches of (image uint8, label, mask: 0 for padding rows, index: the example's position in the split) of the
+    split's first `limit` examples (None: all; the same on any number of processes), with a progress line.
     """
-    it, info = self._input(split, False)
+    it, info = self._input(split, False, limit=limit)
     progress = Progress(f"eval {split}", info.steps_per_epoch, unit="images")
-    seen = 0
     for batch in it:
       yield batch
-      seen += len(batch["label"]) * jax.process_count()
       progress.update(len(batch["label"]) * jax.process_count())
-      if limit is not None and seen >= limit:
-        return
 
   # -- representations (vitjax.probe)
   def features(self, model, variables, split, sharding, limit=None, stop=None) -> tuple[np.ndarray, np.ndarray]:
@@ -317,10 +313,10 @@ class ImageClassification:
     The model's pooled representation, the input of its head (its intermediates["pre_logits"]), computed under jit over
     the mesh; every process gets all of them. `limit` caps the examples; `stop()` as in evaluate().
     """
-    it, info = self._input(split, False)
+    it, info = self._input(split, False, limit=limit)
     pre = self.preprocess()
     progress = Progress(f"features {split}", info.steps_per_epoch, unit="images")
-    feats, labels, count = [], [], 0
+    feats, labels = [], []
     for batch in it:
       check_stop(stop)
       batch = mesh_lib.to_global(batch, sharding, ("image", "label", "mask"))
@@ -328,13 +324,10 @@ class ImageClassification:
       keep = mesh_lib.gather(batch["mask"]).astype(bool)
       feats.append(mesh_lib.gather(out)[keep])
       labels.append(mesh_lib.gather(batch["label"])[keep])
-      count += int(keep.sum())
       progress.update(len(keep))
-      if limit is not None and count >= limit:
-        break
     if not feats:
       raise ConfigError(f"config.data ({self.config.data.name}, split {split!r}): no examples to compute features of")
-    return np.concatenate(feats)[:limit], np.concatenate(labels)[:limit]
+    return np.concatenate(feats), np.concatenate(labels)
 
   @staticmethod
   def representation(model, images):

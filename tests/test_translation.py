@@ -327,3 +327,14 @@ def test_decode_sweep_chooses_on_valid_writes_the_config_and_resumes(run, tmp_pa
   assert wider.returncode == 0 and wider.stderr.count("point ") == 2, wider.stderr[-2000:]  # only alpha 2 is new
   bad = th.run_module("sweep.decode", args[0], "--beam_sizes=0", timeout=120)
   assert bad.returncode == 2 and "--beam_sizes=0 must be a whole number, at least 1" in bad.stderr
+
+
+def test_each_sentence_is_decoded_to_its_own_sources_cap():
+  """translate_batch caps each row at decode_len of its own source tokens (it capped the whole batch by its padded
+  width, which the longest source or reference set: an 8-token source was allowed 82 tokens)."""
+  from vitjax.tasks.translation import _row_lengths
+
+  src = np.array([[5, 5, 5, 1, 0, 0, 0, 0], [5] * 7 + [1], [0] * 8], np.int32)  # 4 and 8 tokens, and a padding row
+  assert _row_lengths(src, 0, 22, 10.0, 64).tolist() == [16, 22, 10]  # int(1.5 n + 10)
+  assert _row_lengths(src, 0, 22, 10.0, 12).tolist() == [12, 12, 10]  # at most data.max_len
+  assert _row_lengths(src, 0, 22, 0.0, 64).tolist() == [6, 12, 1]  # at least 1

@@ -3,7 +3,9 @@
 Jit-compiled with static shapes and the decoder's KV cache: greedy, beam search with the GNMT length penalty ((5 + len)
 / 6)^alpha, and temperature / top-k sampling. Decoding starts from the model's bos_id (the start token is not part of
 the output) and stops at its eos_id; every function returns tokens [B, max_len] that end with EOS (when one was
-produced) and are padded with the model's pad_id after it.
+produced) and are padded with the model's pad_id after it. `lengths` (int [B], optional) caps each row at its own
+length within max_len: row b is then decoded exactly as with max_len=lengths[b] (translation caps each sentence by its
+source's length), whatever the other rows of the batch.
 
 beam_search is the standard search of tensor2tensor and flax's examples/wmt/decode.py: every EOS-ending
 candidate among the top 2K of a step finishes (see beam_search; tests/test_beam_golden.py checks 288 beams of
@@ -58,12 +60,13 @@ def _step(dec, params, cache, tokens, encoded, src, i):
   return logits[:, 0], upd["cache"]
 
 
-def _check(model, src, max_len, beam_size=1, top_k=0, temperature=1.0, alpha=0.0, rng=None):
+def _check(model, src, max_len, beam_size=1, top_k=0, temperature=1.0, alpha=0.0, rng=None, lengths=None):
   """ValueError of one line for an argument the search would fail on deep inside jax, or misread silently.
 
   src: integer [B, S] ids in the source vocabulary (checked where known: outside a caller's jit; an id out of range
   encoded as NaN and decoded as padding). max_len in 1..model.max_len; the decoding options as every way to decode
-  checks them (vitjax.tasks.translation.check_decoding; a traced one is not known); rng a jax.random.key.
+  checks them (vitjax.tasks.translation.check_decoding; a traced one is not known); rng a jax.random.key; lengths
+  None or integer [B] in 1..max_len (its values where known).
   """
   from vitjax.models.transformer import check_ids  # pylint: disable=g-import-not-at-top
   from vitjax.tasks.translation import check_decoding  # pylint: disable=g-import-not-at-top (it imports this module)
@@ -82,14 +85,29 @@ def _check(model, src, max_len, beam_size=1, top_k=0, temperature=1.0, alpha=0.0
     or (jnp.shape(rng) == (2,) and jnp.result_type(rng) == jnp.uint32)
   ):
     raise ValueError(f"rng must be a PRNG key, e.g. jax.random.key(0); got {jnp.result_type(rng)} {jnp.shape(rng)}")
+  if lengths is not None:
+    if jnp.shape(lengths) != src.shape[:1] or not jnp.issubdtype(jnp.result_type(lengths), jnp.integer):
+      raise ValueError(
+        f"lengths must be integers [B] = [{src.shape[0]}], one per row; got {jnp.result_type(lengths)} "
+        f"{tuple(jnp.shape(lengths))}"
+      )
+    if not isinstance(lengths, jax.core.Tracer) and getattr(lengths, "is_fully_addressable", True):
+      low, high = int(np.min(lengths)), int(np.max(lengths))
+      if low < 1 or high > max_len:
+        raise ValueError(f"lengths holds {low}..{high}: each must be in 1..max_len={max_len}")
 
 
 def _as_ids(src):
   return src if isinstance(src, (jax.Array, jax.core.Tracer)) else jnp.asarray(src)
 
 
-def _sequential(model, params, src, max_len, choose):
-  """Shared loop of greedy decoding and sampling: choose(logits [B, V], i) -> next tokens [B]."""
+def _lengths(src, max_len, lengths):
+  """Each row's cap: int32 [B] (max_len for every row when lengths is None)."""
+  return jnp.full(src.shape[:1], max_len, jnp.int32) if lengths is None else jnp.asarray(lengths, jnp.int32)
+
+
+def _sequential(model, params, src, max_len, choose, lengths):
+  """Shared loop of greedy decoding and sampling: choose(logits [B, V], i) -> next tokens [B]; row b stops at lengths[b]."""
   encoded = model.apply({"params": params}, src, method=model.encode)
   dec, cache = _init_cache(model, params, src, encoded, max_len)
   b = src.shape[0]
@@ -101,9 +119,10 @@ def _sequential(model, params, src, max_len, choose):
   def body(state):
     i, prev, out, done, cache = state
     logits, cache = _step(dec, params, cache, prev, encoded, src, i)
-    tok = jnp.where(done, model.pad_id, choose(logits, i))
+    stop = done | (i >= lengths)
+    tok = jnp.where(stop, model.pad_id, choose(logits, i))
     out = out.at[:, i].set(tok)
-    return i + 1, tok, out, done | (tok == model.eos_id), cache
+    return i + 1, tok, out, stop | (tok == model.eos_id), cache
 
   init = (
     0,
@@ -115,30 +134,32 @@ def _sequential(model, params, src, max_len, choose):
   return jax.lax.while_loop(cond, body, init)[2]
 
 
-def greedy(model, params, src, max_len: int):
-  """Most probable token at each step. src [B, S] -> tokens [B, max_len]."""
+def greedy(model, params, src, max_len: int, lengths=None):
+  """Most probable token at each step. src [B, S] -> tokens [B, max_len]; lengths: each row's cap (module doc)."""
   src = _as_ids(src)
-  _check(model, src, max_len)
-  return _greedy(model, params, src, max_len)
+  _check(model, src, max_len, lengths=lengths)
+  return _greedy(model, params, src, max_len, _lengths(src, max_len, lengths))
 
 
 @functools.partial(jax.jit, static_argnames=("model", "max_len"))
-def _greedy(model, params, src, max_len: int):
-  return _sequential(model, params, src, max_len, lambda logits, i: jnp.argmax(logits, -1).astype(jnp.int32))
+def _greedy(model, params, src, max_len: int, lengths):
+  choose = lambda logits, i: jnp.argmax(logits, -1).astype(jnp.int32)
+  return _sequential(model, params, src, max_len, choose, lengths)
 
 
-def sample(model, params, src, rng, max_len: int, temperature: float = 1.0, top_k: int = 0):
+def sample(model, params, src, rng, max_len: int, temperature: float = 1.0, top_k: int = 0, lengths=None):
   """Samples from softmax(logits / temperature), restricted to the top_k tokens when top_k > 0.
 
-  src [B, S] -> tokens [B, max_len]; rng: a jax.random.key; temperature 0: the most likely token.
+  src [B, S] -> tokens [B, max_len]; rng: a jax.random.key; temperature 0: the most likely token; lengths: each
+  row's cap (module doc).
   """
   src = _as_ids(src)
-  _check(model, src, max_len, top_k=top_k, temperature=temperature, rng=rng)
-  return _sample(model, params, src, rng, max_len, temperature, top_k)
+  _check(model, src, max_len, top_k=top_k, temperature=temperature, rng=rng, lengths=lengths)
+  return _sample(model, params, src, rng, max_len, temperature, top_k, _lengths(src, max_len, lengths))
 
 
 @functools.partial(jax.jit, static_argnames=("model", "max_len", "top_k"))
-def _sample(model, params, src, rng, max_len: int, temperature: float = 1.0, top_k: int = 0):
+def _sample(model, params, src, rng, max_len: int, temperature: float, top_k: int, lengths):
   def choose(logits, i):
     logits = logits / jnp.maximum(temperature, 1e-6)
     if top_k:
@@ -146,7 +167,7 @@ def _sample(model, params, src, rng, max_len: int, temperature: float = 1.0, top
       logits = jnp.where(logits < kth, NEG_INF, logits)
     return jax.random.categorical(jax.random.fold_in(rng, i), logits).astype(jnp.int32)
 
-  return _sequential(model, params, src, max_len, choose)
+  return _sequential(model, params, src, max_len, choose, lengths)
 
 
 def length_penalty(length, alpha: float):
@@ -154,7 +175,9 @@ def length_penalty(length, alpha: float):
   return ((5.0 + length) / 6.0) ** alpha
 
 
-def beam_search(model, params, src, beam_size: int, max_len: int, alpha: float = 0.6, finish: str = "candidates"):
+def beam_search(
+  model, params, src, beam_size: int, max_len: int, alpha: float = 0.6, finish: str = "candidates", lengths=None
+):
   """Beam search. src [B, S] -> (tokens [B, max_len], scores [B]) for the best beam of each example.
 
   The standard search of tensor2tensor and flax's examples/wmt (tests/test_beam_golden.py: the same beams and
@@ -170,16 +193,17 @@ def beam_search(model, params, src, beam_size: int, max_len: int, alpha: float =
   hypothesis, which wins if nothing the greedy path reaches later scores higher.
   finish="beam" is vitjax's rule before this one (kept to reproduce old results; there beam 1 is greedy): an
   EOS candidate finishes only if it ranks within the top K, so hypotheses that scored higher were dropped.
+  lengths: each row's cap (module doc): row b's search stops at lengths[b], as it would with that max_len.
   """
   src = _as_ids(src)
-  _check(model, src, max_len, beam_size=beam_size, alpha=alpha)
+  _check(model, src, max_len, beam_size=beam_size, alpha=alpha, lengths=lengths)
   if finish not in ("candidates", "beam"):
     raise ValueError(f"unknown finish rule {finish!r}; use 'candidates' (the standard) or 'beam'")
-  return _beam_search(model, params, src, beam_size, max_len, alpha, finish)
+  return _beam_search(model, params, src, beam_size, max_len, alpha, finish, _lengths(src, max_len, lengths))
 
 
 @functools.partial(jax.jit, static_argnames=("model", "beam_size", "max_len", "finish"))
-def _beam_search(model, params, src, beam_size: int, max_len: int, alpha: float, finish: str):
+def _beam_search(model, params, src, beam_size: int, max_len: int, alpha: float, finish: str, lengths):
   b, k = src.shape[0], beam_size
   encoded = model.apply({"params": params}, src, method=model.encode)
   rep = lambda x: jnp.repeat(x, k, axis=0)  # [B, ...] -> [B*K, ...]
@@ -193,15 +217,16 @@ def _beam_search(model, params, src, beam_size: int, max_len: int, alpha: float,
   fin_score = jnp.full((b, k), NEG_INF)
   fin_seq = jnp.full((b, k, max_len), model.pad_id, jnp.int32)
   fin_flag = jnp.zeros((b, k), bool)
-  max_penalty = length_penalty(max_len, alpha)
+  max_penalty = length_penalty(lengths, alpha)  # [B]: the longest each row's hypotheses can get
 
   def cond(state):
     i, live_lp, _, fin_score, _, fin_flag, _ = state
     best_possible = live_lp[:, 0] / max_penalty  # log p only falls and the penalty only grows (alpha >= 0)
     worst_kept = jnp.where(jnp.all(fin_flag, axis=1), jnp.min(fin_score, axis=1), NEG_INF)
-    return (i < max_len) & ~jnp.all(worst_kept > best_possible)
+    return (i < max_len) & ~jnp.all((i >= lengths) | (worst_kept > best_possible))
 
   def body(state):
+    old = state
     i, live_lp, live_seq, fin_score, fin_seq, fin_flag, cache = state
     prev = jnp.where(i == 0, model.bos_id, live_seq[:, :, jnp.maximum(i - 1, 0)]).reshape(b * k)
     logits, cache = _step(dec, params, cache, prev, enc_k, src_k, i)
@@ -228,7 +253,11 @@ def _beam_search(model, params, src, beam_size: int, max_len: int, alpha: float,
     flat = (jnp.arange(b)[:, None] * k + src_beam).reshape(-1)
     # cached keys/values are [B*K, T, H, D], or [layers, B*K, T, H, D] when the stack is scanned
     cache = jax.tree.map(lambda c: jnp.take(c, flat, axis=c.ndim - 4) if c.ndim >= 4 else c, cache)
-    return i + 1, live_lp, live_seq, fin_score, fin_seq, fin_flag, cache
+    # a row past its own length keeps its hypotheses as they were (its cache no longer matters)
+    going = i < lengths
+    keep = lambda new, was: jnp.where(going.reshape((b,) + (1,) * (new.ndim - 1)), new, was)
+    searched = (live_lp, live_seq, fin_score, fin_seq, fin_flag)
+    return i + 1, *map(keep, searched, old[1:6]), cache
 
   state = (0, live_lp, live_seq, fin_score, fin_seq, fin_flag, cache)
   _, live_lp, live_seq, fin_score, fin_seq, fin_flag, _ = jax.lax.while_loop(cond, body, state)

@@ -12,6 +12,7 @@ ConfigError naming the value to set.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 
@@ -83,6 +84,13 @@ def check_method_options(method: str, given: dict, name=str) -> None:
       f"{name(key)}={value!r} does nothing with {name('method')}={method!r}: it is an option of "
       f"{' and '.join(map(repr, users))} decoding; set {name('method')}={users[0]!r} or leave it out"
     )
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
+def _row_lengths(src, pad: int, width: int, extra_len: float, max_len: int):
+  """Translation.decode_len of each row's source tokens: int32 [B] in 1..width."""
+  n = jnp.sum(src != pad, axis=1).astype(jnp.float32)
+  return jnp.clip(jnp.floor(jnp.minimum(max_len, n * 1.5 + extra_len)), 1, width).astype(jnp.int32)
 
 
 class Translation:
@@ -308,19 +316,26 @@ class Translation:
 
   # -- decoding
   def translate_batch(self, model, params, src, max_len: int, decoding: dict):
-    """Token ids [B, S] (global array) -> token ids [B, max_len] with `decoding` (DECODING's keys)."""
+    """Token ids [B, S] (global array) -> token ids [B, max_len] with `decoding` (DECODING's keys).
+
+    Each row is decoded to at most decode_len(its source's tokens, extra_len) tokens (max_len, static, is at least
+    that of the longest: decode_len(S, extra_len)); so a sentence's translation does not depend on the rest of its
+    batch, nor on the references.
+    """
     g = {**DECODING, **decoding}
+    lengths = _row_lengths(src, self.tokenizer.PAD, max_len, float(g["extra_len"]), self.config.data.max_len)
     if g["method"] == "beam":
-      return decode.beam_search(model, params, src, beam_size=g["beam_size"], max_len=max_len, alpha=g["alpha"])[0]
+      beam, alpha = g["beam_size"], g["alpha"]
+      return decode.beam_search(model, params, src, beam_size=beam, max_len=max_len, alpha=alpha, lengths=lengths)[0]
     if g["method"] == "greedy":
-      return decode.greedy(model, params, src, max_len=max_len)
+      return decode.greedy(model, params, src, max_len=max_len, lengths=lengths)
     if g["method"] == "sample":
-      key = jax.random.key(self.config.seed)
-      return decode.sample(model, params, src, key, max_len=max_len, temperature=g["temperature"], top_k=g["top_k"])
+      key, temperature, top_k = jax.random.key(self.config.seed), g["temperature"], g["top_k"]
+      return decode.sample(model, params, src, key, max_len, temperature=temperature, top_k=top_k, lengths=lengths)
     raise ConfigError(f"unknown decoding method {g['method']!r}; use {', '.join(map(repr, METHODS))}")
 
   def decode_len(self, src_len: int, extra_len: int) -> int:
-    """The most tokens decoded for a source of `src_len` tokens: int(1.5 src_len + extra_len), at most data.max_len."""
+    """The most tokens decoded for a source of `src_len` tokens with its EOS: int(1.5 src_len + extra_len) <= max_len."""
     return int(min(self.config.data.max_len, src_len * 1.5 + extra_len))
 
   def eval_batches(self, split: str, limit: int | None = None):

@@ -119,8 +119,14 @@ def test_classification_metrics_are_their_definitions(finished_run, data_dir):
   assert got["t/examples"] == n == 300
   np.testing.assert_allclose(got["t/loss"], -np.log(p[np.arange(n), labels]).mean(), rtol=1e-5)
   assert got["t/accuracy"] == pytest.approx((p.argmax(1) == labels).mean(), abs=1e-6)
-  rank = (logits > logits[np.arange(n), labels][:, None]).sum(1)
+  label_logit = logits[np.arange(n), labels][:, None]
+  rank = (logits > label_logit).sum(1) + ((logits == label_logit) & (np.arange(10) < labels[:, None])).sum(1)
   assert got["t/top3"] == pytest.approx((rank < 3).mean(), abs=1e-6)
+  # ties ranked as argmax ranks them: equal logits (an untrained head) hold a label in the top 5 for labels 0-4 only
+  from vitjax.evaluators.classification import label_rank
+
+  tied = label_rank(np.zeros((10, 10), np.float32), np.arange(10))
+  assert tied.tolist() == list(range(10)) and label_rank(np.eye(3)[[0, 0]], np.array([0, 2])).tolist() == [0, 2]
   conf, hit = p.max(1), p.argmax(1) == labels
   bins = np.minimum((conf * 10).astype(int), 9)
   ece = sum(abs(conf[bins == b].sum() - hit[bins == b].sum()) for b in range(10)) / n

@@ -115,13 +115,24 @@ def run(ev, net, variables, stop=None, step=None) -> dict:
   return out
 
 
+def label_rank(logits, labels):
+  """The label's rank among the logits [B, K], 0 for the top: top-k holds it when rank < k.
+
+  Ties are ranked as argmax ranks them (the lowest class first), so top-1 is the accuracy: an untrained model's
+  equal logits score top-5 only for labels 0-4 (counting every tie for the label gave it 1.0).
+  """
+  labels = labels[:, None].astype(jnp.int32)
+  label_logit = jnp.take_along_axis(logits, labels, axis=-1)
+  before = jnp.arange(logits.shape[-1])[None, :] < labels
+  return jnp.sum(logits > label_logit, axis=-1) + jnp.sum((logits == label_logit) & before, axis=-1)
+
+
 @functools.partial(jax.jit, static_argnums=(0, 3, 4, 5, 6))
 def _step(model, variables, batch, mean, std, top_k, bins):
   logits, _ = model.apply(variables, device_ops.to_float(batch["image"], mean, std), train=False)
   mask = batch["mask"].astype(jnp.float32)
   labels = batch["label"]
-  label_logit = jnp.take_along_axis(logits, labels[:, None].astype(jnp.int32), axis=-1)
-  rank = jnp.sum(logits > label_logit, axis=-1)  # the label's rank, 0 for the top (ties count for the label)
+  rank = label_rank(logits, labels)
   hit = (logits.argmax(-1) == labels) * mask
   out = {
     "loss_sum": jnp.sum(cross_entropy(logits, labels, logits.shape[-1]) * mask),

@@ -173,8 +173,14 @@ def test_per_class_is_one_file_and_agrees_with_accuracy(finished_run, data_dir, 
   shutil.copytree(finished_run, workdir)
   proc = th.check_ok(th.run_module("main", "--mode=eval", "--eval=per_class", "--split=test", f"--workdir={workdir}"))
   assert proc.stdout.startswith("checkpoint best (step 30) | per_class/balanced_accuracy ")
-  confusion = json.load(open(os.path.join(workdir, "per_class_confusion_30.json")))
+  confusion = json.load(open(os.path.join(workdir, "per_class_confusion_test_30.json")))
   assert np.asarray(confusion["confusion"]).sum() == 300
+  # another split, or the initial weights, is a file of its own (the valid split's overwrote the test split's)
+  th.check_ok(th.run_module("main", "--mode=eval", "--eval=per_class", "--checkpoint=init", f"--workdir={workdir}"))
+  assert json.load(open(os.path.join(workdir, "per_class_confusion_test_30.json")))["split"] == "test"
+  assert (
+    np.asarray(json.load(open(os.path.join(workdir, "per_class_confusion_valid_init.json")))["confusion"]).sum() == 150
+  )
 
 
 def test_a_run_logs_every_evaluator_by_name_and_chooses_best_by_any(run_args, tmp_path):

@@ -2,7 +2,7 @@
 
 balanced_accuracy (the mean of the classes' recalls, what a skewed test set needs), worst_class_accuracy and, for each
 class, accuracy_NAME (its recall; NAME is the class's name, or its index); the confusion matrix (rows: true class,
-columns: predicted) goes to WORKDIR/NAME_confusion_STEP.json.
+columns: predicted) goes to WORKDIR/NAME_confusion_SPLIT_STEP.json (STEP_ema for the moving average's).
 
 This type is also the example of adding one (CONTRIBUTING.md): this file and its test in tests/test_evaluators.py,
 nothing else. Options: none beyond the common ones (vitjax.evaluators), and `shift` as the classification
@@ -44,7 +44,8 @@ def check(ev) -> None:
 def run(ev, net, variables, stop=None, step=None) -> dict:
   """Each class's recall on the split, from its confusion matrix.
 
-  With a `step` and a workdir, process 0 also writes the confusion matrix to WORKDIR/NAME_confusion_STEP.json.
+  With a `step` and a workdir, process 0 also writes the confusion matrix to WORKDIR/NAME_confusion_SPLIT_STEP.json
+  (STEP: the training step, or averaged, init, imported; _ema after it for the moving average's).
   Arguments as in classification.run.
 
   Returns:
@@ -66,7 +67,8 @@ def run(ev, net, variables, stop=None, step=None) -> dict:
   for name, r in zip(np.asarray(names)[seen], recall):
     out[f"accuracy_{re.sub(r'[^A-Za-z0-9_]+', '_', str(name))}"] = float(r)
   if step is not None and ev.workdir and jax.process_index() == 0:
-    path = os.path.join(ev.workdir, f"{ev.name}_confusion_{step}.json")
+    ema = "_ema" if ev.weights == "ema" else ""  # one file per split, weights and what was evaluated
+    path = os.path.join(ev.workdir, f"{ev.name}_confusion_{ev.split}_{step}{ema}.json")
     with open(path + ".tmp", "w") as f:
       json.dump({"split": ev.split, "classes": list(names), "confusion": confusion.tolist()}, f)
     os.replace(path + ".tmp", path)

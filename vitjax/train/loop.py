@@ -621,7 +621,7 @@ def evaluate(
     step, params, model_state = ckpt_lib.read_variables(workdir, config, checkpoint, net.abstract, ev.weights)
     which = "averaged" if str(checkpoint) == ckpt_lib.AVERAGED else step
   with jax.set_mesh(net.mesh):
-    metrics = ev.run(net, {"params": params, **model_state}, step=step)
+    metrics = ev.run(net, {"params": params, **model_state}, step=which)  # (names the files a type writes)
   row = {"step": step, "checkpoint": "init" if initial else str(checkpoint), "evaluator": ev.name, "split": ev.split}
   row = {**row, "weights": ev.weights, **({"init_from": config.init_from} if imported else {}), **metrics}
   other = f"_{ev.weights}" if ev.weights != configured else ""  # --weights= against the evaluator's own

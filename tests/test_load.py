@@ -3,6 +3,7 @@ anywhere; its .predict reproduces the validation accuracy the run logged. (Trans
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -68,14 +69,17 @@ def test_predict_reproduces_the_logged_accuracy_without_data(run_without_data):
   assert not os.path.exists(root / "tfds")  # it really ran without the dataset
 
 
-def test_load_in_process_latest_and_a_step(run_without_data):
+def test_load_in_process_latest_and_a_step(run_without_data, caplog):
   _, workdir, images, labels = run_without_data
+  caplog.set_level("INFO", logger="absl")
   latest = vitjax.load(workdir, "latest")
+  assert "read only" not in caplog.text  # orbax's warning about the read-only manager vitjax opens: noise
   assert latest.step == 30 and latest.config.total_steps == 30
   kept = th.finished_steps(workdir)  # the latest 3 (checkpoint_every=5) and the best evaluated step
   assert kept[-3:] == [20, 25, 30] and len(kept) <= 4
   at_20 = vitjax.load(workdir, 20)
   assert at_20.step == 20
+  assert re.fullmatch(r"Trained\(ViT, classification, step 20, [\d,]+ parameters, workdir='.*'\)", repr(at_20))
   acc = lambda t: float(np.mean(t.predict(images).argmax(1) == labels))
   logged = {r["step"]: r["eval/accuracy"] for r in _logged(workdir)}
   assert acc(latest) == pytest.approx(logged[30], abs=1e-6) and acc(at_20) == pytest.approx(logged[20], abs=1e-6)

@@ -51,6 +51,13 @@ class Trained:
   sharding: NamedSharding
   task: Any
 
+  def __repr__(self) -> str:  # (the dataclass's printed every weight: 110k characters in a notebook)
+    count = sum(x.size for x in jax.tree.leaves(self.variables.get("params", {})))
+    return (
+      f"Trained({type(self.model).__name__}, {self.config.get('task')}, step {self.step}, {count:,} parameters, "
+      f"workdir={self.workdir!r})"
+    )
+
   @property
   def batch_sharding(self) -> NamedSharding:  # (what evaluators take: a Trained serves as their network)
     """The batches' sharding (`sharding`), under the name evaluators take from a network."""

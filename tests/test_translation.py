@@ -338,3 +338,18 @@ def test_each_sentence_is_decoded_to_its_own_sources_cap():
   assert _row_lengths(src, 0, 22, 10.0, 64).tolist() == [16, 22, 10]  # int(1.5 n + 10)
   assert _row_lengths(src, 0, 22, 10.0, 12).tolist() == [12, 12, 10]  # at most data.max_len
   assert _row_lengths(src, 0, 22, 0.0, 64).tolist() == [6, 12, 1]  # at least 1
+
+
+def test_the_split_says_how_many_repeated_pairs_it_left_out(tmp_path, caplog):
+  """Exact duplicates are removed before the split (so no test pair is trained on): the log says how many (19% of
+  a file vanished without a word)."""
+  caplog.set_level("INFO", logger="absl")
+  lines = [f"w{i} x\tX W{i}\n" for i in range(30)] + ["w1 x\tX W1\n"] * 7
+  (tmp_path / "p.tsv").write_text("".join(lines))
+  c = translation_config(f"tsv:{tmp_path / 'p.tsv'}", "xx", "yy", size="tiny")
+  c.data.num_valid, c.data.num_test = 5, 5
+  from vitjax import tasks
+
+  splits = tasks.get(c, str(tmp_path / "w")).splits
+  assert [len(v) for v in splits.values()] == [20, 5, 5]
+  assert "train 20, valid 5, test 5 pairs (37 read, 7 repeated pairs left out)" in caplog.text

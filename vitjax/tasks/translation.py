@@ -129,6 +129,7 @@ class Translation:
           self._splits = text.split_pairs(pairs, d.split_seed, d.num_valid, d.num_test)
         else:
           self._splits = text.split_by_books(pairs, refs, books["valid_books"], books["test_books"])
+        repeated = len(pairs) - sum(len(v) for v in self._splits.values())  # (the splits hold each pair once)
         if d.get("test_source"):
           self._splits["test"] = text.load_pairs(
             d.test_source, src_lang=d.src_lang, tgt_lang=d.tgt_lang, data_dir=d.data_dir
@@ -136,7 +137,8 @@ class Translation:
       except ValueError as e:
         raise ConfigError(f"config.data: {e}") from None
       sizes = ", ".join(f"{k} {len(v)}" for k, v in self._splits.items())
-      logging.info("%s %s->%s: %s pairs", d.source, d.src_lang, d.tgt_lang, sizes)
+      dropped = f" ({len(pairs)} read, {repeated} repeated pairs left out)" if repeated else ""
+      logging.info("%s %s->%s: %s pairs%s", d.source, d.src_lang, d.tgt_lang, sizes, dropped)
     return self._splits
 
   @property

@@ -348,8 +348,6 @@ def test_the_split_says_how_many_repeated_pairs_it_left_out(tmp_path, caplog):
   (tmp_path / "p.tsv").write_text("".join(lines))
   c = translation_config(f"tsv:{tmp_path / 'p.tsv'}", "xx", "yy", size="tiny")
   c.data.num_valid, c.data.num_test = 5, 5
-  from vitjax import tasks
-
   splits = tasks.get(c, str(tmp_path / "w")).splits
   assert [len(v) for v in splits.values()] == [20, 5, 5]
   assert "train 20, valid 5, test 5 pairs (37 read, 7 repeated pairs left out)" in caplog.text

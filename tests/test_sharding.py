@@ -146,10 +146,10 @@ def test_every_preset_gives_the_one_device_losses_and_saves_the_memory_it_promis
     assert specs["stage_0_block_0/attn/query/kernel"] == "P()"
   # the run log's line on the layout states what a device really holds
   mb = lambda n: f"{n / 2**20:.3g}"
-  assert dp["describe"] == f"mesh data=8: parameters replicated ({mb(dp['whole_bytes'])} MB on each device)"
+  assert dp["describe"] == f"mesh data=8: parameters replicated ({mb(dp['whole_bytes'])} MiB on each device)"
   for name, mesh in (("fsdp", "fsdp=8"), ("tp", "data=2 tensor=4"), ("fsdp_tp", "fsdp=2 tensor=4")):
     run = got[name]
-    held = f"a device holds {mb(run['param_bytes'])} of {mb(run['whole_bytes'])} MB of parameters"
+    held = f"a device holds {mb(run['param_bytes'])} of {mb(run['whole_bytes'])} MiB of parameters"
     assert run["describe"].startswith(f"mesh {mesh}: ") and held in run["describe"], (run["describe"], held)
 
 

@@ -218,7 +218,7 @@ def describe(mesh: Mesh, params, shardings) -> str:
   """One line for the log: the mesh's axes and what the parameter layout leaves a device to hold.
 
   `params`: ShapeDtypeStructs (or arrays); `shardings`: a NamedSharding per parameter (param_shardings).
-  E.g. "mesh fsdp=8: 12 of 40 parameter arrays split, a device holds 0.06 of 0.54 MB of parameters (11%)".
+  E.g. "mesh fsdp=8: 12 of 40 parameter arrays split, a device holds 0.06 of 0.54 MiB of parameters (11%)".
   """
   sizes = {a: n for a, n in mesh.shape.items() if n > 1} or {"data": 1}
   text = "mesh " + " ".join(f"{a}={n}" for a, n in sizes.items())
@@ -232,10 +232,10 @@ def describe(mesh: Mesh, params, shardings) -> str:
     held += int(np.prod(shard)) * item
     split += tuple(shard) != tuple(leaf.shape)
   if not split:
-    return f"{text}: parameters replicated ({whole / 2**20:.3g} MB on each device)"
+    return f"{text}: parameters replicated ({whole / 2**20:.3g} MiB on each device)"
   return (
     f"{text}: {split} of {len(leaves)} parameter arrays split, a device holds {held / 2**20:.3g} of "
-    f"{whole / 2**20:.3g} MB of parameters ({held / whole:.0%}), and that share of their optimizer state"
+    f"{whole / 2**20:.3g} MiB of parameters ({held / whole:.0%}), and that share of their optimizer state"
   )
 
 

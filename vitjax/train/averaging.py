@@ -101,5 +101,5 @@ def _average(config, workdir: str, last, steps) -> dict:
     os.replace(os.path.join(workdir, new), final)
     shutil.rmtree(old, ignore_errors=True)
   sync("averaging_done")
-  logging.info("averaged steps %s into %s", members, os.path.join(workdir, ckpt_lib.AVERAGED))
+  logging.info("averaged steps %s into %s", ", ".join(map(str, members)), os.path.join(workdir, ckpt_lib.AVERAGED))
   return {"workdir": workdir, "steps": members, "step": members[-1]}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import math
 import os
 import re
 import signal
@@ -235,6 +236,7 @@ def test_sweep_end_to_end(tmp_path, run_args):
   assert states == {0: "complete", 1: "complete", 2: "fail", 3: "complete"}, rows  # seed 2 is lr 1e30's point
   failed = next(r for r in rows if r["state"] == "fail")
   assert "not finite" in failed["error"] and f"trial {failed['trial']} failed: step" in proc.stderr
+  assert "os.fork() was called" not in proc.stderr  # trials start without a preexec_fn in the sweep's JAX process
   complete = [r for r in rows if r["state"] == "complete"]
   assert [float(r["objective"]) for r in complete] == sorted((float(r["objective"]) for r in complete), reverse=True)
   for r in complete:  # an ordinary run: its config, checkpoints and metrics, the trial's value in its config
@@ -247,8 +249,12 @@ def test_sweep_end_to_end(tmp_path, run_args):
     assert saved["wandb"]["group"] == os.path.basename(sweep_dir), saved["wandb"]
     assert os.path.isdir(os.path.join(workdir, "checkpoints"))
     assert int(r["last_step"]) == 30 and int(r["best_step"]) in (10, 20, 30)
+    curve = [(m["step"], m["eval/accuracy"]) for m in th.read_metrics(workdir) if "eval/accuracy" in m]
+    top = max(a for _, a in curve)  # of equal evaluations the later step, as the trainer's `best` checkpoint
+    assert int(r["best_step"]) == max(step for step, a in curve if a == top), (r, curve)
   report = open(os.path.join(sweep_dir, "report.md")).read()
   assert "## Best: trial" in report and "python -m vitjax.main --config=" in report
+  assert "Parameter importances from 3 complete trials are not reliable (fewer than 10)" in report
   for png in ("objective_vs_params.png", "curves.png", "parallel_coordinate.png", "importance.png"):
     assert os.path.getsize(os.path.join(sweep_dir, png)) > 1000, png
 
@@ -366,6 +372,82 @@ def test_sigterm_checkpoints_and_requeues(tmp_path, run_args):
   assert [(t.state.name, t.user_attrs.get("trial", t.number)) for t in trials] == [("FAIL", 0), ("WAITING", 0)]
 
 
+# ------------------------------------------------------------------ the runner's parts, in this process
+
+
+@pytest.mark.parametrize("maximize", [True, False])
+def test_best_row_takes_the_later_of_equal_evaluations(maximize):
+  """Two evaluations tie: the sweep's best step is the later one, the step the trainer's `best` checkpoint holds
+  (vitjax.train.checkpoints: "ties: the later step"), in either direction; non-finite values never win."""
+  from vitjax.sweep.metrics import best_row
+
+  good, poor = (0.9, 0.5) if maximize else (0.1, 0.5)
+  rows = [
+    {"step": 10, "eval/m": poor},
+    {"step": 20, "eval/m": good},
+    {"step": 30, "eval/m": good},
+    {"step": 40, "eval/m": math.nan},
+    {"step": 50, "eval/m": poor},
+  ]
+  assert best_row(rows, "eval/m", maximize)["step"] == 30
+  assert best_row(list(reversed(rows)), "eval/m", maximize)["step"] == 30  # by step, not by position
+  assert best_row([{"step": 10, "eval/m": math.inf if maximize else -math.inf}], "eval/m", maximize) is None
+
+
+def test_time_left():
+  """The sweep's estimate of its time left: min(trials left, workers) trials at a time, each taking the mean
+  finished-trial time, less what the running ones have already run, never negative."""
+  from vitjax.sweep.runner import time_left
+
+  assert time_left(30.0, 0, 2, []) == 0.0
+  assert time_left(30.0, 1, 4, []) == 30.0  # one trial left: one at a time, not a quarter of it
+  assert time_left(30.0, 5, 2, []) == 90.0  # three rounds on two workers
+  assert time_left(30.0, 2, 2, [10.0]) == 30.0  # the running trial ends in 20 s; the other starts now
+  assert time_left(30.0, 2, 2, [10.0, 5.0]) == 25.0  # both running: the later-started one ends last
+  assert time_left(30.0, 3, 2, [10.0]) == 50.0  # the worker free now takes one, the other the last in 20 s
+  assert time_left(30.0, 1, 2, [45.0]) == 0.0  # running past the mean: never negative
+
+
+def test_trial_launch_pins_cores_without_a_fork_warning(tmp_path):
+  """A trial starts pinned to its worker's cores and set to get SIGTERM when the sweep dies, without a
+  `preexec_fn` in this multithreaded (JAX) process, so without JAX's "os.fork() was called" warning."""
+  import warnings
+
+  import jax
+
+  from vitjax.sweep import runner
+
+  jax.devices()  # JAX's backends are up: from now on, a fork in this process makes JAX warn
+  core = sorted(os.sched_getaffinity(0))[-1]
+  probe = (
+    "import ctypes, os; sig = ctypes.c_int(); ctypes.CDLL(None).prctl(2, ctypes.byref(sig)); "
+    "print('affinity', sorted(os.sched_getaffinity(0)), 'pdeathsig', sig.value, 'ppid', os.getppid())"
+  )
+  store = type("Store", (), {"url": ""})()
+  run = runner.Runner(None, None, store, str(tmp_path), [], [("cpu", [core])], 1, heartbeat=None, grace=None)
+  log = tmp_path / "trial.log"
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    rc, pruned_at, start = run._attempt(0, None, 0, [sys.executable, "-c", probe], str(tmp_path), str(log), set())
+  assert rc == 0 and pruned_at is None, log.read_text()
+  assert not [w for w in caught if "fork" in str(w.message)], [str(w.message) for w in caught]
+  said = log.read_text()[start:].split()
+  assert said == ["affinity", f"[{core}]", "pdeathsig", str(int(signal.SIGTERM)), "ppid", str(os.getpid())], said
+  failed = run._attempt(0, None, 0, ["/nonexistent/python"], str(tmp_path), str(log), set())
+  assert failed[0] == 127 and "error: cannot run /nonexistent/python: No such file or directory" in log.read_text()
+
+
+def test_importance_plot_from_few_trials_is_marked_unreliable():
+  """report.md says beside the parameter-importance plot when fewer than 10 complete trials made it."""
+  from vitjax.sweep import report
+
+  table = [{"state": "complete"}] * 3 + [{"state": "pruned"}] * 20
+  assert report._importance_note(table) == (
+    "Parameter importances from 3 complete trials are not reliable (fewer than 10): read them as a rough hint at most."
+  )
+  assert report._importance_note([{"state": "complete"}] * 10) == ""
+
+
 def test_stale_heartbeat_is_retried(tmp_path):
   """A RUNNING trial whose worker stopped sending heartbeats (another machine, gone) is failed and queued again
   in the same slot, with its parameters and reported evaluations, by whichever worker notices."""
@@ -430,7 +512,7 @@ def test_a_capped_grid_takes_points_spread_over_it(tmp_path):
   table = [{"params": p} for p in points]
   [line] = report._grid_lines(study.user_attrs["sweep"]["grid"], study.user_attrs["sweep"]["grid_order"], table)
   assert line.startswith("- grid: 3 of 12 points tried (all of them unless --max_trials caps the sweep), taken in ")
-  assert "shuffled, seed 0; not tried: " in line
+  assert "taken in a shuffled order (seed 0); not tried: " in line
   assert line.count(";") == 9 and "optim.lr=0.001, optim.weight_decay=0.05, model.depth=2" in line
   legacy_url = f"sqlite:///{tmp_path / 'b.db'}"
   old, _ = study_lib.open_study(legacy_url, "old", s, 1)

@@ -1,13 +1,11 @@
-"""Which devices each sweep worker gets (GPUs or CPU cores), and how a trial process is pinned to them.
+"""Which devices each sweep worker gets (GPUs or CPU cores), and how a trial process is pinned to them (launch.py).
 
 Also how a worker tells whether another worker's process is still alive.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -64,23 +62,16 @@ def describe_devices(group) -> str:
   return f"{'GPU' if kind == 'gpu' else 'CPU core'}{'s' if len(ids) > 1 else ''} {ranges}"
 
 
-_PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+LAUNCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch.py")
 
 
-def child_setup(cores):
-  """In the trial's process before exec: SIGTERM when the worker thread's process dies; pinned to the worker's cores.
+def launch_command(cmd: list[str], cores: list[int] | None) -> list[str]:
+  """`cmd` as started through launch.py: pinned to `cores` (None: not pinned), SIGTERM when the sweep's process dies.
 
-  The trial then checkpoints and stops instead of training on, orphaned.
+  The trial then checkpoints and stops instead of training on, orphaned. launch.py sets both in the new process
+  before it execs `cmd`, where a `preexec_fn` would run Python in a fork of the sweep's multithreaded process.
   """
-
-  def setup():
-    if _libc is not None:
-      _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if cores:
-      os.sched_setaffinity(0, cores)
-
-  return setup
+  return [sys.executable, "-I", "-S", LAUNCH, str(os.getpid()), ",".join(map(str, cores or [])), "--", *cmd]
 
 
 def owner_record() -> dict:

@@ -83,9 +83,14 @@ class MetricsFollower:
 
 
 def best_row(rows: list[dict], objective: str, maximize: bool) -> dict | None:
-  """The row with the best finite `objective` (the first of equals), or None."""
+  """The row with the best finite `objective` (of equals, the later step), or None.
+
+  Ties go to the later step as the trainer's `best` checkpoint does (vitjax.train.checkpoints), so the sweep's best
+  step is the step that checkpoint holds.
+  """
   scored = [r for r in rows if r.get(objective) is not None and math.isfinite(r[objective])]
-  return max(scored, key=lambda r: r[objective] if maximize else -r[objective], default=None)
+  sign = 1 if maximize else -1
+  return max(scored, key=lambda r: (sign * r[objective], r["step"]), default=None)
 
 
 def error_line(log_path: str, start: int) -> str:

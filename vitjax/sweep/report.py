@@ -19,6 +19,10 @@ from vitjax.logs import fmt_time
 from vitjax.sweep.metrics import best_row, eval_rows
 from vitjax.sweep.study import latest_attempts, slot
 
+# Fewer complete trials than this: report.md says the parameter importances drawn from them are not reliable (fANOVA
+# fits a random forest to the complete trials; a handful of points ranks the parameters by chance).
+IMPORTANCE_TRIALS = 10
+
 COLUMNS = ["trial", "state", "objective", "best_step", "last_step", "wall_s", "attempts", "overrides", "error"]
 
 
@@ -125,8 +129,10 @@ def write(study, sweep_dir: str, record: dict) -> str:
       f"    python -m vitjax.main --mode=eval --workdir={workdir} --split=test",
     ]
   lines += ["", "## Plots", ""]
-  for title, name in plots:
+  for title, name, note in plots:
     lines.append(f"![{title}]({name})" if name.endswith(".png") else f"- {title}: {name}")
+    if note:
+      lines += ["", note, ""]
   lines += ["", f"Live view: `optuna-dashboard {record['storage']}` (pip install optuna-dashboard).", ""]
   with open(os.path.join(sweep_dir, "report.md"), "w") as f:
     f.write("\n".join(lines))
@@ -146,8 +152,28 @@ def _grid_lines(grid: list | None, order: str | None, table: list[dict]) -> list
   fmt = lambda p: ", ".join(f"{k}={_fmt(v)}" for k, v in p.items())
   return [
     f"- grid: {len(grid) - len(left)} of {len(grid)} points tried (all of them unless --max_trials caps the sweep), "
-    f"taken in {order or 'the grid order'}; not tried: {'; '.join(fmt(p) for p in left)}"
+    f"taken in {_order_words(order)}; not tried: {'; '.join(fmt(p) for p in left)}"
   ]
+
+
+def _order_words(order: str | None) -> str:
+  """The study's grid_order in words: "shuffled, seed 0" (as recorded) -> "a shuffled order (seed 0)"."""
+  if not order:
+    return "the grid order"
+  if order.startswith("shuffled, seed "):
+    return f"a shuffled order (seed {order.removeprefix('shuffled, seed ')})"
+  return order
+
+
+def _importance_note(table: list[dict]) -> str:
+  """A caveat for the importance plot when it was drawn from fewer than IMPORTANCE_TRIALS complete trials, else ""."""
+  n = sum(r["state"] == "complete" for r in table)
+  if n >= IMPORTANCE_TRIALS:
+    return ""
+  return (
+    f"Parameter importances from {n} complete trial{'s' if n != 1 else ''} are not reliable (fewer than "
+    f"{IMPORTANCE_TRIALS}): read them as a rough hint at most."
+  )
 
 
 def _num(v) -> str:
@@ -162,8 +188,8 @@ def _fmt(v) -> str:
   return str(v)
 
 
-def _plots(study, table, params, objective, direction, sweep_dir) -> list[tuple[str, str]]:
-  """Writes the plots; returns (title, file name or why it is missing)."""
+def _plots(study, table, params, objective, direction, sweep_dir) -> list[tuple[str, str, str]]:
+  """Writes the plots; returns (title, file name or why it is missing, a note for the reader or "")."""
   import matplotlib
 
   matplotlib.use("Agg")
@@ -190,7 +216,7 @@ def _plots(study, table, params, objective, direction, sweep_dir) -> list[tuple[
     fig.tight_layout()
     fig.savefig(os.path.join(sweep_dir, "objective_vs_params.png"), dpi=100)
     plt.close(fig)
-    out.append(("objective against each hyperparameter", "objective_vs_params.png"))
+    out.append(("objective against each hyperparameter", "objective_vs_params.png", ""))
   curves = [r for r in table if r["curve"]]
   if curves:
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -208,7 +234,7 @@ def _plots(study, table, params, objective, direction, sweep_dir) -> list[tuple[
     fig.tight_layout()
     fig.savefig(os.path.join(sweep_dir, "curves.png"), dpi=100)
     plt.close(fig)
-    out.append(("every trial's evaluation curve", "curves.png"))
+    out.append(("every trial's evaluation curve", "curves.png", ""))
   import optuna
 
   for title, name, fn in (
@@ -232,7 +258,7 @@ def _plots(study, table, params, objective, direction, sweep_dir) -> list[tuple[
       fig.tight_layout()
       fig.savefig(os.path.join(sweep_dir, name), dpi=100)
       plt.close(fig)
-      out.append((title, name))
+      out.append((title, name, _importance_note(table) if name == "importance.png" else ""))
     except Exception as e:  # too few complete trials, a single value per parameter, ...
-      out.append((title, f"not drawn ({' '.join(str(e).split())[:200]})"))
+      out.append((title, f"not drawn ({' '.join(str(e).split())[:200]})", ""))
   return out

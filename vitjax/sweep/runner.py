@@ -22,6 +22,7 @@ A worker with nothing to claim waits while trials run elsewhere, to take over an
 from __future__ import annotations
 
 import fcntl
+import heapq
 import os
 import shlex
 import signal
@@ -33,7 +34,7 @@ from absl import logging
 
 from vitjax import sweep as sweep_lib
 from vitjax.logs import fmt_time
-from vitjax.sweep.devices import child_setup, describe_devices, owner_gone, owner_record
+from vitjax.sweep.devices import describe_devices, launch_command, owner_gone, owner_record
 from vitjax.sweep.metrics import (
   MetricsFollower,
   at_step,
@@ -87,6 +88,7 @@ class Runner:
     self.waiting_said = False
     self.t0 = time.time()
     self.durations: list[float] = []
+    self.running_since: dict[int, float] = {}  # worker index -> when its trial started (less an earlier attempt's time)
     self.guard = _SqliteGuard(store.url)
     self.crashed: list[str] = []  # workers stopped by an error in vitjax.sweep itself
 
@@ -207,6 +209,7 @@ class Runner:
           study.sampler = make_sampler(self.sweep, slot(self.store.get_trial(trial._trial_id)))
           self._run_trial(index, trial)
         except Exception as e:  # a bug here, or the database lost mid-trial: the trial goes back to the queue
+          self.running_since.pop(index, None)
           logging.error("worker %d stopped: %s: %s (its trial is queued again)", index, type(e).__name__, e)
           self.crashed.append(str(e))
           try:
@@ -250,6 +253,7 @@ class Runner:
     reported = set(frozen.intermediate_values)
     wall0 = frozen.user_attrs.get("wall_s", 0.0)
     t0 = time.time()
+    self.running_since[index] = t0 - wall0
     log_path = os.path.join(self.sweep_dir, "logs", f"trial_{n:04d}.log")
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     lock_deadline = time.time() + LOCK_WAIT
@@ -267,6 +271,7 @@ class Runner:
         continue
       break
     wall = wall0 + time.time() - t0
+    self.running_since.pop(index, None)
     trial.set_user_attr("wall_s", round(wall, 1))
     rows = eval_rows(workdir)
     best = best_row(rows, self.sweep.objective, self.sweep.direction == "maximize")
@@ -330,12 +335,11 @@ class Runner:
       with self.lock:
         if self.stop.is_set():
           return EXIT_PREEMPTED, None, start
-        proc = subprocess.Popen(
-          cmd,
+        proc = subprocess.Popen(  # no preexec_fn: unsafe in this multithreaded process (launch.py says why)
+          launch_command(cmd, ids if kind == "cpu" else None),
           stdout=log,
           stderr=subprocess.STDOUT,
           env=env,
-          preexec_fn=child_setup(ids if kind == "cpu" else None),
           start_new_session=True,  # a signal to the sweep's group reaches it once, from the sweep
         )
         self.procs[index] = proc
@@ -377,8 +381,10 @@ class Runner:
     counts = self._counts()
     done = counts["complete"] + counts["pruned"] + counts["fail"]
     left = self.target - done
-    rate = sum(self.durations) / len(self.durations) / max(1, len(self.groups))
-    eta = f", about {fmt_time(rate * left)} left here" if left and self.durations else ""
+    now = time.time()
+    mean = sum(self.durations) / len(self.durations)
+    eta = time_left(mean, left, len(self.groups), [now - t for t in list(self.running_since.values())])
+    eta = f", about {fmt_time(eta)} left here" if left > 0 else ""
     best = ""
     try:
       b = self.study.best_trial
@@ -404,6 +410,23 @@ class Runner:
       if user_error and len(self.failed_in_a_row) >= 3 and not self.stop.is_set():
         self.user_error = what
         self.stop.set()
+
+
+def time_left(mean: float, left: int, workers: int, elapsed: list[float]) -> float:
+  """Seconds until the last of `left` unfinished trials ends, each taking `mean` seconds, on `workers` workers.
+
+  min(left, workers) run at once, so the rounds still needed times `mean`, less what the running trials have already
+  run (`elapsed`, one per running trial): each worker takes the next trial as its current one ends, a running trial
+  ending after `mean` less its elapsed time (never before now).
+  """
+  if left <= 0:
+    return 0.0
+  ends = [max(0.0, mean - e) for e in elapsed]  # when each running trial ends, from now
+  ends += [0.0] * (max(1, min(left, workers)) - len(ends))  # the workers free now
+  heapq.heapify(ends)
+  for _ in range(left - len(elapsed)):  # a trial not yet started takes the worker that is free first
+    heapq.heappush(ends, heapq.heappop(ends) + mean)
+  return float(max(ends))
 
 
 class _SqliteGuard:

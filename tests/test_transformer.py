@@ -1,3 +1,4 @@
+import functools
 import itertools
 
 import jax
@@ -14,11 +15,21 @@ def tiny(**kw):
   return models.create("transformer_tiny", **{**args, **kw})
 
 
+@functools.cache  # one compilation per model, not per call (a new jax.jit of model.init compiles again)
+def _jitted(model, method: str):
+  return jax.jit(getattr(model, method))
+
+
+@jax.jit  # (op by op: one compilation per parameter shape)
+def _scaled(params, scale):
+  return jax.tree.map(lambda p: p * scale, params)
+
+
 def init(model, seed=0, scale=1.0):
   src, tgt = jnp.ones((1, 5), jnp.int32), jnp.ones((1, 4), jnp.int32)
-  params = jax.jit(model.init)(jax.random.key(seed), src, tgt)["params"]  # jitted: op by op is 10x slower
+  params = _jitted(model, "init")(jax.random.key(seed), src, tgt)["params"]  # jitted: op by op is 10x slower
   if scale != 1.0:  # sharper distributions make search differences visible
-    params = jax.tree.map(lambda p: p * scale, params)
+    params = _scaled(params, scale)
   return params
 
 
@@ -50,7 +61,7 @@ def test_cached_greedy_equals_uncached_greedy(kw):
 def sequence_scores(model, params, src, tokens, alpha):
   """Teacher-forced log p(tokens | src) / length_penalty(n) of rows ending in EOS (None for the others)."""
   tgt = jnp.asarray(tokens)
-  logits, _ = jax.jit(model.apply)({"params": params}, src, tgt)
+  logits, _ = _jitted(model, "apply")({"params": params}, src, tgt)
   lp = np.asarray(jax.nn.log_softmax(logits))
   out = []
   for r, row in enumerate(np.asarray(tokens).tolist()):

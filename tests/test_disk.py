@@ -72,7 +72,7 @@ def test_a_disk_that_fills_up_is_one_line_exit_74_and_resumes_once_freed(tmpfs, 
   assert len(errors) == 1 and errors[0].startswith(f"error: cannot write the workdir {workdir}: no space is left ("), (
     out
   )
-  assert re.search(r"MB free of 64\.0 MB; a checkpoint takes [\d.]+ MB\); the half-written step was removed", out)
+  assert re.search(r"MiB free of 64\.0 MiB; a checkpoint takes [\d.]+ MiB\); the half-written step was removed", out)
   intact = int(re.search(r"checkpoint (\d+) is intact", errors[0]).group(1))
   assert intact in (5, 10) and "Traceback" not in out, out[-3000:]
   steps = os.listdir(os.path.join(workdir, "checkpoints"))  # nothing half-written left; 5 may remain beside 10

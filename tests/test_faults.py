@@ -81,6 +81,14 @@ def test_sigterm_checkpoints_the_step_in_flight_and_the_resume_is_bitwise_exact(
   assert re.search(rf"resumed from .* at step {stopped}\b", resumed.stderr), resumed.stderr[-2000:]
   th.assert_same_state(th.load_state(finished_run), th.load_state(workdir), f"SIGTERM at step {kill_at}")
   assert _train_steps(workdir) == list(range(1, 31)) and _eval_steps(workdir) == [10, 20, 30]
+  # the training time (max_train_minutes' account) goes on from the one recorded with the checkpoint, not from the
+  # step's progress row, and the resumed session's start-up and compilation (not spent uninterrupted) do not count
+  elapsed = {r["step"]: r["train/elapsed_s"] for r in th.read_metrics(workdir) if "train/loss" in r}
+  with open(os.path.join(workdir, "train_time.json")) as f:
+    saved = json.load(f)[str(stopped)]
+  assert elapsed[stopped] <= saved, (stopped, saved, elapsed)
+  if stopped % 10:  # (at an evaluation step, the evaluation it stopped before runs first on resume, and counts)
+    assert elapsed[stopped + 1] == pytest.approx(saved, abs=1e-3), (stopped, saved, elapsed)
 
 
 def test_a_second_signal_stops_at_once(run_args, tmp_path):
@@ -207,7 +215,8 @@ def test_a_corrupt_checkpoint_is_named_skipped_and_the_run_resumes_from_the_one_
 
 def test_a_second_run_is_refused_and_a_dead_runs_lock_is_taken_over(run_args, tmp_path):
   workdir = str(tmp_path / "w")
-  long = [*run_args, "--config.total_steps=100000"]
+  # no checkpoint before the kill: the third run trains from the start, until its time budget stops it
+  long = [*run_args, "--config.total_steps=100000", "--config.checkpoint_every=100000", "--config.eval_every=100000"]
   first = th.start_main(workdir, *long)
   try:
     _read_until(first, r" step 2/100000 ")
@@ -220,6 +229,9 @@ def test_a_second_run_is_refused_and_a_dead_runs_lock_is_taken_over(run_args, tm
     first.communicate(timeout=60)
   third = th.check_ok(th.run_main(workdir, *long, "--config.max_train_minutes=0.01"))
   assert f"took over the lock of PID {first.pid}" in third.stderr, third.stderr[-2000:]
+  # stopped by its time budget: the last line gives the planned total (it read "step N/N", like a finished run)
+  last = int(re.search(r"max_train_minutes=0.01 reached at step (\d+): evaluating and stopping", third.stderr)[1])
+  assert re.findall(r" step \d+/\d+ \|", third.stderr)[-1] == f" step {last}/100000 |", third.stderr[-2000:]
   assert not os.path.exists(os.path.join(workdir, "lock"))  # released at the end
 
 
@@ -245,6 +257,19 @@ def test_a_changed_config_is_refused_or_recorded(finished_run, run_args, tmp_pat
     th.run_main(workdir, *run_args, "--config.optim.lr=1e-3", "--config.total_steps=40", "--allow_config_change")
   )
   assert "resumed from" in allowed.stderr and max(th.finished_steps(workdir)) == 40
+  # the schedule is rebuilt over 40 steps with half the rate, and says so
+  lr = {r["step"]: r["train/lr"] for r in th.read_metrics(workdir) if "train/lr" in r}
+  said = (
+    f"the learning-rate schedule now spans 40 steps (it spanned 30): the learning rate goes from {lr[30]:.2e} (step "
+    f"30, the old schedule's) to {lr[31]:.2e} (step 31, the new one's): a jump down, not a continuation"
+  )
+  assert lr[31] < lr[30] and said in allowed.stderr, allowed.stderr[-3000:]  # (halved, and still warming up)
+  from vitjax.train import workdir as workdir_lib
+
+  assert workdir_lib.config_source(workdir) == (
+    f"{workdir}/config.json with the changes of config_history.jsonl (optim.lr, total_steps)"
+  )
+  assert workdir_lib.config_source(finished_run) == f"{finished_run}/config.json"
   with (
     open(os.path.join(workdir, "config.json"), "rb") as f,
     open(os.path.join(finished_run, "config.json"), "rb") as g,

@@ -71,15 +71,153 @@ def test_a_progress_line_comes_at_least_every_30_seconds_whatever_log_every(tmp_
 
 def test_eta_follows_the_time_budget_when_it_ends_the_run_first(tmp_path, clock, caplog):
   caplog.set_level(py_logging.INFO)
-  r = reporting.Reporter(str(tmp_path), 10_000, 100, None, deadline=clock[0] + 120)
+  r = reporting.Reporter(str(tmp_path), 10_000, 100, None, budget=120)
   r.progress(1, METRICS)
   clock[0] += 10.0
   r.progress(101, METRICS)  # 10 steps/s: 990 s for the remaining steps, but 110 s of budget
   assert _lines(caplog)[-1].endswith("10.00 steps/s, data wait 0% | ETA 1m50s (time budget)")
   clock[0] += 100.0
-  r.deadline = clock[0] + 3600  # a budget that does not bind: the step-rate ETA
+  r.budget = r.elapsed() + 3600  # a budget that does not bind: the step-rate ETA
   r.progress(1101, METRICS)
   assert _lines(caplog)[-1].endswith("10.00 steps/s, data wait 0% | ETA 14m49s")
+
+
+def _evaluator(name, every):
+  import types
+
+  return types.SimpleNamespace(name=name, every=every)
+
+
+def test_speeds_are_the_intervals_and_leave_out_evaluations_and_saves(tmp_path, clock, caplog):
+  """A line's steps/s, ex/s and data wait are those of the steps since the previous line over their training time:
+  an evaluation or a save in between neither lowers them nor (as a whole-session average did) the later ones."""
+  caplog.set_level(py_logging.INFO)
+  r = reporting.Reporter(str(tmp_path), 1000, 100, examples_per_step=8, evaluators=[_evaluator("eval", 200)])
+  r.progress(1, METRICS)  # compiled: the rates start here
+  clock[0] += 10.0
+  r.progress(101, METRICS)  # 100 steps in 10 s
+  clock[0] += 5.0
+  with r.pause():  # an evaluation of 8 s, then a save of 2 s
+    clock[0] += 8.0
+  r.paused(2.0)
+  clock[0] += 2.0 + 5.0
+  r.waited(2.5)
+  assert not r.heartbeat_due()
+  r.progress(201, METRICS)  # 100 steps in 20 s, 10 of them training, a quarter of those waiting for input
+  clock[0] += 2.5  # 50 steps at 20 steps/s
+  r.progress(251, METRICS)
+  lines = _lines(caplog)
+  assert "| 10.00 steps/s, 80 ex/s, data wait 0% |" in lines[1], lines[1]
+  assert "| 10.00 steps/s, 80 ex/s, data wait 25% |" in lines[2], lines[2]
+  assert "| 20.00 steps/s, 160 ex/s, data wait 0% |" in lines[3], lines[3]
+  rows = th.read_metrics(str(tmp_path))
+  assert [row.get("train/steps_per_s") for row in rows] == [None, 10.0, 10.0, 20.0]
+  assert [row.get("train/examples_per_s") for row in rows] == [None, 80.0, 80.0, 160.0]
+  assert rows[2]["train/data_wait"] == pytest.approx(0.25)
+  assert [row["train/elapsed_s"] for row in rows] == [0.0, 10.0, 30.0, 32.5]  # wall-clock, as before
+  # a long evaluation is no 30 s without a line: the heartbeat counts training time
+  with r.pause():
+    clock[0] += 40.0
+  assert not r.heartbeat_due()
+  clock[0] += 30.0
+  assert r.heartbeat_due()
+
+
+def test_tokens_per_second_counts_every_step_of_the_interval(tmp_path, clock, caplog):
+  """tok/s: the target tokens of the steps since the last line over their training time (it was the step rate
+  times the last step's tokens: batches by tokens vary)."""
+  import numpy as np
+
+  caplog.set_level(py_logging.INFO)
+  r = reporting.Reporter(str(tmp_path), 1000, 100, examples_per_step=None)
+  metrics = lambda tokens: {**METRICS, "train/tokens": np.float32(tokens)}
+  r.stepped(metrics(999))
+  r.progress(1, metrics(999))
+  for step in range(2, 201):  # 199 steps in 10 s, of 100 tokens each but the last, of 300
+    r.stepped(metrics(300 if step == 200 else 100))
+  clock[0] += 10.0
+  r.progress(200, metrics(300))
+  (row,) = [row for row in th.read_metrics(str(tmp_path)) if row["step"] == 200]
+  assert row["train/tokens_per_s"] == pytest.approx((198 * 100 + 300) / 10)
+  assert "19.90 steps/s, 2010 tok/s, data wait 0%" in _lines(caplog)[-1], _lines(caplog)[-1]
+
+
+def test_eta_counts_the_evaluations_still_due_once_one_was_timed(tmp_path, clock, caplog):
+  """The ETA adds the evaluations due before the end (the final one included) at the last measured time of each
+  evaluator; nothing for one not timed yet. An MAE run said ETA 3s and ended 13 s later."""
+  caplog.set_level(py_logging.INFO)
+  evals = [_evaluator("eval", 100), _evaluator("probe", 150), _evaluator("other", None)]
+  r = reporting.Reporter(str(tmp_path), 205, 50, None, evaluators=evals)
+  r.progress(1, METRICS)
+  clock[0] += 5.0
+  r.progress(51, METRICS)  # 10 steps/s: 15.4 s of steps; no evaluation timed yet: nothing added, not a guess
+  clock[0] += 4.9
+  r.progress(100, METRICS)  # 10.5 s (the evaluation at step 100 comes after this line; untimed still)
+  with r.pause():
+    clock[0] += 8.0
+    r.evaluated("eval", 8.0)
+  clock[0] += 5.0
+  r.progress(150, METRICS)  # 5.5 s, and eval's at 200 and at the end (205): 21.5 s; probe's are not timed yet
+  with r.pause():
+    clock[0] += 30.0
+    r.evaluated("probe", 30.0)
+  r.budget = r.elapsed() + 6.0
+  clock[0] += 4.0
+  r.progress(190, METRICS)  # 1.5 s, 2 x 8 s, 30 s: 47.5 s; the budget ends the run first: 2 s, then 8 s and 30 s
+  clock[0] += 1.5
+  r.progress(205, METRICS)  # the last line comes before the final evaluations: 38 s
+  etas = [line.rsplit("| ETA ", 1)[1] for line in _lines(caplog)[1:]]
+  assert etas == ["15s", "10s", "21s", "40s (time budget)", "38s"]
+
+
+def test_a_checkpoint_records_the_training_time_a_resume_goes_on_from(tmp_path, clock):
+  """train/elapsed_s (what max_train_minutes spends across sessions) at a saved step is recorded before the save,
+  also when no progress line came at that step (a SIGTERM between lines, an evaluation after the line): a resume
+  reads it exactly (it read the last logged row's, losing the time after it), and does not count its own start-up
+  and compilation, which the uninterrupted run did not spend."""
+  from vitjax.train import workdir as workdir_lib
+
+  workdir = str(tmp_path)
+  first = reporting.Reporter(workdir, 1000, 100, None, budget=100.0)
+  clock[0] += 10.0  # compilation: a fresh run counts it
+  first.progress(1, METRICS)
+  clock[0] += 5.0
+  first.progress(100, METRICS)
+  with first.pause():  # an evaluation of step 100, then its save
+    clock[0] += 3.0
+    first.checkpoint(100)
+  clock[0] += 2.0
+  first.checkpoint(133)  # SIGTERM at step 133: no line there
+  first.close()
+  rows = th.read_metrics(workdir)
+  assert [(row["step"], row["train/elapsed_s"]) for row in rows] == [(1, 10.0), (100, 15.0)]  # one per line
+  assert workdir_lib.train_seconds(workdir, 100) == 18.0 and workdir_lib.train_seconds(workdir, 133) == 20.0
+  spent = workdir_lib.train_seconds(workdir, 133)
+
+  resumed = reporting.Reporter(workdir, 1000, 100, None, budget=100.0, purge_step=134, spent=spent, resumed=True)
+  clock[0] += 7.0  # start-up and compilation again
+  assert resumed.elapsed() == 20.0 and not resumed.over_budget()
+  resumed.progress(134, METRICS)
+  clock[0] += 3.0
+  resumed.progress(200, METRICS)
+  resumed.close()
+  rows = th.read_metrics(workdir)
+  assert [(row["step"], row["train/elapsed_s"]) for row in rows][2:] == [(134, 20.0), (200, 23.0)]
+  resumed.budget = 22.5
+  assert resumed.over_budget()
+  # a workdir from before train_time.json: the last logged row at or before the step
+  os.remove(os.path.join(workdir, "train_time.json"))
+  assert workdir_lib.train_seconds(workdir, 133) == 15.0
+
+
+def test_the_last_line_of_a_run_its_time_budget_ends_gives_the_planned_total(tmp_path, clock, caplog):
+  caplog.set_level(py_logging.INFO)
+  r = reporting.Reporter(str(tmp_path), 1680, 100, None, budget=60.0)
+  r.progress(1, METRICS)
+  clock[0] += 61.0
+  assert r.over_budget() and not r.due(147) and r.due(147, heartbeat=True)  # (the loop asks for it)
+  r.progress(147, METRICS)
+  assert _lines(caplog)[-1].startswith("step 147/1680 | ")
 
 
 def test_evaluation_progress_appears_only_when_it_is_slow(clock, caplog):
@@ -97,6 +235,17 @@ def test_evaluation_progress_appears_only_when_it_is_slow(clock, caplog):
     "eval valid: 5/100 batches | 8.0 sentences/s | ETA 1m35s",
     "eval valid: 15/100 batches | 8.0 sentences/s | ETA 1m25s",
   ]
+
+
+def test_evaluation_progress_leaves_the_first_batchs_compilation_out_of_its_rate(clock, caplog):
+  caplog.set_level(py_logging.INFO)
+  p = logs.Progress("eval test", total=5, unit="sentences")
+  clock[0] += 4.5  # the first batch compiles the evaluation's step
+  p.update(items=8)
+  clock[0] += 1.0
+  p.update(items=8)
+  assert _lines(caplog) == ["eval test: 2/5 batches | 8.0 sentences/s | ETA 3s"]  # it was 2.9 sentences/s, ETA 8s
+  assert logs.plural(1, "metrics row") == "1 metrics row" and logs.plural(3, "metrics row") == "3 metrics rows"
 
 
 def test_library_info_is_hidden_at_the_default_verbosity():
@@ -159,7 +308,7 @@ def test_stderr_drops_the_closed_event_loop_tracebacks_even_interleaved_and_keep
   )
   closed = tb + loop + check + noise
   real = tb + '  File "x.py", line 1, in f\n' + "    f()\n" + "ValueError: a real one\n"
-  error = "error: cannot write the workdir /w: no space is left (0.1 MB free of 64.0 MB)\n"
+  error = "error: cannot write the workdir /w: no space is left (0.1 MiB free of 64.0 MiB)\n"
 
   def pieces(thread, text):  # in pieces of 7 characters, as C++ and Python write them
     return [(thread, text[i : i + 7]) for i in range(0, len(text), 7)]
@@ -230,3 +379,45 @@ def test_the_readme_main_job_prints_at_most_60_lines(tmp_path):
   assert re.search(
     r"checkpoint best \(step \d+\) \| eval/loss [\d.]+, eval/accuracy 0\.9\d+, eval/top5 [\d.]+ \(test, 300", out
   ), out
+
+
+def test_a_resume_that_changes_the_schedule_says_where_the_learning_rate_goes(caplog):
+  """A finished 300-step run extended to 500 steps (--allow_config_change) trains on a cosine over 500 steps: its
+  learning rate jumps from the old end's ~0 back up. It went from lr 8.79e-08 to 8.67e-04 with only the config change
+  named; now one line says it."""
+  import types
+
+  from vitjax.config import default_config
+  from vitjax.train import loop, optim
+
+  def resume(old, new, start):
+    caplog.clear()
+    schedule = optim.make_schedule(new, new.total_steps, 21, new.schedule.warmup_steps)
+    run = types.SimpleNamespace(
+      data=types.SimpleNamespace(steps_per_epoch=21, examples_per_step=64),
+      exp=types.SimpleNamespace(schedule=schedule),
+      plan=types.SimpleNamespace(total=new.total_steps),
+    )
+    loop._schedule_change(run, old, start)
+    return _lines(caplog), optim.make_schedule(old, old.total_steps, 21, 30), schedule
+
+  caplog.set_level(py_logging.INFO, logger="absl")  # (an earlier test may leave absl's logger at WARNING)
+  old = default_config()
+  old.total_steps, old.schedule.warmup_steps = 300, 30
+  new = default_config()
+  new.total_steps, new.schedule.warmup_steps = 500, 30
+  (line,), was, now = resume(old, new, 300)
+  assert line == (
+    f"the learning-rate schedule now spans 500 steps (it spanned 300): the learning rate goes from {was(299):.2e} "
+    f"(step 300, the old schedule's) to {now(300):.2e} (step 301, the new one's): a warm restart, not a continuation"
+  )
+  assert float(now(300)) > 100 * float(was(299))
+  # a constant rate after the warm-up: a longer run goes on at the same rate
+  old.schedule.decay = new.schedule.decay = "constant"
+  (line,), _, _ = resume(old, new, 300)
+  assert line == (
+    "the learning-rate schedule now spans 500 steps (it spanned 300): the learning rate goes on from 1.00e-03 (step "
+    "300) to 1.00e-03 (step 301), as the old schedule would have"
+  )
+  new.total_steps = 300  # the same schedule: nothing to say
+  assert resume(old, new, 300)[0] == []

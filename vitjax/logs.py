@@ -240,11 +240,17 @@ def fmt_time(seconds: float) -> str:
   return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
+def plural(count: int, noun: str) -> str:
+  """'1 metrics row', '3 metrics rows': the count and the noun, with an s unless the count is 1."""
+  return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 class Progress:
   """Progress of a loop over a known number of batches, reported only if the loop is slow.
 
   Silent for the first `after` seconds, then a line every `every` seconds: done / total, items per second (e.g.
-  sentences), ETA. `done()` returns the elapsed seconds. For example::
+  sentences), ETA, both from the batches after the first (which includes the compilation) once there are some.
+  `done()` returns the elapsed seconds. For example::
 
       progress = Progress("eval valid", total=len(batches), unit="sentences")
       for b in batches:
@@ -256,18 +262,24 @@ class Progress:
     self.what, self.total, self.unit, self.after, self.every = what, total, unit, after, every
     self.start, self.last = time.time(), None
     self.count = self.items = 0
+    self.first = None  # (time, items) once the first batch is done: it may include compilation
 
   def update(self, items: int = 0) -> None:
     """Counts one batch of `items` items and logs a progress line if one is due (never after the last batch)."""
     self.count += 1
     self.items += items
     now = time.time()
+    if self.first is None:
+      self.first = (now, self.items)
     due = now - self.start >= self.after if self.last is None else now - self.last >= self.every
     if due and self.count < self.total:
       self.last = now
-      elapsed = now - self.start
-      rate = f" | {self.items / elapsed:.1f} {self.unit}/s" if self.items else ""
-      eta = elapsed / self.count * (self.total - self.count)
+      # the rate of the batches after the first, which compiled the loop's step: it said nothing of the others
+      since, done, items = (now - self.first[0], self.count - 1, self.items - self.first[1])
+      if done == 0 or since <= 0:  # the first batch alone
+        since, done, items = now - self.start, self.count, self.items
+      rate = f" | {items / since:.1f} {self.unit}/s" if items else ""
+      eta = since / done * (self.total - self.count)
       logging.info("%s: %d/%d batches%s | ETA %s", self.what, self.count, self.total, rate, fmt_time(eta))
 
   def done(self) -> float:

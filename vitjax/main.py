@@ -7,7 +7,7 @@
     python -m vitjax.main --mode=eval --eval=probe --workdir=workdirs/vit_digits   # linear probe, few-shot, k-NN
 
 Training resumes from the workdir's latest checkpoint. Without --config, a resume and an evaluation take the config
-saved in the workdir (config.json). In eval mode --checkpoint=best is the kept step with the best `config.best`, and
+saved in the workdir (config.json with the changes of config_history.jsonl). In eval mode --checkpoint=best is the kept step with the best `config.best`, and
 --eval=NAME runs any evaluator of config.evals (default: the one `best` names), or any type by name with its
 default options (classification, probe, mae, translation: vitjax.evaluators).
 
@@ -87,14 +87,14 @@ def _config(workdir):
   from absl import logging
 
   from vitjax.errors import ConfigError
-  from vitjax.train.workdir import read_config
+  from vitjax.train.workdir import config_source, read_config
 
   if FLAGS.config is not None:
     return FLAGS.config
   if FLAGS.mode == "train" and not os.path.exists(os.path.join(workdir, "config.json")):
     raise ConfigError(f"training needs --config=configs/NAME.py ({workdir} has no config.json to take it from)")
   config = read_config(workdir)  # evaluating where no run is: one line naming config.json
-  logging.info("config: %s", os.path.join(workdir, "config.json"))
+  logging.info("config: %s", config_source(workdir))  # (config.json alone is stale after an allowed change)
   return config
 
 

@@ -9,8 +9,10 @@ evaluate(): restore a checkpoint (or take the initial weights) and run one evalu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging as py_logging
 import math
 import os
 import queue
@@ -25,6 +27,7 @@ from absl import logging
 from vitjax import evaluators, tasks
 from vitjax import mesh as mesh_lib
 from vitjax.errors import USER_ERRORS, ConfigError, Diverged, Preempted, WorkdirUnwritable, write_failure
+from vitjax.logs import plural
 from vitjax.mesh import agree, to_global
 from vitjax.tasks.base import EvaluationInterrupted
 from vitjax.train import checkpoints as ckpt_lib
@@ -241,17 +244,17 @@ def _train(run: _Run, state, start: int, data_state, changes: dict) -> dict:
     donate_argnums=0,
   )
   _begin(run, state, start, changes)
-  spent = run.spent
-  deadline = time.time() + 60 * config.max_train_minutes - spent if config.max_train_minutes else None
   reporter = Reporter(
     run.workdir,
     plan.total,
     plan.log_every,
     run.data.examples_per_step,
-    deadline,
+    budget=60 * config.max_train_minutes if config.max_train_minutes else None,
     purge_step=start + 1,
-    spent=spent,
+    spent=run.spent,
     config=config,
+    evaluators=run.evals,
+    resumed=bool(start),
   )
   evaluations = _Evaluations(run, reporter)
   try:
@@ -260,7 +263,7 @@ def _train(run: _Run, state, start: int, data_state, changes: dict) -> dict:
         logging.info("step %d was saved without its evaluation (interrupted): evaluating it now", start)
         due = tuple(e for e in run.evals if e.due(start, plan.total))
         evaluations.run(start, state, data_state, due, resave=True)
-      _steps(run, train_step, state, start, reporter, evaluations, deadline)
+      _steps(run, train_step, state, start, reporter, evaluations)
   finally:
     reporter.close()
   ckpts.wait()
@@ -273,13 +276,16 @@ def _begin(run: _Run, state, start: int, changes: dict) -> None:
   config, exp, data = run.config, run.exp, run.data
   if start:
     dropped = workdir_lib.drop_metrics_after(run.workdir, start)
+    trained_with = workdir_lib.read_config(run.workdir) if changes else None  # before this start's changes
     workdir_lib.record_config_change(run.workdir, start, changes)
     logging.info(
       "resumed from %s at step %d%s",
       run.ckpts.directory,
       start,
-      f" ({dropped} metrics rows past it dropped)" if dropped else "",
+      f" ({plural(dropped, 'metrics row')} past it dropped)" if dropped else "",
     )
+    if any(not workdir_lib.is_bookkeeping(k) for k in changes):
+      _schedule_change(run, trained_with, start)
     if "init_from" in changes:
       logging.warning(
         "config.init_from=%r is new, but the run resumes its own checkpoint of step %d: init_from is read only at a "
@@ -363,6 +369,61 @@ def _begin(run: _Run, state, start: int, changes: dict) -> None:
     )
 
 
+def _schedule_change(run: _Run, old, start: int) -> None:
+  """One line when a resume's config changes the learning-rate schedule: its length, or its rate at the next step.
+
+  `old`: the config that trained the checkpoint. The schedule is rebuilt over the new total, so a longer run does not
+  continue the old curve: from its end (or wherever the run stopped) the learning rate jumps to the new curve's (a
+  warm restart), which deserves saying, as the config's change alone does not.
+  """
+  data, exp = run.data, run.exp
+  try:
+    with _quiet():  # the old config's own notes (which of total_steps and num_epochs wins) were said in its session
+      before = durations.resolve(old, data.steps_per_epoch, data.examples_per_step)
+      schedule = optim.make_schedule(old, before.total, data.steps_per_epoch, before.warmup)
+  except ConfigError:  # the old config no longer resolves (its data changed): nothing to compare with
+    return
+  was, would = float(schedule(start - 1)), float(schedule(start))  # step N trains at schedule(N - 1)
+  now = float(exp.schedule(start))
+  total = run.plan.total
+  if before.total == total and math.isclose(now, would, rel_tol=1e-3, abs_tol=1e-12):
+    return
+  spans = f"now spans {total} steps (it spanned {before.total})" if before.total != total else "changed"
+  if math.isclose(now, would, rel_tol=1e-3, abs_tol=1e-12):
+    logging.info(
+      "the learning-rate schedule %s: the learning rate goes on from %.2e (step %d) to %.2e (step %d), as the old "
+      "schedule would have",
+      spans,
+      was,
+      start,
+      now,
+      start + 1,
+    )
+    return
+  logging.warning(
+    "the learning-rate schedule %s: the learning rate goes from %.2e (step %d, the old schedule's) to %.2e (step %d, "
+    "the new one's): %s, not a continuation",
+    spans,
+    was,
+    start,
+    now,
+    start + 1,
+    "a warm restart" if now > would else "a jump down",
+  )
+
+
+@contextlib.contextmanager
+def _quiet():
+  """Within it, absl's INFO and WARNING lines are dropped (its logger's level is put back as it was after)."""
+  logger = logging.get_absl_logger()
+  level = logger.level
+  logger.setLevel(py_logging.ERROR)
+  try:
+    yield
+  finally:
+    logger.setLevel(level)
+
+
 def _plain(value):
   return tuple(value) if isinstance(value, (list, tuple)) else value
 
@@ -393,8 +454,12 @@ def _unread_settings(config) -> str:
   return "; ".join(said)
 
 
-def _steps(run: _Run, train_step, state, start: int, reporter: Reporter, evaluations, deadline) -> None:
-  """The training steps from start + 1: progress, evaluations, checkpoints; Preempted on a signal."""
+def _steps(run: _Run, train_step, state, start: int, reporter: Reporter, evaluations) -> None:
+  """The training steps from start + 1: progress, evaluations, checkpoints; Preempted on a signal.
+
+  The reporter is told of each step, of the time spent waiting for input, and of the time spent in evaluations and
+  saves (not training time: its speeds leave it out).
+  """
   config, plan, ckpts, stop = run.config, run.plan, run.ckpts, run.stop
   profiler = Profiler(run.workdir, config.profile_steps)
   guard = _NonfiniteGuard(config, ckpts)
@@ -410,32 +475,40 @@ def _steps(run: _Run, train_step, state, start: int, reporter: Reporter, evaluat
       profiler.after(step, state)
       run.lock.touch()
       guard.check_lagged(step, metrics)  # the previous step's flag: no wait for this one
+      reporter.stepped(metrics)
       # this step's decisions, the same on every process: a signal on any; process 0's clock
       stopping, out_of_time, heartbeat = agree(
-        stop.asked, deadline is not None and step < total and time.time() > deadline, reporter.heartbeat_due()
+        stop.asked, step < total and reporter.over_budget(), reporter.heartbeat_due()
       )
       if out_of_time:
         logging.info("max_train_minutes=%g reached at step %d: evaluating and stopping", config.max_train_minutes, step)
-        total = reporter.total = step  # this step is the last: evaluate and checkpoint below
+        total = step  # this step is the last: evaluate and checkpoint below (the line still says the planned total)
       due = tuple(e for e in run.evals if e.due(step, total))
       evaluating = bool(due)
       saving = evaluating or step % plan.checkpoint_every == 0
       if saving or stopping:
         guard.check_now(step, metrics)  # never save past a non-finite step unnoticed
-      if reporter.due(step, heartbeat):
+      if reporter.due(step, heartbeat or out_of_time):
         guard.check_now(step, metrics)
         reporter.progress(step, {**jax.device_get(metrics), "train/skipped_steps": guard.skipped})
       if stopping:
-        ckpts.save(step, state, data_state)
+        _save(reporter, ckpts, step, state, data_state)
         raise Preempted(_preempted(stop, step, ckpts))
       if evaluating:
         evaluations.run(step, state, data_state, due)
       elif saving:
-        ckpts.save(step, state, data_state)
+        _save(reporter, ckpts, step, state, data_state)
       if out_of_time:
         break
   finally:
     batches.close()  # stops the input thread
+
+
+def _save(reporter: Reporter, ckpts, step: int, state, data_state) -> None:
+  """Saves `step` without metrics, its training time written first (Reporter.checkpoint); not training time."""
+  reporter.checkpoint(step)
+  with reporter.pause():
+    ckpts.save(step, state, data_state)
 
 
 class _Evaluations:
@@ -460,23 +533,32 @@ class _Evaluations:
   def run(self, step: int, state, data_state, due, resave: bool = False) -> None:
     """Runs the evaluators `due` at `step` and saves the step.
 
-    An interrupted evaluation saves the step without metrics (it runs again on resume) and raises Preempted.
+    An interrupted evaluation saves the step without metrics (it runs again on resume) and raises Preempted. The
+    reporter is told how long each evaluator took (the ETA) and that none of it was training time.
     """
+    with self.reporter.pause():
+      self._run(step, state, data_state, due, resave)
+
+  def _run(self, step: int, state, data_state, due, resave: bool) -> None:
     run, ckpts = self.run_, self.run_.ckpts
     weights = {"params": lambda: state_lib.variables(state)}
     weights["ema"] = lambda: {"params": optim.ema_params(state.opt_state), **state.model_state}
     results = {}
     try:
       for e in due:
+        started = time.time()
         results[e.name] = e.run(run.exp, weights[e.weights](), self._interrupted, step)
+        self.reporter.evaluated(e.name, time.time() - started)
     except EvaluationInterrupted:
       if not resave:
+        self.reporter.checkpoint(step)
         ckpts.save(step, state, data_state)
       raise Preempted(_preempted(run.stop, step, ckpts)) from None
     metrics = {k: v for r in results.values() for k, v in r.items()}
     candidate = self.best.name in results
     if not _finite(metrics):
       logging.warning("step %d: the evaluation is not finite (%s): not a candidate for best", step, metrics)
+    self.reporter.checkpoint(step)  # the training time at this save, evaluation included
     if resave:  # the step is saved already, without metrics: save it again with them
       ckpts.wait()
       ckpts.manager.delete(step)

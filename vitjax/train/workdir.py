@@ -1,9 +1,10 @@
 """The workdir's own files, and the rules that keep one run's record whole.
 
-    config.json           the config that trained the checkpoints, written once at the first start
+    config.json           the config of the first start, written once
     config_history.jsonl  each later start whose config differed: step, time, fields with old and new values
     task.json             what prediction needs (Task.describe)
     metrics.jsonl         one row per logged step and per evaluation; a resume drops the rows past its step
+    train_time.json       the training seconds at each saved step: what max_train_minutes has spent at a resume
     lock                  the process training in it (host, PID, start): one writer per workdir
     checkpoints/          vitjax.train.checkpoints
 
@@ -11,7 +12,9 @@ A resumed run compares its config with the workdir's (config.json plus the histo
 experiment (model, data, optimizer, schedule, seed, batch size, steps, ...) is refused unless
 --allow_config_change; bookkeeping fields (BOOKKEEPING: cadences, budget, evaluation, layout, paths) change
 freely. Either way the change is appended to config_history.jsonl; config.json is not rewritten while the
-workdir holds a checkpoint (see start_fresh for one without).
+workdir holds a checkpoint (see start_fresh for one without). The run's config, what trained its latest checkpoints
+and what a resume, --mode=eval and vitjax.load read, is therefore config.json with the history's changes applied
+(effective_config); config_source() names it so in a log line.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from absl import logging
 from vitjax import config as config_lib
 from vitjax import paths
 from vitjax.errors import ConfigError
+from vitjax.logs import plural
 from vitjax.mesh import all_agree
 
 # Fields that do not change what is trained: how often things happen, evaluation, layout on devices, paths.
@@ -168,7 +172,7 @@ def _size(path: str) -> int:
 
 
 def _mb(n: int) -> str:
-  return f"{n / 2**20:.1f} MB"
+  return f"{n / 2**20:.1f} MiB"
 
 
 def unwritable(workdir: str, why: str, checkpoints: str) -> str:
@@ -241,6 +245,20 @@ def effective_config(workdir: str) -> dict | None:
   return _unflatten(config_lib.migrate(flat))
 
 
+def config_source(workdir: str) -> str:
+  """Where a workdir's config comes from, for the line that names it.
+
+  WORKDIR/config.json, and the fields config_history.jsonl changes in it when there are any (config.json alone is
+  then not what trained the latest checkpoints).
+  """
+  path = os.path.join(workdir, "config.json")
+  fields = list(dict.fromkeys(k for row in history(workdir) for k in row["changes"]))
+  if not fields:
+    return path
+  shown = ", ".join(fields[:6]) + (f" and {len(fields) - 6} more" if len(fields) > 6 else "")
+  return f"{path} with the changes of config_history.jsonl ({shown})"
+
+
 def read_config(workdir: str) -> mlc.ConfigDict:
   """The config a workdir trains with: config.json and its recorded changes."""
   config = effective_config(workdir)
@@ -280,18 +298,19 @@ def start_fresh(workdir: str, config) -> None:
   """A run's first step: writes config.json.
 
   A workdir that has one but no checkpoint (its run stopped before its first) starts over: its config.json,
-  config_history.jsonl and training rows of metrics.jsonl are replaced.
+  config_history.jsonl, train_time.json and training rows of metrics.jsonl are replaced.
   """
   if jax.process_index() != 0:
     return
   if os.path.exists(os.path.join(workdir, "config.json")):
     dropped = drop_metrics_after(workdir, 0)
-    if os.path.exists(os.path.join(workdir, "config_history.jsonl")):
-      os.remove(os.path.join(workdir, "config_history.jsonl"))
+    for name in ("config_history.jsonl", TRAIN_TIME):
+      if os.path.exists(os.path.join(workdir, name)):
+        os.remove(os.path.join(workdir, name))
     logging.warning(
       "%s has no checkpoint (its run stopped before its first): starting over at step 0 with this config%s",
       workdir,
-      f" ({dropped} metrics rows dropped)" if dropped else "",
+      f" ({plural(dropped, 'metrics row')} dropped)" if dropped else "",
     )
   write_json(workdir, "config.json", config.to_json_best_effort(indent=2))
 
@@ -314,11 +333,38 @@ def record_config_change(workdir: str, step: int, changes: dict) -> None:
 # ------------------------------------------------------------------------------------- metrics
 
 
+TRAIN_TIME = "train_time.json"
+
+
+def _train_times(workdir: str) -> dict:
+  try:
+    times = read_json(workdir, TRAIN_TIME)
+  except ConfigError:  # (written atomically: only a hand-edited file)
+    return {}
+  return times if isinstance(times, dict) else {}
+
+
+def record_train_time(workdir: str, step: int, seconds: float) -> None:
+  """Before `step` is saved: the run's training seconds at it, in WORKDIR/train_time.json (process 0).
+
+  Written before the save, so that every saved step has its time whatever kills the run. The times of later steps (a
+  killed session's, whose checkpoints are gone) are dropped.
+  """
+  if jax.process_index() != 0:
+    return
+  times = {k: v for k, v in _train_times(workdir).items() if k.isdigit() and int(k) < step}
+  write_json(workdir, TRAIN_TIME, {**times, str(int(step)): float(seconds)})
+
+
 def train_seconds(workdir: str, step: int) -> float:
   """Wall-clock seconds the run's training sessions spent up to `step`: what max_train_minutes has used before a resume.
 
-  The last "train/elapsed_s" of metrics.jsonl at or before it; 0 without one.
+  The time recorded when `step` was saved (record_train_time); for a workdir written before that record existed, the
+  last "train/elapsed_s" of metrics.jsonl at or before it (which misses the time after that row); 0 without one.
   """
+  recorded = _train_times(workdir).get(str(int(step)))
+  if isinstance(recorded, (int, float)):
+    return float(recorded)
   path = os.path.join(workdir, "metrics.jsonl")
   spent = 0.0
   if os.path.exists(path):

@@ -122,7 +122,7 @@ def test_top5_counts_the_label_among_the_five_largest_logits():
       [9, 8, 7, 6, 5, 4, 3],  # label 0: rank 0 (top-1 and top-5)
       [9, 8, 7, 6, 5, 4, 3],  # label 4: rank 4 (top-5 only)
       [9, 8, 7, 6, 5, 4, 3],  # label 5: rank 5 (neither)
-      [1, 1, 1, 1, 1, 1, 1],  # label 6: all tied -> rank 0 (ties count for the label)
+      [1, 1, 1, 1, 1, 1, 1],  # label 6: all tied -> rank 6, as argmax ranks ties (the lowest class first)
       [0, 0, 0, 0, 0, 0, 9],  # label 6, masked out (padding)
     ],
     np.float32,
@@ -133,7 +133,7 @@ def test_top5_counts_the_label_among_the_five_largest_logits():
     "mask": jnp.asarray([True, True, True, True, False]),
   }
   sums = jax.device_get(classification._step(Logits(), {}, batch, None, None, 5, 0))
-  assert (float(sums["correct"]), float(sums["correct_k"]), float(sums["count"])) == (1.0, 3.0, 4.0)
+  assert (float(sums["correct"]), float(sums["correct_k"]), float(sums["count"])) == (1.0, 2.0, 4.0)
 
 
 # ----------------------------------------------------------------------------

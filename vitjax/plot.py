@@ -31,12 +31,19 @@ FORMATS = (".png", ".pdf", ".svg")
 XS = ("step", "examples", "hours")
 CURVES_FILE = "curves.png"
 
-flags.DEFINE_list("workdir", None, "the runs, comma-separated", required=True)
-flags.DEFINE_list("metrics", None, "metrics to draw, e.g. train/loss,eval/accuracy (default: train/loss and best)")
-flags.DEFINE_list("labels", None, "one legend entry per workdir (default: their folder names)")
-flags.DEFINE_enum("x", "step", list(XS), "the x axis: step, examples (step x batch_size) or hours of training")
-flags.DEFINE_string("out", None, f"the image to write ({', '.join(FORMATS)}; default: WORKDIR or SWEEP_DIR/curves.png)")
-flags.DEFINE_string("title", "", "a title above the panels")
+
+def _define_flags() -> None:
+  """The command line's flags, defined only when it runs (the module is also a library: importing it defines none)."""
+  flags.DEFINE_list("workdir", None, "the runs, comma-separated", required=True)
+  flags.DEFINE_list("metrics", None, "metrics to draw, e.g. train/loss,eval/accuracy (default: train/loss and best)")
+  flags.DEFINE_list("labels", None, "one legend entry per workdir (default: their folder names)")
+  flags.DEFINE_enum("x", "step", list(XS), "the x axis: step, examples (step x batch_size) or hours of training")
+  flags.DEFINE_string(
+    "out", None, f"the image to write ({', '.join(FORMATS)}; default: WORKDIR/curves.png for one run)"
+  )
+  flags.DEFINE_string("title", "", "a title above the panels")
+
+
 FLAGS = flags.FLAGS
 
 
@@ -205,4 +212,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+  _define_flags()
   cli.run(main)

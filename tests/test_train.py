@@ -529,6 +529,7 @@ def test_max_train_minutes_stops_with_a_final_eval_and_checkpoint(tmp_path, run_
   assert "ema_decay=0.9: the moving average is kept" in proc.stderr and "no evaluator reads it" in proc.stderr
   assert "config.wandb.project is set but 'wandb' is not in config.trackers=('tensorboard',)" in proc.stderr
   assert "max_nonfinite_skips=4 is read only with on_nonfinite='skip'" in proc.stderr
+  assert "label_smoothing=0.1: train/loss is the smoothed objective (at least 0.500 with 10 classes)" in proc.stderr
   rows = th.read_metrics(workdir)
   last = max(r["step"] for r in rows)
   assert last < 100000 and any("eval/accuracy" in r and r["step"] == last for r in rows)

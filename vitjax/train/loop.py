@@ -352,6 +352,8 @@ def _begin(run: _Run, state, start: int, changes: dict) -> None:
       min(start + 5, run.plan.total),
       min(start + 7, run.plan.total),
     )
+  if config.get("label_smoothing"):  # train/loss next to eval/loss read as a 5x gap
+    logging.info("%s", _smoothing_note(config.label_smoothing, exp.model))
   unread = _unread_settings(config)
   if unread:
     logging.warning("%s", unread)
@@ -422,6 +424,19 @@ def _quiet():
     yield
   finally:
     logger.setLevel(level)
+
+
+def _smoothing_note(eps: float, model) -> str:
+  """What train/loss is under label smoothing, with its floor where the model says how many classes it scores."""
+  k = next((getattr(model, a) for a in ("num_classes", "tgt_vocab_size", "vocab_size") if getattr(model, a, None)), 0)
+  floor = ""
+  if k > 1:  # the entropy of the smoothed target: the loss of predicting it exactly
+    hit, miss = 1 - eps + eps / k, eps / k
+    floor = f" (at least {-(hit * math.log(hit) + (k - 1) * miss * math.log(miss)):.3f} with {k} classes)"
+  return (
+    f"label_smoothing={eps:g}: train/loss is the smoothed objective{floor}, eval/loss the plain cross-entropy: "
+    "train/loss above eval/loss is not a generalisation gap"
+  )
 
 
 def _plain(value):

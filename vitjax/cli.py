@@ -11,7 +11,6 @@ and turns how it ended into the exit statuses of vitjax.errors: a problem the us
 line and 2; Preempted 75 and Diverged 3, already logged; anything else is a bug and keeps its traceback.
 """
 
-import logging
 import os
 import re
 import sys
@@ -116,14 +115,14 @@ def _root_message(e: BaseException) -> str:
 
 def parse_flags(argv):
   """Parses flags as absl does, with one clear line (exit status 2) for a bad flag, config file or --config.FIELD."""
+  from vitjax import logs  # pylint: disable=g-import-not-at-top
+
   problem = _config_file_problem(argv)
   if problem is None:
-    quiet = logging.getLogger("absl")  # ml_collections' warnings while it loads the file: the error line says it
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
     try:
-      rest = flags.FLAGS(argv)
-      problem = _config_value_problem(argv)
+      with logs.muted():  # ml_collections' warnings while it loads the file: the error line says it
+        rest = flags.FLAGS(argv)
+        problem = _config_value_problem(argv)
       if problem is None:
         return rest
     except (flags.Error, AttributeError, KeyError, ValueError, TypeError) as e:
@@ -134,10 +133,6 @@ def parse_flags(argv):
     except Exception as e:  # noqa: BLE001 -- the config file's own code failed (an import, a RuntimeError, ...)
       given = next((a for a in argv[1:] if a.startswith("--config=")), "--config")
       problem = f"{given}: the config file failed: {type(_root(e)).__name__}: {_root_message(e)}"
-    finally:
-      quiet.setLevel(level)
-  from vitjax import logs  # pylint: disable=g-import-not-at-top
-
   if not logs.is_quiet_process():  # the processes of a --multihost run share their flags: one line says it
     print(f"error: {problem}", file=sys.stderr, flush=True)
   sys.exit(2)

@@ -107,7 +107,7 @@ def _lengths(src, max_len, lengths):
 
 
 def _sequential(model, params, src, max_len, choose, lengths):
-  """Shared loop of greedy decoding and sampling: choose(logits [B, V], i) -> next tokens [B]; row b stops at lengths[b]."""
+  """Greedy decoding's and sampling's loop: choose(logits [B, V], i) -> next tokens [B]; row b stops at lengths[b]."""
   encoded = model.apply({"params": params}, src, method=model.encode)
   dec, cache = _init_cache(model, params, src, encoded, max_len)
   b = src.shape[0]

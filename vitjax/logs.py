@@ -17,6 +17,7 @@ job's output holds one log, not one per process.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging as py_logging
 import os
 import sys
@@ -238,6 +239,25 @@ def fmt_time(seconds: float) -> str:
   if s >= 3600:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
   return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+@contextlib.contextmanager
+def muted(startswith: str | None = None):
+  """Within it, absl's logger drops its INFO and WARNING lines (errors pass), or only those starting `startswith`.
+
+  For lines whose news the caller says itself, or that mislead.
+  """
+  drop = py_logging.Filter()
+  if startswith is None:
+    drop.filter = lambda record: record.levelno >= py_logging.ERROR
+  else:
+    drop.filter = lambda record: not str(record.msg).startswith(startswith)
+  logger = py_logging.getLogger("absl")
+  logger.addFilter(drop)
+  try:
+    yield
+  finally:
+    logger.removeFilter(drop)
 
 
 def plural(count: int, noun: str) -> str:

@@ -7,9 +7,9 @@
     python -m vitjax.main --mode=eval --eval=probe --workdir=workdirs/vit_digits   # linear probe, few-shot, k-NN
 
 Training resumes from the workdir's latest checkpoint. Without --config, a resume and an evaluation take the config
-saved in the workdir (config.json with the changes of config_history.jsonl). In eval mode --checkpoint=best is the kept step with the best `config.best`, and
---eval=NAME runs any evaluator of config.evals (default: the one `best` names), or any type by name with its
-default options (classification, probe, mae, translation: vitjax.evaluators).
+saved in the workdir (config.json with the changes of config_history.jsonl). In eval mode --checkpoint=best is the
+kept step with the best `config.best`, and --eval=NAME runs any evaluator of config.evals (default: the one `best`
+names), or any type by name with its default options (classification, probe, mae, translation: vitjax.evaluators).
 
 Several processes (hosts): the same command on each, with --multihost --coordinator_address=HOST0:PORT
 --num_processes=N --process_id=I (or --multihost alone under SLURM, Open MPI, Kubernetes or on TPU pods, where

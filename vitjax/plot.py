@@ -192,7 +192,7 @@ def draw(runs: list[Run], metrics: list[str], out: str, xs=None, xlabel: str = "
 
 
 def best_point(run: Run) -> tuple[int, float] | None:
-  """(step, value) of the run's best evaluation by config.best (of equals the later, as the trainer keeps it), or None."""
+  """(step, value) of the run's best evaluation by config.best (of equals the later, as the trainer's), or None."""
   finite = [(s, v) for s, v in run.curves.get(run.best, []) if math.isfinite(v)]
   if not finite:
     return None

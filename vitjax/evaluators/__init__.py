@@ -24,7 +24,8 @@ A type is one module here that defines
 
 where `ev` is an Evaluator (below: its task, split, options, ...) and `net` the model on its mesh (model,
 batch_sharding: vitjax.train.state.Network or Experiment); `step` names what is evaluated in the files a type writes:
-the training step, or outside training 'averaged', 'init' or 'imported' for those weights. Adding a type is one new file plus its test.
+the training step, or outside training 'averaged', 'init' or 'imported' for those weights. Adding a type is one new
+file plus its test.
 
 On a folder or csv dataset without a 'test' split, an evaluator of split 'test' evaluates 'valid' and says so.
 """

@@ -86,11 +86,19 @@ def check_method_options(method: str, given: dict, name=str) -> None:
     )
 
 
+def _cap(src_len, extra_len, max_len):
+  """floor(1.5 src_len + extra_len), at most max_len: the most tokens decoded for a source of src_len tokens.
+
+  src_len counts the source's EOS; a number or an array of them.
+  """
+  return jnp.floor(jnp.minimum(max_len, src_len * 1.5 + extra_len))
+
+
 @functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
 def _row_lengths(src, pad: int, width: int, extra_len: float, max_len: int):
-  """Translation.decode_len of each row's source tokens: int32 [B] in 1..width."""
+  """_cap of each row's source tokens: int32 [B] in 1..width."""
   n = jnp.sum(src != pad, axis=1).astype(jnp.float32)
-  return jnp.clip(jnp.floor(jnp.minimum(max_len, n * 1.5 + extra_len)), 1, width).astype(jnp.int32)
+  return jnp.clip(_cap(n, extra_len, max_len), 1, width).astype(jnp.int32)
 
 
 class Translation:
@@ -337,8 +345,8 @@ class Translation:
     raise ConfigError(f"unknown decoding method {g['method']!r}; use {', '.join(map(repr, METHODS))}")
 
   def decode_len(self, src_len: int, extra_len: int) -> int:
-    """The most tokens decoded for a source of `src_len` tokens with its EOS: int(1.5 src_len + extra_len) <= max_len."""
-    return int(min(self.config.data.max_len, src_len * 1.5 + extra_len))
+    """The most tokens decoded for a source of `src_len` tokens with its EOS (_cap, at most data.max_len)."""
+    return int(_cap(src_len, extra_len, self.config.data.max_len))
 
   def eval_batches(self, split: str, limit: int | None = None):
     """(pairs, this process's batches) of a split's first `limit` pairs (None: all).

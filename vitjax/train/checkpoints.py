@@ -18,10 +18,8 @@ arrays have other shapes than the config's model is not corrupt but another conf
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import logging as pylogging
 import math
 import os
 import shutil
@@ -36,6 +34,7 @@ from etils import epath
 
 from vitjax import evaluators
 from vitjax.errors import ConfigError
+from vitjax.logs import muted
 from vitjax.mesh import agree, path_name, sync
 
 CHECKPOINTS = "checkpoints"
@@ -92,22 +91,6 @@ def _read_only_options(**kw) -> ocp.CheckpointManagerOptions:
   return ocp.CheckpointManagerOptions(read_only=True, save_interval_steps=0, create=False, **kw)
 
 
-@contextlib.contextmanager
-def _without_orbax_read_only_warning():
-  """Leaves out orbax's 'Given directory is read only' warning, which read as if the folder could not be written.
-
-  vitjax opens checkpoints read-only to read them: every vitjax.load and evaluation.
-  """
-  drop = pylogging.Filter()
-  drop.filter = lambda record: not str(record.msg).startswith("Given directory is read only")
-  logger = pylogging.getLogger("absl")
-  logger.addFilter(drop)
-  try:
-    yield
-  finally:
-    logger.removeFilter(drop)
-
-
 def has_checkpoints(workdir: str) -> bool:
   """Whether WORKDIR/checkpoints/ holds a step (an entry whose name is all digits)."""
   path = os.path.join(workdir, CHECKPOINTS)
@@ -151,7 +134,7 @@ class Checkpoints:
         best_fn=best_fn, best_mode=best_mode, preservation_policy=policy, enable_async_checkpointing=True
       )
     try:
-      with _without_orbax_read_only_warning():
+      with muted("Given directory is read only"):  # orbax's, for a read-only manager: read as a folder unwritable
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=self.ITEMS)
     except Exception as e:  # a step whose metadata is unreadable stops orbax from listing the others
       raise ConfigError(f"{self.directory}: orbax cannot list the checkpoints ({_first_line(e)})") from None

@@ -9,10 +9,8 @@ evaluate(): restore a checkpoint (or take the initial weights) and run one evalu
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import logging as py_logging
 import math
 import os
 import queue
@@ -27,7 +25,7 @@ from absl import logging
 from vitjax import evaluators, tasks
 from vitjax import mesh as mesh_lib
 from vitjax.errors import USER_ERRORS, ConfigError, Diverged, Preempted, WorkdirUnwritable, write_failure
-from vitjax.logs import plural
+from vitjax.logs import muted, plural
 from vitjax.mesh import agree, to_global
 from vitjax.tasks.base import EvaluationInterrupted
 from vitjax.train import checkpoints as ckpt_lib
@@ -380,7 +378,7 @@ def _schedule_change(run: _Run, old, start: int) -> None:
   """
   data, exp = run.data, run.exp
   try:
-    with _quiet():  # the old config's own notes (which of total_steps and num_epochs wins) were said in its session
+    with muted():  # the old config's own notes (which of total_steps and num_epochs wins) were said in its session
       before = durations.resolve(old, data.steps_per_epoch, data.examples_per_step)
       schedule = optim.make_schedule(old, before.total, data.steps_per_epoch, before.warmup)
   except ConfigError:  # the old config no longer resolves (its data changed): nothing to compare with
@@ -414,18 +412,6 @@ def _schedule_change(run: _Run, old, start: int) -> None:
   )
 
 
-@contextlib.contextmanager
-def _quiet():
-  """Within it, absl's INFO and WARNING lines are dropped (its logger's level is put back as it was after)."""
-  logger = logging.get_absl_logger()
-  level = logger.level
-  logger.setLevel(py_logging.ERROR)
-  try:
-    yield
-  finally:
-    logger.setLevel(level)
-
-
 def _smoothing_note(eps: float, model) -> str:
   """What train/loss is under label smoothing, with its floor where the model says how many classes it scores."""
   k = next((getattr(model, a) for a in ("num_classes", "tgt_vocab_size", "vocab_size") if getattr(model, a, None)), 0)
@@ -439,10 +425,6 @@ def _smoothing_note(eps: float, model) -> str:
   )
 
 
-def _plain(value):
-  return tuple(value) if isinstance(value, (list, tuple)) else value
-
-
 def _unread_settings(config) -> str:
   """A line naming settings changed from their defaults that this run never reads, or ''."""
   from vitjax.config import default_config
@@ -454,7 +436,7 @@ def _unread_settings(config) -> str:
     changed = [
       k
       for k in ("project", "entity", "tags", "notes")
-      if _plain(wandb.get(k, default.wandb[k])) != _plain(default.wandb[k])
+      if json.dumps(wandb.get(k, default.wandb[k])) != json.dumps(default.wandb[k])  # (a list read back: a tuple)
     ]
     if changed:
       said.append(

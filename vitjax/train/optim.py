@@ -450,8 +450,9 @@ def check_rules(config, model, params) -> None:
 def kept_state(applied, new_state, old_state):
   """The optimizer state after a step: `new_state` if `applied` (a traced bool), else `old_state` but for its counts.
 
-  The schedule's step counts (optax.ScaleByScheduleState, DecayState) go on with the run's step, as the step count does: the learning rate of every later step is the one logged
-  (train/lr = schedule(step)), and the schedule still ends at total_steps. The optimizer's own counts (Adam's bias
+  The schedule's step counts (optax.ScaleByScheduleState, DecayState) go on with the run's step, as the step count
+  does: the learning rate of every later step is the one logged (train/lr = schedule(step)), and the schedule still
+  ends at total_steps. The optimizer's own counts (Adam's bias
   correction) are those of the updates applied.
   """
   counts = lambda x: isinstance(x, (optax.ScaleByScheduleState, DecayState))

@@ -34,10 +34,15 @@ TINY = [
 # Tests compile with XLA's backend optimisations off and with its older loop emitters for CPU fusions: their tiny
 # models spend most of their time compiling. The first cut a tiny run's compilation from 8 s to 3 s (the suite's time
 # by a quarter); the second, XLA's compile time of the README's main job at toy size from 5.3 s to 3.5 s (the suite's
-# by a sixth). Every fixture's bound still holds (they are set against rounding noise, tests/test_formats.py), and the
-# bitwise tests compare runs compiled alike. VITJAX_TEST_XLA_OPT=1 compiles as users do. conftest.py sets the same
-# flags for the pytest process itself.
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+# by a sixth). The third compiles each module as one piece of LLVM code instead of several on threads (XLA's
+# parallel codegen), which on 2 cores already busy with 2 test workers only adds contention: test_faults, test_train,
+# test_models and test_transformer at -n 2 took 129-135 s instead of 141-153 s (three runs each, 2026-11-28). Every
+# fixture's bound still holds (they are set against rounding noise, tests/test_formats.py), and the bitwise tests
+# compare runs compiled alike. VITJAX_TEST_XLA_OPT=1 compiles as users do. conftest.py sets the same flags for the
+# pytest process itself.
+FAST_COMPILE = (
+  "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1"
+)
 XLA_TEST_FLAGS = "" if os.environ.get("VITJAX_TEST_XLA_OPT") == "1" else FAST_COMPILE
 
 # A persistent compilation cache shared by the subprocesses of a test session (set by a fixture): runs of the

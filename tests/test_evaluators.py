@@ -203,3 +203,46 @@ def test_a_run_logs_every_evaluator_by_name_and_chooses_best_by_any(run_args, tm
   knn = {r["step"]: r["probe/knn"] for r in rows if "probe/knn" in r}
   best = max(knn, key=lambda s: (knn[s], s))  # orbax keeps the later of equal steps
   assert vitjax.load(workdir).step == best
+
+
+def test_ece_is_the_gap_of_each_confidence_bin_weighted_by_its_share():
+  """calibration_bins=4: confidences 0.9 and 0.7 fall in bins [0.75, 1) and [0.5, 0.75), 0.4 and 0.35 in [0.25, 0.5);
+  each bin's |confidence - accuracy| counts, weighted by its share of the (unmasked) examples, so that an
+  over-confident bin and an under-confident one do not cancel."""
+  from types import SimpleNamespace
+
+  import flax.linen as nn
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+  from vitjax.evaluators import classification
+
+  class Logits(nn.Module):  # the "image" is the log-probabilities
+    def __call__(self, images, train=False):
+      return images.reshape(images.shape[0], -1), {}
+
+  probs = np.array(
+    [
+      [0.9, 0.05, 0.03, 0.02],  # label 0: right at 0.9
+      [0.7, 0.1, 0.1, 0.1],  # label 1: wrong at 0.7
+      [0.1, 0.1, 0.1, 0.7],  # padding (masked out): would be a wrong 0.7
+      [0.4, 0.3, 0.2, 0.1],  # label 0: right at 0.4
+      [0.35, 0.3, 0.2, 0.15],  # label 2: wrong at 0.35
+      [0.1, 0.1, 0.1, 0.7],  # padding
+    ],
+    np.float32,
+  )
+  labels, mask = np.array([0, 1, 0, 0, 2, 0], np.int32), np.array([1, 1, 0, 1, 1, 0], bool)
+  batches = [
+    {"image": np.log(probs[k : k + 3])[:, None, None, :], "label": labels[k : k + 3], "mask": mask[k : k + 3]}
+    for k in (0, 3)
+  ]
+  task = SimpleNamespace(preprocess=lambda: SimpleNamespace(mean=None, std=None), eval_batches=lambda split, n: batches)
+  ev = SimpleNamespace(name="t", split="test", examples=None, task=task,
+                       options={"top_k": 2, "calibration_bins": 4, "shift": None})  # fmt: skip
+  mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
+  net = SimpleNamespace(model=Logits(), batch_sharding=NamedSharding(mesh, PartitionSpec("data")))
+  got = classification.run(ev, net, {})
+  gaps = abs(0.9 - 1) + abs(0.7 - 0) + abs(0.4 + 0.35 - 1)  # bins 3, 2 and 1
+  assert got["ece"] == pytest.approx(gaps / 4, abs=1e-5)
+  assert got["examples"] == 4 and got["accuracy"] == 0.5 and got["top2"] == 0.75
+  assert got["loss"] == pytest.approx(-np.log([0.9, 0.1, 0.4, 0.2]).mean(), rel=1e-5)

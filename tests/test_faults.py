@@ -377,3 +377,31 @@ def test_a_workdir_written_before_a_field_was_renamed_or_added_reads_as_today(tm
   assert workdir_lib.config_changes(str(tmp_path), config) == {}
   config.model.norm = "pre"  # a real change is still one
   assert workdir_lib.config_changes(str(tmp_path), config) == {"model.norm": ("post", "pre")}
+
+
+@pytest.mark.parametrize(
+  "mode, values",
+  [
+    ("max", (0.5, 0.7, float("nan"), 0.7, float("inf"), 0.2)),
+    ("min", (0.5, 0.3, float("nan"), 0.3, -float("inf"), 0.6)),
+  ],
+)
+def test_the_best_finite_step_is_kept_beside_the_latest_the_later_on_a_tie(tmp_path, mode, values):
+  """keep_checkpoints=1: the latest step and the best evaluated one by `best` ('max' or 'min' by its evaluator; a
+  non-finite evaluation is never best, of two equal ones the later is); the others are deleted. With all kept,
+  --checkpoint=best tries them best first, then the unranked ones from the latest."""
+  import jax.numpy as jnp
+
+  from vitjax.train import Checkpoints
+
+  with Checkpoints(str(tmp_path), "eval/metric", mode, keep=1) as ckpts:
+    for step, value in enumerate(values, 1):
+      ckpts.save(step, {"w": jnp.arange(4.0)}, "{}", metrics={"eval/metric": value})
+    ckpts.wait()
+    assert ckpts.best_step() == 4 and ckpts.steps() == [4, 6]
+    assert ckpts.candidates("best") == [4, 6]
+  with Checkpoints(str(tmp_path / "all"), "eval/metric", mode, keep=10) as ckpts:  # all kept: the tie is ranked
+    for step, value in enumerate(values, 1):
+      ckpts.save(step, {"w": jnp.arange(4.0)}, "{}", metrics={"eval/metric": value})
+    ckpts.wait()
+    assert ckpts.best_step() == 4 and ckpts.candidates("best") == [4, 2, 1, 6, 5, 3]  # then the latest first

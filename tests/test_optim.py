@@ -61,15 +61,17 @@ def test_wd_mults_scale_the_decoupled_decay_and_the_family_default_spares_biases
   for path, u in default.items():
     decays = not path.endswith(("bias", "scale", "pos_embedding", "cls"))
     np.testing.assert_allclose(u, -LR * 0.5 * flat[path] * decays, rtol=1e-6, atol=1e-9, err_msg=path)
-  c.wd_mults = (("head/kernel", 2.0), ("bias$", 0.0))  # not 0 or 1: vitjax's decoupled decay beside adamw's
+  # not 0 or 1: vitjax's decoupled decay beside adamw's (on the patch embedding: the head starts at zeros)
+  c.wd_mults = (("^embedding/kernel$", 2.0), ("bias$", 0.0))
+  assert np.abs(flat["embedding/kernel"]).min() > 0
   scaled, _ = _update(c, model, params, zero)
   for path, u in scaled.items():
-    mult = 2.0 if path == "head/kernel" else 0.0 if path.endswith("bias") else 1.0
+    mult = 2.0 if path == "embedding/kernel" else 0.0 if path.endswith("bias") else 1.0
     np.testing.assert_allclose(u, -LR * 0.5 * mult * flat[path], rtol=1e-6, atol=1e-9, err_msg=path)
   c.optim.name = "sgd"  # no decay of its own: L2 on the gradient, then the step
   sgd, _ = _update(c, model, params, zero)
   for path, u in sgd.items():
-    mult = 2.0 if path == "head/kernel" else 0.0 if path.endswith("bias") else 1.0
+    mult = 2.0 if path == "embedding/kernel" else 0.0 if path.endswith("bias") else 1.0
     np.testing.assert_allclose(u, -LR * 0.5 * mult * flat[path], rtol=1e-6, atol=1e-9, err_msg=path)
 
 
@@ -177,3 +179,29 @@ def test_fractional_wd_mults_only_where_the_decay_is_decoupled_or_l2():
     else:
       with pytest.raises(ConfigError, match="on or off per parameter"):
         _update(c, model, params)
+
+
+def test_l2_decay_of_an_optimizer_without_its_own_spares_the_familys_no_decay_parameters():
+  c, model, params = _setup(optim__name="sgd", optim__weight_decay=0.5)  # wd_mults None: the family's rules
+  flat = {path_name(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+  updates, _ = _update(c, model, params, jax.tree.map(jnp.zeros_like, params))  # the decay alone
+  for path, u in updates.items():
+    decays = not path.endswith(("bias", "scale", "pos_embedding", "cls"))
+    np.testing.assert_allclose(u, -LR * 0.5 * flat[path] * decays, rtol=1e-6, atol=1e-9, err_msg=path)
+
+
+def test_vitjaxs_decoupled_decay_takes_each_steps_learning_rate():
+  """wd_mults other than 0 and 1 beside adamw: update -= schedule(step) * weight_decay * mult * param, the schedule
+  read at the step the update is for (as adamw's own decay reads it)."""
+  c, model, params = _setup(optim__weight_decay=0.5, wd_mults=(("^embedding/kernel$", 2.0),))
+  flat = {path_name(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+  assert np.abs(flat["embedding/kernel"]).min() > 0
+  schedule = lambda count: LR / (1.0 + count)
+  tx = optim.make_optimizer(c, schedule, model)
+  zero, state = jax.tree.map(jnp.zeros_like, params), tx.init(params)
+  for step in range(3):  # zero gradients: Adam's step is 0, the update is the decay alone
+    updates, state = tx.update(zero, state, params)
+    for p, u in jax.tree_util.tree_flatten_with_path(updates)[0]:
+      path = path_name(p)
+      mult = 2.0 if path == "embedding/kernel" else 1.0
+      np.testing.assert_allclose(u, -schedule(step) * 0.5 * mult * flat[path], rtol=1e-6, atol=1e-9, err_msg=path)

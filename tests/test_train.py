@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections as mlc
 import numpy as np
+import optax
 import pytest
 
 try:
@@ -336,6 +337,16 @@ def test_schedule_warms_up_then_decays(decay, expected):
       assert float(s(step)) == pytest.approx(want, rel=1e-5, abs=1e-7), (decay, step)
 
 
+def test_rsqrt_schedule_decays_over_its_own_timescale():
+  """schedule.rsqrt_timescale replaces the warm-up as the inverse square root's timescale: lr * sqrt(t0 / (t0 + steps
+  after the warm-up))."""
+  cfg = _schedule_config("rsqrt")
+  cfg.schedule.rsqrt_timescale = 40
+  s = train.make_schedule(cfg, total_steps=200, steps_per_epoch=5)  # warm-up: 10 steps
+  for step, want in {5: 0.5, 10: 1.0, 50: math.sqrt(40 / 80), 130: 0.5}.items():
+    assert float(s(step)) == pytest.approx(want, rel=1e-5), step
+
+
 def test_schedule_rejects_unknown_decay():
   with pytest.raises(train.ConfigError, match="cosine"):
     train.make_schedule(_schedule_config("exp"), 100, 10)
@@ -441,6 +452,82 @@ def test_gradient_accumulation_of_a_per_token_loss_matches_one_big_batch():
   assert m1["train/tokens"] == m2["train/tokens"] == lengths.sum()
 
 
+@pytest.mark.parametrize("frozen", [None, ("^(?!head/).*",)])
+def test_the_logged_gradient_norm_is_the_gradients_not_the_updates(frozen):
+  """train/grad_norm is the global norm of the loss's gradient (before the learning rate, the decay and clipping);
+  no gradient flows to frozen parameters, so with a frozen backbone it is the head's alone."""
+  cfg = _step_config(1)
+  cfg.optim.weight_decay, cfg.frozen = 0.0, frozen  # plain sgd at a constant learning rate: the update is -lr * grad
+  model, schedule = train.build_model(cfg), train.make_schedule(cfg, 10, 1)
+  tx = train.make_optimizer(cfg, schedule)
+  _, params = _tiny_vit(dropout_rate=0.0)
+  rng = np.random.RandomState(2)
+  batch = {
+    "image": jnp.asarray(rng.uniform(-1, 1, (8, 8, 8, 1)).astype(np.float32)),
+    "label": jnp.asarray(rng.randint(0, 10, 8).astype(np.int32)),
+  }
+  state = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), {})
+  new, metrics = jax.jit(train.make_train_step(model, tx, schedule, cfg, tasks.ImageClassification(cfg, "")))(
+    state, batch
+  )
+  grads = jax.grad(
+    lambda p: tasks.cross_entropy(model.apply({"params": p}, batch["image"])[0], batch["label"], 10).mean()
+  )(params)
+  if frozen:
+    grads = {k: g if k == "head" else jax.tree.map(jnp.zeros_like, g) for k, g in grads.items()}
+  want = float(jnp.sqrt(sum(jnp.sum(g.astype(jnp.float32) ** 2) for g in jax.tree.leaves(grads))))
+  assert float(metrics["train/grad_norm"]) == pytest.approx(want, rel=1e-4)
+  moved = np.sqrt(
+    sum(float(jnp.sum((a - b) ** 2)) for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(params)))
+  )
+  assert moved == pytest.approx(0.5 * want, rel=1e-3)  # (the update's norm is lr times it)
+
+
+def test_a_per_token_loss_and_accuracy_leave_out_the_padding():
+  """Translation's loss and token accuracy are means over the target tokens: PAD positions neither score nor count,
+  whatever the model predicts there (predicting PAD after the end is not a correct token)."""
+  from types import SimpleNamespace
+
+  from vitjax.tasks.translation import Translation
+
+  task = SimpleNamespace(tokenizer=SimpleNamespace(PAD=0), config=SimpleNamespace(label_smoothing=0.0))
+  tgt = np.array([[5, 6, 7, 0], [8, 0, 0, 0]], np.int32)  # 4 tokens, 4 padding positions
+  pred = np.array([[5, 9, 7, 0], [3, 0, 0, 0]])  # right at 2 of the 4 tokens, and PAD at every padding position
+  logits = 4.0 * np.eye(10, dtype=np.float32)[pred] + np.random.RandomState(0).randn(2, 4, 10).astype(np.float32)
+  loss, metrics = Translation.loss(task, jnp.asarray(logits), {"tgt": jnp.asarray(tgt)})
+  logp = np.asarray(jax.nn.log_softmax(logits))
+  rows, cols = np.nonzero(tgt)
+  np.testing.assert_allclose(float(loss), -logp[rows, cols, tgt[rows, cols]].mean(), rtol=1e-5)
+  assert (logits.argmax(-1) == pred).all()
+  assert float(metrics["accuracy"]) == pytest.approx(0.5) and float(metrics["tokens"]) == 4.0
+
+
+def test_each_micro_batch_draws_its_own_dropout():
+  """A batch of two identical micro-batches gives the step of one of them without dropout, and not with it: each
+  micro-batch draws its own dropout masks (the same masks for all would correlate them)."""
+  rng = np.random.RandomState(3)
+  half = {
+    "image": rng.uniform(-1, 1, (8, 8, 8, 1)).astype(np.float32),
+    "label": rng.randint(0, 10, 8).astype(np.int32),
+  }
+  twice = {k: np.repeat(v, 2, axis=0) for k, v in half.items()}  # micro-batch i holds rows i, i + 2, ...: `half`
+  for dropout in (0.0, 0.3):
+    losses = []
+    for accum, batch in ((1, half), (2, twice)):
+      cfg = _step_config(accum)
+      cfg.model.dropout_rate = dropout
+      model, schedule = train.build_model(cfg), train.make_schedule(cfg, 10, 1)
+      tx = train.make_optimizer(cfg, schedule)
+      _, params = _tiny_vit(dropout_rate=dropout)
+      state = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), {})
+      step = jax.jit(train.make_train_step(model, tx, schedule, cfg, tasks.ImageClassification(cfg, "")))
+      losses.append(float(step(state, jax.tree.map(jnp.asarray, batch))[1]["train/loss"]))
+    if dropout:
+      assert abs(losses[1] - losses[0]) > 1e-4, losses
+    else:
+      assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+
+
 def test_a_skipped_step_keeps_the_parameters_but_the_schedule_goes_on_with_the_step():
   """A non-finite step is not applied, but it counts as a step: the next one applies the logged train/lr =
   schedule(step) (it applied schedule(step - skips), and the schedule never reached its end)."""
@@ -468,6 +555,54 @@ def test_a_skipped_step_keeps_the_parameters_but_the_schedule_goes_on_with_the_s
     [np.ravel(a - b) for a, b in zip(jax.tree.leaves(s.params), jax.tree.leaves(params))]
   )
   np.testing.assert_allclose(moved(second), moved(first) * 0.9, rtol=1e-4, atol=1e-7)  # (p + u) - p rounds
+
+
+def test_a_skipped_step_leaves_adams_moments_as_they_were():
+  """A non-finite step's gradient never reaches the optimizer's state: Adam's moments and its count stay as they were
+  (a NaN there would make every later step non-finite), and the next finite step trains."""
+  cfg = _step_config(1)
+  cfg.optim.name, cfg.optim.weight_decay = "adamw", 0.0
+  model, schedule = train.build_model(cfg), train.make_schedule(cfg, 10, 1)
+  tx = train.make_optimizer(cfg, schedule)
+  _, params = _tiny_vit(dropout_rate=0.0)
+  step = jax.jit(train.make_train_step(model, tx, schedule, cfg, tasks.ImageClassification(cfg, "")))
+  rng = np.random.RandomState(1)
+  good = {
+    "image": jnp.asarray(rng.uniform(-1, 1, (16, 8, 8, 1)).astype(np.float32)),
+    "label": jnp.asarray(rng.randint(0, 10, 16).astype(np.int32)),
+  }
+  fresh = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), {})
+  after_bad, m_bad = step(fresh, {**good, "image": jnp.full((16, 8, 8, 1), jnp.nan)})
+  assert float(m_bad["train/nonfinite"]) == 1.0
+  adam = lambda s: [x for x in jax.tree.leaves(s, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
+                    if isinstance(x, optax.ScaleByAdamState)][0]  # fmt: skip
+  for a, b in zip(jax.tree.leaves(adam(after_bad.opt_state)), jax.tree.leaves(adam(fresh.opt_state))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  after_good, m_good = step(after_bad, good)
+  assert float(m_good["train/nonfinite"]) == 0.0
+  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(after_good))
+  assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(after_good.params), jax.tree.leaves(params)))
+
+
+def test_a_step_that_would_overflow_the_parameters_is_not_applied():
+  """The divergence guard checks the new parameters too: a step whose loss and gradient are finite but whose update
+  takes the parameters' norm past float32's range (a parameter past 1e19) is skipped, as a non-finite loss is."""
+  cfg = _step_config(1)
+  cfg.optim.lr, cfg.optim.weight_decay = 1e30, 0.0  # plain sgd: the update is -1e30 * gradient, each still finite
+  model, schedule = train.build_model(cfg), train.make_schedule(cfg, 10, 1)
+  tx = train.make_optimizer(cfg, schedule)
+  _, params = _tiny_vit(dropout_rate=0.0)
+  rng = np.random.RandomState(1)
+  batch = {
+    "image": jnp.asarray(rng.uniform(-1, 1, (16, 8, 8, 1)).astype(np.float32)),
+    "label": jnp.asarray(rng.randint(0, 10, 16).astype(np.int32)),
+  }
+  state = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), {})
+  new, m = jax.jit(train.make_train_step(model, tx, schedule, cfg, tasks.ImageClassification(cfg, "")))(state, batch)
+  assert np.isfinite(float(m["train/loss"])) and 0 < float(m["train/grad_norm"]) < 1e3
+  assert float(m["train/nonfinite"]) == 1.0 and int(new.step) == 1
+  for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_adapt_params_resamples_positions_and_replaces_head():

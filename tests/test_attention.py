@@ -282,3 +282,74 @@ def test_fast_attention_logs_once_when_cudnn_refuses(rng, monkeypatch, caplog):
   np.testing.assert_allclose(np.float32(out[0]), np.float32(want), atol=2e-2)
   lines = [r.getMessage() for r in caplog.records if "cuDNN refused" in r.getMessage()]
   assert len(lines) == 1 and "multiple of 8" in lines[0], lines
+
+
+def test_padding_mask_with_query_flags_is_their_outer_and():
+  query_valid = jnp.array([[1, 1, 0], [1, 0, 0]], bool)
+  key_valid = jnp.array([[1, 0, 1, 1], [0, 1, 1, 0]], bool)
+  got = np.asarray(padding_mask(query_valid, key_valid))
+  assert got.shape == (2, 1, 3, 4)
+  want = np.asarray(query_valid)[:, :, None] & np.asarray(key_valid)[:, None, :]
+  np.testing.assert_array_equal(got[:, 0], want)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_given_scale_replaces_one_over_sqrt_k(rng, impl):
+  q, k, v = rng.randn(2, 5, 3, 8), rng.randn(2, 7, 3, 8), rng.randn(2, 7, 3, 8)
+  got = dot_product_attention(*(jnp.asarray(a, jnp.float32) for a in (q, k, v)), scale=0.9, implementation=impl)
+  # naive_attention divides by sqrt(K): scaling q by 0.9 sqrt(K) makes its logits q k^T * 0.9
+  np.testing.assert_allclose(got, naive_attention(q * 0.9 * np.sqrt(8), k, v), atol=2e-5, rtol=1e-5)
+
+
+def test_kv_cache_decoding_keeps_the_callers_mask(rng):
+  """With decode=True a caller's mask (here: key 2 hidden) is and-ed with the cache's causal one, not replaced."""
+  b, t, d = 1, 5, 16
+  x = jnp.asarray(rng.randn(b, t, d), jnp.float32)
+  full = MultiHeadAttention(num_heads=2)
+  params = full.init(jax.random.key(0), x)["params"]
+  hide = jnp.ones((1, 1, 1, t), bool).at[..., 2].set(False)
+  want = full.apply({"params": params}, x, mask=causal_mask(t) & hide)
+  dec = MultiHeadAttention(num_heads=2, decode=True)
+  cache = dec.init(jax.random.key(0), x)["cache"]
+  outs = []
+  for i in range(t):
+    y, upd = dec.apply({"params": params, "cache": cache}, x[:, i : i + 1], mask=hide, mutable=["cache"])
+    cache = upd["cache"]
+    outs.append(y)
+  np.testing.assert_allclose(jnp.concatenate(outs, 1)[:, 3:], want[:, 3:], atol=1e-5)
+
+
+def test_biases_of_the_projections_can_be_left_out():
+  x = jnp.zeros((1, 3, 8))
+  for qkv_bias, out_bias in [(False, True), (True, False)]:
+    mha = MultiHeadAttention(num_heads=2, qkv_bias=qkv_bias, out_bias=out_bias)
+    params = jax.eval_shape(lambda m=mha: m.init(jax.random.key(0), x))["params"]
+    assert ("bias" in params["query"]) == qkv_bias and ("bias" in params["value"]) == qkv_bias
+    assert ("bias" in params["out"]) == out_bias
+
+
+def test_kv_cache_chunk_running_one_past_the_end_is_nan(rng):
+  x = jnp.asarray(rng.randn(1, 7, 16), jnp.float32)
+  dec = MultiHeadAttention(num_heads=2, decode=True)
+  variables = dec.init(jax.random.key(0), x)
+  y, upd = dec.apply(variables, x[:, :4], mutable=["cache"])
+  assert np.isfinite(np.asarray(y)).all()
+  y, _ = dec.apply({**variables, **upd}, x[:, 3:], mutable=["cache"])  # 4 more: slots 4..7 of 0..6
+  assert np.isnan(np.asarray(y)).all()
+
+
+def test_sown_attention_weights_are_those_the_layer_used(rng):
+  """What attention maps draw: with a bias and a mask, the sown weights times the values give the layer's output."""
+  x = jnp.asarray(rng.randn(2, 5, 8), jnp.float32)
+  bias = jnp.asarray(rng.randn(2, 5, 5), jnp.float32)
+  mask = jnp.asarray(rng.rand(2, 1, 5, 5) > 0.3)
+  mha = MultiHeadAttention(num_heads=2, implementation="reference")
+  params = mha.init(jax.random.key(0), x)["params"]
+  y, inter = mha.apply({"params": params}, x, mask=mask, bias=bias, mutable=["intermediates"])
+  (w,) = inter["intermediates"]["attention_weights"]
+  assert w.shape == (2, 2, 5, 5)
+  v = jnp.einsum("btd,dhk->bthk", x, params["value"]["kernel"]) + params["value"]["bias"]
+  o = jnp.einsum("bhts,bshk->bthk", w, v)
+  np.testing.assert_allclose(
+    jnp.einsum("bthk,hkd->btd", o, params["out"]["kernel"]) + params["out"]["bias"], y, atol=1e-5
+  )

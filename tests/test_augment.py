@@ -146,3 +146,22 @@ def test_mixup_and_cutmix_keep_the_label_mass_and_match_the_pixels(kind):
     else:  # the share of a row's own pixels is its own label's weight
       mine = np.all(np.isclose(mixed, x), axis=-1).mean(axis=(1, 2))
       np.testing.assert_allclose(mine[~same_class], own[~same_class], atol=1e-6)
+
+
+def test_random_resized_crop_box_keeps_the_aspect_and_area_asked_for():
+  rng = np.random.default_rng(0)
+  for _ in range(20):
+    x0, y0, x1, y1 = augment.random_resized_crop_box(rng, 100, 400, scale=(0.2, 0.3), ratio=(2.0, 3.0))
+    w, h = x1 - x0, y1 - y0
+    assert 1.9 <= w / h <= 3.1 and 0.19 <= w * h / 40000 <= 0.31, (w, h)
+  # no crop of that area fits: the central crop of the largest size whose aspect is clipped into the range
+  assert augment.random_resized_crop_box(rng, 100, 400, scale=(1.0, 1.0), ratio=(2.0, 3.0)) == (50, 0, 350, 100)
+  assert augment.random_resized_crop_box(rng, 400, 100, scale=(1.0, 1.0), ratio=(0.5, 2.0)) == (0, 100, 100, 300)
+
+
+def test_randaugment_magnitudes_above_ten_act_as_ten():
+  image = _texture()
+  for seed in range(3):
+    at = lambda magnitude, seed=seed: augment.randaugment(image, np.random.default_rng(seed), 2, magnitude)
+    np.testing.assert_array_equal(at(25.0), at(10.0))
+    np.testing.assert_array_equal(at(-3.0), at(0.0))

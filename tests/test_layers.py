@@ -346,3 +346,39 @@ def test_dots_conv_takes_flax_s_layer_where_its_path_does_not_apply(rng):
     np.testing.assert_array_equal(ours.apply(p, x), theirs.apply(p, x))
     g = jax.grad(lambda p, x, m=ours: jnp.sum(m.apply(p, x) ** 2))(p, x)
     assert g["params"]["kernel"].dtype == kw.get("param_dtype", jnp.float32)
+
+
+def test_decoder_block_stays_causal_under_a_callers_self_mask(rng):
+  x, enc = rng.randn(1, 4, 16), rng.randn(1, 3, 16)
+  mod = DecoderBlock(num_heads=2, mlp_dim=32)
+  f32 = lambda a: jnp.asarray(a, jnp.float32)
+  p = _random_params(mod, f32(x), f32(enc))
+  self_mask = jnp.ones((1, 1, 1, 4), bool)  # a target padding mask that pads nothing
+  got = mod.apply({"params": p}, f32(x), f32(enc), self_mask)
+  np.testing.assert_allclose(got, mod.apply({"params": p}, f32(x), f32(enc)), atol=1e-6)
+  x2 = x.copy()
+  x2[:, 2:] = rng.randn(1, 2, 16)  # change the future
+  np.testing.assert_allclose(mod.apply({"params": p}, f32(x2), f32(enc), self_mask)[:, :2], got[:, :2], atol=1e-6)
+
+
+def test_feed_forward_dropout_is_on_the_hidden_units_in_training():
+  x = jnp.ones((4, 8))
+  ffn = FeedForward(32, dropout_rate=0.5, deterministic=False)
+  p = _random_params(FeedForward(32), x, noise=1.0)
+  apply = lambda key: ffn.apply({"params": p}, x, rngs={"dropout": jax.random.key(key)})
+  np.testing.assert_array_equal(apply(0), apply(0))
+  assert not np.allclose(apply(0), apply(1))
+
+
+def test_scanned_layers_draw_dropout_masks_of_their_own():
+  """Each layer's branch is the constant 1 (all but fc2's bias zero): with dropout 0.5 it adds 0 or 2, so two layers
+  add 0, 2 or 4; identical masks in both layers would never add 2."""
+  x = jnp.zeros((2, 5, 16))
+  block = (("num_heads", 2), ("mlp_dim", 32), ("dropout_rate", 0.5), ("deterministic", False))
+  mod = Stack(EncoderBlock, 2, block, scan=True, final_norm=False)
+  shapes = jax.eval_shape(lambda: mod.init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, x))["params"]
+  p = jax.tree.map(lambda s: jnp.zeros(s.shape), shapes)
+  p["blocks"]["block"]["mlp"]["fc2"]["bias"] = jnp.ones((2, 16))
+  y = np.asarray(jax.jit(mod.apply)({"params": p}, x, rngs={"dropout": jax.random.key(2)}))
+  added = {v: int((y == v).sum()) for v in (0, 2, 4)}
+  assert sum(added.values()) == y.size and min(added.values()) > 0, added

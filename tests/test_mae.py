@@ -125,3 +125,13 @@ def test_pretraining_improves_the_reconstruction_and_a_classifier_starts_from_it
   for k in ("embedding", "cls", "posembed", "encoder"):
     for a, b in zip(jax.tree.leaves(params[k]), jax.tree.leaves(mae_params[k]), strict=True):
       np.testing.assert_array_equal(a, b)
+
+
+def test_the_decoder_knows_where_each_dropped_patch_is():
+  """Every dropped patch enters the decoder as the same mask token: only the decoder's positions tell them apart."""
+  model = _mae()
+  images = jax.random.uniform(jax.random.key(0), (1, 8, 8, 1), minval=-1, maxval=1)
+  noise = jax.random.uniform(jax.random.key(1), (1, 16))
+  out, _ = model.apply(model.init(jax.random.key(2), images, noise), images, noise)
+  dropped = np.asarray(out["pred"][0])[np.asarray(out["mask"][0]) == 1]  # [12, 4]
+  assert np.abs(dropped - dropped[:1]).max() > 1e-3

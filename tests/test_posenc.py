@@ -121,3 +121,15 @@ def test_relative_position_bias_module_and_resize(rng):
   assert posenc.resize_relative_bias_table(table, (3, 3), (5, 5)).shape == (81, 2)
   with pytest.raises(ValueError, match="does not fit"):
     posenc.resize_relative_bias_table(table, (4, 4), (5, 5))
+
+
+def test_resampling_a_non_square_grid_keeps_each_patch_in_its_place():
+  """old_grid (2, 3), rows first: doubled by nearest-neighbour resampling, cell (i, j) takes old cell (i // 2, j // 2)."""
+  rows, cols = np.mgrid[:2, :3]
+  pe = np.stack([rows, cols], -1).reshape(1, 6, 2).astype(np.float32)
+  pe = np.concatenate([np.full((1, 1, 2), -1.0, np.float32), pe], axis=1)  # a class token first
+  big = posenc.resample_posemb(pe, (4, 6), num_prefix_tokens=1, old_grid=(2, 3), method="nearest")
+  rows, cols = np.mgrid[:4, :6]
+  want = np.stack([rows // 2, cols // 2], -1).reshape(1, 24, 2)
+  np.testing.assert_array_equal(big[:, 1:], want)
+  np.testing.assert_array_equal(big[:, 0], pe[:, 0])

@@ -223,3 +223,38 @@ def test_errors():
   want = decode.greedy(model, params, SRC, max_len=5)
   np.testing.assert_array_equal(decode.greedy(model, params, SRC.tolist(), max_len=5), want)
   np.testing.assert_array_equal(jax.jit(lambda s: decode.greedy(model, params, s, max_len=5))(SRC), want)
+
+
+def test_sampling_at_temperature_zero_is_greedy_and_draws_anew_at_each_step():
+  model = tiny()
+  params = init(model, scale=3.0)
+  g = decode.greedy(model, params, SRC, max_len=8)
+  np.testing.assert_array_equal(decode.sample(model, params, SRC, jax.random.key(0), max_len=8, temperature=0.0), g)
+  # all-zero parameters: every step's distribution is uniform over the 7 tokens, so only the key decides
+  flat = _scaled(params, 0.0)
+  rows = [decode.strip(decode.sample(model, flat, SRC, jax.random.key(s), max_len=8)) for s in range(4)]
+  runs = [r for rs in rows for r in rs if len(r) >= 3]
+  assert runs and any(len(set(r)) > 1 for r in runs)  # one key per step: not one token repeated
+
+
+def test_a_beam_row_stops_at_its_own_cap_while_other_rows_go_on():
+  model = tiny(vocab_size=9)
+  params = init(model, seed=2, scale=0.5)  # flat distributions: sequences run long, so the caps bite
+  src = jnp.array([[3, 4, 5, 6, EOS, PAD], [6, 5, EOS, PAD, PAD, PAD]], jnp.int32)
+  # row 1 is capped at 2 tokens while row 0 decodes on to 6: row 1 is what max_len=2 gives it
+  tokens, scores = decode.beam_search(model, params, src, beam_size=2, max_len=6, lengths=jnp.array([6, 2]))
+  want, score = decode.beam_search(model, params, src[1:], beam_size=2, max_len=2)
+  np.testing.assert_array_equal(np.asarray(tokens)[1, :2], np.asarray(want)[0])
+  assert (np.asarray(tokens)[1, 2:] == PAD).all()
+  assert float(scores[1]) == pytest.approx(float(score[0]), abs=1e-5)
+
+
+def test_beam_search_stopping_early_never_changes_the_result():
+  """A row alone stops once no live hypothesis can beat its finished ones (log p / the longest length's penalty); the
+  same row next to one that decodes on is searched further: both must find the same best (alpha 2 rewards length)."""
+  model = tiny()
+  params = init(model, seed=0)
+  tokens, scores = decode.beam_search(model, params, SRC, beam_size=2, max_len=10, alpha=2.0)
+  alone, score = decode.beam_search(model, params, SRC[1:], beam_size=2, max_len=10, alpha=2.0)
+  np.testing.assert_array_equal(np.asarray(tokens)[1], np.asarray(alone)[0])
+  assert float(scores[1]) == pytest.approx(float(score[0]), abs=1e-3)

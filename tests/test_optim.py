@@ -34,12 +34,17 @@ def _setup(**fields):
   return c, model, params
 
 
+def _by_path(tree) -> dict:
+  """{'encoder/.../kernel': numpy array} of a parameter-shaped tree."""
+  return {path_name(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
 def _update(c, model, params, grads=None):
   """One update of params at a constant learning rate LR (the schedule's value)."""
   tx = optim.make_optimizer(c, optax.constant_schedule(LR), model)
   grads = grads if grads is not None else jax.tree.map(jnp.ones_like, params)
   updates, state = tx.update(grads, tx.init(params), params)
-  return {path_name(p): np.asarray(u) for p, u in jax.tree_util.tree_flatten_with_path(updates)[0]}, state
+  return _by_path(updates), state
 
 
 def test_lr_mults_scale_the_update_the_first_matching_rule_decides():
@@ -55,7 +60,7 @@ def test_lr_mults_scale_the_update_the_first_matching_rule_decides():
 
 def test_wd_mults_scale_the_decoupled_decay_and_the_family_default_spares_biases():
   c, model, params = _setup(optim__weight_decay=0.5)
-  flat = {path_name(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+  flat = _by_path(params)
   zero = jax.tree.map(jnp.zeros_like, params)
   default, _ = _update(c, model, params, zero)  # zero gradients: Adam's step is 0, the update is the decay alone
   for path, u in default.items():
@@ -183,7 +188,7 @@ def test_fractional_wd_mults_only_where_the_decay_is_decoupled_or_l2():
 
 def test_l2_decay_of_an_optimizer_without_its_own_spares_the_familys_no_decay_parameters():
   c, model, params = _setup(optim__name="sgd", optim__weight_decay=0.5)  # wd_mults None: the family's rules
-  flat = {path_name(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+  flat = _by_path(params)
   updates, _ = _update(c, model, params, jax.tree.map(jnp.zeros_like, params))  # the decay alone
   for path, u in updates.items():
     decays = not path.endswith(("bias", "scale", "pos_embedding", "cls"))
@@ -194,14 +199,13 @@ def test_vitjaxs_decoupled_decay_takes_each_steps_learning_rate():
   """wd_mults other than 0 and 1 beside adamw: update -= schedule(step) * weight_decay * mult * param, the schedule
   read at the step the update is for (as adamw's own decay reads it)."""
   c, model, params = _setup(optim__weight_decay=0.5, wd_mults=(("^embedding/kernel$", 2.0),))
-  flat = {path_name(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+  flat = _by_path(params)
   assert np.abs(flat["embedding/kernel"]).min() > 0
   schedule = lambda count: LR / (1.0 + count)
   tx = optim.make_optimizer(c, schedule, model)
   zero, state = jax.tree.map(jnp.zeros_like, params), tx.init(params)
   for step in range(3):  # zero gradients: Adam's step is 0, the update is the decay alone
     updates, state = tx.update(zero, state, params)
-    for p, u in jax.tree_util.tree_flatten_with_path(updates)[0]:
-      path = path_name(p)
+    for path, u in _by_path(updates).items():
       mult = 2.0 if path == "embedding/kernel" else 1.0
       np.testing.assert_allclose(u, -schedule(step) * 0.5 * mult * flat[path], rtol=1e-6, atol=1e-9, err_msg=path)

@@ -385,23 +385,31 @@ def _step_config(accum):
   return c
 
 
-def test_gradient_accumulation_matches_one_big_batch():
-  rng = np.random.RandomState(1)
-  batch = {
-    "image": jnp.asarray(rng.uniform(-1, 1, (16, 8, 8, 1)).astype(np.float32)),
-    "label": jnp.asarray(rng.randint(0, 10, 16).astype(np.int32)),
+def _image_batch(seed, n=16):
+  """n random 8x8 grey images in [-1, 1] and their labels of 10 classes."""
+  rng = np.random.RandomState(seed)
+  return {
+    "image": jnp.asarray(rng.uniform(-1, 1, (n, 8, 8, 1)).astype(np.float32)),
+    "label": jnp.asarray(rng.randint(0, 10, n).astype(np.int32)),
   }
+
+
+def _vit_step(cfg):
+  """cfg's (_step_config's) tiny ViT: (its jitted train step, the initial TrainState, the model)."""
+  model, schedule = train.build_model(cfg), train.make_schedule(cfg, 10, 1)
+  tx = train.make_optimizer(cfg, schedule)
+  _, params = _tiny_vit(dropout_rate=cfg.model.dropout_rate)
+  state = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), {})
+  return jax.jit(train.make_train_step(model, tx, schedule, cfg, tasks.ImageClassification(cfg, ""))), state, model
+
+
+def test_gradient_accumulation_matches_one_big_batch():
+  batch = _image_batch(1)
   results = []
   for accum in (1, 2):
-    cfg = _step_config(accum)
-    model = train.build_model(cfg)
-    schedule = train.make_schedule(cfg, 10, 1)
-    tx = train.make_optimizer(cfg, schedule)
-    _, params = _tiny_vit(dropout_rate=0.0)
-    state = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), {})
-    step = jax.jit(train.make_train_step(model, tx, schedule, cfg, tasks.ImageClassification(cfg, "")))
+    step, state, _ = _vit_step(_step_config(accum))
     new_state, metrics = step(state, batch)
-    results.append((params, new_state, jax.device_get(metrics)))
+    results.append((state.params, new_state, jax.device_get(metrics)))
   (p0, s1, m1), (_, s2, m2) = results
   assert int(s1.step) == int(s2.step) == 1
   moved = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(p0)))
@@ -458,18 +466,9 @@ def test_the_logged_gradient_norm_is_the_gradients_not_the_updates(frozen):
   no gradient flows to frozen parameters, so with a frozen backbone it is the head's alone."""
   cfg = _step_config(1)
   cfg.optim.weight_decay, cfg.frozen = 0.0, frozen  # plain sgd at a constant learning rate: the update is -lr * grad
-  model, schedule = train.build_model(cfg), train.make_schedule(cfg, 10, 1)
-  tx = train.make_optimizer(cfg, schedule)
-  _, params = _tiny_vit(dropout_rate=0.0)
-  rng = np.random.RandomState(2)
-  batch = {
-    "image": jnp.asarray(rng.uniform(-1, 1, (8, 8, 8, 1)).astype(np.float32)),
-    "label": jnp.asarray(rng.randint(0, 10, 8).astype(np.int32)),
-  }
-  state = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), {})
-  new, metrics = jax.jit(train.make_train_step(model, tx, schedule, cfg, tasks.ImageClassification(cfg, "")))(
-    state, batch
-  )
+  step, state, model = _vit_step(cfg)
+  params, batch = state.params, _image_batch(2, 8)
+  new, metrics = step(state, batch)
   grads = jax.grad(
     lambda p: tasks.cross_entropy(model.apply({"params": p}, batch["image"])[0], batch["label"], 10).mean()
   )(params)
@@ -505,23 +504,15 @@ def test_a_per_token_loss_and_accuracy_leave_out_the_padding():
 def test_each_micro_batch_draws_its_own_dropout():
   """A batch of two identical micro-batches gives the step of one of them without dropout, and not with it: each
   micro-batch draws its own dropout masks (the same masks for all would correlate them)."""
-  rng = np.random.RandomState(3)
-  half = {
-    "image": rng.uniform(-1, 1, (8, 8, 8, 1)).astype(np.float32),
-    "label": rng.randint(0, 10, 8).astype(np.int32),
-  }
-  twice = {k: np.repeat(v, 2, axis=0) for k, v in half.items()}  # micro-batch i holds rows i, i + 2, ...: `half`
+  half = _image_batch(3, 8)
+  twice = {k: jnp.repeat(v, 2, axis=0) for k, v in half.items()}  # micro-batch i holds rows i, i + 2, ...: `half`
   for dropout in (0.0, 0.3):
     losses = []
     for accum, batch in ((1, half), (2, twice)):
       cfg = _step_config(accum)
       cfg.model.dropout_rate = dropout
-      model, schedule = train.build_model(cfg), train.make_schedule(cfg, 10, 1)
-      tx = train.make_optimizer(cfg, schedule)
-      _, params = _tiny_vit(dropout_rate=dropout)
-      state = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), {})
-      step = jax.jit(train.make_train_step(model, tx, schedule, cfg, tasks.ImageClassification(cfg, "")))
-      losses.append(float(step(state, jax.tree.map(jnp.asarray, batch))[1]["train/loss"]))
+      step, state, _ = _vit_step(cfg)
+      losses.append(float(step(state, batch)[1]["train/loss"]))
     if dropout:
       assert abs(losses[1] - losses[0]) > 1e-4, losses
     else:
@@ -533,17 +524,9 @@ def test_a_skipped_step_keeps_the_parameters_but_the_schedule_goes_on_with_the_s
   schedule(step) (it applied schedule(step - skips), and the schedule never reached its end)."""
   cfg = _step_config(1)
   cfg.schedule.decay, cfg.optim.weight_decay = "linear", 0.0  # plain sgd: an update is -lr * gradient
-  model, schedule = train.build_model(cfg), train.make_schedule(cfg, 10, 1)
-  tx = train.make_optimizer(cfg, schedule)
-  _, params = _tiny_vit(dropout_rate=0.0)
-  step = jax.jit(train.make_train_step(model, tx, schedule, cfg, tasks.ImageClassification(cfg, "")))
-  rng = np.random.RandomState(1)
-  good = {
-    "image": jnp.asarray(rng.uniform(-1, 1, (16, 8, 8, 1)).astype(np.float32)),
-    "label": jnp.asarray(rng.randint(0, 10, 16).astype(np.int32)),
-  }
+  step, fresh, _ = _vit_step(cfg)
+  params, good = fresh.params, _image_batch(1)
   bad = {**good, "image": jnp.full((16, 8, 8, 1), jnp.nan)}
-  fresh = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), {})
   after_bad, m_bad = step(fresh, bad)
   assert float(m_bad["train/nonfinite"]) == 1.0 and int(after_bad.step) == 1
   for a, b in zip(jax.tree.leaves(after_bad.params), jax.tree.leaves(params)):
@@ -562,16 +545,8 @@ def test_a_skipped_step_leaves_adams_moments_as_they_were():
   (a NaN there would make every later step non-finite), and the next finite step trains."""
   cfg = _step_config(1)
   cfg.optim.name, cfg.optim.weight_decay = "adamw", 0.0
-  model, schedule = train.build_model(cfg), train.make_schedule(cfg, 10, 1)
-  tx = train.make_optimizer(cfg, schedule)
-  _, params = _tiny_vit(dropout_rate=0.0)
-  step = jax.jit(train.make_train_step(model, tx, schedule, cfg, tasks.ImageClassification(cfg, "")))
-  rng = np.random.RandomState(1)
-  good = {
-    "image": jnp.asarray(rng.uniform(-1, 1, (16, 8, 8, 1)).astype(np.float32)),
-    "label": jnp.asarray(rng.randint(0, 10, 16).astype(np.int32)),
-  }
-  fresh = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), {})
+  step, fresh, _ = _vit_step(cfg)
+  params, good = fresh.params, _image_batch(1)
   after_bad, m_bad = step(fresh, {**good, "image": jnp.full((16, 8, 8, 1), jnp.nan)})
   assert float(m_bad["train/nonfinite"]) == 1.0
   adam = lambda s: [x for x in jax.tree.leaves(s, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
@@ -589,16 +564,9 @@ def test_a_step_that_would_overflow_the_parameters_is_not_applied():
   takes the parameters' norm past float32's range (a parameter past 1e19) is skipped, as a non-finite loss is."""
   cfg = _step_config(1)
   cfg.optim.lr, cfg.optim.weight_decay = 1e30, 0.0  # plain sgd: the update is -1e30 * gradient, each still finite
-  model, schedule = train.build_model(cfg), train.make_schedule(cfg, 10, 1)
-  tx = train.make_optimizer(cfg, schedule)
-  _, params = _tiny_vit(dropout_rate=0.0)
-  rng = np.random.RandomState(1)
-  batch = {
-    "image": jnp.asarray(rng.uniform(-1, 1, (16, 8, 8, 1)).astype(np.float32)),
-    "label": jnp.asarray(rng.randint(0, 10, 16).astype(np.int32)),
-  }
-  state = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), {})
-  new, m = jax.jit(train.make_train_step(model, tx, schedule, cfg, tasks.ImageClassification(cfg, "")))(state, batch)
+  step, state, _ = _vit_step(cfg)
+  params = state.params
+  new, m = step(state, _image_batch(1))
   assert np.isfinite(float(m["train/loss"])) and 0 < float(m["train/grad_norm"]) < 1e3
   assert float(m["train/nonfinite"]) == 1.0 and int(new.step) == 1
   for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(params)):

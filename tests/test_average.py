@@ -89,3 +89,51 @@ def test_averaging_bad_input_is_one_line(finished_run, tmp_path):
     assert proc.returncode == 2 and says in th.error_lines(proc), (args, proc.stderr[-1500:])
   proc = th.run_main(workdir, "--mode=eval", "--checkpoint=averaged", config=None)
   assert proc.returncode == 2 and "python -m vitjax.average" in th.error_lines(proc)
+
+
+def test_choose_takes_the_newest_or_the_given_steps_in_order_and_refuses_the_rest():
+  """--last=N takes the N newest (all of them at N = how many are kept); --steps in any order averages in step order,
+  so the newest member names the average; --last=0, both flags or neither is an error, not every checkpoint."""
+  from vitjax.errors import ConfigError
+  from vitjax.train import averaging
+
+  kept = [3, 8, 10]
+  assert averaging.choose(kept, last=3) == [3, 8, 10] and averaging.choose(kept, last=1) == [10]
+  assert averaging.choose(kept, steps=["10", "8", "3", "8"]) == [3, 8, 10]
+  assert averaging.choose([3, 8], steps=["8", "3"]) == [3, 8]
+  for last, steps, says in (
+    (0, None, "--last=0 must be at least 1"),
+    (4, None, "--last=4: the workdir keeps 3"),
+    (1, ["8"], "give either"),
+    (None, None, "give either"),
+    (None, ["9"], r"no checkpoint for step\(s\) \[9\]"),
+    (None, ["x"], "give step numbers"),
+  ):
+    with pytest.raises(ConfigError, match=says):
+      averaging.choose(kept, last, steps)
+
+
+def test_checkpoint_averaged_reads_the_average_or_the_one_a_stopped_averaging_left(tmp_path):
+  """--checkpoint=averaged reads WORKDIR/averaged; an averaging that stopped between its two renames left only
+  averaged.old, which is read then; it holds parameters only (no moving average), and without one the line says how
+  to write it."""
+  import jax.numpy as jnp
+
+  from vitjax.config import default_config
+  from vitjax.errors import ConfigError
+  from vitjax.train import checkpoints as ckpt_lib
+
+  workdir, config = str(tmp_path), default_config()
+  abstract = jax.eval_shape(lambda: {"params": {"w": jnp.zeros(3)}, "model_state": {}})
+  with pytest.raises(ConfigError, match="no averaged checkpoint in .* python -m vitjax.average"):
+    ckpt_lib.read_variables(workdir, config, "averaged", abstract)
+  for subdir, value in (("averaged.old", 1.0), ("averaged", 2.0)):
+    with ckpt_lib.Checkpoints(workdir, config.best, "max", keep=1, subdir=subdir) as out:
+      out.save(7, {"params": {"w": jnp.full(3, value)}, "model_state": {}}, json.dumps({"averaged_steps": [5, 7]}))
+  step, params, _ = ckpt_lib.read_variables(workdir, config, "averaged", abstract)
+  assert step == 7 and np.asarray(params["w"]).tolist() == [2.0] * 3
+  with pytest.raises(ConfigError, match="use --weights=params"):
+    ckpt_lib.read_variables(workdir, config, "averaged", abstract, weights="ema")
+  shutil.rmtree(os.path.join(workdir, "averaged"))
+  step, params, _ = ckpt_lib.read_variables(workdir, config, "averaged", abstract)
+  assert step == 7 and np.asarray(params["w"]).tolist() == [1.0] * 3

@@ -235,6 +235,64 @@ def test_a_second_run_is_refused_and_a_dead_runs_lock_is_taken_over(run_args, tm
   assert not os.path.exists(os.path.join(workdir, "lock"))  # released at the end
 
 
+def test_a_lock_of_another_host_is_honoured_while_fresh_and_taken_over_once_stale(tmp_path, monkeypatch):
+  """Where flock does not reach across hosts: a lock naming another host that its holder keeps fresh stops the run,
+  one older than Lock.STALE is taken over; the holder's heartbeat keeps its lock fresh; a run that fails before
+  writing anything puts the lock it found back as it was, and a finished one removes it."""
+  import socket
+
+  from vitjax.errors import ConfigError
+  from vitjax.train import workdir as workdir_lib
+
+  workdir = str(tmp_path)
+  path = os.path.join(workdir, "lock")
+  other = json.dumps({"host": "elsewhere", "pid": 4242, "started": "2020-01-01 00:00:00"})
+  with open(path, "w") as f:
+    f.write(other)
+  with pytest.raises(ConfigError, match=r"is in use: PID 4242 on elsewhere .*last seen \d+ s ago"):
+    workdir_lib.Lock(workdir).acquire()
+  stale = int(time.time() - workdir_lib.Lock.STALE - 60)
+  os.utime(path, (stale, stale))
+  lock = workdir_lib.Lock(workdir)
+  lock.acquire()  # the other host's run is gone
+  holder = json.load(open(path))
+  assert holder["host"] == socket.gethostname() and holder["pid"] == os.getpid() and lock.acquired
+  os.utime(path, (stale, stale))
+  lock.touch()  # not due yet: the heartbeat is cheap to call every step
+  assert os.stat(path).st_mtime == stale
+  lock.touched -= lock.HEARTBEAT
+  lock.touch()
+  assert time.time() - os.stat(path).st_mtime < 60
+  lock.release(restore=True)  # failed before writing anything: the other host's lock as it was
+  assert open(path).read() == other and os.stat(path).st_mtime == stale and not lock.acquired
+  lock = workdir_lib.Lock(workdir)
+  lock.acquire()
+  lock.release()
+  assert not os.path.exists(path)
+
+
+def test_a_run_that_fails_its_checks_puts_the_workdir_back(tmp_path):
+  """What a failed start created in the workdir goes, what was there stays, and so do corrupt/ (steps set aside) and
+  the lock; a workdir (and its parents) that the run created goes once empty."""
+  from vitjax.train import workdir as workdir_lib
+
+  existing = tmp_path / "existing"
+  existing.mkdir()
+  (existing / "mine.txt").write_text("x")
+  untouched = workdir_lib.Untouched(str(existing))
+  for name in ("tokenizer.model", "corrupt", "lock"):
+    (existing / name).write_text("x")
+  (existing / "checkpoints").mkdir()
+  untouched.restore()
+  assert sorted(os.listdir(existing)) == ["corrupt", "lock", "mine.txt"]
+  workdir = tmp_path / "new" / "deeper" / "w"
+  untouched = workdir_lib.Untouched(str(workdir))
+  untouched.create()
+  (workdir / "config.json").write_text("{}")
+  untouched.restore()
+  assert os.listdir(tmp_path) == ["existing"]
+
+
 # ------------------------------------------------------------------------------------ 5. config on resume
 
 
@@ -360,6 +418,38 @@ def test_a_non_finite_evaluation_is_recorded_but_never_best(tmp_path):
     assert ckpts.best_step() == 1
     assert ckpts.candidates("best") == [1, 3, 4, 2]
     assert np.isnan(ckpts.metrics(2)["eval/accuracy"])  # evaluated (not re-run on resume), just not finite
+
+
+def test_a_data_position_that_differs_from_its_checksum_is_corrupt(tmp_path):
+  """The data iterator's position is checked like the arrays. A reader (evaluation, vitjax.load) names the corruption
+  of a step asked for by number, falls back for 'latest' and moves nothing; training resumes from the step before
+  and sets the bad one aside in corrupt/. A read without the position (evaluation) still takes the step."""
+  import jax
+  import jax.numpy as jnp
+
+  from vitjax.errors import ConfigError
+  from vitjax.train import Checkpoints
+
+  workdir = str(tmp_path)
+  with Checkpoints(workdir, "eval/accuracy", "max", keep=10) as ckpts:
+    for step in (1, 2):
+      ckpts.save(step, {"w": jnp.arange(4.0) + step}, json.dumps({"pos": step}))
+  with open(os.path.join(workdir, "checkpoints", "2", "data", "metadata"), "w") as f:
+    json.dump(json.dumps({"pos": 3}), f)
+  abstract = jax.eval_shape(lambda: {"w": jnp.zeros(4)})
+  with Checkpoints(workdir, "eval/accuracy", "max", read_only=True) as ckpts:
+    says = r"checkpoint 2 in .* is corrupt \(the data position differs from its checksum\); the workdir keeps \[1\]"
+    with pytest.raises(ConfigError, match=says):
+      ckpts.restore("2", abstract)
+    step, state, data = ckpts.restore("latest", abstract)
+    assert (step, json.loads(data)) == (1, {"pos": 1})
+    np.testing.assert_array_equal(state["w"], np.arange(4.0) + 1)
+    assert ckpts.restore("latest", abstract, with_data=False)[0] == 2
+  assert not os.path.exists(os.path.join(workdir, "corrupt"))
+  with Checkpoints(workdir, "eval/accuracy", "max", keep=10) as ckpts:
+    assert ckpts.restore("latest", abstract)[0] == 1 and ckpts.steps() == [1]
+  (moved,) = os.listdir(os.path.join(workdir, "corrupt"))
+  assert moved.startswith("2-")
 
 
 def test_a_workdir_written_before_a_field_was_renamed_or_added_reads_as_today(tmp_path):

@@ -149,3 +149,36 @@ def test_a_run_resolves_config_mesh_once(data_dir, tmp_path, monkeypatch):
   config.data.update(eval_batch_size=64, data_dir=data_dir)
   assert train.train(config, str(tmp_path / "wd"))["step"] == 2
   assert len(calls) == 1
+
+
+def test_fsdp_specs_and_mesh_sizes_at_their_edges():
+  """fsdp shards a parameter of exactly FSDP_MIN_SIZE elements (smaller ones stay whole) on its largest dimension,
+  the first of equal ones; one no dimension of which the axis divides stays whole. An axis given twice (once as the
+  rest) and a rest that the devices do not divide into are errors, not a silent other mesh."""
+  import jax
+  import pytest
+  from jax.sharding import PartitionSpec as P
+
+  from vitjax import mesh as mesh_lib
+  from vitjax.errors import ConfigError
+
+  n = mesh_lib.FSDP_MIN_SIZE
+  shapes = {"exact": (n,), "small": (n - 1,), "square": (64, 64), "tall": (16, 128), "odd": (31, 33)}
+  params = {k: jax.ShapeDtypeStruct(s, "float32") for k, s in shapes.items()}
+  specs = mesh_lib.param_specs(params, {"data": 1, "fsdp": 2, "tensor": 1}, "fsdp")
+  assert specs == {
+    "exact": P("fsdp"),
+    "small": P(),
+    "square": P("fsdp"),
+    "tall": P(None, "fsdp"),
+    "odd": P(),
+  }
+  with pytest.raises(ConfigError, match="gives 2 axes to exact"):
+    mesh_lib.param_specs(params, {"data": 1, "fsdp": 2, "tensor": 1}, "dp", rules=((r"^exact$", ("fsdp", None)),))
+  for mesh, says in (
+    ((("data", -1), ("data", 2)), "axis 'data' is given twice"),
+    ((("data", 2), ("data", -1)), "axis 'data' is given twice"),
+    ((("tensor", 3), ("data", -1)), "the 8 devices do not divide"),
+  ):
+    with pytest.raises(ConfigError, match=says):
+      mesh_lib.mesh_sizes(mesh, num_devices=8)

@@ -210,6 +210,35 @@ def test_a_checkpoint_records_the_training_time_a_resume_goes_on_from(tmp_path, 
   assert workdir_lib.train_seconds(workdir, 133) == 15.0
 
 
+def test_a_resume_keeps_the_metrics_rows_up_to_its_step_and_every_eval_mode_row(tmp_path):
+  """metrics.jsonl on a resume from step 2: the rows of steps 1 and 2 stay (the step's own too), --mode=eval's rows
+  (with a "source") stay whatever their step, the later rows and a row cut short by a kill go, and the file still
+  ends in a newline for the rows appended next. Without train_time.json the time spent is the last training row's at
+  or before the step (its own included), never an --mode=eval row's."""
+  import json
+
+  from vitjax.train import workdir as workdir_lib
+
+  workdir = str(tmp_path)
+  rows = [
+    {"step": 1, "train/loss": 2.0, "train/elapsed_s": 4.0},
+    {"step": 2, "train/loss": 1.0, "train/elapsed_s": 7.0},
+    {"step": 3, "train/loss": 0.5, "train/elapsed_s": 9.0},
+    {"step": 3, "eval/accuracy": 0.5},
+  ]
+  eval_mode = {"step": 5, "eval/accuracy": 0.6, "train/elapsed_s": 99.0, "source": "eval"}
+  with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in rows)
+    f.write('{"step": 3, "train/lo\n')  # cut short by a kill
+    f.write(json.dumps(eval_mode))  # the last line, without its newline
+  assert workdir_lib.train_seconds(workdir, 2) == 7.0 and workdir_lib.train_seconds(workdir, 1) == 4.0
+  assert workdir_lib.train_seconds(workdir, 9) == 9.0
+  assert workdir_lib.drop_metrics_after(workdir, 2) == 3
+  assert th.read_metrics(workdir) == [*rows[:2], eval_mode]
+  assert open(os.path.join(workdir, "metrics.jsonl")).read().endswith("}\n")
+  assert workdir_lib.drop_metrics_after(workdir, 2) == 0
+
+
 def test_the_last_line_of_a_run_its_time_budget_ends_gives_the_planned_total(tmp_path, clock, caplog):
   caplog.set_level(py_logging.INFO)
   r = reporting.Reporter(str(tmp_path), 1680, 100, None, budget=60.0)

@@ -675,6 +675,17 @@ def test_compute_dtype_auto_is_bfloat16_on_cpus_with_bfloat16_instructions_only(
   state._auto_dtype.cache_clear()  # this process's own answer for the tests after this one
 
 
+def test_bfloat16_is_fast_on_gpus_of_compute_capability_8_and_up(monkeypatch):
+  """An A100 (8.0) and later multiply bfloat16 faster; a V100 (7.0) or a GPU that reports no capability does not."""
+  from vitjax.train import state
+
+  monkeypatch.setattr(state.jax, "default_backend", lambda: "gpu")
+  for capability, want in (("7.5", False), ("8.0", True), ("9.0", True), (None, False)):
+    device = type("Gpu", (), {"compute_capability": capability})()
+    monkeypatch.setattr(state.jax, "local_devices", lambda d=device: [d])
+    assert state.bfloat16_is_fast() is want, capability
+
+
 def test_bfloat16_compute_keeps_float32_parameters(tmp_path, run_args):
   workdir = str(tmp_path / "w")
   th.check_ok(
@@ -802,3 +813,34 @@ def test_a_warmup_as_long_as_the_run_is_said(caplog):
   c.total_steps, c.schedule.warmup_epochs = 100, None
   durations.resolve(c, 10, 128)
   assert not any("warm-up" in r.getMessage() for r in caplog.records)
+
+
+def test_durations_edges_round_the_run_up_and_take_a_zero_warmup(caplog):
+  """The run's length in epochs rounds up (0.1 epoch of 421 steps is 43 steps, not 42), in either field; a warm-up
+  in epochs rounds to the nearest step; 'k' and 'm' scale; a warm-up of 0 is allowed, one as long as the run is
+  said; a bool is no duration."""
+  from vitjax.config import default_config
+  from vitjax.errors import ConfigError
+  from vitjax.train import durations
+
+  caplog.set_level("INFO", logger="absl")
+  c = default_config()
+  c.total_steps, c.num_epochs, c.schedule.warmup_steps, c.schedule.warmup_epochs = None, 0.1, None, 0.999
+  assert durations.resolve(c, 421, 128).total == 43
+  c.num_epochs = 5
+  assert durations.resolve(c, 10, 128).warmup == 10  # 9.99 steps
+  c.total_steps, c.num_epochs = "0.1 epochs", None
+  assert durations.resolve(c, 421, 128).total == 43
+  c.total_steps = "1m examples"
+  assert durations.resolve(c, 421, 1000).total == 1000
+  assert durations.steps("log_every", "2k ex", 421, 1000) == 2
+  c.total_steps, c.schedule.warmup_steps = 50, 0
+  caplog.clear()
+  assert durations.resolve(c, 421, 128).warmup == 0
+  assert not any("warm-up" in r.getMessage() for r in caplog.records)
+  c.schedule.warmup_steps = 50  # exactly the run's length: the lr never decays
+  assert durations.resolve(c, 421, 128).warmup == 50
+  assert any("the warm-up (50 steps) is as long as the run (50)" in r.getMessage() for r in caplog.records)
+  c.log_every = True
+  with pytest.raises(ConfigError, match="give steps"):
+    durations.check(c)

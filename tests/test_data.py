@@ -620,3 +620,110 @@ def test_labelled_subset_is_class_balanced_seeded_and_what_training_and_the_prob
   assert info.num_examples == full._input("valid", False)[1].num_examples
   with pytest.raises(ConfigError, match="data.labelled=5000: a count must be in"):
     task(labelled=5000).check()
+
+
+def test_holdout_split_holds_out_the_rounded_fraction_and_never_every_example():
+  """round(fraction * N) positions are held out, the rest kept, both sorted; a fraction that rounds to all of them is
+  refused (training would read nothing)."""
+  from vitjax.data import holdout_split
+
+  kept, held = holdout_split(10, 0.3, seed=1)
+  assert len(held) == 3 and len(kept) == 7 and sorted([*kept, *held]) == list(range(10))
+  assert np.all(np.diff(kept) > 0) and np.all(np.diff(held) > 0)
+  assert len(holdout_split(10, 0.0, seed=1)[1]) == 0
+  with pytest.raises(ValueError, match="cannot hold out 0.96 of 10 examples"):
+    holdout_split(10, 0.96, seed=1)  # valid_fraction < 1, but it rounds to all 10
+
+
+def test_labelled_counts_at_the_edges():
+  """A fraction of 1.0 is every example (not a count of 1), a tiny fraction keeps one, and as many examples as
+  classes is one of each."""
+  from vitjax.data import labelled_subset
+  from vitjax.data.splits import labelled_count
+
+  assert labelled_count(1.0, 40) == 40 and labelled_count("100%", 40) == 40
+  assert labelled_count(0.001, 40) == 1 and labelled_count("0.1%", 40) == 1
+  labels = np.repeat(np.arange(4), 5)
+  chosen = labelled_subset(labels, 4, seed=0)
+  assert sorted(labels[chosen].tolist()) == [0, 1, 2, 3]
+  with pytest.raises(ValueError, match="keeps 3 examples, fewer than the 4 classes"):
+    labelled_subset(labels, 3, seed=0)
+
+
+def test_a_stock_dataset_with_manual_files_names_the_manual_dir_in_its_command():
+  """A tfds dataset whose files are downloaded by hand: the command takes --manual_dir and the message says what goes
+  there."""
+  import types
+
+  from vitjax.data.splits import not_prepared_message
+
+  builder = types.SimpleNamespace(MANUAL_DOWNLOAD_INSTRUCTIONS="\n  put ILSVRC2012_img_train.tar in it\n")
+  message = not_prepared_message("imagenet2012", "/data", builder)
+  assert "tfds build imagenet2012 --file_format=array_record --data_dir=/data --manual_dir=DIR\n" in message
+  assert "(this dataset needs manually downloaded files in DIR: put ILSVRC2012_img_train.tar in it)" in message
+  assert "--manual_dir" not in not_prepared_message("cifar10", "/data", types.SimpleNamespace())
+
+
+def test_positions_outside_the_split_and_a_limit_of_nothing_are_refused(data_dir):
+  """A subset position past the split's end, a limit of 0 and a process index outside the processes: one ValueError
+  each, before anything is read."""
+  with pytest.raises(ValueError, match=r"subset positions must lie in \[0, 300\)"):
+    _input(data_dir, "test", train=False, subset=np.array([0, 300]))
+  _input(data_dir, "test", train=False, subset=np.array([0, 299]))  # the last example is inside
+  with pytest.raises(ValueError, match="limit=0 must be a whole number, at least 1"):
+    _input(data_dir, "test", train=False, limit=0)
+  with pytest.raises(ValueError, match=r"process_index=2 not in \[0, process_count=2\)"):
+    _input(data_dir, "test", train=False, process_index=2, process_count=2)
+
+
+def test_global_order_ends_after_its_epochs_and_an_old_data_position_is_refused(data_dir):
+  """GlobalOrder with num_epochs has exactly epochs x full batches of records (an IndexError past them, which ends
+  grain's reading); a checkpoint's data position without 'batches' (per-process grain state) names the fix."""
+  from vitjax.data.images import GlobalOrder
+
+  order = GlobalOrder(10, 4, 0, 1, seed=0, num_epochs=1)  # 2 full batches of 4 a pass
+  assert len(order) == 8 and {order[k].record_key for k in range(8)} <= set(range(10))
+  with pytest.raises(IndexError):
+    order[8]
+  assert len(GlobalOrder(10, 4, 0, 1, seed=0, start=5, num_epochs=1)) == 0  # resumed past its end
+  it, _ = _input(data_dir)
+  with pytest.raises(ValueError, match="written by an older vitjax"):
+    it.set_state({"iterator": "..."})
+
+
+def test_shifts_take_their_ranges_and_shift_each_image_on_its_own():
+  """shift=: contrast in (0, 1] and noise / blur >= 0, whose edges change nothing; rotate:90 turns counter-clockwise
+  (PIL's sense, np.rot90's); the noise of an image is drawn from its own bytes: another image gets other noise, the
+  same image the same noise in any batch."""
+  from vitjax.data import shifts
+
+  images = np.random.default_rng(0).integers(0, 256, (3, 6, 6, 3), np.uint8)
+  for spec in ("contrast:1", "noise:0", "blur:0"):
+    assert np.array_equal(shifts.parse(spec)(images), images), spec
+  for spec, says in (
+    ("contrast:0", r"a contrast factor is in \(0, 1\]"),
+    ("contrast:1.5", r"a contrast factor is in \(0, 1\]"),
+    ("noise:-0.1", "the amount must be >= 0"),
+    ("blur:-1", "the amount must be >= 0"),
+    ("rotate", "give one of rotate:X, noise:X, contrast:X, blur:X"),
+  ):
+    with pytest.raises(ValueError, match=says):
+      shifts.parse(spec)
+  for channels in (3, 1):
+    x = images[..., :channels]
+    assert np.array_equal(shifts.parse("rotate:90")(x), np.rot90(x, axes=(1, 2))), channels
+  noise = shifts.parse("noise:0.1")
+  gray = np.full((2, 6, 6, 3), 128, np.uint8)
+  gray[1, 0, 0, 0] = 129  # two images a byte apart
+  out = noise(gray).astype(int) - gray
+  assert not np.array_equal(out[0, 1:], out[1, 1:])
+  assert np.array_equal(noise(gray[1:]), noise(gray)[1:]) and noise(images[:0]).shape == (0, 6, 6, 3)
+
+
+def test_a_process_with_no_examples_reads_a_masked_batch_with_and_without_the_cache(data_dir):
+  """limit=1 over 2 processes: process 0's share is empty, its one batch all padding (a copy of example 0, masked),
+  read into memory first (cache=True) or not."""
+  for cache in (False, True):
+    it, info = _input(data_dir, "test", train=False, limit=1, process_index=0, process_count=2, cache=cache)
+    (batch,) = list(it)
+    assert info.steps_per_epoch == 1 and not batch["mask"].any() and (batch["index"] == -1).all(), cache

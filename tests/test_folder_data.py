@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import PIL.Image
+import PIL.ImageOps
 import pytest
 import train_helpers as th
 
@@ -229,6 +230,76 @@ def test_a_csv_names_files_labels_and_splits(tmp_path):
   assert stored[(13, 12)][1] == 0 and stored[(14, 12)][1] == 2  # image 3 has label '2', image 4 '10'
   with pytest.raises(ConfigError, match="names no file"):
     builders.get_builder("csv:", data_dir)
+
+
+def _touch(root, *parts):
+  path = root.joinpath(*parts)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_bytes(b"x")  # scan lists files without reading them
+
+
+def test_scan_leaves_out_hidden_folders_and_refuses_ambiguous_splits(tmp_path):
+  """Files in a hidden folder inside a class (.thumbs/) are not images of it; val/ beside valid/, and split folders
+  without train/, are one error each (scan, before anything is read)."""
+  _touch(tmp_path, "flat", "cat", "a.png")
+  _touch(tmp_path, "flat", "cat", ".thumbs", "a.png")
+  _touch(tmp_path, "flat", "dog", "sub", "b.png")
+  scanned = folder.scan(folder.parse(f"folder:{tmp_path / 'flat'}"))
+  assert scanned.class_names == ["cat", "dog"]
+  assert [(key, label) for key, _, label in scanned.splits["train"]] == [("cat/a.png", 0), ("dog/sub/b.png", 1)]
+  for split in ("train", "val", "valid"):
+    _touch(tmp_path, "twice", split, "cat", "a.png")
+  with pytest.raises(ConfigError, match="folders val, valid all name the 'valid' split: keep one"):
+    folder.scan(folder.parse(f"folder:{tmp_path / 'twice'}"))
+  for split in ("valid", "test"):
+    _touch(tmp_path, "notrain", split, "cat", "a.png")
+  with pytest.raises(ConfigError, match="has test/, valid/ but no train/"):
+    folder.scan(folder.parse(f"folder:{tmp_path / 'notrain'}"))
+
+
+def test_scan_refuses_csv_rows_of_more_columns_and_a_csv_without_train_rows(tmp_path):
+  """A fourth column is not read as the split's; a CSV whose rows are all held out has nothing to train on."""
+  _touch(tmp_path, "img", "a.png")
+  for name, content, says in (
+    ("four.csv", "img/a.png,cat,train,x\n", "line 1: 'img/a.png,cat,train,x' is not path,label\\[,split\\]"),
+    ("held.csv", "img/a.png,cat,valid\nimg/a.png,dog,test\n", "has no train rows"),
+  ):
+    (tmp_path / name).write_text(content)
+    with pytest.raises(ConfigError, match=says):
+      folder.scan(folder.parse(f"csv:{tmp_path / name}"))
+  assert folder.parse("folder") is None and folder.parse("csv") is None  # a tfds name, not a source without a path
+  assert builders.resolve_name("csv") == "csv" and not builders.is_local("folder")
+
+
+def test_a_source_that_fails_to_prepare_leaves_the_data_dir_as_it_was(tmp_path):
+  """No file of the folder is an image: ConfigError, and what tfds made on the way is removed (a new data_dir too);
+  what was there stays."""
+  (tmp_path / "junk" / "cat").mkdir(parents=True)
+  (tmp_path / "junk" / "cat" / "a.txt").write_text("not an image\n")
+  (tmp_path / "old").mkdir()
+  (tmp_path / "old" / "keep.txt").write_text("another dataset\n")
+  for data_dir, left in ((tmp_path / "new", None), (tmp_path / "old", ["keep.txt"])):
+    with pytest.raises(ConfigError, match="none of the 1 files"):
+      prepare_lib.prepare(f"folder:{tmp_path / 'junk'}", str(data_dir), workers=1)
+    assert (sorted(os.listdir(data_dir)) if data_dir.exists() else None) == left
+
+
+def test_every_exif_orientation_is_turned_upright(tmp_path):
+  """EXIF orientations 2-8 (mirrored, rotated) are stored as the image the viewer shows, 1 as it is."""
+  from vitjax.data import image_files
+
+  picture = PIL.Image.fromarray(_picture(10, 40))
+  for orientation in range(1, 9):
+    exif = PIL.Image.Exif()
+    exif[0x0112] = orientation
+    path = str(tmp_path / f"{orientation}.jpg")
+    _save(path, picture, "JPEG", exif=exif.tobytes(), quality=95)
+    data, note = image_files.read_image(path)
+    assert note == ("kept" if orientation == 1 else f"converted: EXIF orientation {orientation}"), note
+    with PIL.Image.open(path) as pil:
+      shown = np.asarray(PIL.ImageOps.exif_transpose(pil).convert("RGB"), np.float64)
+    stored = np.asarray(PIL.Image.open(io.BytesIO(data)).convert("RGB"), np.float64)
+    assert stored.shape == shown.shape and np.abs(stored - shown).mean() < 8, (orientation, stored.shape)  # flips: > 40
 
 
 # ------------------------------------------------------------------ bad input through the command line

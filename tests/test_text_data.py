@@ -4,7 +4,9 @@ Every fixture is synthetic and built in tmp_path; the last tests read the real
 Debian packages and skip when they are not installed.
 """
 
+import bz2
 import collections
+import lzma
 import os
 import struct
 import zlib
@@ -18,21 +20,26 @@ from vitjax.data import sword, text
 # A fake SWORD zText module, in the binary layout of the real files.
 
 
-def write_ztext_module(root, name, entries_by_testament, *, lang="en", per_block=3, versification="KJV"):
+def write_ztext_module(
+  root, name, entries_by_testament, *, lang="en", per_block=3, versification="KJV", compress="ZIP", mod_drv="zText"
+):
   """Writes ``root/mods.d/<name>.conf`` and ``root/modules/texts/ztext/<name>/
   {ot,nt}.{bzs,bzv,bzz}``; ``entries_by_testament`` maps 'ot'/'nt' to lists
-  of entry strings ('' = empty entry), ``per_block`` entries per zlib block."""
+  of entry strings ('' = empty entry), ``per_block`` entries per block (``compress``: ZIP, BZIP2 or XZ;
+  ``mod_drv`` zText or zText4, whose verse entries have a 4-byte size)."""
   data_rel = f"modules/texts/ztext/{name.lower()}/"
   os.makedirs(os.path.join(root, "mods.d"), exist_ok=True)
   os.makedirs(os.path.join(root, data_rel), exist_ok=True)
   with open(os.path.join(root, "mods.d", f"{name.lower()}.conf"), "w", encoding="utf-8") as f:
     f.write(
-      f"# fake module\n[{name}]\nDataPath=./{data_rel}\nModDrv=zText\n"
-      f"SourceType=OSIS\nEncoding=UTF-8\nCompressType=ZIP\n"
+      f"# fake module\n[{name}]\nDataPath=./{data_rel}\nModDrv={mod_drv}\n"
+      f"SourceType=OSIS\nEncoding=UTF-8\nCompressType={compress}\n"
       f"BlockType=BOOK\nVersification={versification}\nLang={lang}\n"
       "About=A made-up module \\\n  continued on a second line\n"
       "GlobalOptionFilter=OSISStrongs\nGlobalOptionFilter=OSISFootnotes\n"
     )
+  layout = "<III" if mod_drv == "zText4" else "<IIH"
+  pack = {"ZIP": zlib.compress, "BZIP2": bz2.compress, "XZ": lzma.compress}[compress]
   for testament, entries in entries_by_testament.items():
     bzs, bzv, bzz = b"", b"", b""
     for start in range(0, len(entries), per_block):
@@ -41,11 +48,11 @@ def write_ztext_module(root, name, entries_by_testament, *, lang="en", per_block
       for entry in entries[start : start + per_block]:
         data = entry.encode("utf-8")
         if data:
-          bzv += struct.pack("<IIH", block_no, len(raw), len(data))
+          bzv += struct.pack(layout, block_no, len(raw), len(data))
         else:
-          bzv += struct.pack("<IIH", 0, 0, 0)
+          bzv += struct.pack(layout, 0, 0, 0)
         raw += data
-      comp = zlib.compress(raw)
+      comp = pack(raw)
       bzs += struct.pack("<III", len(bzz), len(comp), len(raw))
       bzz += comp
     prefix = os.path.join(root, data_rel, testament)
@@ -129,6 +136,39 @@ def test_sword_reader_reads_back_raw_and_plain(fake_bible):
   assert plain_es == [p for _, p in ES_ENTRIES + NT_ES]
   with pytest.raises(sword.ModuleNotFoundInLibraryError):
     sword.find_module("noSuchModule", [fake_bible])
+
+
+@pytest.mark.parametrize("compress,mod_drv", [("BZIP2", "zText"), ("XZ", "zText4")])
+def test_sword_reader_reads_the_conf_compression_and_ztext4(tmp_path, compress, mod_drv):
+  """The conf's CompressType (BZIP2, XZ) and ModDrv zText4 (12-byte verse entries) read back the same entries; of a
+  repeated conf key the first value counts."""
+  root = str(tmp_path / "sword")
+  entries = {"ot": [e for e, _ in EN_ENTRIES], "nt": [e for e, _ in NT_EN]}
+  write_ztext_module(root, "engKJV2006eb", entries, compress=compress, mod_drv=mod_drv)
+  conf, raw = sword.read_module("engKJV2006eb", [root], plain=False)
+  assert (conf.compress_type, conf.mod_drv) == (compress, mod_drv)
+  assert conf.entries["GlobalOptionFilter"] == "OSISStrongs"
+  assert raw == entries["ot"] + entries["nt"]
+
+
+def test_sword_reader_refuses_enciphered_and_corrupt_modules(tmp_path):
+  """An enciphered module (CipherKey) and a block whose size disagrees with its index are errors, not garbled text."""
+  root = str(tmp_path / "sword")
+  write_ztext_module(root, "engKJV2006eb", {"ot": [e for e, _ in EN_ENTRIES]})
+  conf = sword.find_module("engKJV2006eb", [root])
+  prefix = os.path.join(conf.data_path, "ot")
+  with open(prefix + ".bzs", "rb") as f:
+    bzs = bytearray(f.read())
+  start, csize, usize = struct.unpack_from("<III", bzs, 12)
+  struct.pack_into("<III", bzs, 12, start, csize, usize + 1)  # block 1 says one byte more than it holds
+  with open(prefix + ".bzs", "wb") as f:
+    f.write(bzs)
+  with pytest.raises(ValueError, match=f"ot.bzz block 1: {usize} bytes after decompression, index says {usize + 1}"):
+    sword.read_testament(prefix)
+  with open(conf.conf_path, "a", encoding="utf-8") as f:
+    f.write("CipherKey=secret\n")
+  with pytest.raises(ValueError, match="engKJV2006eb is enciphered"):
+    sword.read_module("engKJV2006eb", [root])
 
 
 def test_strip_markup_other_dialects():
@@ -536,6 +576,8 @@ def test_state_save_restore(tok, corpus):
   assert resumed.get_state()["epoch"] == 1
   with pytest.raises(ValueError):
     make(seed=8).set_state(state)
+  with pytest.raises(ValueError, match=f"step {per_epoch} out of range for {per_epoch} steps per epoch"):
+    make().set_state({**state, "step": per_epoch})  # past the epoch's last batch
 
 
 def test_the_text_api_refuses_what_it_misread(tok, corpus, tmp_path):

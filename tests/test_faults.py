@@ -103,6 +103,35 @@ def test_a_second_signal_stops_at_once(run_args, tmp_path):
   assert "SIGINT again: stopping now, without a checkpoint" in out
 
 
+def test_a_stop_request_holds_the_handlers_only_inside_its_block_and_only_on_the_main_thread(capfd):
+  """Inside the block a SIGTERM is a request (no exit), named by the signal; after it the previous handlers are back
+  (a process that trains again, or goes on to evaluate, keeps its own Ctrl-C); off the main thread, where Python
+  cannot install handlers (train() called from a worker thread), it installs none and still answers."""
+  from vitjax.train.preemption import StopRequest
+
+  before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+  with StopRequest() as stop:
+    assert not stop.asked and not stop.requested() and stop.name == "a signal to another process"
+    os.kill(os.getpid(), signal.SIGTERM)
+    deadline = time.time() + 5  # (Python runs the handler between bytecodes of the main thread)
+    while not stop.asked and time.time() < deadline:
+      time.sleep(0.01)
+    assert stop.asked and stop.requested() and stop.name == "SIGTERM"
+  assert {s: signal.getsignal(s) for s in before} == before
+  assert "SIGTERM: stopping after the step in flight is checkpointed" in capfd.readouterr().err
+
+  seen = []
+
+  def worker():
+    with StopRequest() as other:
+      seen.append((other.asked, signal.getsignal(signal.SIGTERM)))
+
+  thread = threading.Thread(target=worker)
+  thread.start()
+  thread.join(timeout=10)
+  assert seen == [(False, before[signal.SIGTERM])] and signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM]
+
+
 # ------------------------------------------------------------------------------------ 2. divergence
 
 
@@ -114,6 +143,48 @@ def test_a_diverging_run_stops_and_saves_nothing_non_finite(run_args, tmp_path):
   assert re.search(r"step \d+: the loss, gradient norm or parameters are not finite", err), err[-2000:]
   assert "nothing non-finite was saved" in err and "--config.on_nonfinite=skip" in err and "Traceback" not in err
   assert all(_all_finite(workdir).values())
+
+
+def test_skip_mode_counts_the_non_finite_steps_in_a_row_and_stop_mode_names_the_newest_good_checkpoint(caplog):
+  """on_nonfinite='skip': a finite step ends a streak, and the run stops at the first step past max_nonfinite_skips
+  in a row (not at it); each step's flag is read one step late unless asked now. 'stop' stops at the first."""
+  import logging as py_logging
+  import types
+
+  from vitjax.errors import Diverged
+  from vitjax.train import loop
+
+  ckpts = types.SimpleNamespace(wait=lambda: None, latest_step=lambda: 20, directory="/w/checkpoints")
+  config = lambda mode: types.SimpleNamespace(
+    on_nonfinite=mode, max_nonfinite_skips=2, optim=types.SimpleNamespace(lr=0.002)
+  )
+  bad = {"train/nonfinite": 1.0, "train/loss": float("nan"), "train/grad_norm": float("inf")}
+  good = {"train/nonfinite": 0.0, "train/loss": 1.0, "train/grad_norm": 1.0}
+  caplog.set_level(py_logging.WARNING)
+  guard = loop._NonfiniteGuard(config("skip"), ckpts)
+  for step, metrics in enumerate([bad, good, bad, bad], start=1):
+    guard.check_lagged(step, metrics)
+  assert guard.skipped == 2  # steps 1 and 3; step 4's flag is not read yet
+  guard.check_now(4, bad)
+  assert guard.skipped == 3 and guard.streak == 2
+  assert (
+    "step 4 is not finite (loss nan, grad norm inf): update skipped (2 in a row)" in caplog.records[-1].getMessage()
+  )
+  guard.check_lagged(5, bad)
+  with pytest.raises(Diverged) as e:
+    guard.check_now(5, bad)
+  assert str(e.value).startswith(
+    "step 5: the loss, gradient norm or parameters are not finite (loss nan, grad norm inf); stopped (more than "
+    "max_nonfinite_skips=2 non-finite steps in a row), nothing non-finite was saved. Newest good checkpoint: step 20 "
+    "in /w/checkpoints. Lower --config.optim.lr (now 0.002), or allow more skips with --config.max_nonfinite_skips"
+  ), str(e.value)
+
+  ckpts.latest_step = lambda: None
+  guard = loop._NonfiniteGuard(config("stop"), ckpts)
+  guard.check_lagged(1, good)
+  guard.check_lagged(2, bad)
+  with pytest.raises(Diverged, match=r"^step 2: .*stopped \(on_nonfinite='stop'\).* checkpoint: none yet\. .*skip"):
+    guard.check_lagged(3, good)  # step 2's flag, read at step 3
 
 
 def test_a_good_run_resumed_at_a_bad_learning_rate_keeps_its_good_checkpoints(finished_run, run_args, tmp_path):

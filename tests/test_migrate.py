@@ -124,3 +124,49 @@ def test_optim_kwargs_is_compared_and_recorded_whole(tmp_path):
   assert not any(k.startswith("optim.kwargs.") for k in changes)
   workdir_lib.record_config_change(workdir, 4, changes)
   assert workdir_lib.read_config(workdir).optim.kwargs.to_dict() == {"b2": 0.9, "eps": 1e-6}
+
+
+def test_version_2_evaluations_become_named_evaluators_with_their_options():
+  """Version 2 -> 3: the primary evaluation (data.eval_split, data.eval_examples), its moving average's twin, the
+  (name, split, kind, every) entries of config.evals (a probe with the probe block's options), best_metric as best
+  (an MAE run's default: eval/loss), a translation run's decode block as its evaluator's options."""
+  flat = config_lib.migrate(
+    {
+      "config_version": 2,
+      "task": "classification",
+      "data.eval_split": "test",
+      "data.eval_examples": 100,
+      "ema_decay": 0.99,
+      "evals": [["probe_valid", "valid", "probe", 500], ["ema_valid", "valid", "ema", None]],
+      "probe.knn_k": 10,
+      "probe.shots": [1, 5],
+      "best_metric": "probe_valid/linear",
+      "best_mode": "max",
+    }
+  )
+  evals = {k: v for k, v in flat.items() if k.startswith("evals.")}
+  assert evals == {
+    "evals.eval.type": "classification",
+    "evals.eval.split": "test",
+    "evals.eval.examples": 100,
+    "evals.eval_ema.type": "classification",
+    "evals.eval_ema.split": "test",
+    "evals.eval_ema.examples": 100,
+    "evals.eval_ema.weights": "ema",
+    "evals.probe_valid.type": "probe",
+    "evals.probe_valid.split": "valid",
+    "evals.probe_valid.every": 500,
+    "evals.probe_valid.knn_k": 10,
+    "evals.probe_valid.shots": [1, 5],
+    "evals.ema_valid.type": "classification",
+    "evals.ema_valid.split": "valid",
+    "evals.ema_valid.examples": 100,
+    "evals.ema_valid.weights": "ema",
+  }, evals
+  assert flat["best"] == "probe_valid/linear" and flat["config_version"] == config_lib.CONFIG_VERSION
+  assert not any(k.startswith(("probe.", "data.eval_")) or k in ("best_metric", "best_mode") for k in flat), flat
+  assert config_lib.migrate({"config_version": 2, "task": "mae"})["best"] == "eval/loss"
+  assert config_lib.migrate({"config_version": 2})["best"] == "eval/accuracy"
+  translation = config_lib.migrate({"config_version": 2, "task": "translation", "decode.beam_size": 2})
+  assert translation["evals.eval.beam_size"] == 2 and translation["evals.eval.type"] == "translation"
+  assert "decode.beam_size" not in translation

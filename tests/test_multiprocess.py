@@ -202,3 +202,128 @@ def test_translation_follows_the_same_curve_on_1x4_2x2_and_4x1(compile_cache, tm
     _run(workdir, processes, devices, [], config=str(config))
     np.testing.assert_allclose(_losses(workdir), ref, rtol=1e-5, err_msg=f"{processes} x {devices}")
     assert os.path.exists(os.path.join(workdir, "tokenizer.model"))
+
+
+def test_multihost_flags_are_checked_before_jax_distributed_starts(monkeypatch):
+  """--multihost: all three of address, count and index or none; an index in [0, count); --peer_timeout at least
+  1 s. JAX's heartbeat timeout is three times --peer_timeout, 100 s at least, so the watch's line comes first; JAX
+  finding no cluster is one line naming the flags."""
+  import jax
+
+  from vitjax import distributed, logs
+  from vitjax.errors import ConfigError
+
+  calls = []
+  monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **kw: calls.append((a, kw)))
+  monkeypatch.setattr(logs, "_PROCESS", list(logs._PROCESS))
+  with pytest.raises(ConfigError, match="give all of --coordinator_address=HOST:PORT, --num_processes=N and"):
+    distributed.initialize("127.0.0.1:1234", 2, None)
+  with pytest.raises(ConfigError, match=r"--process_id=2 must be in \[0, --num_processes=2\)"):
+    distributed.initialize("127.0.0.1:1234", 2, 2)
+  with pytest.raises(ConfigError, match=r"--process_id=-1 must be in"):
+    distributed.initialize("127.0.0.1:1234", 2, -1)
+  with pytest.raises(ConfigError, match=r"--peer_timeout=0.5 must be at least 1 \(seconds\)"):
+    distributed.initialize(peer_timeout=0.5)
+  assert not calls
+  distributed.initialize("127.0.0.1:1234", 2, 1, peer_timeout=1)  # the last index, the shortest timeout
+  distributed.initialize(peer_timeout=50)  # none given: JAX detects the cluster
+  assert [a for a, _ in calls] == [("127.0.0.1:1234", 2, 1), (None, None, None)]
+  assert [kw["heartbeat_timeout_seconds"] for _, kw in calls] == [100, 150]
+
+  def no_cluster(*args, **kwargs):
+    raise ValueError("coordinator_address should be defined.\nmore detail")
+
+  monkeypatch.setattr(jax.distributed, "initialize", no_cluster)
+  with pytest.raises(ConfigError) as e:
+    distributed.initialize()
+  assert str(e.value) == (
+    "--multihost: coordinator_address should be defined.; pass --coordinator_address=HOST:PORT --num_processes=N "
+    "--process_id=I"
+  )
+
+
+class _FakeCoordination:
+  """The coordination service's key-value store; `beating`: processes whose counter moves at every read."""
+
+  def __init__(self, beating=(), down=False, shut_at_read=None):
+    self.store, self.beating, self.down, self.reads = {}, beating, down, 0
+    self.shut_at_read, self.leaving = shut_at_read, None  # (process 0 shuts it down as this process leaves too)
+
+  def key_value_set(self, key, value, allow_overwrite=False):
+    if self.down:
+      raise RuntimeError("UNAVAILABLE: failed to connect\n to all addresses")
+    self.store[key] = value
+
+  def key_value_dir_get(self, prefix):
+    self.reads += 1
+    if self.reads == self.shut_at_read:
+      self.leaving.set()
+      raise RuntimeError("UNAVAILABLE: the service is gone")
+    for p in self.beating:
+      key = f"vitjax/peers/alive/{p}"
+      self.store[key] = str(int(self.store.get(key, 0)) + 1)
+    return [(k, v) for k, v in self.store.items() if k.startswith(prefix)]
+
+
+def test_the_peer_watch_stops_at_a_silent_process_and_not_at_one_that_left_or_beats(monkeypatch, caplog):
+  """Process 0 of 3: a process whose counter never moves (dead before its first beat) is lost after --peer_timeout,
+  one line and exit 75; one that beats, or that said it left, is not; an unreachable coordination service is lost
+  too. Leaving the block normally or by a way every process stops (Preemption) tells the others so; a
+  KeyboardInterrupt does not."""
+  import logging as py_logging
+  import time
+  import types
+
+  from vitjax import distributed
+  from vitjax.errors import Preempted
+
+  caplog.set_level(py_logging.ERROR)
+  monkeypatch.setattr(distributed, "jax", types.SimpleNamespace(process_count=lambda: 3, process_index=lambda: 0))
+
+  def watch(client, seconds, exc=None):
+    monkeypatch.setattr(distributed, "_client", lambda: client)
+    exits = []
+    try:
+      with distributed.PeerWatch(timeout=0.3, interval=0.02, exit=exits.append):
+        deadline = time.time() + seconds
+        while time.time() < deadline and not exits:
+          time.sleep(0.02)
+        if exc is not None:
+          raise exc
+    except (Preempted, KeyboardInterrupt):
+      pass
+    return exits
+
+  silent = _FakeCoordination(beating=(1,))
+  assert watch(silent, 5) == [75]
+  (line,) = [r.getMessage() for r in caplog.records]
+  assert line.startswith("process 2 of 3 has given no sign of life for 0 s: process 0 stops without a checkpoint")
+  assert line.endswith("rerun all 3 processes with the same command to resume from the last checkpoint")
+
+  caplog.clear()
+  left = _FakeCoordination(beating=(1,))
+  left.store["vitjax/peers/left/2"] = "1"
+  assert watch(left, 1.0) == [] and not caplog.records
+  assert left.store["vitjax/peers/left/0"] == "1"  # leaving normally: the others are told
+  preempted = _FakeCoordination(beating=(1, 2))
+  assert watch(preempted, 0.5, Preempted("SIGTERM")) == [] and preempted.store["vitjax/peers/left/0"] == "1"
+  interrupted, started = _FakeCoordination(beating=(1, 2)), time.time()
+  assert watch(interrupted, 0.5, KeyboardInterrupt()) == [] and "vitjax/peers/left/0" not in interrupted.store
+  assert time.time() - started < 3  # Ctrl-C: no wait for the watch's verdict (an unexpected error waits 5.3 s)
+  assert not caplog.records
+  # the service gone while this process leaves too (process 0 finished first): nothing to say
+  exits, gone = [], _FakeCoordination(beating=(1, 2), shut_at_read=3)
+  monkeypatch.setattr(distributed, "_client", lambda: gone)
+  w = distributed.PeerWatch(timeout=0.3, interval=0.02, exit=exits.append)
+  gone.leaving = w._stop
+  with w:
+    deadline = time.time() + 5
+    while gone.reads < 3 and time.time() < deadline:
+      time.sleep(0.02)
+  assert gone.reads >= 3 and exits == [] and not caplog.records
+
+  assert watch(_FakeCoordination(down=True), 5) == [75]
+  (line,) = [r.getMessage() for r in caplog.records]
+  assert line.startswith(
+    "the coordination service at process 0 is unreachable (UNAVAILABLE: failed to connect to all addresses): "
+  )

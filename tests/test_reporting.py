@@ -450,3 +450,37 @@ def test_a_resume_that_changes_the_schedule_says_where_the_learning_rate_goes(ca
   )
   new.total_steps = 300  # the same schedule: nothing to say
   assert resume(old, new, 300)[0] == []
+
+
+def test_the_last_step_always_gets_a_line_and_skipped_steps_are_named(tmp_path, clock, caplog):
+  """A run whose length is no multiple of log_every still logs its last step (the line the user reads the end by);
+  a line after non-finite steps were skipped says how many; the heartbeat's 30 s are at least, not more than."""
+  caplog.set_level(py_logging.INFO)
+  caplog.set_level(py_logging.INFO, logger="absl")  # (an earlier test may leave absl's logger at WARNING)
+  r = reporting.Reporter(str(tmp_path), total_steps=105, log_every=50, examples_per_step=None)
+  assert r.due(1)
+  r.progress(1, METRICS)
+  assert [s for s in (2, 49, 50, 51, 100, 104, 105) if r.due(s)] == [50, 100, 105]
+  clock[0] += reporting.HEARTBEAT_SECONDS
+  assert r.heartbeat_due()
+  r.progress(105, {**METRICS, "train/skipped_steps": 2})
+  assert "| lr 1.00e-03 | 2 non-finite steps skipped | 3.47 steps/s" in _lines(caplog)[-1], _lines(caplog)[-1]
+  r.close()
+
+
+def test_an_evaluation_line_names_its_split_and_examples_and_a_result_its_checkpoint():
+  """Spreads (_std), the probe's regulariser (_l2) and the example count stay out of the metrics listed; the count
+  goes in the brackets; a result says which checkpoint (EMA weights, initial weights) it is."""
+  metrics = {
+    "eval/loss": 0.5,
+    "eval/accuracy": 0.75,
+    "eval/10shot_std": 0.1,
+    "eval/linear_l2": 1.0,
+    "eval/examples": 300.0,
+  }
+  assert reporting.format_evaluation("valid", metrics) == "eval/loss 0.5000, eval/accuracy 0.7500 (valid, 300 examples)"
+  assert reporting.format_evaluation("test", {"probe/accuracy": 0.5}) == "probe/accuracy 0.5000 (test)"
+  row = {"step": 20, "checkpoint": "best", "split": "test", "weights": "ema", "eval/accuracy": 1.0, "other/x": 2.0}
+  assert reporting.format_result(row) == "checkpoint best (step 20, EMA weights) | eval/accuracy 1.0000 (test)"
+  row = {**row, "evaluator": "other", "weights": "params", "checkpoint": "init", "step": 0}
+  assert reporting.format_result(row) == "initial weights (no training) | other/x 2.0000 (test)"

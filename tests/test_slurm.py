@@ -247,6 +247,15 @@ def _text(pattern: str, job: int, task: int) -> str:
     # 2 tasks sharing 8: four each; the counts per node in SLURM's compressed form
     ({"SLURM_JOB_ID": "7", "SLURM_STEP_TASKS_PER_NODE": "1,2(x2)", "SLURM_NODEID": "1", "SLURM_LOCALID": "1",
       "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}, [4, 5, 6, 7]),
+    # the batch script itself (no job step yet): the job's counts; a step's own counts take precedence over them
+    ({"SLURM_JOB_ID": "7", "SLURM_TASKS_PER_NODE": "1", "CUDA_VISIBLE_DEVICES": "0,1"}, [0, 1]),
+    ({"SLURM_JOB_ID": "7", "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "1", "SLURM_LOCALID": "1",
+      "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}, [4, 5, 6, 7]),
+    # GPUs named by UUID (and MIG instances) count as GPUs too
+    ({"SLURM_JOB_ID": "7", "SLURM_STEP_TASKS_PER_NODE": "1", "CUDA_VISIBLE_DEVICES": "GPU-5d1e,MIG-9f3a"}, [0, 1]),
+    # a node index past the counts (a malformed spec): JAX's choice
+    ({"SLURM_JOB_ID": "7", "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_NODEID": "2", "CUDA_VISIBLE_DEVICES": "0"},
+     None),
   ],
 )  # fmt: skip
 def test_each_slurm_layout_gets_the_gpus_it_was_given(env, want):

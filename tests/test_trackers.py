@@ -133,3 +133,104 @@ def test_wandb_that_cannot_start_is_one_warning_and_the_run_goes_on(
   assert len(warnings) == 1 and says in warnings[0] and "metrics.jsonl" in warnings[0], proc.stderr[-3000:]
   assert "Traceback" not in proc.stderr
   assert [r["step"] for r in th.read_metrics(workdir) if "train/loss" in r] == list(range(1, 11))
+
+
+def test_tracker_names_are_checked_and_metrics_jsonl_is_always_written(tmp_path):
+  """config.trackers: a tuple of known names (a bare string is the usual slip, each of its letters no tracker);
+  metrics.jsonl comes first whatever the tuple, TensorBoard only when named."""
+  from vitjax.errors import ConfigError
+  from vitjax.train import trackers
+
+  for names in ("tensorboard", ("tensorboard", 1)):
+    with pytest.raises(ConfigError, match=r"give a tuple of names, e\.g\. --config\.trackers="):
+      trackers.check({"trackers": names})
+  with pytest.raises(ConfigError, match="unknown tracker 'tb'; the trackers are jsonl, tensorboard, wandb"):
+    trackers.check({"trackers": ("jsonl", "tb")})
+  trackers.check({"trackers": ()})
+  trackers.check({})
+  none = trackers.open_trackers(str(tmp_path / "a"), {"trackers": ()}, None)
+  default = trackers.open_trackers(str(tmp_path / "b"), {}, None)
+  try:
+    assert [type(t).__name__ for t in none] == ["Jsonl"] and not os.path.exists(tmp_path / "a" / "tb")
+    assert [type(t).__name__ for t in default] == ["Jsonl", "TensorBoard"]
+  finally:
+    for t in none + default:
+      t.close()
+
+
+def test_tensorboard_drops_what_a_killed_session_wrote_from_the_resumed_step_on(tmp_path):
+  """purge_step: TensorBoard's reader shows each step once, the resumed session's values from purge_step on, and the
+  killed session's before it."""
+  from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+  from vitjax.train import trackers
+
+  logdir = str(tmp_path / "tb")
+  killed = trackers.TensorBoard(logdir, None)
+  for step in range(1, 6):
+    killed.scalars(step, {"train/loss": float(step)})
+  killed.close()
+  resumed = trackers.TensorBoard(logdir, 3)  # resumed from the checkpoint of step 2
+  for step in (3, 4):
+    resumed.scalars(step, {"train/loss": 10.0 * step})
+  resumed.close()
+  acc = EventAccumulator(logdir)
+  acc.Reload()
+  assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0)]
+
+
+class _FakeWandbRun:
+  """What the tracker calls of a wandb Run; `fail`: the calls that raise (a W&B service gone mid-run)."""
+
+  def __init__(self, fail=()):
+    self.fail, self.logged, self.summary_updates, self.finished = fail, [], [], 0
+    self.summary = self
+
+  def _maybe_fail(self, what):
+    if what in self.fail:
+      raise RuntimeError(f"{what}: the service\n  is unreachable")
+
+  def log(self, row):
+    self._maybe_fail("log")
+    self.logged.append(row)
+
+  def update(self, values):
+    self._maybe_fail("summary")
+    self.summary_updates.append(values)
+
+  def finish(self):
+    self._maybe_fail("finish")
+    self.finished += 1
+
+
+def test_wandb_logs_by_step_and_a_failing_call_turns_it_off_with_one_warning(caplog):
+  """A W&B call that fails is one warning line (its error on one line), and W&B is off for the rest of the run: no
+  warning per step after it. A run closes once."""
+  import logging as py_logging
+
+  from vitjax.train import trackers
+
+  caplog.set_level(py_logging.WARNING)
+  run = _FakeWandbRun()
+  ok = trackers.WandB(run)
+  ok.scalars(3, {"train/loss": 1.5})
+  ok.best(3, {"eval/accuracy": 0.5})
+  ok.close()
+  ok.close()
+  assert run.logged == [{"step": 3, "train/loss": 1.5}] and run.finished == 1
+  assert run.summary_updates == [{"best/step": 3, "best/eval/accuracy": 0.5}]
+  assert not [r for r in caplog.records if r.levelno >= py_logging.WARNING]
+
+  run = _FakeWandbRun(fail=("log",))
+  broken = trackers.WandB(run)
+  for step in range(1, 4):
+    broken.scalars(step, {"train/loss": 1.0})
+  broken.best(3, {"eval/accuracy": 0.5})
+  broken.close()
+  warnings = [r.getMessage() for r in caplog.records if r.levelno >= py_logging.WARNING]
+  assert warnings == ["W&B: logging failed (log: the service is unreachable): W&B is off for the rest of this run"], (
+    warnings
+  )
+  assert run.summary_updates == [] and run.finished == 0
+  assert trackers._one_line(RuntimeError()) == "RuntimeError"
+  assert trackers._one_line(ValueError("x" * 300)) == "x" * 197 + "..."

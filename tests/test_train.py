@@ -287,6 +287,113 @@ def _tiny_vit(image_size=8, seed=0, **kw):
   return model, _random_like(flax.core.unfreeze(shapes), seed)
 
 
+def test_the_trainers_own_settings_are_checked_before_anything_runs():
+  """check_config: profile_steps from step 1, a budget above 0 minutes, at least one skip, no model.dtype."""
+  from vitjax.config import default_config
+  from vitjax.errors import ConfigError
+  from vitjax.train import loop
+
+  bad = {
+    "profile_steps": ((0, 2), r"profile_steps=\(0, 2\): give \(first, last\) steps, 1 <= first <= last"),
+    "max_train_minutes": (0.0, "max_train_minutes=0.0 must be positive"),
+    "max_nonfinite_skips": (0, "max_nonfinite_skips=0 must be at least 1"),
+  }
+  for key, (value, says) in bad.items():
+    config = default_config()
+    config[key] = value
+    with pytest.raises(ConfigError, match=says):
+      loop.check_config(config)
+  config = default_config()
+  config.model.dtype = "bfloat16"
+  with pytest.raises(ConfigError, match="remove model.dtype and set --config.compute_dtype"):
+    loop.check_config(config)
+  config = default_config()
+  config.profile_steps, config.max_train_minutes, config.max_nonfinite_skips = (1, 1), 0.5, 1
+  loop.check_config(config)
+
+
+def test_a_config_files_fields_are_checked_against_its_tasks_defaults():
+  """unknown_fields: every shipped config reads clean (translation ones against translation_config's fields); a
+  misspelt field names the nearest known one, a far-off one none; the open subtrees (a model's own fields, an
+  augmentation's options, optax's arguments) are checked where they are read, not here."""
+  from vitjax.config import translation_config, unknown_fields
+
+  for name in sorted(os.listdir(os.path.join(th.ROOT, "configs"))):
+    if name.endswith(".py"):
+      assert unknown_fields(load_module(os.path.join(th.ROOT, "configs", name)).get_config()) == [], name
+  c = default_config()
+  c.optim.weight_decy = 0.1
+  c.zzz = 1
+  c.model.mlp_ratio = 4
+  c.data.augment.random_resized_crop = {"scale": (0.35, 1)}
+  c.optim.kwargs = {"b2": 0.95}
+  assert unknown_fields(c) == [("optim.weight_decy", "optim.weight_decay"), ("zzz", None)]
+  t = translation_config("bible", "en", "es")
+  t.data.vocab_sise = 4000
+  assert unknown_fields(t) == [("data.vocab_sise", "data.vocab_size")]
+
+
+def test_settings_the_run_never_reads_are_named_and_the_ones_it_reads_are_not(tmp_path):
+  """config.wandb set without 'wandb' in config.trackers, max_nonfinite_skips without on_nonfinite='skip': one line
+  each. Not with wandb tracked, with 'skip', for a sweep's name and group, or for a config read back from config.json
+  (its tags a list)."""
+  from vitjax.train import loop
+  from vitjax.train import workdir as workdir_lib
+
+  workdir_lib.start_fresh(str(tmp_path), default_config())
+  c = workdir_lib.read_config(str(tmp_path))
+  assert list(c.wandb.tags) == [] and loop._unread_settings(c) == ""  # (config.json gives the tags back as a list)
+  c.wandb.name, c.wandb.group = "trial_0003", "sweep"
+  assert loop._unread_settings(c) == ""
+  c.wandb.entity, c.max_nonfinite_skips = "me", 4
+  assert loop._unread_settings(c) == (
+    "config.wandb.entity is set but 'wandb' is not in config.trackers=('tensorboard',): nothing goes to W&B; add it, "
+    "e.g. --config.trackers=\"('tensorboard', 'wandb')\"; max_nonfinite_skips=4 is read only with "
+    "on_nonfinite='skip' (this run stops at the first non-finite step); add --config.on_nonfinite=skip"
+  )
+  c.trackers, c.on_nonfinite = ("tensorboard", "wandb"), "skip"
+  assert loop._unread_settings(c) == ""
+
+
+def test_the_label_smoothing_note_gives_the_smoothed_losss_floor_where_the_classes_are_known():
+  import types
+
+  from vitjax.train import loop
+
+  floor = lambda eps, k: -((1 - eps + eps / k) * math.log(1 - eps + eps / k) + (k - 1) * eps / k * math.log(eps / k))
+  note = loop._smoothing_note(0.1, types.SimpleNamespace(tgt_vocab_size=8000))
+  assert f"(at least {floor(0.1, 8000):.3f} with 8000 classes)" in note and note.startswith("label_smoothing=0.1: ")
+  assert "(at least 0.500 with 10 classes)" in loop._smoothing_note(0.1, types.SimpleNamespace(num_classes=10))
+  assert loop._smoothing_note(0.2, types.SimpleNamespace()) == (
+    "label_smoothing=0.2: train/loss is the smoothed objective, eval/loss the plain cross-entropy: train/loss above "
+    "eval/loss is not a generalisation gap"
+  )
+
+
+def test_the_evaluation_line_says_best_so_far_or_a_tie_by_the_best_metrics_direction():
+  """The best evaluator's line: "best ... so far" for a better value (higher, or lower for a loss), "ties" for an
+  equal one (orbax keeps the later step as best, and the trackers' summary follows); a NaN is never best."""
+  import types
+
+  from vitjax.train import loop
+
+  def notes(best, sign, values):
+    ev = object.__new__(loop._Evaluations)
+    ev.run_ = types.SimpleNamespace(config=types.SimpleNamespace(best=best))
+    ev.best_value, ev.sign = None, sign
+    return [ev._note({best: v}) for v in values]
+
+  nan = float("nan")
+  assert notes("eval/accuracy", 1, [nan, 0.5, 0.4, 0.5, 0.6]) == [
+    "",
+    " | best eval/accuracy so far",
+    "",
+    " | ties the best eval/accuracy: this later step becomes best",
+    " | best eval/accuracy so far",
+  ]
+  assert notes("eval/loss", -1, [0.3, 0.4, 0.2]) == [" | best eval/loss so far", "", " | best eval/loss so far"]
+
+
 def test_decay_mask_excludes_biases_norms_positions_tables_and_cls():
   _, params = _tiny_vit()
   params = flax.core.unfreeze(params)

@@ -229,6 +229,21 @@ def test_writers_name_a_tree_of_the_wrong_kind(tmp_path):
     convert.load_params(f"timm:vit_tiny_patch16_224:{tmp_path / 'w.npz'}")
 
 
+def test_a_safetensors_write_that_fails_leaves_neither_a_temporary_nor_a_target_file(tmp_path, monkeypatch):
+  """save_safetensors writes a temporary file and renames it: when the rename fails, the temporary file goes too,
+  the old file at the path is kept, and the error is raised."""
+  path = tmp_path / "m.safetensors"
+  path.write_bytes(b"old")
+
+  def fail(tmp, dst):
+    raise OSError("disk full")
+
+  monkeypatch.setattr(convert, "publish", fail)
+  with pytest.raises(OSError, match="disk full"):
+    convert.save_safetensors(str(path), {"w": np.ones((2, 2), np.float32)})
+  assert os.listdir(tmp_path) == ["m.safetensors"] and path.read_bytes() == b"old"
+
+
 # ------------------------------------------------------------------------------------------------- out: npz
 
 

@@ -140,6 +140,55 @@ def test_weight_source_and_spec_parsing():
   assert convert.pretrained_preprocess(convert.WeightSource.parse("npz:x.npz")) is None
 
 
+def _repo(layout: str, config: dict, preprocessor: dict | None = None) -> hub.Repo:
+  return hub.Repo("hf:o/n", "o/n", None, None, layout, config, preprocessor)
+
+
+def test_transformers_preprocessor_configs_give_the_input_size_and_crop(caplog):
+  """preprocessor_config.json's forms: {height, width} resizes the whole image; {shortest_edge} resizes the shorter
+  side, then a centre crop (crop_size, or ConvNeXt's crop_pct); do_normalize false means no normalisation; a scalar
+  mean or std holds for every channel; a resampling vitjax lacks is bicubic, said in a warning."""
+  vit = {"model_type": "vit"}
+  fields, hw = _repo("transformers", vit, {"size": {"height": 384, "width": 320}, "resample": 3})._transformers_input()
+  assert hw == (384, 320)
+  assert fields == {"mean": (0.5,) * 3, "std": (0.5,) * 3, "crop_fraction": None, "interpolation": "bicubic"}
+  pre = {"size": {"shortest_edge": 256}, "do_center_crop": True, "crop_size": {"height": 224, "width": 224}}
+  fields, hw = _repo("transformers", vit, pre)._transformers_input()
+  assert hw == (224, 224) and fields["crop_fraction"] == 224 / 256 and fields["interpolation"] == "bilinear"
+  fields, hw = _repo("transformers", vit, {"size": {"shortest_edge": 224}, "crop_pct": 0.875})._transformers_input()
+  assert hw == (224, 224) and fields["crop_fraction"] == 0.875
+  assert _repo("transformers", vit, {"size": {"shortest_edge": 96}})._transformers_input()[1:] == ((96, 96),)
+  no_crop = {**pre, "do_center_crop": False}  # a crop_size that is not used
+  assert _repo("transformers", vit, no_crop)._transformers_input()[0]["crop_fraction"] == 1.0
+  gray = {**vit, "num_channels": 1, "image_size": 32}
+  fields, hw = _repo("transformers", gray, {"do_normalize": False, "image_mean": [0.3]})._transformers_input()
+  assert hw == (32, 32) and (fields["mean"], fields["std"]) == ((0.0,), (1.0,))
+  fields = _repo("transformers", {**vit, "num_channels": 2}, {"image_mean": 0.5, "image_std": 0.25}).preprocess()
+  assert (fields["mean"], fields["std"]) == ((0.5, 0.5), (0.25, 0.25))
+  assert _repo("transformers", vit, {"resample": 1}).preprocess()["interpolation"] == "bicubic"
+  said = " ".join(r.getMessage() for r in caplog.records)
+  assert "resamples with PIL's lanczos, which vitjax does not have: bicubic is used" in said
+
+
+def test_repositories_name_their_classes_only_when_they_have_a_name_for_each():
+  """config.json's class names: timm's label_names, or transformers' id2label (its keys are strings), only when there
+  is one for every class and they are not transformers' placeholders LABEL_0, LABEL_1, ...; timm's input size."""
+  assert _repo("transformers", {"id2label": {"1": "dog", "0": "cat"}}).class_names(2) == ["cat", "dog"]
+  assert _repo("transformers", {"id2label": {"0": "cat", "1": "dog"}}).class_names(3) is None
+  assert _repo("transformers", {"id2label": {"0": "LABEL_0", "1": "LABEL_1"}}).class_names(2) is None
+  timm = _repo("timm", {"architecture": "vit_x", "pretrained_cfg": {"tag": "t", "label_names": ["a", "b"]}})
+  assert timm.class_names(2) == ["a", "b"] and timm.class_names(1) is None and timm.timm_name == "vit_x.t"
+  assert _repo("timm", {"architecture": "vit_x", "pretrained_cfg": {"input_size": [3, 96, 64]}}).image_size() == (
+    96,
+    64,
+  )
+  assert _repo("timm", {"architecture": "vit_x"}).image_size() == (224, 224)
+  pre = hub.timm_pretrained_preprocess(
+    {"mean": [0, 0.5, 1], "std": [1, 1, 2], "crop_pct": 0.9, "interpolation": "nearest"}
+  )
+  assert pre == {"mean": (0.0, 0.5, 1.0), "std": (1.0, 1.0, 2.0), "crop_fraction": 0.9, "interpolation": "bicubic"}
+
+
 # ------------------------------------------------------------------------------------- errors: one line each
 
 

@@ -78,3 +78,14 @@ def test_what_cannot_be_drawn_is_one_line_exit_2_and_nothing_is_written(tmp_path
   assert th.snapshot(str(tmp_path)) == before
   with pytest.raises(ConfigError, match="--x='epochs': use one of step, examples, hours"):
     plot.plot([w], str(tmp_path / "c.png"), x="epochs")
+
+
+def test_examples_axis_is_steps_times_the_batch_and_a_non_finite_evaluation_is_never_the_best(tmp_path):
+  """--x=examples puts a step at step x config.batch_size; a NaN evaluation (a diverged step) gets no star, as the
+  trainer's `best` checkpoint never keeps one."""
+  rows = [{"step": 10, "eval/accuracy": float("nan")}, {"step": 20, "eval/accuracy": 0.5}, {"step": 30, "note": "x"}]
+  run = plot.read_run(_workdir(tmp_path / "w", rows), "w")
+  assert plot._x(run, "examples")(20) == 20.0 * default_config().batch_size and plot._x(run, "step")(20) == 20.0
+  assert plot.best_point(run) == (20, 0.5)
+  only_nan = plot.read_run(_workdir(tmp_path / "n", rows[:1]), "n")
+  assert plot.best_point(only_nan) is None

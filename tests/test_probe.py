@@ -4,6 +4,7 @@ evaluator on the tiny digits run, with its bad input."""
 
 import json
 import os
+import re
 import shutil
 
 import jax
@@ -76,6 +77,30 @@ def test_few_shot_draws_are_fixed_and_spread():
   entry = evaluator("probe", seed=7)  # the evaluator's seed reaches the draws: another seed, other shots
   assert probe.Options.of(entry).seed == 7
   assert probe.few_shot(fit, {"test": test}, 3, probe.Options.of(entry))[1] != a[1]
+
+
+def test_probe_options_are_checked_and_a_small_bank_votes_with_all_its_examples():
+  """Options.of refuses what the probes cannot use (one line naming the evaluator), takes one shot size as a tuple;
+  k-NN over fewer fitting examples than k votes with all of them; evaluate() reports every split but the fitting one."""
+  assert probe.Options.of({"shots": 5, "draws": 2, "type": "probe"}) == probe.Options(shots=(5,), draws=2)
+  for bad, says in [
+    ({"shots": (1, 0)}, "ev: shots=(1, 0): give examples per class"),
+    ({"shots": ()}, "ev: shots=(): give examples per class"),
+    ({"draws": 0}, "ev: draws=0 must be an integer >= 1"),
+    ({"seed": -1}, "ev: seed=-1 must be an integer >= 0"),
+    ({"knn_temperature": 0.0}, "ev: knn_temperature=0.0 must be positive"),
+  ]:
+    with pytest.raises(ValueError, match=re.escape(says)):
+      probe.Options.of(bad, "ev")
+  bank, bank_y = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0]]), np.array([0, 0, 1])
+  x, y = np.array([[0.1, 1.0], [1.0, 0.2]]), np.array([1, 0])
+  # k=20 > 3 examples: all three vote, and the two of class 0 outweigh the nearer one of class 1 only if T is large
+  assert probe.knn((bank, bank_y), x, y, 2, probe.Options(knn_temperature=0.07)) == 1.0
+  assert probe.knn((bank, bank_y), x, y, 2, probe.Options(knn_temperature=100.0)) == 0.5
+  features = {"train": _clusters(60), "valid": _clusters(30, seed=1), "test": _clusters(30, seed=2)}
+  out = probe.evaluate(features, 3, probe.Options(shots=(2,), draws=2))
+  assert set(out) == {"valid", "test", "linear_l2"}
+  assert set(out["test"]) == {"linear", "knn", "2shot", "2shot_std"} and out["test"]["knn"] > 0.9
 
 
 def test_mae_features_are_its_encoders_over_all_patches():

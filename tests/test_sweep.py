@@ -394,6 +394,152 @@ def test_best_row_takes_the_later_of_equal_evaluations(maximize):
   assert best_row([{"step": 10, "eval/m": math.inf if maximize else -math.inf}], "eval/m", maximize) is None
 
 
+def test_metrics_follower_reads_each_complete_row_once_and_a_replaced_file_from_its_start(tmp_path):
+  """The sweep polls a trial's metrics.jsonl every second: each call returns only the complete rows appended since
+  the last, a line still being written waits, a line that is not JSON is skipped, and a resume's replaced file (a
+  new inode, possibly longer) is read again from its start."""
+  from vitjax.sweep.metrics import MetricsFollower
+
+  path = tmp_path / "metrics.jsonl"
+  follower = MetricsFollower(str(tmp_path))
+  assert follower.new_rows() == []  # no file yet
+  path.write_text('{"step": 1}\n{"step": 2')
+  assert follower.new_rows() == [{"step": 1}]
+  assert follower.new_rows() == []  # nothing new: not the same rows again
+  with open(path, "a") as f:
+    f.write('}\nnot json\n{"step": 3}\n')
+  assert follower.new_rows() == [{"step": 2}, {"step": 3}]
+  assert follower.new_rows() == []  # read to its end: nothing again
+  replaced = tmp_path / "metrics.jsonl.new"  # a resume writes the kept rows anew and renames: longer than before
+  replaced.write_text("".join(f'{{"step": {s}, "pad": "{"x" * 20}"}}\n' for s in (1, 2)))
+  os.replace(replaced, path)
+  assert [r["step"] for r in follower.new_rows()] == [1, 2]
+  with open(path, "r+") as f:  # truncated in place (the same inode): read from its start too
+    f.truncate(0)
+    f.write('{"step": 7}\n')
+  assert follower.new_rows() == [{"step": 7}]
+
+
+def test_error_line_prefers_the_error_line_then_the_last_logged_error_then_the_last_line(tmp_path):
+  """A failed trial's reason in the sweep's summary: its 'error: ...' line, else the message of its last ERROR log
+  line, else its last line; only the log written after `start` (this launch's) is read."""
+  from vitjax.sweep.metrics import error_line
+
+  log = tmp_path / "trial.log"
+  earlier = "error: the previous launch's\n"
+  log.write_text(earlier + "I0101 train.py:1] step 1\nE0101 1 train.py:2 ERROR disk full\nerror: bad flag\nlast\n")
+  assert error_line(str(log), len(earlier)) == "error: bad flag"
+  log.write_text(earlier + "E0101 a ERROR first\nE0101 b ERROR out of memory\n\nTraceback done\n\n")
+  assert error_line(str(log), len(earlier)) == "out of memory"
+  log.write_text(earlier + "one\nKilled\n\n")
+  assert error_line(str(log), len(earlier)) == "Killed"
+  assert error_line(str(log), len(log.read_text())) == ""
+  assert error_line(str(tmp_path / "missing.log"), 0) == ""
+
+
+def test_device_groups_split_the_gpus_or_cores_and_say_so(monkeypatch):
+  """Each worker gets its own slice of the visible GPUs (or, with JAX_PLATFORMS=cpu or no GPU, of this process's
+  cores); more than the machine has is one line naming both flags; a worker's devices read as ranges or lists."""
+  from vitjax.sweep.devices import describe_devices, device_groups
+
+  monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0, 1,2,3,-1")
+  assert device_groups(2, None) == [("gpu", ["0", "1"]), ("gpu", ["2", "3"])]
+  assert device_groups(3, 1) == [("gpu", ["0"]), ("gpu", ["1"]), ("gpu", ["2"])]
+  assert device_groups(1, 4) == [("gpu", ["0", "1", "2", "3"])]  # exactly the machine's
+  with pytest.raises(ConfigError, match=r"--workers=3 x --devices_per_worker=2 needs 6 GPUs; this machine has 4: "):
+    device_groups(3, 2)
+  for bad in ((0, None), (1, 0)):
+    with pytest.raises(ConfigError, match="give at least 1"):
+      device_groups(*bad)
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu,cuda")
+  monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {65, 2, 3, 33, 5, 4})  # a set: not in core order
+  assert device_groups(2, None) == [("cpu", [2, 3, 4]), ("cpu", [5, 33, 65])]
+  with pytest.raises(ConfigError, match="needs 7 CPU cores; this machine has 6"):
+    device_groups(7, None)
+  assert describe_devices(("cpu", [4, 5, 6, 7])) == "CPU cores 4-7"
+  assert describe_devices(("cpu", [5, 8, 9])) == "CPU cores 5,8,9"
+  assert describe_devices(("cpu", [3])) == "CPU core 3"
+  assert describe_devices(("gpu", ["0", "1"])) == "GPUs 0,1"
+  assert describe_devices(("gpu", ["GPU-ab12"])) == "GPU GPU-ab12"
+
+
+def test_owner_gone_only_for_a_process_of_this_host_that_ended_or_was_replaced(monkeypatch):
+  """Another worker's trial is taken over at once when its process, on this host, is gone, or its pid now names
+  another process (another start time); never for this process, another host's, or a live one."""
+  from vitjax.sweep.devices import owner_gone, owner_record
+
+  me = owner_record()
+  assert me["pid"] == os.getpid() and me["start"] is not None
+  assert not owner_gone(me) and not owner_gone(None)
+  child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+  try:
+    alive = {**me, "pid": child.pid, "start": None}
+    assert not owner_gone(alive)  # no start time recorded: alive is enough
+    from vitjax.sweep import devices
+
+    alive["start"] = devices._start_time(child.pid)
+    assert not owner_gone(alive) and not owner_gone({**alive, "host": "elsewhere", "start": "1"})
+    assert owner_gone({**alive, "start": "1"})  # the pid was reused by another process
+    monkeypatch.setattr(devices, "_start_time", lambda pid: None)
+    assert not owner_gone({**alive, "start": "1"})  # its start time unreadable now: alive is enough
+  finally:
+    child.kill()
+    child.wait()
+  assert owner_gone({**me, "pid": child.pid})
+
+
+def test_requeue_keeps_the_slot_parameters_and_evaluations_but_not_the_owner_or_the_error():
+  """A retry is a new Optuna trial of the same slot: its parameters, reported evaluations and user attributes are
+  kept, the dead worker's claim and the old error are not (a retry of a --retry_failed trial that is interrupted in
+  turn is queued again as interrupted, not taken for failed), and retry_of lists every attempt before it."""
+  from vitjax.sweep import study as study_lib
+
+  optuna = study_lib.optuna_module()
+  study = optuna.create_study(direction="maximize")
+  lr = {"optim.lr": optuna.distributions.CategoricalDistribution([1e-3, 2e-3])}
+  study.add_trial(
+    optuna.trial.create_trial(
+      state=optuna.trial.TrialState.FAIL,
+      params={"optim.lr": 2e-3},
+      distributions=lr,
+      user_attrs={study_lib.SLOT: 4, "error": "error: out of memory", "wall_s": 12.5},
+      system_attrs={study_lib.OWNER: {"host": "h", "pid": 1, "start": "9"}, "fixed_params": {"optim.lr": 2e-3}},
+      intermediate_values={10: 0.5, 20: 0.75},
+    )
+  )
+  study_lib.requeue(study, study.get_trials()[0])
+  retry = study.get_trials()[1]
+  assert retry.state.name == "WAITING" and study_lib.slot(retry) == 4 and retry.params == {"optim.lr": 2e-3}
+  assert retry.intermediate_values == {10: 0.5, 20: 0.75}
+  assert retry.user_attrs == {study_lib.SLOT: 4, "wall_s": 12.5}
+  assert retry.system_attrs == {"fixed_params": {"optim.lr": 2e-3}, "retry_of": [0]}
+  study_lib.requeue(study, retry)
+  again = study.get_trials()[2]
+  assert again.system_attrs["retry_of"] == [0, 1]
+  assert {n: t.number for n, t in study_lib.latest_attempts(reversed(study.get_trials())).items()} == {4: 2}
+
+
+def test_storage_urls_are_shown_without_their_password_and_studies_named_by_their_command():
+  """--storage URLs appear in errors and report.md: the password is masked, the rest kept; a study is named by its
+  config file, its :args and its overrides; a changed get_sweep() names the keys that differ."""
+  from vitjax.sweep import study as study_lib
+
+  assert study_lib.masked("postgresql://bob:hunter2@db.lab:5432/sweeps") == "postgresql://bob:***@db.lab:5432/sweeps"
+  assert study_lib.masked("postgresql://bob:p@ss:w@db.lab/sweeps") == "postgresql://bob:***@db.lab/sweeps"
+  for url in ("postgresql://bob@db.lab/sweeps", "sqlite:////tmp/study.db"):
+    assert study_lib.masked(url) == url
+  assert study_lib.study_name("configs/vit_digits.py", ["--config.num_epochs=3"]) == "vit_digits --config.num_epochs=3"
+  assert study_lib.study_name("/a/swin.py:tiny,s2", []) == "swin:tiny,s2"
+  a, b = (
+    {"grid": [1], "objective": "eval/accuracy", "seed": 0},
+    {"grid": [2], "objective": "eval/accuracy", "trials": 4},
+  )
+  assert study_lib.difference(a, b) == "it differs in grid, seed, trials"
+  assert study_lib.first_line(ValueError("cannot connect\n  detail")) == "cannot connect"
+  assert study_lib.first_line(ValueError("")) == "ValueError"
+
+
 def test_time_left():
   """The sweep's estimate of its time left: min(trials left, workers) trials at a time, each taking the mean
   finished-trial time, less what the running ones have already run, never negative."""
@@ -446,6 +592,43 @@ def test_importance_plot_from_few_trials_is_marked_unreliable():
     "Parameter importances from 3 complete trials are not reliable (fewer than 10): read them as a rough hint at most."
   )
   assert report._importance_note([{"state": "complete"}] * 10) == ""
+
+
+def test_report_rows_rank_by_state_then_the_objective_in_the_sweeps_direction(tmp_path):
+  """trials.csv and report.md: complete trials first, best first for a minimized objective too, then pruned ones by
+  their last reported evaluation, then the rest; a slot's newest attempt is its row, with the count of attempts."""
+  from vitjax.sweep import report
+  from vitjax.sweep import study as study_lib
+
+  optuna = study_lib.optuna_module()
+  study = optuna.create_study(direction="minimize")
+  study.set_user_attr("sweep", {"objective": "eval/loss", "direction": "minimize"})
+  state = optuna.trial.TrialState
+  for n, st, value, steps in [
+    (0, state.COMPLETE, 0.5, {}),
+    (1, state.PRUNED, None, {10: 0.7, 20: 0.1}),  # better than any complete one
+    (2, state.COMPLETE, 0.2, {}),
+    (3, state.FAIL, None, {}),
+    (4, state.PRUNED, None, {10: 0.9, 20: 0.6}),
+    (3, state.WAITING, None, {}),
+  ]:
+    attrs = {study_lib.SLOT: n, **({"error": "error: boom"} if st == state.FAIL else {})}
+    study.add_trial(optuna.trial.create_trial(state=st, value=value, user_attrs=attrs, intermediate_values=steps))
+  table = report.rows(study, str(tmp_path))
+  assert [(r["trial"], r["state"], r["objective"], r["attempts"]) for r in table] == [
+    (2, "complete", 0.2, 1),
+    (0, "complete", 0.5, 1),
+    (1, "pruned", 0.1, 1),
+    (4, "pruned", 0.6, 1),
+    (3, "waiting", None, 2),
+  ]
+  assert table[-1]["error"] == ""  # the newest attempt's, not the failed one's
+  grid = [{"optim.lr": 0.001}, {"optim.lr": 0.002}]
+  assert report._grid_lines(grid, None, [{"params": p} for p in grid]) == ["- grid: all 2 points"]
+  [line] = report._grid_lines(grid, None, [{"params": grid[1]}])
+  assert "1 of 2 points tried" in line and "taken in the grid order; not tried: optim.lr=0.001" in line
+  assert [report._fmt(v) for v in (None, 3, 0.5, 2.0, 0.001, 1e4, "tok")] == ["", "3", "0.5", "2", "0.001",
+                                                                                  "1e+04", "tok"]  # fmt: skip
 
 
 def test_stale_heartbeat_is_retried(tmp_path):

@@ -730,6 +730,30 @@ def test_adapt_params_says_what_it_leaves_out_and_names_a_class_token_mismatch()
       adapt_params(a, b)
 
 
+def test_adapt_params_truncates_or_extends_a_learned_position_table():
+  """A learned [max_len, D] table (the Transformer) keeps its first rows; rows past the checkpoint's come from the
+  target's initialisation."""
+  table = np.arange(20, dtype=np.float32).reshape(5, 4)
+  longer = np.full((8, 4), -1.0, np.float32)
+  out, logs = adapt_params({"enc": {"pos_embedding": table}}, {"enc": {"pos_embedding": longer}})
+  np.testing.assert_array_equal(out["enc"]["pos_embedding"], np.concatenate([table, longer[5:]]))
+  assert logs == ["enc/pos_embedding (5, 4) -> (8, 4) (truncated, or extended with its initialisation)"]
+  out, _ = adapt_params({"enc": {"pos_embedding": table}}, {"enc": {"pos_embedding": np.zeros((3, 4), np.float32)}})
+  np.testing.assert_array_equal(out["enc"]["pos_embedding"], table[:3])
+
+
+def test_adapt_params_stacks_and_unstacks_layers_in_numeric_order():
+  """block_10 sorts before block_2 as text: a checkpoint of 12 layers is stacked and unstacked by layer number."""
+  layers = {f"block_{i}": {"dense": {"kernel": np.full((2, 3), i, np.float32)}} for i in sorted(range(12), key=str)}
+  plain = {"encoder": layers}
+  scanned = {"encoder": {"blocks": {"block": {"dense": {"kernel": np.zeros((12, 2, 3), np.float32)}}}}}
+  stacked, _ = adapt_params(plain, scanned)
+  np.testing.assert_array_equal(stacked["encoder"]["blocks"]["block"]["dense"]["kernel"][:, 0, 0], np.arange(12))
+  unstacked, _ = adapt_params(stacked, plain)
+  for i in range(12):
+    np.testing.assert_array_equal(unstacked["encoder"][f"block_{i}"]["dense"]["kernel"], np.full((2, 3), i))
+
+
 def test_max_train_minutes_stops_with_a_final_eval_and_checkpoint(tmp_path, run_args):
   workdir = str(tmp_path / "w")
   # kept, but no evaluator reads it; W&B's project without the wandb tracker; skips with on_nonfinite=stop: each said

@@ -329,6 +329,37 @@ def test_decode_sweep_chooses_on_valid_writes_the_config_and_resumes(run, tmp_pa
   assert bad.returncode == 2 and "--beam_sizes=0 must be a whole number, at least 1" in bad.stderr
 
 
+def test_decode_sweep_grid_is_sorted_and_checked_and_ties_go_to_the_cheaper_point(tmp_path):
+  """The decode sweep's grid: each beam size and alpha once, in order, numbers checked as the config's are; of equal
+  BLEU (to 6 decimals) the best point is the smaller beam, then the smaller alpha. In a process of its own: the
+  module defines absl flags (--workdir) that other command-line modules imported here define too."""
+  script = tmp_path / "probe.py"
+  script.write_text(
+    textwrap.dedent("""
+    import json
+    from vitjax.errors import ConfigError
+    from vitjax.sweep.decode import best_point, grid
+    out = {"grid": grid(["4", "1", "4"], ["1.0", "0", "0.0"]), "errors": []}
+    out["tie_beam"] = best_point({(4, 0.0): 20.0000001, (1, 1.0): 20.0, (2, 0.2): 19.0})
+    out["tie_alpha"] = best_point({(2, 1.0): 20.0, (2, 0.4): 20.0, (1, 0.0): 19.5})
+    out["higher"] = best_point({(8, 1.2): 21.0, (1, 0.0): 20.0})
+    for bad in ((["x"], ["0"]), ([], ["0"]), (["1"], ["-1"])):
+      try:
+        grid(*bad)
+      except ConfigError as e:
+        out["errors"].append(str(e))
+    print(json.dumps(out))
+    """)
+  )
+  proc = th.check_ok(th.run_module(str(script), timeout=120))
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert out["grid"] == [[1, 0.0], [1, 1.0], [4, 0.0], [4, 1.0]]
+  assert (out["tie_beam"], out["tie_alpha"], out["higher"]) == ([1, 1.0], [2, 0.4], [8, 1.2])
+  assert len(out["errors"]) == 3, out["errors"]
+  assert "give numbers" in out["errors"][0] and "a value each at least" in out["errors"][1]
+  assert "--alphas" in out["errors"][2]
+
+
 def test_each_sentence_is_decoded_to_its_own_sources_cap():
   """translate_batch caps each row at decode_len of its own source tokens (it capped the whole batch by its padded
   width, which the longest source or reference set: an 8-token source was allowed 82 tokens)."""

@@ -50,11 +50,11 @@ def storage(url: str, heartbeat: int | None = None, grace: int | None = None):
 
 
 def masked(url: str) -> str:
-  """The URL without its password."""
+  """The URL without its password (up to the last '@': a password may hold one)."""
   head, sep, tail = url.partition("://")
-  if "@" in tail and ":" in tail.split("@", 1)[0]:
-    user = tail.split("@", 1)[0].split(":", 1)[0]
-    return f"{head}{sep}{user}:***@{tail.split('@', 1)[1]}"
+  userinfo, at, rest = tail.rpartition("@")
+  if at and ":" in userinfo:
+    return f"{head}{sep}{userinfo.split(':', 1)[0]}:***@{rest}"
   return url
 
 

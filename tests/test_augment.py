@@ -148,6 +148,39 @@ def test_mixup_and_cutmix_keep_the_label_mass_and_match_the_pixels(kind):
       np.testing.assert_allclose(mine[~same_class], own[~same_class], atol=1e-6)
 
 
+def test_mix_prob_and_mix_switch_prob_choose_whether_and_how_a_batch_mixes():
+  """mix_prob=0 leaves every batch as it was (one-hot labels); with both alphas on, mix_switch_prob=1 makes every
+  batch CutMix (each pixel a row's own or its partner's) and 0 every batch Mixup (blended pixels)."""
+  b, classes = 8, 5
+  rng = np.random.default_rng(1)
+  x = rng.normal(size=(b, 10, 10, 3)).astype(np.float32)
+  labels = np.arange(b) % classes
+  partner = x.reshape(b // 2, 2, *x.shape[1:])[:, ::-1].reshape(x.shape)
+  mix = lambda aug, seed: [np.asarray(a) for a in device_ops.mix_batch(x, labels, classes, aug, jax.random.key(seed))]
+  for seed in range(2):
+    mixed, soft = mix(augment.Augment(mixup_alpha=0.8, cutmix_alpha=1.0, mix_prob=0.0), seed)
+    np.testing.assert_array_equal(mixed, x)
+    np.testing.assert_array_equal(soft, np.eye(classes, dtype=np.float32)[labels])
+    mixed, _ = mix(augment.Augment(mixup_alpha=0.8, cutmix_alpha=1.0, mix_switch_prob=1.0), seed)
+    assert ((mixed == x) | (mixed == partner)).all(), seed  # CutMix: whole pixels moved, none blended
+    mixed, _ = mix(augment.Augment(mixup_alpha=0.8, cutmix_alpha=1.0, mix_switch_prob=0.0), seed)
+    assert not ((mixed == x) | (mixed == partner)).all(), seed  # Mixup: blended pixels
+
+
+def test_to_float_maps_bytes_to_minus_one_one_or_by_the_channels_mean_and_std():
+  """uint8 pixels: 0 -> -1, 255 -> 1 without statistics, else (x / 255 - mean) / std per channel; float images are
+  taken as normalised already and pass unchanged."""
+  x = np.array([[[[0, 51, 255], [255, 102, 0]]]], np.uint8)  # [1, 1, 2, 3]
+  np.testing.assert_allclose(device_ops.to_float(x), x * (2 / 255) - 1, atol=1e-6)
+  assert device_ops.to_float(x).dtype == np.float32
+  mean, std = (0.5, 0.2, 0.0), (0.25, 0.4, 2.0)
+  want = (x / 255 - np.array(mean)) / np.array(std)  # channel 0: (0 - 0.5) / 0.25 = -2, (1 - 0.5) / 0.25 = 2
+  np.testing.assert_allclose(device_ops.to_float(x, mean, std), want, rtol=1e-6, atol=1e-6)
+  assert want[0, 0, 0, 0] == -2.0 and want[0, 0, 1, 0] == 2.0
+  normalised = np.linspace(-3, 3, 6, dtype=np.float32).reshape(1, 1, 2, 3)
+  assert device_ops.to_float(normalised, mean, std) is normalised
+
+
 def test_random_resized_crop_box_keeps_the_aspect_and_area_asked_for():
   rng = np.random.default_rng(0)
   for _ in range(20):

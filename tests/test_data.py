@@ -1,6 +1,7 @@
 """Tests of vitjax.data: tfds builders (no TF), prepare CLI, grain pipeline."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -351,6 +352,43 @@ def test_random_resized_crop_box_is_inside():
 def test_fashion_mnist_missing_files_error(tmp_path):
   with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
     prepare_lib.prepare("fashion_mnist", str(tmp_path / "d"), manual_dir=str(tmp_path))
+
+
+def _write_idx(path, array):
+  """An unsigned-byte IDX file (gzipped if the path ends .gz): 0, 0, 0x08, ndim, the big-endian dims, the bytes."""
+  import gzip
+
+  header = bytes([0, 0, 0x08, array.ndim]) + b"".join(int(n).to_bytes(4, "big") for n in array.shape)
+  with (gzip.open if path.endswith(".gz") else open)(path, "wb") as f:
+    f.write(header + array.astype(np.uint8).tobytes())
+
+
+def test_fashion_mnist_prepares_from_idx_files_plain_or_gzipped(tmp_path):
+  """Without Debian's package: four small IDX files (two gzipped) in a manual_dir prepare into the two splits, each
+  image and label as written, the ten class names; a file that is not unsigned-byte IDX, or three of the four files,
+  is refused."""
+  rng = np.random.default_rng(0)
+  made = {}
+  files = {"train": builders._FASHION_FILES["train"], "test": [f + ".gz" for f in builders._FASHION_FILES["test"]]}
+  for (split, (images, labels)), n in zip(files.items(), (7, 3)):
+    made[split] = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), rng.integers(0, 10, n).astype(np.uint8)
+    _write_idx(str(tmp_path / images), made[split][0])
+    _write_idx(str(tmp_path / labels), made[split][1])
+  assert builders.fashion_mnist_available(str(tmp_path))
+  np.testing.assert_array_equal(builders.read_idx(str(tmp_path / "t10k-images-idx3-ubyte.gz")), made["test"][0])
+  data_dir = str(tmp_path / "data")
+  builder = prepare_lib.prepare("fashion_mnist", data_dir, manual_dir=str(tmp_path))
+  assert {k: v.num_examples for k, v in builder.info.splits.items()} == {"train": 7, "test": 3}
+  assert builder.info.features["label"].names[0] == "T-shirt/top" and builder.info.features["label"].num_classes == 10
+  for split, (images, labels) in made.items():
+    source = tfds.data_source("fashion_mnist_deb", split=split, data_dir=data_dir)
+    got = sorted((int(x["label"]), x["image"][..., 0].tobytes()) for x in source)  # (tfds reorders examples)
+    assert got == sorted((int(y), x.tobytes()) for x, y in zip(images, labels)), split
+  (tmp_path / "wide").write_bytes(bytes([0, 0, 0x0B, 1]) + (2).to_bytes(4, "big") + bytes(4))  # int16 data
+  with pytest.raises(ValueError, match="not an unsigned-byte IDX file"):
+    builders.read_idx(str(tmp_path / "wide"))
+  os.remove(tmp_path / "t10k-labels-idx1-ubyte.gz")
+  assert not builders.fashion_mnist_available(str(tmp_path))
 
 
 @pytest.mark.skipif(

@@ -98,3 +98,33 @@ def test_a_read_only_workdir_and_a_read_only_parent_are_one_line_each(tmpfs, run
     lines = th.error_lines(proc).splitlines()
     assert len(lines) == 1 and says in lines[0] and "Read-only file system" in lines[0], proc.stderr[-2000:]
   assert not os.path.exists(os.path.join(tmpfs, "sub", "new"))
+
+
+def test_a_failed_write_is_told_apart_by_its_errno_or_the_libraries_words_anywhere_in_the_chain():
+  """vitjax.errors.write_failure, what turns a failed checkpoint write into exit 74: the OS error's errno, or the
+  words orbax and tensorstore wrap it in, in the exception given or one it was raised from or during; anything else
+  (a permission error, a bug) is None, and so is a chain that loops."""
+  import errno
+
+  from vitjax import errors
+
+  assert errors.write_failure(OSError(errno.ENOSPC, "x")) == "no space is left"
+  assert errors.write_failure(OSError(errno.EDQUOT, "x")) == "the disk quota is exceeded"
+  assert errors.write_failure(OSError(errno.EROFS, "x")) == "the filesystem is read-only"
+  assert errors.write_failure(ValueError("tensorstore: os_error_code='122' writing")) == "the disk quota is exceeded"
+  assert errors.write_failure(ValueError("[Errno 30] Read-only file system: '/w'")) == "the filesystem is read-only"
+  assert errors.write_failure(ValueError("tensorstore: os_error_code='30'")) == "the filesystem is read-only"
+  for e in (OSError(errno.EACCES, "Permission denied"), ValueError("shapes differ"), None):
+    assert errors.write_failure(e) is None
+  for how in ("cause", "context"):
+    outer = RuntimeError("the checkpoint manager failed")
+    setattr(outer, f"__{how}__", ValueError("os_error_code='28'"))
+    assert errors.write_failure(outer) == "no space is left", how
+  a, b = RuntimeError("a"), RuntimeError("b")
+  a.__context__, b.__context__ = b, a
+  assert errors.write_failure(a) is None
+  assert errors.is_write_failure_line("OSError: [Errno 28] No space left on device")
+  assert not errors.is_write_failure_line("saved step 10")
+  assert errors.one_line(ValueError("data.max_len=0\n  must be at least 2\tor more")) == (
+    "data.max_len=0 must be at least 2 or more"
+  )

@@ -44,9 +44,12 @@ def test_types_are_the_modules_and_an_entry_names_its_mistakes(data_dir):
     ({"type": "mae"}, "evaluates a masked autoencoder, not a 'classification' run"),
     ({"type": "translation"}, "evaluates a translation run"),
     ({"type": "probe", "split": "train"}, "the split the probes are fitted on"),
+    ({"type": "probe", "fit_examples": 0}, r"fit_examples=0; give a count >= 1, or None for the whole training split"),
+    ({"type": "probe", "fit_examples": 2.5}, r"fit_examples=2.5; give a count >= 1"),
   ):
     with pytest.raises(ConfigError, match=says):
       evaluators.resolve(c, task, "t", entry, None)
+  assert evaluators.resolve(c, task, "t", {"type": "probe", "fit_examples": 1}, None).options["fit_examples"] == 1
 
 
 def test_plan_resolves_cadences_and_best_and_refuses_a_best_nobody_reports(data_dir):
@@ -181,6 +184,46 @@ def test_per_class_is_one_file_and_agrees_with_accuracy(finished_run, data_dir, 
   assert (
     np.asarray(json.load(open(os.path.join(workdir, "per_class_confusion_valid_init.json")))["confusion"]).sum() == 150
   )
+
+
+def test_per_class_recalls_are_the_confusion_rows_of_the_unmasked_examples(tmp_path):
+  """per_class on known predictions: each class's recall is its row of the confusion matrix (true class by row, padding
+  rows left out), a class the split lacks is not reported (nor averaged), names become keys, and the matrix goes to
+  NAME_confusion_SPLIT_STEP_ema.json for the moving average's weights."""
+  from types import SimpleNamespace
+
+  import flax.linen as nn
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+  from vitjax.evaluators import per_class
+
+  class Logits(nn.Module):  # the "image" is the logits
+    def __call__(self, images, train=False):
+      return images.reshape(images.shape[0], -1), {}
+
+  true = np.array([0, 0, 2, 2, 2, 3, 0, 2], np.int32)
+  pred = np.array([0, 2, 2, 2, 0, 0, 3, 1])
+  mask = np.array([1, 1, 1, 1, 1, 1, 0, 0], bool)  # the last two are padding: they would be misses of cat and big dog
+  logits = np.eye(4, dtype=np.float32)[pred][:, None, None, :]
+  batches = [{"image": logits[k : k + 4], "label": true[k : k + 4], "mask": mask[k : k + 4]} for k in (0, 4)]
+  task = SimpleNamespace(
+    describe=lambda: {"num_classes": 4, "class_names": ["cat", "fox", "big dog", "eel"]},
+    preprocess=lambda: SimpleNamespace(mean=None, std=None),
+    eval_batches=lambda split, n: batches,
+  )
+  ev = SimpleNamespace(name="pc", split="test", examples=None, task=task, options={"shift": None},
+                       workdir=str(tmp_path), weights="ema")  # fmt: skip
+  mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
+  net = SimpleNamespace(model=Logits(), batch_sharding=NamedSharding(mesh, PartitionSpec("data")))
+  got = per_class.run(ev, net, {}, step=7)
+  recalls = {"accuracy_cat": 0.5, "accuracy_big_dog": 2 / 3, "accuracy_eel": 0.0}  # fox: no example
+  assert got == pytest.approx(
+    {**recalls, "balanced_accuracy": (0.5 + 2 / 3 + 0.0) / 3, "worst_class_accuracy": 0.0}, rel=1e-6
+  )
+  saved = json.load(open(tmp_path / "pc_confusion_test_7_ema.json"))
+  assert saved["classes"] == ["cat", "fox", "big dog", "eel"] and saved["split"] == "test"
+  assert saved["confusion"] == [[1, 0, 1, 0], [0, 0, 0, 0], [1, 0, 2, 0], [1, 0, 0, 0]]  # [true][predicted]
+  assert sorted(os.listdir(tmp_path)) == ["pc_confusion_test_7_ema.json"]
 
 
 def test_a_run_logs_every_evaluator_by_name_and_chooses_best_by_any(run_args, tmp_path):

@@ -244,7 +244,7 @@ def test_bf16_affine_accumulates_in_float32_forward_and_backward(rng, rows):
   from vitjax import dots
 
   assert dots.low_precision_on_cpu(jnp.bfloat16) and not dots.low_precision_on_cpu(jnp.float32)  # tests: a CPU
-  assert not dots.low_precision_on_cpu(None)
+  assert not dots.low_precision_on_cpu(None) and dots.low_precision_on_cpu(jnp.float16)  # float16 layers too
   x = jnp.asarray(rng.randn(*rows, 4, 64), jnp.bfloat16)  # contraction over the last two dims (attention's "out")
   w = jnp.asarray(rng.randn(4, 64, 32) / 16, jnp.float32)
   b = jnp.asarray(rng.randn(32), jnp.float32)

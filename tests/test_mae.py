@@ -89,6 +89,80 @@ def test_the_evaluation_masks_are_each_images_own(data_dir):
   assert losses[0]["eval/examples"] == 150 and losses[0]["eval/loss"] == pytest.approx(losses[1]["eval/loss"], rel=1e-6)
 
 
+def test_the_evaluation_loss_is_the_mean_of_each_images_dropped_patches_and_draws_them(tmp_path):
+  """The mae evaluator on a model whose masks and predictions are known: the loss is the mean over the real images
+  (padding rows left out) of each image's mean error on its own dropped patches, and the drawing's rows are the
+  original, the visible patches on grey, and the visible patches with the reconstruction (here each patch's mean)."""
+  from types import SimpleNamespace
+
+  import flax.linen as nn
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+  from vitjax.evaluators import mae as mae_eval
+  from vitjax.tasks.mae import patch_errors
+
+  class Known(nn.Module):  # drops the patches brighter than mid-grey; predicts 0 (each patch's mean)
+    def __call__(self, images, noise, train=False):
+      mask = (patchify(images, (2, 2)).mean(-1) > 0).astype(jnp.float32)
+      return {"pred": jnp.zeros(mask.shape + (4,)), "mask": mask}, {}
+
+  rng = np.random.default_rng(0)
+  images = rng.integers(0, 256, (6, 8, 8, 1)).astype(np.uint8)
+  images[:, :2, :2] = 250  # a bright flat patch in each image: dropped, error 0
+  images[0, 2:, 2:] = 10  # image 0 has far fewer dropped patches with an error than the others
+  mask = np.array([1, 1, 1, 1, 1, 0], bool)  # the last row is padding
+  batches = [{"image": images[k : k + 3], "mask": mask[k : k + 3], "index": np.arange(k, k + 3)} for k in (0, 3)]
+  task = SimpleNamespace(grid=(4, 4), patch=(2, 2), preprocess=lambda: SimpleNamespace(mean=None, std=None),
+                         eval_batches=lambda split, n: batches)  # fmt: skip
+  ev = SimpleNamespace(name="eval", split="test", examples=None, task=task, config=SimpleNamespace(seed=0),
+                       options={"drawn": 2}, workdir=str(tmp_path))  # fmt: skip
+  mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
+  net = SimpleNamespace(model=Known(), batch_sharding=NamedSharding(mesh, PartitionSpec("data")))
+  got = mae_eval.run(ev, net, {}, step=3)
+  x = images[:5].astype(np.float32) * (2 / 255) - 1
+  dropped = np.asarray(patchify(x, (2, 2)).mean(-1) > 0, np.float32)
+  errors = np.asarray(patch_errors(np.zeros((5, 16, 4)), x, (2, 2)))
+  per_image = (errors * dropped).sum(-1) / dropped.sum(-1)
+  assert got["examples"] == 5 and got["loss"] == pytest.approx(per_image.mean(), rel=1e-5)
+  assert got["loss"] != pytest.approx((errors * dropped).sum() / dropped.sum(), rel=1e-3)  # not pooled over images
+  from PIL import Image
+
+  png = np.asarray(Image.open(tmp_path / "reconstructions" / "step_3.png"))[::12, ::12].astype(int)  # drawn 12x
+  assert png.shape == (2 * 8, 3 * 8)  # the first 2 images: (original, visible, reconstruction) each
+  for i in range(2):
+    original, visible, pasted = (png[8 * i : 8 * i + 8, 8 * j : 8 * j + 8] for j in range(3))
+    gone = np.kron(dropped[i].reshape(4, 4), np.ones((2, 2))).astype(bool)  # [8, 8]
+    means = np.kron(images[i, ..., 0].reshape(4, 2, 4, 2).mean((1, 3)), np.ones((2, 2)))
+    assert np.abs(original - images[i, ..., 0]).max() <= 1
+    assert np.abs(visible - images[i, ..., 0])[~gone].max() <= 1 and np.abs(visible[gone] - 127.5).max() <= 1
+    assert np.abs(pasted - images[i, ..., 0])[~gone].max() <= 1 and np.abs(pasted - means)[gone].max() <= 1
+  assert mae_eval.run(ev, net, {}) == got and os.listdir(tmp_path / "reconstructions") == ["step_3.png"]
+
+
+def test_the_mae_evaluator_refuses_a_drawn_count_that_is_not_a_whole_number_and_another_task():
+  """mae's check: `drawn` an integer >= 0 (one line naming the entry), an MAE run, and the split asked of the task."""
+  from types import SimpleNamespace
+
+  from vitjax.errors import ConfigError
+  from vitjax.evaluators import mae as mae_eval
+
+  splits = []
+  entry = lambda task="mae", **options: SimpleNamespace(
+    name="eval",
+    split="test",
+    config=SimpleNamespace(task=task),
+    options={"drawn": 8, **options},
+    task=SimpleNamespace(check_split=lambda split, what: splits.append((split, what))),
+  )
+  for drawn in (-1, 2.5, "8"):
+    with pytest.raises(ConfigError, match=rf"^config.evals.eval: drawn={drawn!r} must be an integer >= 0$"):
+      mae_eval.check(entry(drawn=drawn))
+  with pytest.raises(ConfigError, match="evaluates a masked autoencoder, not a 'classification' run"):
+    mae_eval.check(entry("classification"))
+  mae_eval.check(entry(drawn=0))
+  assert splits == [("test", "evals.eval.split")]
+
+
 def test_pretraining_improves_the_reconstruction_and_a_classifier_starts_from_its_encoder(tmp_path, data_dir):
   workdir = str(tmp_path / "mae")
   args = [

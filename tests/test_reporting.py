@@ -1,6 +1,7 @@
 """What a run tells its user: progress lines (heartbeat, ETA against the time budget), evaluation progress,
 quiet library logs, a profiler trace, and the README main job's output at the default verbosity."""
 
+import errno
 import glob
 import logging as py_logging
 import os
@@ -8,6 +9,7 @@ import re
 import subprocess
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import train_helpers as th
@@ -294,6 +296,79 @@ def test_library_info_is_hidden_at_the_default_verbosity():
     assert f.filter(record(theirs, py_logging.INFO))
   finally:
     absl_logging.set_verbosity(old)
+
+
+def test_times_read_as_seconds_minutes_then_hours_from_their_first_whole_unit():
+  assert [logs.fmt_time(t) for t in (-3.0, 0.4, 59.9, 60.0, 187.0, 3599.0, 3600.0, 3725.0, 90061.0)] == [
+    "0s", "0s", "59s", "1m00s", "3m07s", "59m59s", "1h00m", "1h02m", "25h01m"
+  ]  # fmt: skip
+  assert logs.fmt_time(float("nan")) == logs.fmt_time(float("inf")) == logs.fmt_time(float("-inf")) == "?"
+
+
+def test_a_later_process_logs_its_warnings_and_errors_only_each_naming_the_process_and_source():
+  """Process 1 of 2 drops every INFO line (vitjax's too) and keeps every warning, its lines saying `process 1:`,
+  the level (ERROR for anything above a warning) and the library they come from; process 0 logs as one process."""
+  from absl import logging as absl_logging
+
+  f, fmt = logs._Filter(), logs._Formatter()
+  ours = os.path.join(os.path.dirname(logs.__file__), "train", "loop.py")
+  theirs = "/site-packages/orbax/checkpoint/checkpoint_manager.py"
+  record = lambda path, level, msg="x": py_logging.LogRecord("orbax", level, path, 1, msg, None, None)
+  old = absl_logging.get_verbosity()
+  try:
+    absl_logging.set_verbosity(0)
+    logs.set_process(1, 2)
+    assert not f.filter(record(ours, py_logging.INFO)) and f.filter(record(ours, py_logging.WARNING))
+    assert f.filter(record(theirs, py_logging.WARNING)) and f.filter(record(theirs, py_logging.ERROR))
+    assert fmt.format(record(theirs, py_logging.WARNING, "slow")).endswith(" process 1: WARNING [orbax] slow")
+    assert fmt.format(record(ours, py_logging.ERROR, "bad")).endswith(" process 1: ERROR bad")
+    assert fmt.format(record(ours, py_logging.CRITICAL, "worse")).endswith(" process 1: ERROR worse")
+    logs.set_process(0, 2)
+    assert f.filter(record(ours, py_logging.INFO)) and not f.filter(record(theirs, py_logging.INFO))
+    assert fmt.format(record(theirs, py_logging.WARNING, "slow"))[8:] == " WARNING [orbax] slow"
+    assert fmt.format(record(ours, py_logging.INFO, "step 3"))[8:] == " step 3"
+  finally:
+    logs.set_process(0, 1)
+    absl_logging.set_verbosity(old)
+
+
+def test_a_full_disk_is_said_once_by_vitjax_not_by_each_library():
+  """At the default verbosity a library's warning about a full disk, or a background thread that died of one, is
+  hidden (the trainer says it in one line); vitjax's own line, and other failures, are not; --verbosity=1 shows all."""
+  from absl import logging as absl_logging
+
+  f = logs._Filter()
+  ours = os.path.join(os.path.dirname(logs.__file__), "train", "loop.py")
+  theirs = "/site-packages/orbax/checkpoint/async_checkpointer.py"
+  full = "write failed: [Errno 28] No space left on device"
+  record = lambda path, msg: py_logging.LogRecord("absl", py_logging.WARNING, path, 1, msg, None, None)
+  seen = []
+  hook = logs._quiet_thread_excepthook(lambda args: seen.append(type(args.exc_value).__name__))
+  died = lambda e: hook(SimpleNamespace(exc_type=type(e), exc_value=e, exc_traceback=None, thread=None))
+  old = absl_logging.get_verbosity()
+  try:
+    absl_logging.set_verbosity(0)
+    assert not f.filter(record(theirs, full)) and f.filter(record(ours, full)) and f.filter(record(theirs, "slow"))
+    died(OSError(errno.ENOSPC, "No space left on device"))
+    died(ValueError("a bug"))
+    assert seen == ["ValueError"]
+    absl_logging.set_verbosity(1)
+    assert f.filter(record(theirs, full))
+    died(OSError(errno.ENOSPC, "No space left on device"))
+    assert seen == ["ValueError", "OSError"]
+  finally:
+    absl_logging.set_verbosity(old)
+
+
+def test_muted_drops_absls_info_and_warnings_but_never_an_error():
+  absl = py_logging.getLogger("absl")
+  record = lambda level, msg: py_logging.LogRecord("absl", level, __file__, 1, msg, None, None)
+  with logs.muted():
+    assert not absl.filter(record(py_logging.INFO, "x")) and not absl.filter(record(py_logging.WARNING, "x"))
+    assert absl.filter(record(py_logging.ERROR, "x"))
+  with logs.muted("Saving"):
+    assert not absl.filter(record(py_logging.INFO, "Saving item")) and absl.filter(record(py_logging.INFO, "x"))
+  assert absl.filter(record(py_logging.INFO, "Saving item"))  # the filter goes with the block
 
 
 def _write_from_threads(err, schedule) -> None:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from vitjax.data import sword, text
+from vitjax.errors import ConfigError
 
 # ----------------------------------------------------------------------------
 # A fake SWORD zText module, in the binary layout of the real files.
@@ -423,6 +424,22 @@ def test_tokenizer_with_other_special_ids(corpus, tmp_path):
     text.Tokenizer.train(["a b"], str(tmp_path / "bad"), vocab_size=10, pad_id=1, eos_id=1)
 
 
+def test_a_vocab_size_the_text_cannot_fill_is_one_line_naming_the_sizes_that_work(tmp_path):
+  """SentencePiece's vocabulary-size failures are one ConfigError line with the bound to give (at most N pieces, or
+  the N characters); a tokenizer's decode skips ids outside its vocabulary."""
+  texts = ["ka lo mi tu re", "mi tu ka", "re lo ka mi"] * 10  # 15 characters with the specials; at most 18 pieces
+  train = lambda v, name: text.Tokenizer.train(texts, str(tmp_path / name), vocab_size=v, character_coverage=1.0)
+  with pytest.raises(ConfigError, match=r"^vocab_size=500 is more pieces than 30 sentences give: at most 18$"):
+    train(500, "high")
+  with pytest.raises(ConfigError, match=r"^vocab_size=5 is fewer pieces than the text's 15 characters need$"):
+    train(5, "low")
+  with pytest.raises(ConfigError, match=r"^vocab_size=3 is too small: the special pieces alone take 4"):
+    train(3, "tiny")
+  tok = train(18, "ok")
+  ids = tok.encode("ka mi")
+  assert tok.decode(ids[:1] + [tok.vocab_size, -1, 10**6] + ids[1:]) == "ka mi"
+
+
 def test_tokenizer_training_deterministic(corpus, tmp_path):
   texts = [t for p in corpus[:600] for t in p]
   vocabs = []
@@ -638,6 +655,21 @@ def test_eval_batches(tok, corpus):
     assert a["src"].shape == b["src"].shape
     idx += [i for i in a["index"].tolist() + b["index"].tolist() if i >= 0]
   assert sorted(idx) == list(range(75))
+
+
+def test_an_eval_batch_is_as_long_as_the_smallest_bucket_that_holds_its_longest_pair(tok, corpus):
+  """Each evaluation batch's length is the smallest bucket holding its longest pair (source or target, with EOS):
+  not the next bucket up, nor the longest one."""
+  pairs = [(s, f"{t} {s}") for s, t in corpus[:20]] + corpus[20:40]  # 20 targets longer than their sources
+  longest = [1 + max(len(tok.encode(s)), len(tok.encode(t))) for s, t in pairs]  # each pair's tokens, with EOS
+  assert len(set(longest)) > 2 and max(longest) <= 128
+  for buckets in (None, sorted(set(longest))):  # the default buckets, and one bucket for every length there is
+    batches = text.make_eval_batches(pairs, tok, batch_size=4, max_len=128, buckets=buckets)
+    for k, b in enumerate(batches):
+      need = max(longest[4 * k : 4 * k + 4])
+      assert b["src"].shape[1] == min(n for n in [*(buckets or text.default_buckets(128)), 128] if n >= need), k
+      for row, mask in zip(b["tgt"][b["mask"]], b["tgt_mask"][b["mask"]]):
+        assert row[mask][-1] == tok.EOS  # no target cut short
 
 
 # ----------------------------------------------------------------------------

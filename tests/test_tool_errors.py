@@ -200,3 +200,46 @@ def test_sweeps(args, words, watched, tool_places, tmp_path):
   empty study.db)."""
   module = "sweep.decode" if args[0] == "decode" else "sweep"
   _check(module, args[1:] if args[0] == "decode" else args, words, watched, tool_places, tmp_path)
+
+
+def test_check_writable_names_the_flag_and_what_to_do_and_creates_nothing(tmp_path):
+  """vitjax.paths, which every tool's output flag goes through: a file where a folder is wanted (or the reverse), a
+  path under a file, a missing folder where none may be made, and a folder that cannot be written are each one line
+  naming --FLAG=PATH; a path in folders yet to be made passes, and nothing is created either way. missing_folders is
+  innermost first, the order remove_empty takes them, which stops at the first folder that is not empty or not there."""
+  from vitjax import paths
+  from vitjax.errors import ConfigError
+
+  (tmp_path / "afile").write_text("x")
+  (tmp_path / "adir").mkdir()
+  a, d = str(tmp_path / "afile"), str(tmp_path / "adir")
+  for call, says in (
+    (lambda: paths.check_writable(a, "out", folder=True), f"--out={a} is a file, not a folder; give a folder path"),
+    (lambda: paths.check_writable(d, "out", folder=False), f"--out={d} is a folder; give a file path"),
+    (lambda: paths.check_writable(f"{a}/x/y", "out", folder=True), f"--out={a}/x/y: {a} is a file, not a folder"),
+    (
+      lambda: paths.check_writable(f"{d}/new/x.txt", "output", folder=False, make_parents=False),
+      f"--output={d}/new/x.txt: there is no folder {d}/new; create it (mkdir -p {d}/new) or give another --output",
+    ),
+    (
+      lambda: paths.check_writable("/proc/vitjax-test/x", "out", folder=True),
+      "--out=/proc/vitjax-test/x: /proc is not writable (",
+    ),
+  ):
+    with pytest.raises(ConfigError) as e:
+      call()
+    assert str(e.value).startswith(says), str(e.value)
+  paths.check_writable(f"{d}/x.txt", "output", folder=False, make_parents=False)  # its folder exists: enough
+  paths.check_writable(f"{d}/p/q/r", "workdir", folder=True)
+  paths.check_writable(f"{d}/p/q/r.json", "out", folder=False)
+  assert sorted(os.listdir(tmp_path)) == ["adir", "afile"] and os.listdir(d) == []
+
+  missing = paths.missing_folders(f"{d}/p/q/r")
+  assert missing == [f"{d}/p/q/r", f"{d}/p/q", f"{d}/p"]
+  os.makedirs(missing[0])
+  (tmp_path / "adir" / "p" / "keep").write_text("x")
+  paths.remove_empty(missing)
+  assert os.listdir(f"{d}/p") == ["keep"]
+  os.makedirs(f"{d}/e")
+  paths.remove_empty([f"{d}/e/gone", f"{d}/e"])  # the first is not there: e stays
+  assert os.path.isdir(f"{d}/e")

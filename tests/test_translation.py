@@ -382,3 +382,42 @@ def test_the_split_says_how_many_repeated_pairs_it_left_out(tmp_path, caplog):
   splits = tasks.get(c, str(tmp_path / "w")).splits
   assert [len(v) for v in splits.values()] == [20, 5, 5]
   assert "train 20, valid 5, test 5 pairs (37 read, 7 repeated pairs left out)" in caplog.text
+
+
+def test_the_default_decoding_is_the_best_evaluators_then_the_first_translation_evaluators():
+  """decoding(config): the options of the translation evaluator that config.best names (its METRIC after the slash),
+  else the first translation evaluator's (not another type's), else DECODING; options it leaves out are DECODING's."""
+  from vitjax.evaluators.translation import decoding
+  from vitjax.tasks.translation import DECODING
+
+  evals = {
+    "acc": {"type": "classification", "split": "test"},
+    "greedy": {"type": "translation", "method": "greedy", "extra_len": 3},
+    "beam": {"type": "translation", "method": "beam", "beam_size": 2, "alpha": 1.0},
+  }
+  assert decoding({"evals": evals, "best": "beam/bleu"}) == {**DECODING, "beam_size": 2, "alpha": 1.0}
+  first = {**DECODING, "method": "greedy", "extra_len": 3}
+  assert decoding({"evals": evals, "best": "greedy/chrf"}) == first
+  assert decoding({"evals": evals, "best": "acc/accuracy"}) == first == decoding({"evals": evals, "best": None})
+  assert decoding({"evals": {"acc": evals["acc"]}, "best": "acc/accuracy"}) == DECODING == decoding({})
+
+
+def test_the_evaluation_loss_counts_the_real_target_tokens_only():
+  """The teacher-forced loss sums the cross-entropy over target tokens that are neither padding nor in a padding row,
+  and counts those tokens."""
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+
+  from vitjax.evaluators.translation import _loss
+
+  class Fixed(nn.Module):  # logits that favour token 3 everywhere
+    pad_id: int = 0
+
+    def __call__(self, src, tgt, train=False):
+      return jnp.broadcast_to(jnp.log(jnp.array([0.1, 0.1, 0.2, 0.6])), tgt.shape + (4,)), {}
+
+  tgt = np.array([[3, 2, 1, 0], [3, 3, 0, 0], [2, 2, 2, 2]], np.int32)
+  batch = {"src": np.ones_like(tgt), "tgt": tgt, "mask": np.array([True, True, False])}  # the last row: padding
+  total, n = jax.device_get(_loss(Fixed(), {}, batch))
+  assert n == 5 and total == pytest.approx(-np.log([0.6, 0.2, 0.1, 0.6, 0.6]).sum(), rel=1e-5)

@@ -110,3 +110,62 @@ def test_swin_window_attention_follows_the_patch(runs):
   out = root / "swin_out"
   written = inspect_lib.inspect(trained, _image(), str(out), (1, 2))
   assert [os.path.basename(p) for p in written] == ["input.png", "window_attention.png"]
+
+
+# ------------------------------------------------------------------ the computations, on arrays made here
+
+
+def _rownorm(a):
+  return a / a.sum(-1, keepdims=True)
+
+
+def test_rollout_multiplies_the_layers_with_the_first_rightmost():
+  """rollout = rownorm(mean_heads(A_L) + I) @ ... @ rownorm(mean_heads(A_1) + I): the order matters (the products
+  of row-stochastic matrices all have rows summing to 1, whichever order)."""
+  rng = np.random.default_rng(0)
+  first, second = (_rownorm(rng.random((2, 3, 3)) ** 4) for _ in range(2))
+  eye = np.eye(3)
+  want = _rownorm(second.mean(0) + eye) @ _rownorm(first.mean(0) + eye)
+  np.testing.assert_allclose(inspect_lib.rollout([first, second]), want, rtol=1e-12)
+  assert not np.allclose(want, _rownorm(first.mean(0) + eye) @ _rownorm(second.mean(0) + eye))  # (a real test)
+
+
+def test_vit_layers_come_in_depth_order_from_blocks_or_a_scanned_stack():
+  """Unscanned blocks (encoder/block_N/..., [B, heads, T, T]) in N's numeric order (block_10 after block_9), a
+  scanned stack ([layers, B, heads, T, T]) layer by layer; what is not the encoder's left out."""
+  weights = {f"encoder/block_{n}/attn": np.full((1, 2, 3, 3), n, float) for n in (10, 2, 0, 9, 1)}
+  weights["decoder/block_0/attn"] = np.full((1, 2, 3, 3), -1.0)
+  assert [int(a[0, 0, 0]) for a in inspect_lib.vit_layers(weights)] == [0, 1, 2, 9, 10]
+  assert all(a.shape == (2, 3, 3) for a in inspect_lib.vit_layers(weights))
+  stack = np.arange(3, dtype=float)[:, None, None, None, None] * np.ones((3, 1, 2, 3, 3))
+  layers = inspect_lib.vit_layers({"encoder/blocks/attn": stack})
+  assert [int(a[0, 0, 0]) for a in layers] == [0, 1, 2] and layers[0].shape == (2, 3, 3)
+
+
+def test_posemb_similarity_is_the_cosine_of_each_pair_of_positions():
+  """[N, D] -> [gh, gw, gh, gw] cosines: the length of an embedding does not count."""
+  table = np.array([[1.0, 0.0], [3.0, 0.0], [0.0, 2.0], [1.0, 1.0], [-5.0, 0.0], [0.0, 0.5]])
+  sim = inspect_lib.posemb_similarity(table, (2, 3))
+  assert sim.shape == (2, 3, 2, 3)
+  flat = sim.reshape(6, 6)
+  np.testing.assert_allclose(np.diag(flat), 1.0)
+  assert flat[0, 1] == pytest.approx(1.0) and flat[0, 2] == pytest.approx(0.0) and flat[0, 4] == pytest.approx(-1.0)
+  assert flat[0, 3] == pytest.approx(2**-0.5) and sim[0, 1, 1, 2] == pytest.approx(0.0)
+
+
+def test_the_position_table_leaves_out_the_prefix_tokens_rows():
+  """A learned table less its first `prefix` rows (class and register tokens: none without them); the fixed sin-cos
+  table of the grid otherwise."""
+  from types import SimpleNamespace
+
+  from vitjax.posenc import sincos_2d
+
+  table = np.arange(5 * 2, dtype=float).reshape(1, 5, 2)
+  params = {"posembed": {"pos_embedding": table}}
+  learned = SimpleNamespace(posemb="learn", width=2)
+  np.testing.assert_array_equal(inspect_lib._position_table(learned, params, (2, 2), 1), table[0, 1:])
+  np.testing.assert_array_equal(inspect_lib._position_table(learned, params, (1, 5), 0), table[0])
+  fixed = SimpleNamespace(posemb="sincos2d", width=8)
+  got = inspect_lib._position_table(fixed, {}, (2, 3), 1)
+  np.testing.assert_array_equal(got, np.asarray(sincos_2d(2, 3, 8)))
+  assert got.shape == (6, 8)

@@ -111,3 +111,92 @@ def test_load_in_process_latest_and_a_step(run_without_data, caplog):
     vitjax.load(workdir, 7)
   with pytest.raises(vitjax.errors.ConfigError, match="config.json not found"):
     vitjax.load(os.path.dirname(workdir))
+
+
+# ------------------------------------------------------------------ Trained's own checks, on a stand-in task
+
+
+class _Classifier:
+  """A stand-in classification task: fixed probabilities, and class names when given."""
+
+  def __init__(self, names=None):
+    self.names, self.calls = names, []
+
+  def describe(self):
+    return {"num_classes": 3, **({"class_names": self.names} if self.names else {})}
+
+  def predict(self, model, variables, images, sharding, batch_size):
+    self.calls.append(batch_size)
+    return np.asarray([[0.1, 0.7, 0.2], [0.5, 0.2, 0.3], [0.0, 0.1, 0.9]], np.float32)[: len(images)]
+
+
+class _Translator:
+  """A stand-in translation task: echoes the lines with the options it was given."""
+
+  def translate(self, model, variables, lines, sharding, batch_size, **decode_args):
+    return [f"{line}|{batch_size}|{sorted(decode_args.items())}" for line in lines]
+
+
+def _trained(task, kind="classification"):
+  import jax
+  import ml_collections as mlc
+
+  from vitjax.trained import Trained
+
+  mesh = jax.make_mesh((1,), ("data",))
+  params = {"a": np.zeros((2, 3)), "b": {"c": np.zeros(4)}}
+  return Trained(None, {"params": params}, mlc.ConfigDict({"task": kind}), 7, "/w", mesh, None, task)
+
+
+def test_classify_names_the_most_probable_class_or_gives_its_index():
+  task = _Classifier(["cat", "dog", "eel"])
+  trained = _trained(task)
+  assert trained.class_names == ["cat", "dog", "eel"]
+  assert trained.classify(np.zeros((3, 2, 2, 1), np.uint8), batch_size=1) == ["dog", "cat", "eel"]
+  assert task.calls == [1]
+  unnamed = _trained(_Classifier())
+  assert unnamed.class_names is None and unnamed.classify(np.zeros((2, 2, 2, 1), np.uint8)) == ["1", "0"]
+  assert _trained(_Translator(), "translation").class_names is None  # a task that describes nothing
+  assert repr(trained) == "Trained(NoneType, classification, step 7, 10 parameters, workdir='/w')"
+
+
+def test_batch_size_is_a_whole_number_at_least_one():
+  """batch_size: 1 and more; 0, a negative, a float or a bool (an int in Python) is one line naming it."""
+  trained = _trained(_Classifier())
+  images = np.zeros((3, 2, 2, 1), np.uint8)
+  assert trained.predict(images, batch_size=1).shape == (3, 3)
+  for bad in (0, -2, 2.0, True):
+    with pytest.raises(ValueError, match=re.escape(f"batch_size={bad!r} must be a whole number, at least 1")):
+      trained.predict(images, batch_size=bad)
+    with pytest.raises(ValueError, match="must be a whole number"):
+      _trained(_Translator(), "translation").translate(["a"], batch_size=bad)
+
+
+def test_translate_refuses_what_is_not_a_list_of_sentences_or_an_option():
+  """One line for each mistake, before anything decodes: one str, a line that is not a str, an option translation
+  has not (the nearest one named where there is one); the options go through to the task as given."""
+  trained = _trained(_Translator(), "translation")
+  greedy = trained.translate(("a", "b"), batch_size=2, method="greedy")
+  assert greedy == ["a|2|[('method', 'greedy')]", "b|2|[('method', 'greedy')]"]
+  assert trained.translate(iter(["x"])) == ["x|32|[]"]  # any iterable of lines; the default batch
+  with pytest.raises(TypeError, match=re.escape("translate takes a list of sentences, not one str: translate([line])")):
+    trained.translate("a line")
+  with pytest.raises(TypeError, match=re.escape("translate takes sentences (str); line 2 is bytes")):
+    trained.translate(["a", "b", b"c"])
+  with pytest.raises(TypeError, match=re.escape("translate takes sentences (str); line 0 is NoneType")):
+    trained.translate([None, "b"])
+  with pytest.raises(TypeError, match=re.escape("translate has no option 'topk'; did you mean 'top_k'? (the options:")):
+    trained.translate(["a"], topk=5, zzz=1)
+  with pytest.raises(TypeError, match=r"translate has no option 'zzz' \(the options: method, beam_size, "):
+    trained.translate(["a"], zzz=1)
+  with pytest.raises(TypeError, match=re.escape("/w is a translation run: use .translate(lines)")):
+    trained.predict(np.zeros((1, 2, 2, 1), np.uint8))
+  with pytest.raises(TypeError, match=re.escape("/w is a classification run: use .predict(images)")):
+    _trained(_Classifier()).translate(["a"])
+
+
+def test_a_hub_repository_has_one_checkpoint_and_one_set_of_weights():
+  """vitjax.load("hf:...") with a step, or weights="ema": one line, before the hub is read."""
+  for checkpoint, weights in ((5, "params"), ("5", "params"), ("best", "ema"), ("latest", "ema")):
+    with pytest.raises(vitjax.errors.ConfigError, match="a hub repository has one set of weights"):
+      vitjax.load("hf:nobody/nothing", checkpoint, weights)

@@ -123,11 +123,103 @@ def test_load_grid_and_space(tmp_path):
       "direction='maximize', pruner=undefined_name)\n",
       "get_sweep() raised NameError",
     ),
+    (
+      "def get_sweep():\n  return dict(grid=sweep.values('optim.lr', [1e-3]), objective='eval/accuracy', "
+      "direction='maximize', seed=True)\n",
+      "seed=True: give an integer",
+    ),
+    (
+      "def get_sweep():\n  return dict(grid=sweep.values('optim.lr', [1e-3]), objective='train/loss', "
+      "direction='minimize')\n",
+      "objective='train/loss': name an evaluator's metric",
+    ),
+    (
+      "def get_sweep():\n  return dict(grid=[{'optim.lr': 1e-3}, {'model.depth': 2}], objective='eval/accuracy', "
+      "direction='maximize')\n",
+      "every grid point must set the same fields (here ['optim.lr'])",
+    ),
+    (
+      "def get_sweep():\n  return dict(grid=sweep.values('optim.lr', [1e-3]), trials=4, objective='eval/accuracy', "
+      "direction='maximize')\n",
+      "trials= is for a search space",
+    ),
+    (
+      "def get_sweep():\n  return dict(space={'optim.lr': sweep.log_uniform(1e-4, 1e-2)}, trials=0, "
+      "objective='eval/accuracy', direction='maximize')\n",
+      "trials=0: a search space needs trials=N, N >= 1",
+    ),
+    (
+      "def get_sweep():\n  return dict(objective='eval/accuracy', direction='maximize')\n",
+      "needs exactly one of grid= (a list of points) and space=",
+    ),
+    (
+      "def get_sweep():\n  return dict(space={'model.depth': sweep.integer(2, 16, step=2, log=True)}, trials=2, "
+      "objective='eval/accuracy', direction='maximize')\n",
+      "sweep.integer(..., log=True) takes no step (step=2)",
+    ),
   ],
 )
 def test_bad_sweep_is_one_line(tmp_path, body, message):
   with pytest.raises(ConfigError, match=re.escape(message)):
     sweep.load(_config_file(tmp_path, body), get_config())
+
+
+@pytest.mark.parametrize(
+  "space, message",
+  [
+    # a boolean is no integer, though Python's bool is an int
+    ("{'model.depth': sweep.choice(2, True)}", "model.depth=True is a bool, the config's model.depth a int"),
+    # every choice of a dimension is checked, the third too where the other dimensions have two points
+    ("{'optim.lr': sweep.log_uniform(1e-4, 1e-2), 'data.augment.flip': sweep.choice(True, False, 'yes')}",
+     "data.augment.flip='yes' is a str"),
+  ],
+)  # fmt: skip
+def test_every_point_of_a_search_space_is_checked_against_the_config(tmp_path, space, message):
+  """A search space is checked at its corners: each dimension's ends and every one of its choices."""
+  body = f"def get_sweep():\n  return dict(space={space}, trials=2, objective='eval/accuracy', direction='maximize')\n"
+  with pytest.raises(ConfigError, match=re.escape(message)):
+    sweep.load(_config_file(tmp_path, body), get_config())
+
+
+def test_a_swept_field_that_is_none_in_the_config_is_refused():
+  """A field whose get_config() value is None has no type to check a value against: one line saying to give it one."""
+  import ml_collections as mlc
+
+  config = mlc.ConfigDict({"model": {"pool": None, "depth": 2}})
+  sweep.check_overrides(config, {"model.depth": 4})
+  with pytest.raises(ConfigError, match=re.escape("field 'model.pool' is None in get_config(); give it a value there")):
+    sweep.check_overrides(config, {"model.pool": "gap"})
+
+
+def test_ranges_are_refused_where_optuna_could_not_draw_from_them():
+  """An axis without values, a log scale reaching 0, a step of 0: one line each when get_sweep() runs; a range of
+  one value (low == high) is a range."""
+  with pytest.raises(ConfigError, match=re.escape("sweep.values('optim.lr', ...) has no values")):
+    sweep.values("optim.lr", [])
+  assert sweep.uniform(0.5, 0.5).low == sweep.uniform(0.5, 0.5).high == 0.5
+  assert sweep.integer(3, 3).describe() == "int in [3, 3] (linear, step 1)"
+  with pytest.raises(ConfigError, match="needs finite low <= high"):
+    sweep.uniform(0.6, 0.5)
+  with pytest.raises(ConfigError, match=re.escape("a log-scale range [0.0, 0.01] needs low > 0")):
+    sweep.log_uniform(0, 1e-2)
+  for step in (0, -0.1):
+    with pytest.raises(ConfigError, match=f"step={step} must be positive"):
+      sweep.uniform(0.0, 1.0, step=step)
+
+
+def test_grid_values_keep_their_types_in_the_trials_flags_and_directories():
+  """A grid axis's values 1, 1.0 and True are three choices (equal in Python, not on the command line); a numpy
+  float is passed as a plain number; a trial's directory has four digits at least."""
+  import numpy as np
+
+  s = sweep.Sweep("eval/accuracy", "maximize", grid=[{"x": 1}, {"x": 1.0}, {"x": True}, {"x": 1}])
+  assert [(type(c), c) for c in s.dims()["x"].choices] == [(int, 1), (float, 1.0), (bool, True)]
+  assert sweep.flag("optim.lr", np.float64(1e-3)) == "--config.optim.lr=0.001"
+  assert (
+    sweep.flag("optim.lr", 2.0) == "--config.optim.lr=2.0" and sweep.flag("model.depth", 4) == "--config.model.depth=4"
+  )
+  assert sweep.trial_dir("/s", 7) == os.path.join("/s", "trial_0007")
+  assert sweep.trial_dir("/s", 12345) == os.path.join("/s", "trial_12345")
 
 
 def test_bad_command_line_is_one_line(tmp_path, data_dir):
@@ -169,6 +261,54 @@ def test_bad_command_line_is_one_line(tmp_path, data_dir):
                         capture_output=True, text=True, timeout=120)  # fmt: skip
   th.assert_refused(proc, [f"--workdir={swept} is a sweep's folder (it holds sweep.json)"])
   assert os.listdir(swept) == ["sweep.json"]
+
+
+def test_command_line_overrides_and_sweep_dir_records(tmp_path):
+  """The trials' --config.FIELD overrides, as --config.F=V or --config.F V, the rest left out; a sweep_dir that is
+  a file, or holds another sweep's record (another study or storage), or a record that is not one: one line each.
+  (vitjax.sweep.__main__ defines flags: it is imported in a process of its own.)"""
+  script = f"""
+import json, os
+from vitjax.errors import ConfigError
+from vitjax.sweep import __main__ as m
+argv = ["vitjax.sweep", "--config=runs/lr=1/c.py:tiny", "--config.a=1", "--config.b", "2", "--workers=2", "--config.c",
+        "--config.d", "-3", "--config.e"]
+print(json.dumps(m._overrides(argv)), m._config_arg(argv))
+def check(sweep_dir, record):
+  try:
+    m._check_sweep_dir(sweep_dir, record)
+    print("ok")
+  except ConfigError as e:
+    print(e)
+d = {str(tmp_path)!r}
+record = {{"study": "s", "storage": "sqlite:///x.db", "command": "python -m vitjax.sweep --config=c.py"}}
+check(os.path.join(d, "new"), record)
+with open(os.path.join(d, "sweep.json"), "w") as f:
+  json.dump(record, f)
+check(d, record)
+check(d, {{**record, "study": "t"}})
+check(d, {{**record, "storage": "sqlite:///y.db"}})
+check(os.path.join(d, "sweep.json"), record)
+for odd in ("[1]", json.dumps({{"study": "s"}})):
+  with open(os.path.join(d, "sweep.json"), "w") as f:
+    f.write(odd)
+  check(d, record)
+"""
+  proc = subprocess.run([sys.executable, "-c", script], cwd=th.ROOT, env=th.env(), capture_output=True, text=True)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  d = str(tmp_path)
+  assert proc.stdout.splitlines() == [
+    '["--config.a=1", "--config.b=2", "--config.c", "--config.d", "--config.e"] runs/lr=1/c.py:tiny',
+    "ok",
+    "ok",
+    f"{d} holds the sweep 's' on sqlite:///x.db, not 't' on sqlite:///x.db: rerun its command (python -m vitjax.sweep "
+    "--config=c.py) or give a new --sweep_dir",
+    f"{d} holds the sweep 's' on sqlite:///x.db, not 's' on sqlite:///y.db: rerun its command (python -m vitjax.sweep "
+    "--config=c.py) or give a new --sweep_dir",
+    f"--sweep_dir={d}/sweep.json is a file; give a directory",
+    f"{d}/sweep.json is not a sweep's record (no study and storage); restore it, or give a new --sweep_dir",
+    f"{d}/sweep.json is not a sweep's record (no study and storage); restore it, or give a new --sweep_dir",
+  ], proc.stdout
 
 
 # ------------------------------------------------------------------ the runner, end to end (subprocesses)
@@ -554,6 +694,164 @@ def test_time_left():
   assert time_left(30.0, 1, 2, [45.0]) == 0.0  # running past the mean: never negative
 
 
+def _runner(tmp_path, size=4, target=None):
+  """A Runner to `target` slots on a fresh SQLite study of a `size`-point learning-rate grid, all queued (no trial
+  runs: _attempt is replaced)."""
+  from vitjax.sweep import runner
+  from vitjax.sweep import study as study_lib
+
+  s = sweep.Sweep("eval/accuracy", "maximize", grid=[{"optim.lr": 1e-3 * (i + 1)} for i in range(size)])
+  target = size if target is None else target
+  study, store = study_lib.open_study(f"sqlite:///{tmp_path / 'study.db'}", "unit", s, size)
+  return runner.Runner(s, study, store, str(tmp_path), [], [("cpu", [0])], target, heartbeat=None, grace=None)
+
+
+def _outcome(run, monkeypatch, rc, log="", metrics=(), pruned_at=None):
+  """Claims the next trial and runs it with _attempt replaced: it writes `log` and `metrics`, exits with `rc`."""
+  trial = run._claim()
+  workdir = sweep.trial_dir(run.sweep_dir, trial.user_attrs["trial"])
+
+  def attempt(index, trial, n, cmd, workdir_, log_path, reported):
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
+      f.writelines(json.dumps(m) + "\n" for m in metrics)
+    with open(log_path, "a") as f:
+      f.write(log)
+    return rc, pruned_at, 0
+
+  monkeypatch.setattr(run, "_attempt", attempt)
+  run._run_trial(0, trial)
+  return run.store.get_trial(trial._trial_id)
+
+
+def test_a_trials_exit_status_decides_its_state_and_error(tmp_path, monkeypatch):
+  """0 with evaluations: complete, its best evaluation the objective; 0 without the objective, or exit 2: failed as
+  the user's error; another status: failed with its error line, else the status or the signal; 75, or 2 while the
+  sweep stops (a trial waiting for a lock): queued again to resume, not failed."""
+  from vitjax.sweep import runner
+  from vitjax.sweep import study as study_lib
+
+  monkeypatch.setattr(runner, "LOCK_WAIT", 0.0)  # no relaunch while a lost run holds the lock: the outcome at once
+  run = _runner(tmp_path, size=7)
+  evals = [{"step": 10, "eval/accuracy": 0.5}, {"step": 20, "eval/accuracy": 0.75}, {"step": 30, "eval/accuracy": 0.6}]
+  done = _outcome(run, monkeypatch, 0, metrics=[{"step": 5, "train/loss": 1.0}, *evals])
+  assert done.state.name == "COMPLETE" and done.value == 0.75
+  assert done.user_attrs["best_step"] == 20 and done.user_attrs["last_step"] == 30
+  no_objective = _outcome(run, monkeypatch, 0, metrics=[{"step": 10, "eval/loss": 0.3}])
+  assert no_objective.state.name == "FAIL"
+  assert no_objective.user_attrs["error"] == "no eval/accuracy in its evaluations (eval/loss)"
+  assert len(run.failed_in_a_row) == 1  # the user's error: a config whose evaluators miss the objective
+  crashed = _outcome(run, monkeypatch, 1, log="I0101 step 3\nerror: out of memory\n")
+  assert crashed.state.name == "FAIL" and crashed.user_attrs["error"] == "error: out of memory"
+  assert run.failed_in_a_row == [] and not run.stop.is_set()  # not the user's error: the count starts again
+  killed = _outcome(run, monkeypatch, -signal.SIGKILL)
+  assert killed.user_attrs["error"] == "killed by SIGKILL"
+  silent = _outcome(run, monkeypatch, 3)
+  assert silent.user_attrs["error"] == "exit status 3"
+  interrupted = _outcome(run, monkeypatch, 75, metrics=evals[:1])
+  assert interrupted.state.name == "FAIL" and "error" not in interrupted.user_attrs
+  run.stop.set()
+  waiting = _outcome(run, monkeypatch, 2, log="error: --workdir=W is in use by PID 7\n")
+  assert waiting.state.name == "FAIL" and "error" not in waiting.user_attrs
+  latest = {study_lib.slot(t): t.state.name for t in run.study.get_trials()}
+  assert latest == {0: "COMPLETE", 1: "FAIL", 2: "FAIL", 3: "FAIL", 4: "FAIL", 5: "WAITING", 6: "WAITING"}
+
+
+def test_three_user_errors_in_a_row_stop_the_sweep(tmp_path):
+  """Exit 2 (or no objective) three trials in a row stops the sweep with the last error (run() exits 2, not 75);
+  any other outcome between them starts the count again."""
+  run = _runner(tmp_path, size=2)
+  for what, user_error in (("failed: a", True), ("failed: b", True), ("complete", False), ("failed: c", True)):
+    run._finished(0, what, 1.0, ok=not user_error, user_error=user_error)
+  assert not run.stop.is_set() and run.failed_in_a_row == ["failed: c"]
+  run._finished(0, "failed: d", 1.0, ok=False, user_error=True)
+  assert not run.stop.is_set()
+  run._finished(0, "failed: e", 1.0, ok=False, user_error=True)
+  assert run.stop.is_set() and run.user_error == "failed: e"
+  assert run.run() == 2  # (no workers: run() only reports how the sweep ended)
+  run.user_error = None
+  assert run.run() == 75
+  run.stop.clear()
+  assert run.run() == 0
+  run.crashed.append("a bug")
+  assert run.run() == 1
+
+
+def test_claims_stay_under_the_target_and_skip_a_superseded_copy(tmp_path):
+  """A worker claims slots below --max_trials' target only, each once; a slot queued twice (two machines requeued
+  it at once) runs its newest copy, the older one failed as superseded; resumed trials are claimed first."""
+  from vitjax.sweep import study as study_lib
+
+  run = _runner(tmp_path, size=4, target=2)
+  first = run._claim()
+  assert study_lib.slot(first) == 0
+  for _ in range(2):  # slot 0 queued again twice, as two machines that both found it lost would
+    study_lib.requeue(run.study, run.store.get_trial(first._trial_id))
+  resumed = run._claim()
+  assert study_lib.slot(resumed) == 0 and resumed.number == 5  # the newest copy, before the fresh slot 1
+  older = run.study.get_trials()[4]
+  assert older.state.name == "FAIL" and older.user_attrs["superseded_by"] == 5
+  assert study_lib.slot(run._claim()) == 1
+  assert run._claim() is None  # slots 2 and 3 are past the target
+  assert run._counts()["running"] == 2 and run._counts()["waiting"] == 0
+
+
+def test_report_sends_each_new_evaluation_once_and_prunes_when_asked():
+  """The follower's evaluations go to Optuna once each, in step order, rows without the objective skipped; the
+  step to prune at is returned only where pruning is asked for."""
+  from vitjax.sweep import runner
+
+  class Trial:
+    def __init__(self, prune):
+      self.reports, self.prune = [], prune
+
+    def report(self, value, step):
+      self.reports.append((step, value))
+
+    def should_prune(self):
+      return self.prune
+
+  class Follower:
+    def __init__(self, rows):
+      self.rows = rows
+
+    def new_rows(self):
+      rows, self.rows = self.rows, []
+      return rows
+
+  s = sweep.Sweep("eval/accuracy", "maximize", grid=[{"optim.lr": 1e-3}])
+  store = type("Store", (), {"url": ""})()
+  run = runner.Runner(s, None, store, "", [], [], 1, heartbeat=None, grace=None)
+  rows = [
+    {"step": 20, "eval/accuracy": 0.6},
+    {"step": 5, "train/loss": 1.0},
+    {"step": 10, "eval/accuracy": 0.5},
+    {"step": 15, "eval/loss": 0.2},
+    {"step": 30, "eval/accuracy": 0.7, "source": "eval"},
+  ]
+  trial, reported = Trial(prune=False), {20}
+  assert run._report(trial, 0, Follower(rows), reported) is None
+  assert trial.reports == [(10, 0.5)] and reported == {10, 20}
+  trial = Trial(prune=True)
+  assert run._report(trial, 0, Follower(rows), set()) == 10 and trial.reports == [(10, 0.5)]
+  trial = Trial(prune=True)
+  assert run._report(trial, 0, Follower(rows), set(), prune=False) is None and len(trial.reports) == 2
+
+
+def test_sqlite_claims_are_serialised_by_a_lock_file_beside_the_database(tmp_path):
+  """The flock that serialises claims on SQLite: a file beside the database (the URL's query left out); none for
+  a server database or SQLite in memory."""
+  from vitjax.sweep.runner import _SqliteGuard
+
+  db = tmp_path / "study.db"
+  guard = _SqliteGuard(f"sqlite:///{db}?timeout=60")
+  assert guard.path == f"{db}.claim-lock"
+  with guard:
+    assert os.path.exists(f"{db}.claim-lock")
+  for url in ("postgresql://u@h/db", "sqlite:///", "sqlite://"):
+    assert _SqliteGuard(url).path is None, url
+
+
 def test_trial_launch_pins_cores_without_a_fork_warning(tmp_path):
   """A trial starts pinned to its worker's cores and set to get SIGTERM when the sweep dies, without a
   `preexec_fn` in this multithreaded (JAX) process, so without JAX's "os.fork() was called" warning."""
@@ -581,6 +879,26 @@ def test_trial_launch_pins_cores_without_a_fork_warning(tmp_path):
   assert said == ["affinity", f"[{core}]", "pdeathsig", str(int(signal.SIGTERM)), "ppid", str(os.getpid())], said
   failed = run._attempt(0, None, 0, ["/nonexistent/python"], str(tmp_path), str(log), set())
   assert failed[0] == 127 and "error: cannot run /nonexistent/python: No such file or directory" in log.read_text()
+
+
+def test_trial_launcher_refuses_a_bad_command_line_and_a_gone_sweep():
+  """vitjax/sweep/launch.py (run by its path, no imports): no '--' or no command is its usage line, exit 2; a sweep
+  that is no longer its parent stops the trial before it starts (exit 143, SIGTERM's); no cores: no pinning."""
+  launch = os.path.join(th.ROOT, "vitjax", "sweep", "launch.py")
+
+  def run(*args):
+    return subprocess.run([sys.executable, "-I", "-S", launch, *args], capture_output=True, text=True, timeout=60)
+
+  me, hello = str(os.getpid()), [sys.executable, "-c", "print('ran')"]
+  for args in ((me, "", "x", *hello), (me, "", "--"), (me, "--", *hello)):
+    proc = run(*args)
+    assert proc.returncode == 2 and proc.stderr == "error: usage: launch.py SWEEP_PID CORES -- COMMAND...\n", args
+    assert proc.stdout == ""
+  ok = run(me, "", "--", *hello)
+  assert ok.returncode == 0 and ok.stdout == "ran\n", ok.stderr
+  gone = run("1", "", "--", *hello)  # PID 1 did not start it: the sweep that did is gone
+  assert gone.returncode == 128 + signal.SIGTERM and gone.stdout == ""
+  assert gone.stderr == "error: the sweep (PID 1) that started this trial is gone\n"
 
 
 def test_importance_plot_from_few_trials_is_marked_unreliable():

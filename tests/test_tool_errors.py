@@ -144,6 +144,36 @@ def test_export(args, words, watched, tool_places, image_run, tmp_path):
 @pytest.mark.parametrize(
   "args, words, watched",
   [
+    _case(
+      "timm out not .safetensors",
+      ["--format=timm", "--out=TMP/new/m.npz"],
+      ["--out=", "a --format=timm export is a .safetensors file (e.g. --out=model.safetensors)"],
+      ["TMP/new"],
+    ),
+    _case(
+      "npz out not .npz",
+      ["--format=npz", "--out=TMP/new/m.safetensors"],
+      ["--out=", "a --format=npz export is a .npz file (e.g. --out=model.npz)"],
+      ["TMP/new"],
+    ),
+    _case(
+      "timm config beside is a folder",
+      ["--format=timm", "--out=TMP/m.safetensors"],
+      ["--out=", "m.json, its config beside it, is a folder; move it away or give another --out"],
+      ["TMP"],
+    ),
+  ],
+)
+def test_export_out_names(args, words, watched, tool_places, tmp_path):
+  """--out that does not fit --format, or whose timm config (FILE.json) would go where a folder is: refused before
+  the workdir is read (a translation workdir here: its own refusal would come later)."""
+  (tmp_path / "m.json").mkdir()
+  _check("export", ["--workdir=TR", *args], words, ["TR", *watched], tool_places, tmp_path)
+
+
+@pytest.mark.parametrize(
+  "args, words, watched",
+  [
     _case("data_dir is a file", ["--dataset=digits", "--data_dir=AFILE"], ["--data_dir=", "is a file"], ["AFILE"]),
     _case(
       "unknown dataset",

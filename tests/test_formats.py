@@ -244,6 +244,117 @@ def test_a_safetensors_write_that_fails_leaves_neither_a_temporary_nor_a_target_
   assert os.listdir(tmp_path) == ["m.safetensors"] and path.read_bytes() == b"old"
 
 
+def test_timm_round_trip_without_qkv_biases_or_a_head_and_its_config_fits_the_weights():
+  """qkv_bias=False and num_classes=0 (a feature extractor), mlp_dim left to the default 4 x width: the config's
+  qkv_bias, num_classes and mlp_ratio are those of the weights (else timm's strict load refuses them), and from_timm
+  gives the same model back."""
+  module = models.ViT(**{**TINY_VIT, "num_classes": 0, "mlp_dim": None}, qkv_bias=False)
+  variables = _randomised(jax.jit(module.init)(jax.random.key(0), _images((16, 16))))
+  state_dict, cfg = convert.to_timm(module, variables, 16)
+  assert not any(k.endswith("qkv.bias") or k.startswith("head.") for k in state_dict)
+  kw = cfg["kwargs"]
+  assert (kw["qkv_bias"], kw["num_classes"]) == (False, 0)
+  assert kw["mlp_ratio"] * kw["embed_dim"] == state_dict["blocks.0.mlp.fc1.weight"].shape[0] == 96
+  back, back_vars = convert.from_timm("vit_tiny_patch4_16", state_dict)
+  _same_params(variables, back_vars)
+  assert (back.qkv_bias, back.num_classes, back.mlp_dim) == (False, 0, 96)
+
+
+def test_training_checkpoints_are_unwrapped_to_the_model_not_its_ema():
+  """{'state_dict': sd} (Lightning and others) is unwrapped as {'model': sd} (Microsoft's Swin) is; beside 'model', a
+  'model_ema' is not what is read."""
+  module = models.ViT(**TINY_VIT)
+  variables = _randomised(jax.jit(module.init)(jax.random.key(0), _images((16, 16))))
+  state_dict, _ = convert.to_timm(module, variables, 16)
+  ema = {k: v + 1 for k, v in state_dict.items()}
+  for wrapped in ({"state_dict": state_dict, "epoch": 3}, {"model": state_dict, "model_ema": ema, "epoch": 3}):
+    assert convert.detect_layout(wrapped) == "timm-vit"
+    _same_params(variables, convert.from_timm("vit_tiny_patch4_16", wrapped)[1])
+
+
+def test_a_sincos_vit_exported_for_non_square_images_gets_the_table_of_that_grid():
+  """At 16 x 32 px (a 4 x 8 grid) the written pos_embed, as a learned table, gives the sin-cos model's logits (a
+  table computed for the 8 x 4 grid has the same shape but other values)."""
+  module = models.ViT(**TINY_VIT, posemb="sincos2d")
+  x = _images((16, 32))
+  variables = _randomised(jax.jit(module.init)(jax.random.key(0), x))
+  state_dict, cfg = convert.to_timm(module, variables, (16, 32))
+  assert cfg["kwargs"]["img_size"] == (16, 32) and state_dict["pos_embed"].shape == (1, 1 + 4 * 8, 24)
+  learned = {"params": {**variables["params"], "posembed": {"pos_embedding": state_dict["pos_embed"]}}}
+  want, _ = jax.jit(module.apply)(variables, x)
+  got, _ = jax.jit(module.clone(posemb="learn").apply)(learned, x)
+  assert _rel(got, want) <= TOL
+
+
+def test_check_shapes_lists_misshapen_missing_and_extra_parameters():
+  """Every parameter that does not fit is named, each kind on its own line (a converter that forgets one or writes
+  one too many is caught here, not by a KeyError deep in flax)."""
+  from flax import traverse_util
+
+  module = models.ViT(**TINY_VIT)
+  shapes = jax.eval_shape(module.init, jax.random.key(0), jnp.zeros((1, 16, 16, 3)))["params"]
+  flat = {k: np.zeros(v.shape, np.float32) for k, v in traverse_util.flatten_dict(shapes, sep="/").items()}
+  flat["cls"] = np.zeros((1, 1, 12), np.float32)
+  del flat["head/bias"]
+  flat["head/extra"] = np.zeros(3, np.float32)
+  with pytest.raises(ValueError) as e:
+    convert.check_shapes(module, traverse_util.unflatten_dict(flat, sep="/"), (1, 16, 16, 3))
+  assert str(e.value).splitlines() == [
+    "checkpoint does not match the model:",
+    "  cls: model (1, 1, 24), checkpoint (1, 1, 12)",
+    "  head/bias: missing from checkpoint (model (5,))",
+    "  head/extra: not in the model",
+  ]
+
+
+def test_importers_name_the_layout_of_another_familys_weights():
+  """Weights of a known layout given to another family's importer: the error names their layout (and the importer
+  to use), not a KeyError or IndexError from reading them as the wrong model."""
+  timm_vit = {"blocks.0.attn.qkv.weight": np.zeros((6, 2), np.float32)}
+  with pytest.raises(ValueError, match=r"^a Swin was asked for, but the weights are in the timm-vit layout"):
+    convert.from_swin(timm_vit)
+  with pytest.raises(ValueError, match=r"^from_vit_npz reads the original ViT's .npz, but .* in the timm-vit layout$"):
+    convert.from_vit_npz(timm_vit)
+  with pytest.raises(ValueError, match=r"^a transformers model was asked for, but .* in the timm-vit layout$"):
+    convert.from_hf(timm_vit, {})
+  hf_vit = {
+    "vit.embeddings.patch_embeddings.projection.weight": np.zeros((30, 3, 4, 4), np.float32),
+    "vit.encoder.layer.0.attention.attention.query.weight": np.zeros((30, 30), np.float32),
+    "vit.encoder.layer.0.intermediate.dense.weight": np.zeros((60, 30), np.float32),
+  }
+  with pytest.raises(ValueError, match=r"^config.json's model_type is 'swin', but the weights are a transformers ViT$"):
+    convert.from_hf(hf_vit, {"model_type": "swin"})
+  with pytest.raises(ValueError, match=r"hidden_size 30 is not a multiple of num_attention_heads 4$"):
+    convert.from_hf(hf_vit, {"model_type": "vit", "num_attention_heads": 4})
+
+
+def test_a_transformers_swin_warns_once_at_the_first_stage_whose_map_is_padded(caplog):
+  """transformers pads a stage's map to whole windows before the shift, vitjax after: a warning names the first
+  stage where a map larger than the window is not a multiple of it (maps halve rounding up, as patch merging pads)."""
+  from vitjax.models import swin_hf
+
+  swin = models.Swin(embed_dim=16, depths=(2, 2, 2), num_heads=(1, 2, 4), window_size=7)
+  for px, stage in ((224, None), (20, None), (256, "stage 1's map (64)"), (168, "stage 3's map (11)")):
+    caplog.clear()
+    swin_hf._warn_if_padded(swin, (px, px), "a Swin")  # maps 56 28 14; 5 (< the window); 64 32 16; 42 21 11
+    warnings = [r.getMessage() for r in caplog.records if "not a multiple of the window" in r.getMessage()]
+    assert len(warnings) == (stage is not None), (px, warnings)
+    assert stage is None or f"{stage} is not a multiple of the window (7)" in warnings[0]
+
+
+def test_to_timm_refuses_a_swin_timm_cannot_build():
+  def zeros(module):  # the refusal needs the parameters' names and shapes only: no compiled init
+    shapes = jax.eval_shape(module.init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
+    return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+
+  swin = models.Swin(num_classes=5, embed_dim=16, depths=(2, 2), num_heads=(2, 4), window_size=4, act="gelu_tanh")
+  with pytest.raises(ValueError, match=r"timm's SwinTransformer uses exact GELU; this model has act='gelu_tanh'"):
+    convert.to_timm(swin, zeros(swin), 32)
+  conv = swin.clone(act="gelu", stem="conv")
+  with pytest.raises(ValueError, match="timm's SwinTransformer has no equivalent for stem='conv'"):
+    convert.to_timm(conv, zeros(conv), 32)
+
+
 # ------------------------------------------------------------------------------------------------- out: npz
 
 
@@ -266,6 +377,22 @@ def test_vit_npz_round_trip_and_timm_reads_it(tmp_path, torch_ref, timm_ref):
   with torch_ref.no_grad():
     got = ref(torch_ref.from_numpy(x.transpose(0, 3, 1, 2))).numpy()
   assert _rel(got, jax.jit(module.apply)(variables, x)[0]) <= TOL
+
+
+def test_from_vit_npz_and_init_from_name_every_size_that_differs_from_the_variant(tmp_path):
+  """A ViT-Ti's width and MLP with 4 heads and 4 px patches is not a Ti/16: both differences are named, by
+  from_vit_npz and by init_from=npz:VARIANT:FILE."""
+  vit = models.ViT(num_classes=3, patch_size=(4, 4), width=192, depth=1, num_heads=4, mlp_dim=768)
+  path = str(tmp_path / "ti.npz")
+  np.savez(path, **convert.to_vit_npz(vit, jax.jit(vit.init)(jax.random.key(0), jnp.zeros((1, 8, 8, 3)))))
+  message = r"not a Ti/16: num_heads 3 != 4, patch_size \(16, 16\) != \(4, 4\)$"
+  with pytest.raises(ValueError, match=message):
+    convert.from_vit_npz(path, "Ti/16")
+  from vitjax.errors import ConfigError
+
+  with pytest.raises(ConfigError, match=message):
+    convert.load_params(f"npz:Ti/16:{path}")
+  assert convert.load_params(f"npz:{path}")["embedding"]["kernel"].shape == (4, 4, 3, 192)
 
 
 def test_safetensors_export_feeds_init_from(tmp_path):

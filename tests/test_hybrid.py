@@ -119,6 +119,15 @@ def test_a_hybrid_npz_names_what_differs_from_the_variant_asked_for(tmp_path):
     convert.from_vit_npz(path, variant="Ti/16")
 
 
+def test_a_hybrid_npz_whose_stages_skip_a_number_is_refused_by_name():
+  """block1 and block3 without block2 (a file cut or renamed by hand): the error says so, not a list of every
+  parameter that then does not match the model."""
+  model, variables, _ = _tiny()
+  arrays = {k.replace("block2/", "block3/"): v for k, v in convert.to_vit_npz(model, variables).items()}
+  with pytest.raises(ValueError, match=r"^the ResNet stem's stages are not block1 \.\. blockN: \[1, 3\]$"):
+    convert.from_vit_npz(arrays)
+
+
 def test_the_stem_is_layer_0_replicated_and_free_of_weight_decay():
   model = models.create("vit_r26_s32", depth=2)
   assert model.layer_index("resnet/block3/unit2/conv2/kernel") == 0

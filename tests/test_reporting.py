@@ -279,12 +279,19 @@ def test_evaluation_progress_leaves_the_first_batchs_compilation_out_of_its_rate
   assert logs.plural(1, "metrics row") == "1 metrics row" and logs.plural(3, "metrics row") == "3 metrics rows"
 
 
+_OURS = os.path.join(os.path.dirname(logs.__file__), "train", "loop.py")  # a vitjax module's path
+
+
+def _record(path, level=py_logging.WARNING, msg="x", name="absl"):
+  """A log record as if logged from `path`: vitjax's own (_OURS) or a library's."""
+  return py_logging.LogRecord(name, level, path, 1, msg, None, None)
+
+
 def test_library_info_is_hidden_at_the_default_verbosity():
   from absl import logging as absl_logging
 
   f = logs._Filter()
-  record = lambda path, level, msg="x": py_logging.LogRecord("absl", level, path, 1, msg, None, None)
-  ours = os.path.join(os.path.dirname(logs.__file__), "train", "loop.py")
+  record, ours = _record, _OURS
   theirs = "/site-packages/orbax/checkpoint/checkpoint_manager.py"
   old = absl_logging.get_verbosity()
   try:
@@ -311,9 +318,8 @@ def test_a_later_process_logs_its_warnings_and_errors_only_each_naming_the_proce
   from absl import logging as absl_logging
 
   f, fmt = logs._Filter(), logs._Formatter()
-  ours = os.path.join(os.path.dirname(logs.__file__), "train", "loop.py")
-  theirs = "/site-packages/orbax/checkpoint/checkpoint_manager.py"
-  record = lambda path, level, msg="x": py_logging.LogRecord("orbax", level, path, 1, msg, None, None)
+  ours, theirs = _OURS, "/site-packages/orbax/checkpoint/checkpoint_manager.py"
+  record = lambda path, level, msg="x": _record(path, level, msg, name="orbax")
   old = absl_logging.get_verbosity()
   try:
     absl_logging.set_verbosity(0)
@@ -338,10 +344,9 @@ def test_a_full_disk_is_said_once_by_vitjax_not_by_each_library():
   from absl import logging as absl_logging
 
   f = logs._Filter()
-  ours = os.path.join(os.path.dirname(logs.__file__), "train", "loop.py")
-  theirs = "/site-packages/orbax/checkpoint/async_checkpointer.py"
+  ours, theirs = _OURS, "/site-packages/orbax/checkpoint/async_checkpointer.py"
   full = "write failed: [Errno 28] No space left on device"
-  record = lambda path, msg: py_logging.LogRecord("absl", py_logging.WARNING, path, 1, msg, None, None)
+  record = lambda path, msg: _record(path, msg=msg)
   seen = []
   hook = logs._quiet_thread_excepthook(lambda args: seen.append(type(args.exc_value).__name__))
   died = lambda e: hook(SimpleNamespace(exc_type=type(e), exc_value=e, exc_traceback=None, thread=None))
@@ -362,7 +367,7 @@ def test_a_full_disk_is_said_once_by_vitjax_not_by_each_library():
 
 def test_muted_drops_absls_info_and_warnings_but_never_an_error():
   absl = py_logging.getLogger("absl")
-  record = lambda level, msg: py_logging.LogRecord("absl", level, __file__, 1, msg, None, None)
+  record = lambda level, msg: _record(__file__, level, msg)
   with logs.muted():
     assert not absl.filter(record(py_logging.INFO, "x")) and not absl.filter(record(py_logging.WARNING, "x"))
     assert absl.filter(record(py_logging.ERROR, "x"))

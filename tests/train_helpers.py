@@ -43,7 +43,14 @@ TINY = [
 FAST_COMPILE = (
   "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1"
 )
-XLA_TEST_FLAGS = "" if os.environ.get("VITJAX_TEST_XLA_OPT") == "1" else FAST_COMPILE
+# XLA aborts the process (SIGABRT) when one of the simulated CPU devices reaches a collective more than 40 s after
+# the others, and dumps every thread's stack after 20 s. On 2 cores shared by the test workers and a run's 8 devices
+# that happens without any deadlock: a --config.sharding=tp run of the multihost guide aborted so at a checkpoint's
+# all-gather (2026-11-28). The tests wait 300 s instead; a real deadlock still ends there, within each test's timeout.
+COLLECTIVE_WAIT = (
+  "--xla_cpu_collective_call_warn_stuck_timeout_seconds=120 --xla_cpu_collective_call_terminate_timeout_seconds=300"
+)
+XLA_TEST_FLAGS = COLLECTIVE_WAIT + ("" if os.environ.get("VITJAX_TEST_XLA_OPT") == "1" else " " + FAST_COMPILE)
 
 # A persistent compilation cache shared by the subprocesses of a test session (set by a fixture): runs of the
 # same config then compile their steps once, which halves their time.

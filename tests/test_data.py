@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -765,3 +766,55 @@ def test_a_process_with_no_examples_reads_a_masked_batch_with_and_without_the_ca
     it, info = _input(data_dir, "test", train=False, limit=1, process_index=0, process_count=2, cache=cache)
     (batch,) = list(it)
     assert info.steps_per_epoch == 1 and not batch["mask"].any() and (batch["index"] == -1).all(), cache
+
+
+def test_the_default_data_dir_is_tfds_data_dir_or_the_home_folder_s_expanded(monkeypatch, tmp_path):
+  """$TFDS_DATA_DIR when set ("~" expanded), else ~/tensorflow_datasets with the home folder written out."""
+  from vitjax.data import local
+
+  monkeypatch.setenv("HOME", str(tmp_path))
+  monkeypatch.delenv("TFDS_DATA_DIR", raising=False)
+  assert local.default_data_dir() == str(tmp_path / "tensorflow_datasets")
+  monkeypatch.setenv("TFDS_DATA_DIR", "~/elsewhere")
+  assert local.default_data_dir() == str(tmp_path / "elsewhere")
+
+
+def test_encode_png_round_trips_1_3_and_4_channels_and_refuses_other_arrays():
+  """A uint8 [H, W, C] image encodes to a PNG that decodes to the same pixels (one channel: a grayscale PNG); a
+  float image or one without its channel axis is a ValueError naming dtype and shape."""
+  import io
+
+  import PIL.Image
+
+  from vitjax.data import local
+
+  rng = np.random.default_rng(0)
+  for channels, mode in ((1, "L"), (3, "RGB"), (4, "RGBA")):
+    image = rng.integers(0, 256, (5, 7, channels), np.uint8)
+    png = local.encode_png(image)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n", channels
+    decoded = PIL.Image.open(io.BytesIO(png))
+    assert decoded.mode == mode and np.array_equal(np.asarray(decoded).reshape(image.shape), image), channels
+  for bad in (np.zeros((5, 7, 3), np.float32), np.zeros((5, 7), np.uint8)):  # the dtype, the shape
+    with pytest.raises(ValueError, match=re.escape(f"Expected uint8 [H, W, C], got {bad.dtype} {bad.shape}")):
+      local.encode_png(bad)
+
+
+def test_local_features_are_a_uint8_image_and_a_class_label_by_names_or_count():
+  """features(shape, names) labels by name; features(shape, num_classes=N) by count; the image is uint8 `shape`."""
+  from vitjax.data import local
+
+  named = local.features((8, 6, 3), names=["cat", "dog"])
+  assert named["image"].shape == (8, 6, 3) and named["image"].np_dtype == np.uint8
+  assert named["label"].names == ["cat", "dog"] and named["label"].num_classes == 2
+  counted = local.features((4, 4, 1), num_classes=10)
+  assert counted["image"].shape == (4, 4, 1) and counted["label"].num_classes == 10
+
+
+def test_a_local_builder_s_code_path_is_the_file_that_defines_it():
+  """code_path, on the class and on an instance's type, is the builder's own file (tfds' default may not import)."""
+  from vitjax.data import local
+
+  assert str(builders.Digits.code_path) == os.path.abspath(builders.__file__)
+  assert str(builders.FashionMnistDeb.code_path) == os.path.abspath(builders.__file__)
+  assert str(local._ThisFile().__get__(object.__new__(builders.Digits))) == os.path.abspath(builders.__file__)

@@ -348,6 +348,127 @@ def test_dots_conv_takes_flax_s_layer_where_its_path_does_not_apply(rng):
     assert g["params"]["kernel"].dtype == kw.get("param_dtype", jnp.float32)
 
 
+@cpu_backend_only
+def test_bf16_layers_add_the_bias_in_float32_and_round_once():
+  """A bfloat16 Dense, DenseGeneral and Conv (patchify and 1x1) on a CPU add their float32 bias to the float32
+  product before the one rounding: -100 + 100.25 is 0.25, where a bias rounded to bfloat16 first (100) gives 0."""
+  from vitjax import dots
+
+  x = jnp.ones((1, 2, 2, 1), jnp.bfloat16)
+  for layer, kernel in [
+    (dots.Dense(1, dtype=jnp.bfloat16), -100.0),
+    (dots.DenseGeneral(1, axis=(-2, -1), dtype=jnp.bfloat16), -50.0),  # two inputs of 1 each
+    (dots.Conv(1, (1, 1), dtype=jnp.bfloat16), -100.0),
+    (dots.Conv(1, (2, 2), strides=2, dtype=jnp.bfloat16), -25.0),  # four inputs of 1 each
+  ]:
+    p = layer.init(jax.random.key(0), x)
+    p = {"params": {"kernel": jnp.full_like(p["params"]["kernel"], kernel), "bias": jnp.full((1,), 100.25)}}
+    y = layer.apply(p, x)
+    assert y.dtype == jnp.bfloat16 and np.all(np.asarray(y, np.float32) == 0.25), (layer, y)
+
+
+@pytest.mark.parametrize(
+  "kernel,strides,padding",
+  [
+    ((3, 3), 2, 1),
+    ((3, 3), 2, (1, 2)),  # (rows, columns), each on both sides
+    ((3, 3), (2, 3), ((1, 0), (2, 1))),
+    ((3, 3), 2, "SAME"),
+    ((2, 2), 2, "VALID"),
+    ((1, 1), 1, "VALID"),
+  ],
+)
+def test_dots_conv_backward_has_no_convolution_for_any_padding_form(rng, kernel, strides, padding):
+  """A strided or patchify convolution on a CPU, with its padding as an int, a pair of ints, pairs of pairs, "SAME"
+  or "VALID", is flax's forward (bitwise in float32) and a backward of matmuls: its parameters' gradient holds one
+  convolution (the forward's), in bfloat16 none, where flax's holds two."""
+  from vitjax import dots
+
+  x = jnp.asarray(rng.randn(2, 9, 10, 3), jnp.float32)
+  ours, theirs = (cls(4, kernel, strides=strides, padding=padding) for cls in (dots.Conv, nn.Conv))
+  p = theirs.init(jax.random.key(0), x)
+  np.testing.assert_array_equal(ours.apply(p, x), theirs.apply(p, x))
+  convs = lambda m: str(jax.make_jaxpr(jax.grad(lambda p: jnp.sum(m.apply(p, x) ** 2)))(p)).count("conv_general")
+  assert (convs(ours), convs(theirs)) == (1, 2)
+  assert convs(dots.Conv(4, kernel, strides=strides, padding=padding, dtype=jnp.bfloat16)) == 0
+
+
+def test_dots_conv_takes_flax_s_layer_for_grouped_dilated_and_unbiased_convolutions(rng):
+  """Grouped and dilated convolutions and a caller's precision are flax's (its outputs bitwise, its convolutions in
+  the backward); a convolution without a bias takes vitjax's path and matches flax's."""
+  from vitjax import dots
+
+  x = jnp.asarray(rng.randn(2, 9, 9, 4), jnp.float32)
+  for kw, flax_s in [
+    (dict(feature_group_count=2), True),
+    (dict(kernel_dilation=2), True),
+    (dict(input_dilation=2), True),
+    (dict(precision=jax.lax.Precision.HIGHEST), True),
+    (dict(use_bias=False), False),
+  ]:
+    ours, theirs = (cls(4, (3, 3), strides=2, padding=1, **kw) for cls in (dots.Conv, nn.Conv))
+    p = theirs.init(jax.random.key(0), x)
+    np.testing.assert_array_equal(ours.apply(p, x), theirs.apply(p, x))
+    grad = jax.grad(lambda p, m=ours: jnp.sum(m.apply(p, x) ** 2))
+    assert str(jax.make_jaxpr(grad)(p)).count("conv_general") == (2 if flax_s else 1), kw
+    want = jax.grad(lambda p, m=theirs: jnp.sum(m.apply(p, x) ** 2))(p)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4), grad(p), want)
+
+
+def test_bf16_dense_layers_cast_their_input_and_keep_a_callers_dot_general_and_batch_dims(rng):
+  """A bfloat16 Dense given float32 input computes in bfloat16 (its output bfloat16, the same as from bfloat16
+  input); a caller's dot_general is called; DenseGeneral with batch_dims is flax's."""
+  from vitjax import dots
+
+  x = jnp.asarray(rng.randn(3, 16), jnp.float32)
+  layer = dots.Dense(8, dtype=jnp.bfloat16)
+  p = layer.init(jax.random.key(0), x)
+  y = layer.apply(p, x)
+  assert y.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(y, layer.apply(p, x.astype(jnp.bfloat16)))
+  called = []
+  spy = lambda *args, **kwargs: called.append(1) or jax.lax.dot_general(*args, **kwargs)
+  np.testing.assert_array_equal(dots.Dense(8, dtype=jnp.bfloat16, dot_general=spy).apply(p, x), nn.Dense(8, dtype=jnp.bfloat16).apply(p, x))  # fmt: skip
+  assert called
+  xb = jnp.asarray(rng.randn(2, 3, 16), jnp.bfloat16)
+  ours, theirs = (cls(8, axis=-1, batch_dims=(0,), dtype=jnp.bfloat16) for cls in (dots.DenseGeneral, nn.DenseGeneral))
+  p = theirs.init(jax.random.key(0), xb)
+  np.testing.assert_array_equal(ours.apply(p, xb), theirs.apply(p, xb))
+
+
+def test_tied_logits_of_a_float32_embedding_are_flax_s_attend_in_float32(rng):
+  """An embedding computing in float32 (dtype=float32) keeps flax's attend on float32 x, bitwise, whatever x's dtype."""
+  from vitjax import dots
+
+  embed = nn.Embed(40, 64, dtype=jnp.float32)
+  p = embed.init(jax.random.key(0), jnp.zeros((1,), jnp.int32))
+  x = jnp.asarray(rng.randn(3, 64), jnp.bfloat16)
+  y = embed.apply(p, x, method=lambda m, x: dots.tied_logits(m, x))
+  assert y.dtype == jnp.float32
+  np.testing.assert_array_equal(y, embed.apply(p, x.astype(jnp.float32), method=nn.Embed.attend))
+
+
+@cpu_backend_only
+def test_bf16_gradients_come_back_in_their_operands_dtypes(rng):
+  """affine, strided_conv and logits with bfloat16 operands and parameters give each gradient in its operand's dtype
+  (JAX does not cast a custom VJP's cotangents: a float32 one would reach the caller as float32)."""
+  from vitjax import dots
+
+  bf16 = lambda *shape: jnp.asarray(rng.randn(*shape), jnp.bfloat16)
+  loss = lambda f: lambda *args: jnp.sum(f(*args).astype(jnp.float32) ** 2)
+  cases = [
+    (lambda x, w, b: dots.affine(x, w, b, 1), (bf16(6, 8), bf16(8, 4), bf16(4))),
+    (
+      lambda x, w, b: dots.strided_conv(x, w, b, (2, 2), ((1, 1), (1, 1))),
+      (bf16(2, 6, 6, 3), bf16(3, 3, 3, 4), bf16(4)),
+    ),
+    (dots.logits, (bf16(6, 8), bf16(10, 8))),
+  ]
+  for f, args in cases:
+    grads = jax.grad(loss(f), argnums=tuple(range(len(args))))(*args)
+    assert [g.dtype for g in grads] == [jnp.bfloat16] * len(args), f
+
+
 def test_decoder_block_stays_causal_under_a_callers_self_mask(rng):
   x, enc = rng.randn(1, 4, 16), rng.randn(1, 3, 16)
   mod = DecoderBlock(num_heads=2, mlp_dim=32)

@@ -245,6 +245,83 @@ def test_eval_mode_reproduces_training_eval(finished_run, tmp_path):
   assert not os.path.exists(tmp_path / "new")
 
 
+FAKE_MAIN = r'''"""python -m vitjax.main without a model: train.train and train.evaluate append the config's seed they
+are given to WORKDIR/calls.jsonl and return RESULT; --process=N: the process is process N of several."""
+import json
+import os
+import sys
+
+import jax
+
+from vitjax import cli, main, train
+
+RESULT = {"checkpoint": "best", "step": 7, "weights": "params", "split": "valid", "eval/accuracy": 0.5}
+
+
+def _record(mode, config, workdir):
+  with open(os.path.join(workdir, "calls.jsonl"), "a") as f:
+    f.write(json.dumps([mode, config.get("seed")]) + "\n")
+  return dict(RESULT)
+
+
+train.train = lambda config, workdir, allow_config_change: _record("train", config, workdir)
+train.evaluate = lambda config, workdir, *args: _record("eval", config, workdir)
+for arg in [a for a in sys.argv if a.startswith("--process=")]:
+  sys.argv.remove(arg)
+  jax.process_index = lambda: int(arg[10:])
+cli.run(main.main)
+'''
+
+
+def _main_without_a_model(tmp_path, workdir, *args):
+  """`python -m vitjax.main ARGS` over FAKE_MAIN's stand-ins: (the process, the [mode, config seed] calls)."""
+  script = tmp_path / "fake_main.py"
+  script.write_text(FAKE_MAIN)
+  calls = os.path.join(workdir, "calls.jsonl")
+  if os.path.exists(calls):
+    os.remove(calls)
+  proc = th.run_module(str(script), f"--workdir={workdir}", *args, timeout=120)
+  return proc, [json.loads(line) for line in open(calls)] if os.path.exists(calls) else []
+
+
+def test_main_takes_the_config_flag_over_the_workdir_s_and_the_workdir_s_without_it(tmp_path):
+  """--config, when given, is the run's config in train and eval mode alike; without it a workdir's config.json
+  (with its history) is; a new workdir without --config is one error line, and nothing runs."""
+  config = "from vitjax.config import default_config\n\n\ndef get_config():\n  c = default_config()\n  c.seed = 11\n  return c\n"
+  (tmp_path / "flag.py").write_text(config)
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "config.json").write_text(json.dumps({"seed": 22}))
+  (workdir / "config_history.jsonl").write_text(json.dumps({"changes": {"seed": [22, 33]}}) + "\n")
+  for mode in ("train", "eval"):
+    proc, calls = _main_without_a_model(tmp_path, workdir, f"--mode={mode}", f"--config={tmp_path / 'flag.py'}")
+    assert proc.returncode == 0 and calls == [[mode, 11]], (mode, proc.stderr[-2000:])
+    proc, calls = _main_without_a_model(tmp_path, workdir, f"--mode={mode}")
+    assert proc.returncode == 0 and calls == [[mode, 33]], (mode, proc.stderr[-2000:])
+  new = tmp_path / "new"
+  new.mkdir()
+  proc, calls = _main_without_a_model(tmp_path, new)
+  th.assert_refused(proc, ["training needs --config=configs/NAME.py", f"({new} has no config.json to take it from)"])
+  assert calls == []
+  proc, calls = _main_without_a_model(tmp_path, new, "--mode=eval")
+  th.assert_refused(proc, [f"{new / 'config.json'} not found"])
+
+
+def test_main_prints_the_result_as_a_line_or_json_from_process_0_only(tmp_path):
+  """The result, of training and of an evaluation alike, is stdout's one line, or with --json one JSON object; the
+  other processes of a multihost run print nothing (their result is process 0's)."""
+  (tmp_path / "config.json").write_text(json.dumps({"seed": 22}))
+  for mode in ("train", "eval"):
+    proc, _ = _main_without_a_model(tmp_path, tmp_path, f"--mode={mode}")
+    assert proc.returncode == 0 and proc.stdout == "checkpoint best (step 7) | eval/accuracy 0.5000 (valid)\n", proc
+  proc, _ = _main_without_a_model(tmp_path, tmp_path, "--mode=eval", "--json")
+  assert proc.returncode == 0 and proc.stdout.endswith("\n"), proc
+  assert json.loads(proc.stdout) == {"checkpoint": "best", "step": 7, "weights": "params", "split": "valid", "eval/accuracy": 0.5}  # fmt: skip
+  for args in ((), ("--json",)):
+    proc, calls = _main_without_a_model(tmp_path, tmp_path, "--mode=eval", "--process=1", *args)
+    assert proc.returncode == 0 and calls == [["eval", 22]] and proc.stdout == "", proc
+
+
 # ---------------------------------------------------------------------------------------- metrics
 
 

@@ -421,3 +421,117 @@ def test_the_evaluation_loss_counts_the_real_target_tokens_only():
   batch = {"src": np.ones_like(tgt), "tgt": tgt, "mask": np.array([True, True, False])}  # the last row: padding
   total, n = jax.device_get(_loss(Fixed(), {}, batch))
   assert n == 5 and total == pytest.approx(-np.log([0.6, 0.2, 0.1, 0.6, 0.6]).sum(), rel=1e-5)
+
+
+FAKE_RUN = '''"""python -m vitjax.translate over a run without a model: read_config says translation, vitjax.load gives a
+stand-in whose translate upper-cases each line and appends its call to WORKDIR/calls.jsonl. --full_disk: the
+--output file is created, its writing fails (ENOSPC)."""
+import errno
+import json
+import os
+import sys
+
+import vitjax
+from vitjax import cli, translate
+from vitjax.train import workdir
+
+
+class _Trained:
+  task = type("Task", (), {"tokenizer": type("Tokenizer", (), {"vocab_size": 40})()})()
+
+  def __init__(self, path):
+    self.path = path
+
+  def translate(self, lines, batch_size, **decode_args):
+    with open(os.path.join(self.path, "calls.jsonl"), "a") as f:
+      f.write(json.dumps({"lines": lines, "batch_size": batch_size, **decode_args}) + "\\n")
+    return [line.upper() for line in lines]
+
+
+vitjax.load = lambda path, checkpoint: _Trained(path)
+workdir.read_config = lambda path: {"task": "translation"}
+
+
+class _FullDisk:
+  def __init__(self, *args, **kwargs):
+    self.file = open(*args, **kwargs)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.file.close()
+
+  def write(self, text):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+if "--full_disk" in sys.argv:
+  sys.argv.remove("--full_disk")
+  translate.open = _FullDisk  # (the module's open: the builtin's everywhere else)
+cli.run(translate.main)
+'''
+
+
+def _translate_without_a_model(tmp_path, *args, stdin=""):
+  """The translate command over FAKE_RUN's stand-in: (the process, the stand-in's translate calls)."""
+  script = tmp_path / "fake_translate.py"
+  script.write_text(FAKE_RUN)
+  calls = tmp_path / "calls.jsonl"
+  calls.unlink(missing_ok=True)
+  proc = th.run_module(str(script), f"--workdir={tmp_path}", "--method=greedy", *args, stdin=stdin, timeout=120)
+  return proc, [json.loads(line) for line in calls.read_text().splitlines()] if calls.exists() else []
+
+
+def test_a_final_newline_is_not_an_extra_empty_line_and_a_last_line_without_one_is_kept(tmp_path):
+  """One line out per line in: a final newline ends the last line; a last line without it still translates, and
+  an empty line before the final newline stays a line; no input at all is no line."""
+  for stdin, lines in (("a\n\nb", ["a", "", "b"]), ("a\nb\n", ["a", "b"]), ("a\n\n", ["a", ""]), ("", [])):
+    proc, calls = _translate_without_a_model(tmp_path, stdin=stdin)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert calls[0]["lines"] == lines and proc.stdout == "".join(s.upper() + "\n" for s in lines), stdin
+
+
+def test_translate_takes_batch_size_1_and_refuses_top_k_above_the_run_s_vocabulary(tmp_path):
+  """--batch_size=1 is a batch size; --top_k above the run's vocabulary (40 tokens) is one error line, found after
+  the run is loaded, --top_k=40 decodes."""
+  proc, calls = _translate_without_a_model(tmp_path, "--batch_size=1", stdin="a\n")
+  assert proc.returncode == 0 and calls[0]["batch_size"] == 1, proc.stderr[-2000:]
+  sample = ["--method=sample", "--temperature=1"]
+  proc, calls = _translate_without_a_model(tmp_path, *sample, "--top_k=41", stdin="a\n")
+  th.assert_refused(proc, ["--top_k=41 is more than the run's 40 tokens"])
+  assert calls == []
+  proc, calls = _translate_without_a_model(tmp_path, *sample, "--top_k=40", stdin="a\n")
+  assert proc.returncode == 0 and calls[0]["top_k"] == 40 and proc.stdout == "A\n", proc.stderr[-2000:]
+
+
+def test_an_output_that_cannot_be_written_is_one_line_and_removed_if_it_was_new(tmp_path):
+  """A --output whose writing fails (the disk full) is one error line naming it and the
+  cause; a file the command created is removed, one that was there is left in place."""
+  new = tmp_path / "new.txt"
+  proc, _ = _translate_without_a_model(tmp_path, f"--output={new}", "--full_disk", stdin="alpha\nbeta\n")
+  th.assert_refused(proc, [f"--output={new}: cannot write it (No space left on device)", "another --output"])
+  assert not new.exists()
+  old = tmp_path / "old.txt"
+  old.write_text("x")
+  proc, _ = _translate_without_a_model(tmp_path, f"--output={old}", "--full_disk", stdin="alpha\nbeta\n")
+  th.assert_refused(proc, [f"--output={old}: cannot write it"])
+  assert old.exists()
+  proc, _ = _translate_without_a_model(tmp_path, f"--output={old}", stdin="alpha\nbeta\n")
+  assert proc.returncode == 0 and old.read_text() == "ALPHA\nBETA\n" and proc.stdout == "", proc.stderr[-2000:]
+
+
+def test_the_warning_about_bytes_that_are_not_utf8_names_the_first_10_lines(tmp_path):
+  """Up to 10 lines with undecodable bytes are named in full; beyond, the first 10 and "..."; each such line
+  translates, its bytes as U+FFFD. A U+FFFD that a valid file holds is no such line."""
+  path = tmp_path / "in.txt"
+  first_10 = ", ".join(map(str, range(2, 12)))
+  for count, named in ((10, first_10 + " are"), (11, first_10 + " ...")):
+    path.write_bytes(b"ok\n" + b"\xff x\n" * count)
+    proc, calls = _translate_without_a_model(tmp_path, f"--input={path}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"line(s) {named}" in proc.stderr and calls[0]["lines"] == ["ok"] + ["\ufffd x"] * count, proc.stderr
+  path.write_text("ok\n\ufffd is text here\n", encoding="utf-8")  # valid UTF-8 that holds U+FFFD itself
+  proc, calls = _translate_without_a_model(tmp_path, f"--input={path}")
+  assert proc.returncode == 0 and "not valid UTF-8" not in proc.stderr, proc.stderr[-2000:]
+  assert calls[0]["lines"] == ["ok", "\ufffd is text here"]

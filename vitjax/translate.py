@@ -41,8 +41,13 @@ def _read_lines(path: str | None) -> list[str]:
     raw = open(path, "rb").read() if path else sys.stdin.buffer.read()
   except OSError as e:
     raise ConfigError(f"--input={path}: {e.strerror}") from None
-  lines = raw.decode("utf-8", errors="replace").split("\n")
-  bad = [i + 1 for i, line in enumerate(lines) if "\ufffd" in line]
+  lines, bad = [], []
+  for i, line in enumerate(raw.split(b"\n")):  # (a newline byte is never part of a longer UTF-8 sequence)
+    try:
+      lines.append(line.decode("utf-8"))
+    except UnicodeDecodeError:  # (a U+FFFD that the file itself holds is text: no warning)
+      lines.append(line.decode("utf-8", errors="replace"))
+      bad.append(i + 1)
   if bad:
     shown = ", ".join(map(str, bad[:10])) + (" ..." if len(bad) > 10 else "")
     logging.warning("line(s) %s are not valid UTF-8: the undecodable bytes are translated as unknown characters", shown)

@@ -298,6 +298,8 @@ def test_bf16_tied_logits_accumulate_in_float32_forward_and_backward(rng, rows):
   "shape,features,kernel,strides,padding",
   [
     ((2, 9, 9, 6), 8, (3, 3), 2, 1),  # a convolutional stem's stride-2 3x3
+    ((2, 9, 10, 3), 4, (3, 3), 2, (1, 2)),  # (rows, columns), each on both sides
+    ((2, 9, 10, 3), 4, (3, 3), (2, 3), ((1, 0), (2, 1))),
     ((2, 10, 9, 6), 8, (3, 3), (2, 3), "SAME"),
     ((2, 17, 18, 3), 8, (4, 4), 4, "VALID"),  # patchify, with a remainder dropped as XLA's convolution drops it
     ((2, 5, 5, 6), 8, (1, 1), 1, "VALID"),  # the stem's 1x1 projection
@@ -306,7 +308,8 @@ def test_bf16_tied_logits_accumulate_in_float32_forward_and_backward(rng, rows):
 def test_dots_conv_is_flax_conv_forward_and_matmul_backward(rng, shape, features, kernel, strides, padding):
   """vitjax.dots.Conv creates flax's parameters and computes flax's forward (bitwise in float32: XLA's convolution);
   its backward, the patches' matmuls, matches float64 autodiff of the convolution in float32 and to bf16 rounding
-  in bfloat16 (parameter gradients in float32)."""
+  in bfloat16 (parameter gradients in float32). On a CPU, whatever the padding's form, the parameters' gradient
+  holds one convolution (the float32 forward's), in bfloat16 none, where flax's holds two."""
   from vitjax import dots
 
   x = jnp.asarray(rng.randn(*shape), jnp.float32)
@@ -324,6 +327,15 @@ def test_dots_conv_is_flax_conv_forward_and_matmul_backward(rng, shape, features
     assert got[0]["params"]["kernel"].dtype == jnp.float32 and layer.apply(p, x).dtype == dtype
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
       assert np.abs(np.asarray(g, np.float64) - np.asarray(w)).max() <= rtol * np.abs(np.asarray(w)).max()
+  if jax.default_backend() == "cpu":  # (elsewhere dots.Conv is flax's layer)
+    bf16 = dots.Conv(features, kernel, strides=strides, padding=padding, dtype=jnp.bfloat16, **init)
+    assert (_grad_convs(ours, p, x), _grad_convs(theirs, p, x), _grad_convs(bf16, p, x)) == (1, 2, 0)
+
+
+def _grad_convs(layer, p, x) -> int:
+  """How many convolutions the gradient of sum(layer(x)^2) with respect to the parameters p holds."""
+  grad = jax.grad(lambda p: jnp.sum(layer.apply(p, x).astype(jnp.float32) ** 2))
+  return str(jax.make_jaxpr(grad)(p)).count("conv_general")
 
 
 def test_dots_conv_takes_flax_s_layer_where_its_path_does_not_apply(rng):
@@ -367,32 +379,7 @@ def test_bf16_layers_add_the_bias_in_float32_and_round_once():
     assert y.dtype == jnp.bfloat16 and np.all(np.asarray(y, np.float32) == 0.25), (layer, y)
 
 
-@pytest.mark.parametrize(
-  "kernel,strides,padding",
-  [
-    ((3, 3), 2, 1),
-    ((3, 3), 2, (1, 2)),  # (rows, columns), each on both sides
-    ((3, 3), (2, 3), ((1, 0), (2, 1))),
-    ((3, 3), 2, "SAME"),
-    ((2, 2), 2, "VALID"),
-    ((1, 1), 1, "VALID"),
-  ],
-)
-def test_dots_conv_backward_has_no_convolution_for_any_padding_form(rng, kernel, strides, padding):
-  """A strided or patchify convolution on a CPU, with its padding as an int, a pair of ints, pairs of pairs, "SAME"
-  or "VALID", is flax's forward (bitwise in float32) and a backward of matmuls: its parameters' gradient holds one
-  convolution (the forward's), in bfloat16 none, where flax's holds two."""
-  from vitjax import dots
-
-  x = jnp.asarray(rng.randn(2, 9, 10, 3), jnp.float32)
-  ours, theirs = (cls(4, kernel, strides=strides, padding=padding) for cls in (dots.Conv, nn.Conv))
-  p = theirs.init(jax.random.key(0), x)
-  np.testing.assert_array_equal(ours.apply(p, x), theirs.apply(p, x))
-  convs = lambda m: str(jax.make_jaxpr(jax.grad(lambda p: jnp.sum(m.apply(p, x) ** 2)))(p)).count("conv_general")
-  assert (convs(ours), convs(theirs)) == (1, 2)
-  assert convs(dots.Conv(4, kernel, strides=strides, padding=padding, dtype=jnp.bfloat16)) == 0
-
-
+@cpu_backend_only
 def test_dots_conv_takes_flax_s_layer_for_grouped_dilated_and_unbiased_convolutions(rng):
   """Grouped and dilated convolutions and a caller's precision are flax's (its outputs bitwise, its convolutions in
   the backward); a convolution without a bias takes vitjax's path and matches flax's."""
@@ -409,10 +396,9 @@ def test_dots_conv_takes_flax_s_layer_for_grouped_dilated_and_unbiased_convoluti
     ours, theirs = (cls(4, (3, 3), strides=2, padding=1, **kw) for cls in (dots.Conv, nn.Conv))
     p = theirs.init(jax.random.key(0), x)
     np.testing.assert_array_equal(ours.apply(p, x), theirs.apply(p, x))
-    grad = jax.grad(lambda p, m=ours: jnp.sum(m.apply(p, x) ** 2))
-    assert str(jax.make_jaxpr(grad)(p)).count("conv_general") == (2 if flax_s else 1), kw
-    want = jax.grad(lambda p, m=theirs: jnp.sum(m.apply(p, x) ** 2))(p)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4), grad(p), want)
+    assert _grad_convs(ours, p, x) == (2 if flax_s else 1), kw
+    grad, want = (jax.grad(lambda p, m=m: jnp.sum(m.apply(p, x) ** 2))(p) for m in (ours, theirs))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4), grad, want)
 
 
 def test_bf16_dense_layers_cast_their_input_and_keep_a_callers_dot_general_and_batch_dims(rng):

@@ -1,5 +1,6 @@
 """Tests of vitjax.data: tfds builders (no TF), prepare CLI, grain pipeline."""
 
+import itertools
 import json
 import os
 import re
@@ -451,6 +452,29 @@ def test_the_global_batches_do_not_depend_on_the_process_count_and_resume_on_any
     assert states == [{"batches": 3}] * processes  # the same position on every process
     resumed, _ = run(4 // processes, 3, start=states[0])  # 2 -> 2 processes, 4 -> 1
     assert all(np.array_equal(a, b) for x, y in zip(one[3:], resumed) for a, b in zip(x, y)), processes
+
+
+def test_the_batches_do_not_depend_on_the_grain_workers_and_resume_with_any(data_dir):
+  """grain's W workers each take every W-th record key and batch them: GlobalOrder gives worker w the rows of batches
+  w, w + W, ..., so 3 workers yield the batches of reading in the process (across epochs, augmentations included),
+  a finite pass ends at the same batch, and a position saved with one count resumes with another."""
+  from vitjax.data.images import GlobalOrder
+
+  def read(workers, steps, start=None, num_epochs=None):
+    aug = {"flip": True, "random_resized_crop": True}
+    it = _input(data_dir, global_batch_size=128, augment=aug, worker_count=workers, num_epochs=num_epochs)[0]
+    if start is not None:
+      it.set_state(start)
+    return [{k: b[k] for k in ("image", "label", "index")} for b in itertools.islice(it, steps)], it.get_state()
+
+  one, _ = read(0, 24)  # 11 batches an epoch
+  two_epochs, state = read(3, 100, num_epochs=2)
+  assert len(two_epochs) == 22 and _all_equal(one[:22], two_epochs)
+  assert state == {"batches": 22}  # not the 24 of the 3 workers' last round
+  resumed, state = read(2, 9, start={"batches": 15})
+  assert _all_equal(one[15:], resumed) and state == {"batches": 24}
+  order = GlobalOrder(100, 8, 0, 1, seed=0, num_epochs=1, workers=5)  # 12 batches: 3 rounds of 5, the last cut short
+  assert order.batches() == 12 and len(order) == 15 * 8
 
 
 # ----------------------------------------------------------------------------

@@ -45,6 +45,17 @@ def _eval_rows(workdir):
 # ------------------------------------------------------------------------------------ exact resume
 
 
+def test_grain_workers_train_on_the_same_batches_and_may_change_on_a_resume(finished_run, run_args, tmp_path):
+  """data.worker_count=2: grain worker processes read the batches, the same ones: the run ends in the state of the
+  run that read them in its own process, bitwise. The count is bookkeeping: a workdir resumes with another."""
+  workdir = str(tmp_path / "workers")
+  th.check_ok(th.run_main(workdir, *run_args, "--config.data.worker_count=2"))
+  th.assert_same_state(th.load_state(finished_run), th.load_state(workdir), "2 grain workers")
+  copy = _copy(finished_run, tmp_path)
+  again = th.check_ok(th.run_main(copy, *run_args, "--config.data.worker_count=3"))
+  assert "is complete (step 30 of 30)" in again.stderr, again.stderr[-2000:]
+
+
 def test_resume_after_sigkill_is_bitwise_exact(finished_run, run_args, tmp_path):
   workdir = str(tmp_path / "killed")
   proc = th.start_main(workdir, *run_args)

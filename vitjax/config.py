@@ -86,7 +86,7 @@ def default_config() -> mlc.ConfigDict:
       interpolation=mlc.FieldReference(None, field_type=str),
     )
   )
-  c.data.worker_count = 0  # grain worker processes; keep fixed across a resume
+  c.data.worker_count = 0  # grain worker processes; the same batches for any number, free to change on a resume
   c.data.read_threads = 0
   # Read the training split into memory first, PNGs decoded: the same batches, made faster. None (auto): when its
   # estimated size, times 1 + worker_count copies, is at most cache_max_mb; True / False: always / never.

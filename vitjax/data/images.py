@@ -18,9 +18,10 @@ seeded permutation of the split cut into global batches (the last partial one
 dropped), and process ``p`` of ``P`` reads rows ``[p * B, (p + 1) * B)`` of each.
 Each example is augmented with an rng drawn from the seed and its position in
 that sequence (grain ``RandomMap``). So 1 process x 4 devices and 2 processes x 2
-devices train on the same batches, and a checkpoint resumes on any number of
-processes. Mixup/CutMix is not applied here: the training step applies it on
-the device (the batch per process must be even, as it pairs neighbouring rows).
+devices train on the same batches, read in the process or by any number of grain
+workers, and a checkpoint resumes on any number of processes and workers.
+Mixup/CutMix is not applied here: the training step applies it on the device
+(the batch per process must be even, as it pairs neighbouring rows).
 A validation split is a seeded subset of the training split (:func:`holdout_split`,
 passed as ``subset``); training then reads the rest.
 Evaluation: no shuffling, no augmentation, one pass (unless ``num_epochs``);
@@ -221,28 +222,43 @@ class _TrainPreprocess(grain.transforms.RandomMap):
 class GlobalOrder:
   """A grain sampler: record key k of process p -> an example of the run's sequence of global batches.
 
-  The example at position ``g = (start + k // B) * G + p * B + k % B`` (G examples per global batch, B = G / P per
-  process); epoch e is the permutation of the N examples drawn from (seed, e), cut into N // G batches. The example's
-  rng comes from (seed, g): independent of P and of where the run resumed.
+  The example at position ``g = (start + j) * G + p * B + r`` (G examples per global batch, B = G / P per process) is
+  row r of this process's batch j; epoch e is the permutation of the N examples drawn from (seed, e), cut into N // G
+  batches. The example's rng comes from (seed, g): independent of P and of where the run resumed. Read in this
+  process (``workers`` 0 or 1), key k is row ``k % B`` of batch ``k // B``. grain's W worker processes take the keys
+  w, w + W, w + 2W, ... each and batch them in turn, then yield their batches in turn: so with W > 1 worker w's i-th
+  B keys are batch ``i * W + w``, and the batches come out in the same order, with the same rows, for any W.
   """
 
-  def __init__(self, num_examples, global_batch, process_index, process_count, seed, start=0, num_epochs=None):
+  def __init__(
+    self, num_examples, global_batch, process_index, process_count, seed, start=0, num_epochs=None, workers=0
+  ):
     self.n, self.global_batch, self.start = num_examples, global_batch, start
     self.local_batch = global_batch // process_count
     self.process_index, self.seed = process_index, seed
     self.steps_per_epoch = num_examples // global_batch
     self.num_epochs = num_epochs
+    self.workers = max(int(workers), 1)
     self._perm = (None, None)
 
+  def batches(self) -> int | None:
+    """The batches left to read (from `start`); None: endless."""
+    return None if self.num_epochs is None else max(self.num_epochs * self.steps_per_epoch - self.start, 0)
+
   def __len__(self) -> int:
-    if self.num_epochs is None:
+    left = self.batches()
+    if left is None:
       return 2**62
-    return max(self.num_epochs * self.steps_per_epoch - self.start, 0) * self.local_batch
+    return -(-left // self.workers) * self.workers * self.local_batch  # whole rounds of W batches (the last cut short)
 
   def __getitem__(self, k: int) -> grain.RecordMetadata:
     if k < 0 or k >= len(self):
       raise IndexError(k)
-    batch, row = divmod(k, self.local_batch)
+    if self.workers > 1:  # key k = w + W * (i * B + row) is worker w's i-th batch's row
+      (q, w), b = divmod(k, self.workers), self.local_batch
+      batch, row = (q // b) * self.workers + w, q % b
+    else:
+      batch, row = divmod(k, self.local_batch)
     batch += self.start
     epoch, b = divmod(batch, self.steps_per_epoch)
     if self._perm[0] != epoch:
@@ -255,7 +271,8 @@ class GlobalOrder:
   def __repr__(self) -> str:
     return (
       f"GlobalOrder(n={self.n}, global_batch={self.global_batch}, process={self.process_index}, "
-      f"local_batch={self.local_batch}, seed={self.seed}, start={self.start}, num_epochs={self.num_epochs})"
+      f"local_batch={self.local_batch}, seed={self.seed}, start={self.start}, num_epochs={self.num_epochs}, "
+      f"workers={self.workers})"
     )
 
 
@@ -264,13 +281,19 @@ class _GlobalBatches:
 
   def __init__(self, make_loader, sampler: GlobalOrder):
     self._make, self._sampler = make_loader, sampler
-    self._batches = sampler.start
-    self._it = iter(make_loader(sampler))
+    self._start()
+
+  def _start(self) -> None:
+    self._batches, left = self._sampler.start, self._sampler.batches()
+    self._end = None if left is None else self._batches + left  # (workers read up to a whole round past it)
+    self._it = iter(self._make(self._sampler))
 
   def __iter__(self):
     return self
 
   def __next__(self):
+    if self._end is not None and self._batches >= self._end:
+      raise StopIteration
     batch = next(self._it)
     self._batches += 1
     return batch
@@ -284,8 +307,8 @@ class _GlobalBatches:
         "the checkpoint's data position was written by an older vitjax (per-process grain state); "
         "resume it with that version, or start again in a new workdir"
       )
-    self._sampler.start = self._batches = int(state["batches"])
-    self._it = iter(self._make(self._sampler))
+    self._sampler.start = int(state["batches"])
+    self._start()
 
 
 def _pair(size: int | Sequence[int]) -> tuple[int, int]:
@@ -409,7 +432,7 @@ def _fits_in_memory(split: _Split, worker_count: int, cache_max_mb: float) -> bo
   return False
 
 
-def _train_order(split: _Split, shards, size, aug: Augment, seed: int, num_epochs):
+def _train_order(split: _Split, shards, size, aug: Augment, seed: int, num_epochs, workers: int):
   """Training: (positions read, the GlobalOrder sampler, the operations).
 
   A seeded global shuffle of which each process takes its rows, augmentation, whole batches.
@@ -421,7 +444,9 @@ def _train_order(split: _Split, shards, size, aug: Augment, seed: int, num_epoch
       f"Mixup/CutMix pairs neighbouring examples: the batch per process ({local_batch}) must be even; use a "
       f"global batch size that is a multiple of {2 * process_count}"
     )
-  sampler = GlobalOrder(split.num_examples, global_batch, process_index, process_count, seed, num_epochs=num_epochs)
+  sampler = GlobalOrder(
+    split.num_examples, global_batch, process_index, process_count, seed, num_epochs=num_epochs, workers=workers
+  )
   if sampler.steps_per_epoch == 0:
     raise ValueError(f"{split.label} has {split.num_examples} examples, fewer than one batch of {global_batch}.")
   operations = [_TrainPreprocess(size, split.channels, aug), grain.transforms.Batch(local_batch, drop_remainder=True)]
@@ -498,8 +523,8 @@ def make_input(
     num_epochs: passes over the split; None: forever in training, one pass in evaluation.
     process_index: this process's shard; default jax.process_index().
     process_count: the number of shards; default jax.process_count().
-    worker_count: grain worker processes (0: read in this process). Batch composition depends on it (each worker
-      builds whole batches from its records): keep it fixed across a resume.
+    worker_count: grain worker processes (0: read in this process). Training batches do not depend on it (each
+      worker builds whole batches of the GlobalOrder, in turn), so a run may resume with another.
     read_threads: reader threads per process (grain default 16; 0 reads synchronously, fastest on few cores).
     subset: positions in the split to read (e.g. one side of `holdout_split`); None: all. Batches' 'index' stays
       the position in the whole split.
@@ -538,7 +563,7 @@ def make_input(
     cache = _fits_in_memory(split_, worker_count, cache_max_mb)
   shards = (process_index, process_count, local_batch)
   if train:
-    positions, sampler, operations = _train_order(split_, shards, size, aug, _mix_seed(seed), num_epochs)
+    positions, sampler, operations = _train_order(split_, shards, size, aug, _mix_seed(seed), num_epochs, worker_count)
     steps = sampler.steps_per_epoch
   else:
     positions, operations = _eval_order(split_, shards, size, preprocess)

@@ -57,6 +57,7 @@ BOOKKEEPING = (
   "sharding",
   "sharding_rules",
   "data.data_dir",
+  "data.worker_count",  # the training batches are the same for any number of grain workers (images.GlobalOrder)
   "data.read_threads",
   "data.cache",
   "data.cache_max_mb",

@@ -477,6 +477,21 @@ def test_the_batches_do_not_depend_on_the_grain_workers_and_resume_with_any(data
   assert order.batches() == 12 and len(order) == 15 * 8
 
 
+def test_worker_count_none_is_0_on_a_cpu_and_the_cores_less_one_on_an_accelerator(monkeypatch, caplog):
+  """data.worker_count=None (the default): no workers on a CPU backend (the step uses its cores); on a GPU or TPU the
+  cores this process may use less one, at most 8, said in the log. A number is taken as it is."""
+  from vitjax.tasks import classification
+
+  caplog.set_level("INFO", logger="absl")
+  assert classification.worker_count(None) == 0 and classification.worker_count(3) == 3
+  monkeypatch.setattr(classification.jax, "default_backend", lambda: "gpu")
+  for cores, workers in ((16, 8), (4, 3), (1, 0)):
+    monkeypatch.setattr(classification.os, "sched_getaffinity", lambda pid, n=cores: set(range(n)))
+    assert classification.worker_count(None) == workers, cores
+    assert f"data.worker_count=None: {workers} grain worker processes ({cores} cores for this process)" in caplog.text
+  assert classification.worker_count(0) == 0
+
+
 # ----------------------------------------------------------------------------
 # Encoded images: JPEGs through simplejpeg, crops decoded at a reduced DCT scale.
 

@@ -86,7 +86,9 @@ def default_config() -> mlc.ConfigDict:
       interpolation=mlc.FieldReference(None, field_type=str),
     )
   )
-  c.data.worker_count = 0  # grain worker processes; the same batches for any number, free to change on a resume
+  # grain worker processes: the same batches for any number, free to change on a resume. None (auto): 0 on a CPU,
+  # where the step uses the cores; on a GPU or TPU the cores this process may use less one, at most 8.
+  c.data.worker_count = mlc.FieldReference(None, field_type=int)
   c.data.read_threads = 0
   # Read the training split into memory first, PNGs decoded: the same batches, made faster. None (auto): when its
   # estimated size, times 1 + worker_count copies, is at most cache_max_mb; True / False: always / never.

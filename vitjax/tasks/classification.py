@@ -11,6 +11,7 @@ told otherwise, so `best` is chosen without looking at the test split.
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +25,23 @@ from vitjax.data import augment, device_ops, folder
 from vitjax.errors import ConfigError
 from vitjax.logs import Progress
 from vitjax.tasks.base import VALID, TrainInput, check_batch, check_stop, cross_entropy
+
+
+def worker_count(configured: int | None) -> int:
+  """data.worker_count, with None (auto) resolved for this machine.
+
+  0 on a CPU backend, whose cores the step itself uses; on a GPU or TPU the cores this process may use (its CPU
+  affinity: a SLURM task's share) less one for the training loop, at most 8, and a log line says so. The batches are
+  the same for any count.
+  """
+  if configured is not None:
+    return configured
+  if jax.default_backend() == "cpu":
+    return 0
+  cores = len(os.sched_getaffinity(0))
+  n = max(0, min(8, cores - 1))
+  logging.info("data.worker_count=None: %d grain worker processes (%d cores for this process)", n, cores)
+  return n
 
 
 class ImageClassification:
@@ -161,10 +179,10 @@ class ImageClassification:
       )
     if not 0 <= c.data.valid_fraction < 1:
       raise ConfigError(f"data.valid_fraction={c.data.valid_fraction} must be in [0, 1)")
-    for key in ("worker_count", "read_threads"):
+    for key in ("worker_count", "read_threads"):  # None: worker_count's auto, read_threads' grain default
       n = c.data[key]
-      if (n is not None or key != "read_threads") and (not isinstance(n, int) or n < 0):  # read_threads None: grain's
-        raise ConfigError(f"data.{key}={n!r} must be 0 (read in the training process) or more")
+      if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 0):
+        raise ConfigError(f"data.{key}={n!r} must be 0 (read in the training process) or more, or None")
     info = self.describe()
     self.training_positions()  # data.labelled: a bad amount, or too few examples of a class
     mean = self.preprocess().mean
@@ -258,7 +276,7 @@ class ImageClassification:
       batch=c.batch_size,
       seed=c.seed,
       augment=d.augment,
-      worker_count=d.worker_count,
+      worker_count=worker_count(d.worker_count),
       cache=d.get("cache"),
       cache_max_mb=d.get("cache_max_mb", 1024),
     )

@@ -87,7 +87,8 @@ def default_config() -> mlc.ConfigDict:
     )
   )
   # grain worker processes: the same batches for any number, free to change on a resume. None (auto): 0 on a CPU,
-  # where the step uses the cores; on a GPU or TPU the cores this process may use less one, at most 8.
+  # where the step uses the cores; on a GPU or TPU the cores this process may use less one, at most 8 (one process
+  # per host, as experiments/slurm_train.sh runs; several on one host without CPU binding: set a number each).
   c.data.worker_count = mlc.FieldReference(None, field_type=int)
   c.data.read_threads = 0
   # Read the training split into memory first, PNGs decoded: the same batches, made faster. None (auto): when its

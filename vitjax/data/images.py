@@ -255,8 +255,9 @@ class GlobalOrder:
     if k < 0 or k >= len(self):
       raise IndexError(k)
     if self.workers > 1:  # key k = w + W * (i * B + row) is worker w's i-th batch's row
-      (q, w), b = divmod(k, self.workers), self.local_batch
-      batch, row = (q // b) * self.workers + w, q % b
+      q, w = divmod(k, self.workers)
+      i, row = divmod(q, self.local_batch)
+      batch = i * self.workers + w
     else:
       batch, row = divmod(k, self.local_batch)
     batch += self.start

@@ -486,7 +486,7 @@ def test_worker_count_none_is_0_on_a_cpu_and_the_cores_less_one_on_an_accelerato
   assert classification.worker_count(None) == 0 and classification.worker_count(3) == 3
   monkeypatch.setattr(classification.jax, "default_backend", lambda: "gpu")
   for cores, workers in ((16, 8), (4, 3), (1, 0)):
-    monkeypatch.setattr(classification.os, "sched_getaffinity", lambda pid, n=cores: set(range(n)))
+    monkeypatch.setattr(classification.image_files, "default_workers", lambda n=cores: n)
     assert classification.worker_count(None) == workers, cores
     assert f"data.worker_count=None: {workers} grain worker processes ({cores} cores for this process)" in caplog.text
   assert classification.worker_count(0) == 0

@@ -11,7 +11,6 @@ told otherwise, so `best` is chosen without looking at the test split.
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +20,7 @@ from absl import logging
 from vitjax import convert
 from vitjax import data as data_lib
 from vitjax import mesh as mesh_lib
-from vitjax.data import augment, device_ops, folder
+from vitjax.data import augment, device_ops, folder, image_files
 from vitjax.errors import ConfigError
 from vitjax.logs import Progress
 from vitjax.tasks.base import VALID, TrainInput, check_batch, check_stop, cross_entropy
@@ -38,7 +37,7 @@ def worker_count(configured: int | None) -> int:
     return configured
   if jax.default_backend() == "cpu":
     return 0
-  cores = len(os.sched_getaffinity(0))
+  cores = image_files.default_workers()  # (taskset / SLURM's affinity; the CPU count off Linux)
   n = max(0, min(8, cores - 1))
   logging.info("data.worker_count=None: %d grain worker processes (%d cores for this process)", n, cores)
   return n

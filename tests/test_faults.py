@@ -91,6 +91,70 @@ def test_sigterm_checkpoints_the_step_in_flight_and_the_resume_is_bitwise_exact(
     assert elapsed[stopped + 1] == pytest.approx(saved, abs=1e-3), (stopped, saved, elapsed)
 
 
+def _grain_workers(pid: int) -> list[int]:
+  """The grain worker processes of process `pid`: its children started by multiprocessing's spawn."""
+  found = []
+  for name in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{name}/stat") as f:
+        parent = int(f.read().rsplit(")", 1)[1].split()[1])
+      with open(f"/proc/{name}/cmdline") as f:
+        spawned = "spawn_main" in f.read()
+    except OSError:  # it ended meanwhile
+      continue
+    if parent == pid and spawned:
+      found.append(int(name))
+  return found
+
+
+def test_a_killed_data_worker_stops_the_run_with_its_steps_checkpointed_and_it_resumes_bitwise(
+  finished_run, run_args, tmp_path
+):
+  """A grain worker process killed (SIGKILL: what the out-of-memory killer sends) while training: the run trains on the
+  batches already read, checkpoints its last step with the data position after that step's batch, says so in one
+  line and exits 75, which a cluster script requeues; the same command resumes to the uninterrupted run's state."""
+  workdir = str(tmp_path / "w")
+  proc = th.start_main(workdir, *run_args, "--config.data.worker_count=2")
+  _read_until(proc, r" step 6/30 ")
+  workers = _grain_workers(proc.pid)
+  assert len(workers) == 2, workers
+  os.kill(workers[0], signal.SIGKILL)
+  rc, out, _ = _rest(proc)
+  assert rc == 75 and "Traceback" not in out, out[-3000:]
+  m = re.search(
+    r"WARNING the training input stopped after step (\d+): a grain worker process was killed by SIGKILL \(what the "
+    r"out-of-memory killer sends: fewer data.worker_count, or more memory for the job\); checkpoint \1 is in .*: rerun "
+    r"the same command to resume",
+    out,
+  )
+  assert m, out[-3000:]
+  stopped = int(m.group(1))
+  assert 6 <= stopped < 30 and max(th.finished_steps(workdir)) == stopped, (stopped, th.finished_steps(workdir))
+  with open(os.path.join(workdir, "checkpoints", str(stopped), "data", "metadata")) as f:
+    assert json.loads(json.loads(f.read())) == {"batches": stopped}  # not a batch read ahead
+
+  resumed = th.check_ok(th.run_main(workdir, *run_args, "--config.data.worker_count=2"))
+  assert re.search(rf"resumed from .* at step {stopped}\b", resumed.stderr), resumed.stderr[-2000:]
+  th.assert_same_state(th.load_state(finished_run), th.load_state(workdir), f"a worker killed, stopped at {stopped}")
+
+
+@pytest.mark.parametrize(
+  "error, why",
+  [
+    (RuntimeError("Worker process was terminated unexpectedly with exit code -9. Search the logs above"), "SIGKILL ("),
+    (RuntimeError("Worker process was terminated unexpectedly with exit code -11."), "killed by SIGSEGV"),
+    (RuntimeError("Worker process was terminated unexpectedly with exit code 1."), "exited with status 1 (its own"),
+    (RuntimeError("a record could not be decoded"), None),  # an error inside a worker: a bug, its own traceback
+    (ValueError("Worker process was terminated unexpectedly with exit code -9."), None),
+  ],
+)
+def test_only_grains_report_of_a_dead_worker_is_a_lost_input(error, why):
+  from vitjax.errors import lost_worker
+
+  said = lost_worker(error)
+  assert said == why if why is None else why in said, said
+
+
 def test_a_second_signal_stops_at_once(run_args, tmp_path):
   workdir = str(tmp_path / "w")
   proc = th.start_main(workdir, *run_args)

@@ -269,13 +269,13 @@ def test_the_peer_watch_stops_at_a_silent_process_and_not_at_one_that_left_or_be
   """Process 0 of 3: a process whose counter never moves (dead before its first beat) is lost after --peer_timeout,
   one line and exit 75; one that beats, or that said it left, is not; an unreachable coordination service is lost
   too. Leaving the block normally or by a way every process stops (Preemption) tells the others so; a
-  KeyboardInterrupt does not."""
+  KeyboardInterrupt, or a data worker lost by this process alone (InputLost), does not."""
   import logging as py_logging
   import time
   import types
 
   from vitjax import distributed
-  from vitjax.errors import Preempted
+  from vitjax.errors import InputLost, Preempted
 
   caplog.set_level(py_logging.ERROR)
   monkeypatch.setattr(distributed, "jax", types.SimpleNamespace(process_count=lambda: 3, process_index=lambda: 0))
@@ -307,6 +307,11 @@ def test_the_peer_watch_stops_at_a_silent_process_and_not_at_one_that_left_or_be
   assert left.store["vitjax/peers/left/0"] == "1"  # leaving normally: the others are told
   preempted = _FakeCoordination(beating=(1, 2))
   assert watch(preempted, 0.5, Preempted("SIGTERM")) == [] and preempted.store["vitjax/peers/left/0"] == "1"
+  # a dead data worker stops this process alone: it exits 75 at once (jax's exit would wait for the others at a
+  # barrier), unannounced, so that the others find it lost
+  lost_input, started = _FakeCoordination(beating=(1, 2)), time.time()
+  assert watch(lost_input, 0.5, InputLost("a grain worker process was killed")) == [75]
+  assert "vitjax/peers/left/0" not in lost_input.store and time.time() - started < 3
   interrupted, started = _FakeCoordination(beating=(1, 2)), time.time()
   assert watch(interrupted, 0.5, KeyboardInterrupt()) == [] and "vitjax/peers/left/0" not in interrupted.store
   assert time.time() - started < 3  # Ctrl-C: no wait for the watch's verdict (an unexpected error waits 5.3 s)

@@ -24,7 +24,7 @@ import jax
 from absl import logging
 
 from vitjax import logs
-from vitjax.errors import EXIT_PREEMPTED, USER_ERRORS, ConfigError, Diverged, Preempted
+from vitjax.errors import EXIT_PREEMPTED, USER_ERRORS, ConfigError, Diverged, InputLost, Preempted
 
 PEER_TIMEOUT_S = 30  # default: a process silent this long is lost
 _PREFIX = "vitjax/peers"
@@ -122,7 +122,9 @@ class PeerWatch:
 
   Use as a context manager around the work: entering starts the watch (a daemon thread); leaving stops it and,
   when the work finished or ended the way every process ends it (a user error, preemption, divergence), tells the
-  other processes that this one leaves on purpose (they do not count it as lost). Any other exception first waits
+  other processes that this one leaves on purpose (they do not count it as lost). InputLost is this process's alone
+  (its data worker died): it exits at once (status 75), unannounced, so that the others stop as for a lost process.
+  Any other exception first waits
   `timeout` + 5 s for the watch's verdict, so that a collective broken by a dead peer ends with the watch's line
   rather than a traceback. A no-op on one process.
   """
@@ -141,13 +143,19 @@ class PeerWatch:
   def __exit__(self, exc_type, exc, tb) -> None:
     if self._thread is None:
       return
-    leaving = exc_type is None or issubclass(exc_type, _LEAVING)
-    if not leaving and issubclass(exc_type, Exception):
+    alone = exc_type is not None and issubclass(exc_type, InputLost)  # this process's own input: the others go on
+    leaving = exc_type is None or (issubclass(exc_type, _LEAVING) and not alone)
+    if not leaving and not alone and issubclass(exc_type, Exception):
       # an unexpected error, often a collective that failed because another process died: give the watch the
       # time to say so (it ends the process); if no process is lost, the error is this process's own
       self._stop.wait(self.timeout + 5)
     self._stop.set()
     self._thread.join()
+    if alone:  # its line is said; end now: jax's exit waits at a barrier for the others, which are mid-step
+      logging.flush()
+      sys.stderr.flush()
+      self._exit(EXIT_PREEMPTED)
+      return
     if not leaving:
       return  # the others are told nothing, and report this process lost unless they stop too
     try:

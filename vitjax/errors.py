@@ -11,13 +11,16 @@ The statuses::
         the same command to resume
     75  Preempted: SIGTERM or SIGINT; the step in flight was checkpointed; rerun the same command to resume.
         Also a multi-process run that lost a process (vitjax.distributed.PeerWatch): no new checkpoint; rerun
-        every process to resume from the last one
+        every process to resume from the last one. Also InputLost: a data worker process died (the out-of-memory
+        killer) and the last step trained was checkpointed
     130, 143  a second SIGINT / SIGTERM: stopped at once, without a checkpoint
 
 Anything else that escapes is a bug in vitjax and keeps its traceback.
 """
 
 import errno
+import re
+import signal
 
 
 class ConfigError(ValueError):
@@ -38,6 +41,15 @@ class Preempted(Exception):
   """
 
   exit_code = 75  # EX_TEMPFAIL (sysexits.h): a temporary failure, to be retried
+
+
+class InputLost(Preempted):
+  """A process that read the training batches died (a grain worker, killed: often the out-of-memory killer).
+
+  The steps already trained were checkpointed (in a one-process run; with more, each process's save is collective,
+  so the others stop as for a lost peer) and the run stopped. Rerun the same command to resume: it exits with
+  EXIT_PREEMPTED, which a cluster script requeues.
+  """
 
 
 class Diverged(Exception):
@@ -92,6 +104,29 @@ def write_failure(e: BaseException | None) -> str | None:
       return found
     e = e.__cause__ or e.__context__
   return None
+
+
+# grain's words (grain/_src/python/dataset/transformations/process_prefetch.py) for a worker process that died
+_LOST_WORKER = re.compile(r"Worker process was terminated unexpectedly with exit code (-?\d+)")
+
+
+def lost_worker(e: BaseException) -> str | None:
+  """What ended a grain worker process, if `e` is grain's report that one died; None for anything else.
+
+  An error raised inside a worker is not such a report: it comes back as that error, with its own traceback.
+  """
+  found = _LOST_WORKER.search(str(e)) if isinstance(e, RuntimeError) else None
+  if found is None:
+    return None
+  code = int(found.group(1))
+  if code >= 0:
+    return f"a grain worker process exited with status {code} (its own error is in the log above)"
+  try:
+    name = signal.Signals(-code).name
+  except ValueError:
+    name = f"signal {-code}"
+  oom = " (what the out-of-memory killer sends: fewer data.worker_count, or more memory for the job)"
+  return f"a grain worker process was killed by {name}" + (oom if -code == signal.SIGKILL else "")
 
 
 def is_write_failure_line(text: str) -> bool:

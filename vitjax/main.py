@@ -29,8 +29,8 @@ during training and one closing line at the default --verbosity=0; --verbosity=1
 Exit status: 0 done; 2 a problem you can fix (one "error: ..." line naming the fix; the workdir is left as it
 was); 3 the loss or parameters stopped being finite (nothing non-finite saved); 74 the workdir's disk filled up (or
 turned read-only) during training (one line; the last good checkpoint kept); 75 stopped by SIGTERM/SIGINT
-after checkpointing the step in flight, or another process was lost (rerun to resume); 128 + N a second signal N
-(see vitjax.errors).
+after checkpointing the step in flight, or another process or a data worker process was lost (rerun to resume);
+128 + N a second signal N (see vitjax.errors).
 """
 
 import json

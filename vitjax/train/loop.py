@@ -2,8 +2,9 @@
 
 train(): check the config and data -> lock the workdir -> build the data, model and initial state, or restore the
 newest intact checkpoint (a check that fails here puts the workdir back as it was) -> steps, progress,
-evaluations (vitjax.evaluators, config.evals), checkpoints -> final evaluation. It goes on or stops with one line: Preempted (SIGTERM/SIGINT, after
-checkpointing), Diverged (a non-finite step), ConfigError (input to fix).
+evaluations (vitjax.evaluators, config.evals), checkpoints -> final evaluation. It goes on or stops with one line:
+Preempted (SIGTERM/SIGINT, after checkpointing; InputLost, a dead data worker, after checkpointing the last step
+trained), Diverged (a non-finite step), ConfigError (input to fix).
 evaluate(): restore a checkpoint (or take the initial weights) and run one evaluator on it.
 """
 
@@ -24,7 +25,16 @@ from absl import logging
 
 from vitjax import evaluators, tasks
 from vitjax import mesh as mesh_lib
-from vitjax.errors import USER_ERRORS, ConfigError, Diverged, Preempted, WorkdirUnwritable, write_failure
+from vitjax.errors import (
+  USER_ERRORS,
+  ConfigError,
+  Diverged,
+  InputLost,
+  Preempted,
+  WorkdirUnwritable,
+  lost_worker,
+  write_failure,
+)
 from vitjax.logs import muted, plural
 from vitjax.mesh import agree, to_global
 from vitjax.tasks.base import EvaluationInterrupted
@@ -188,7 +198,7 @@ def _checked_train(config, workdir, allow_config_change, stop) -> dict:
     run = _Run(config, workdir, task, data, exp, plan, evals, ckpts, lock, stop, spent)
     return _train(run, state, start, data_state, changes)
   except Preempted as e:
-    logging.info("%s", e)
+    (logging.warning if isinstance(e, InputLost) else logging.info)("%s", e)
     raise
   finally:
     if ckpts is not None:
@@ -462,10 +472,22 @@ def _steps(run: _Run, train_step, state, start: int, reporter: Reporter, evaluat
   guard = _NonfiniteGuard(config, ckpts)
   total = plan.total
   batches = _prefetch(run.data, run.task, run.exp.batch_sharding)
+  saved = start  # the newest step on disk (0: none)
+  metrics = data_state = None  # the last trained step's (bound once a step has run)
   try:
     for step in range(start + 1, total + 1):
       waiting = time.perf_counter()
-      batch, data_state = next(batches)
+      try:
+        batch, data_state = next(batches)
+      except RuntimeError as e:  # a grain worker died: keep the steps trained, stop with one line
+        why = lost_worker(e)
+        if why is None:
+          raise
+        if step - 1 > saved and jax.process_count() == 1:  # (a save takes every process: with more, they stop)
+          guard.check_now(step - 1, metrics)
+          _save(reporter, ckpts, step - 1, state, data_state)
+          saved = step - 1
+        raise InputLost(_lost_input(why, step - 1, saved, ckpts)) from None
       reporter.waited(time.perf_counter() - waiting)
       profiler.before(step)
       state, metrics = profiler.run(step, train_step, state, batch)
@@ -495,6 +517,8 @@ def _steps(run: _Run, train_step, state, start: int, reporter: Reporter, evaluat
         evaluations.run(step, state, data_state, due)
       elif saving:
         _save(reporter, ckpts, step, state, data_state)
+      if evaluating or saving:
+        saved = step
       if out_of_time:
         break
   finally:
@@ -591,6 +615,15 @@ def _best_result(config, ckpts, evals) -> dict:
   ev, _ = evaluators.best_of(config, evals)
   row = {"step": best, "checkpoint": "best", "evaluator": ev.name, "split": ev.split, "weights": ev.weights}
   return {**row, **metrics}
+
+
+def _lost_input(why: str, trained: int, saved: int, ckpts) -> str:
+  n = jax.process_count()
+  again = "rerun the same command" if n == 1 else f"the other processes stop within --peer_timeout; rerun all {n}"
+  kept = f"checkpoint {saved} is in {ckpts.directory}: {again} to resume"
+  if not saved:
+    kept = f"nothing was checkpointed yet: {again} to start again"
+  return f"the training input stopped after step {trained}: {why}; {kept}"
 
 
 def _preempted(stop: StopRequest, step: int, ckpts) -> str:

@@ -14,10 +14,11 @@
 #
 # Faults: SLURM sends SIGTERM two minutes before the time limit (--signal) and on `scontrol requeue`; every process
 # finishes its step, the step is checkpointed, and they exit 75. A process that dies (a lost node) makes the others
-# stop with one line within --peer_timeout (75 too), as does one whose data worker process is killed (the
-# out-of-memory killer), after checkpointing its last step. On 75, or a task killed by a signal, the job requeues itself
-# and the same command resumes from the checkpoint; any other status ends the job: 0 done, 2 a config or data
-# problem (one "error:" line), 3 the loss diverged, 74 the workdir's disk is full or cannot be written.
+# stop with one line within --peer_timeout (75 too). A process whose grain worker is killed (the out-of-memory
+# killer) exits 75 as well, after checkpointing its last step when it runs alone. On 75, or a task killed by a
+# signal, the job requeues itself and the same command resumes from the checkpoint; any other status ends the job:
+# 0 done, 2 a config or data problem (one "error:" line), 3 the loss diverged, 74 the workdir's disk is full or
+# cannot be written.
 # PYTHON names the interpreter (default: python, as the job's PATH finds it).
 #
 #SBATCH --job-name=vitjax

@@ -472,7 +472,6 @@ def _steps(run: _Run, train_step, state, start: int, reporter: Reporter, evaluat
   guard = _NonfiniteGuard(config, ckpts)
   total = plan.total
   batches = _prefetch(run.data, run.task, run.exp.batch_sharding)
-  saved = start  # the newest step on disk (0: none)
   metrics = data_state = None  # the last trained step's (bound once a step has run)
   try:
     for step in range(start + 1, total + 1):
@@ -483,6 +482,7 @@ def _steps(run: _Run, train_step, state, start: int, reporter: Reporter, evaluat
         why = lost_worker(e)
         if why is None:
           raise
+        saved = ckpts.latest_step() or 0  # (0: none)
         if step - 1 > saved and jax.process_count() == 1:  # (a save takes every process: with more, they stop)
           guard.check_now(step - 1, metrics)
           _save(reporter, ckpts, step - 1, state, data_state)
@@ -517,8 +517,6 @@ def _steps(run: _Run, train_step, state, start: int, reporter: Reporter, evaluat
         evaluations.run(step, state, data_state, due)
       elif saving:
         _save(reporter, ckpts, step, state, data_state)
-      if evaluating or saving:
-        saved = step
       if out_of_time:
         break
   finally:

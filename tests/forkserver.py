@@ -104,16 +104,25 @@ def _child(module: str, args: list[str], env: dict, files: tuple[str, str, str],
 
 def _serve():
   import importlib
-  import signal
+  import shutil
   import tempfile
-  import time
 
   for name in PRELOAD:
     importlib.import_module(name)
   requests, replies = sys.stdin, os.fdopen(os.dup(1), "w")
   os.dup2(2, 1)  # a stray print of the server's goes to its stderr, not into the replies
   scratch = tempfile.mkdtemp(prefix="forkserver-")
-  files = tuple(os.path.join(scratch, n) for n in ("stdin", "stdout", "stderr"))
+  try:
+    _answer(requests, replies, tuple(os.path.join(scratch, n) for n in ("stdin", "stdout", "stderr")))
+  finally:  # the server ends when its test worker's pipe closes: its files go with it
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _answer(requests, replies, files) -> None:
+  """Serves each request line with a forked child; the child's stdin, stdout and stderr go through `files`."""
+  import signal
+  import time
+
   for line in requests:
     request = json.loads(line)
     with open(files[0], "w") as f:

@@ -290,6 +290,24 @@ def test_the_command_lines_run_forked_from_the_import_server():
   assert server.proc.poll() is None and server.env.get("JAX_COMPILATION_CACHE_DIR") == th.CACHE_DIR
 
 
+def test_an_ended_fork_server_leaves_nothing_in_the_temporary_directory(tmp_path):
+  """The server's files for its children's standard streams go when its test worker ends it (its stdin closes)."""
+  from forkserver import ForkServer
+
+  script = tmp_path / "hello.py"
+  script.write_text("print('hello')\n")
+  scratch = tmp_path / "scratch"
+  scratch.mkdir()
+  env = {**th.env(), "TMPDIR": str(scratch)}
+  server = ForkServer(env, th.ROOT)
+  proc = server.run(str(script), [], env)
+  assert (proc.returncode, proc.stdout) == (0, "hello\n"), proc.stderr[-2000:]
+  assert len(os.listdir(scratch)) == 1  # the server's, while it runs
+  server.proc.stdin.close()
+  assert server.proc.wait(timeout=60) == 0
+  assert os.listdir(scratch) == []
+
+
 def test_a_thread_left_running_cannot_keep_an_ended_command_alive():
   """Python waits for every non-daemon thread at exit: after a failed asynchronous write orbax left such threads waiting
   forever, and a run that had printed its error hung. cli.run exits anyway, EXIT_WAIT_S after the end, with the

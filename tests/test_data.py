@@ -292,6 +292,21 @@ def test_unprepared_dataset_error_names_the_command(tmp_path):
     )
 
 
+def test_vitjaxs_builders_leave_nothing_in_the_temporary_directory(tmp_path, monkeypatch):
+  """tfds looks an unprepared dataset's info up in its GCS bucket, first making a temporary directory it never
+  removes: every run or prepare of a new dataset left one. vitjax's own builders skip the lookup."""
+  scratch = tmp_path / "scratch"
+  scratch.mkdir()
+  monkeypatch.setattr("tempfile.tempdir", str(scratch))
+  images = tmp_path / "images"
+  for label in ("a", "b"):
+    (images / label).mkdir(parents=True)
+  for name in ("digits", "fashion_mnist", f"folder:{images}"):
+    builder = builders.get_builder(name, data_dir=str(tmp_path / "data"))
+    assert not builder.is_prepared()
+  assert os.listdir(scratch) == []
+
+
 def test_unknown_augment_keys_are_rejected():
   with pytest.raises(ValueError, match="'flip'.*'mixup_alpha'"):
     parse_augment({"fliplr": True})

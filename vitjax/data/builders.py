@@ -27,7 +27,7 @@ import os
 import numpy as np
 import tensorflow_datasets as tfds
 
-from vitjax.data.local import FILE_FORMAT, LocalBuilder, encode_png, features
+from vitjax.data.local import FILE_FORMAT, Info, LocalBuilder, encode_png, features
 
 DEBIAN_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 
@@ -70,8 +70,8 @@ class Digits(LocalBuilder):
   VERSION = tfds.core.Version("1.0.0")
   RELEASE_NOTES = {"1.0.0": "Initial release: 1497 train / 300 test."}
 
-  def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
+  def _info(self) -> Info:
+    return Info(
       builder=self,
       description=self.__doc__,
       features=features((8, 8, 1), num_classes=10),
@@ -153,8 +153,8 @@ class FashionMnistDeb(LocalBuilder):
     f"{DEBIAN_FASHION_MNIST_DIR}), or put the four IDX files in manual_dir."
   )
 
-  def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
+  def _info(self) -> Info:
+    return Info(
       builder=self,
       description=self.__doc__,
       features=features((28, 28, 1), names=list(_FASHION_MNIST_CLASSES)),

@@ -312,9 +312,9 @@ class ImageFolder(local.LocalBuilder, skip_registration=True):
     self.counts: collections.Counter = collections.Counter()  # kept / converted (per reason)
     self.skipped: list[tuple[str, str]] = []  # (path relative to the source, why)
 
-  def _info(self) -> tfds.core.DatasetInfo:
+  def _info(self) -> local.Info:
     names = list(self.scan_result.class_names) if self.scan_result else None
-    return tfds.core.DatasetInfo(
+    return local.Info(
       builder=self,
       description=f"Images of {self.source.name} ({self.source.abspath}), prepared by vitjax.data.folder.",
       features=local.features((None, None, 3), names=names),

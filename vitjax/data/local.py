@@ -52,6 +52,17 @@ def features(shape: tuple[int, int, int], names=None, num_classes=None):
   )
 
 
+class Info(tfds.core.DatasetInfo):
+  """The DatasetInfo of vitjax's own builders: tfds' own, but never looked up in tfds' GCS bucket.
+
+  tfds asks the bucket for the info of every builder whose dataset is not prepared yet. None of vitjax's datasets is
+  there, and each time tfds left an empty ``tmp*tfds`` directory in the system's temporary directory.
+  """
+
+  def initialize_from_bucket(self) -> None:
+    """Nothing to look up: the info is the builder's own until it is prepared."""
+
+
 class _ThisFile:
   """Descriptor giving a builder's ``code_path`` as the file defining it.
 

@@ -209,6 +209,30 @@ def test_export_refuses_what_the_format_cannot_express():
   gap = models.ViT(**TINY_VIT, pool_type="map")
   with pytest.raises(ValueError, match="no equivalent for pool_type='map'"):
     convert.to_vit_npz(gap, jax.jit(gap.init)(jax.random.key(0), x))
+  # neither file holds a LayerNorm epsilon (both formats' models use 1e-6: read back, 1e-3 moved the logits by 6.5e-3),
+  # and the original ViT's attention always has biases (its .npz without them did not read back)
+  for options, write in (
+    (dict(layernorm_eps=1e-12), lambda m, v: convert.to_timm(m, v, 16)),
+    (dict(layernorm_eps=1e-12), convert.to_vit_npz),
+    (dict(qkv_bias=False), convert.to_vit_npz),
+  ):
+    module = models.ViT(**TINY_VIT, **options)
+    ((name, value),) = options.items()
+    with pytest.raises(ValueError, match=f"no equivalent for {name}={value!r}"):
+      write(module, jax.jit(module.init)(jax.random.key(0), x))
+
+
+def test_a_vit_with_a_head_count_no_timm_name_has_reads_back_with_num_heads():
+  """A timm file does not hold the heads, and a timm name gives only its size's (tiny 3, small 6, medium 8, ...):
+  vitjax's own export of a 4-head ViT read back as 'vit_medium' (8 heads) gave other logits, without a word."""
+  module = models.ViT(**{**TINY_VIT, "width": 32, "num_heads": 4})
+  variables = _randomised(jax.jit(module.init)(jax.random.key(0), _images((16, 16))))
+  state_dict, cfg = convert.to_timm(module, variables, 16)
+  back, back_vars = convert.from_timm("vit_medium_patch4_16", state_dict, num_heads=cfg["kwargs"]["num_heads"])
+  assert back.num_heads == 4
+  _same_params(variables, back_vars)
+  with pytest.raises(ValueError, match="3 heads do not divide the weights' width 32: .* num_heads="):
+    convert.from_timm("vit_tiny_patch4_16", state_dict)
 
 
 def test_writers_name_a_tree_of_the_wrong_kind(tmp_path):
@@ -440,6 +464,9 @@ def test_export_command_writes_what_timm_and_from_vit_npz_load(finished_run, tmp
   assert _rel(_timm_logits(torch_ref, load_file(out), cfg, x), want) <= TOL
   back, back_vars = convert.from_vit_npz(str(tmp_path / "digits.npz"), act=trained.model.act)
   _same_params(jax.device_get(trained.variables["params"]), back_vars["params"])
+  # init_from's reader takes the heads (2: no timm name has 2) from the .json beside the weights
+  assert cfg["kwargs"]["num_heads"] == trained.model.num_heads == 2
+  _same_params(jax.device_get(trained.variables["params"]), convert.load_params(f"timm:vit_tiny_patch2_8:{out}"))
   bad = subprocess.run([*cmd, "--format=npz", "--out=x.bin"], cwd=th.ROOT, env=env, capture_output=True, text=True)
   assert (
     bad.returncode == 2

@@ -27,6 +27,7 @@ Exporters take `(module, variables)` back out::
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -45,13 +46,14 @@ check_shapes = u.check_shapes
 detect_layout = u.detect_layout
 
 
-def from_timm(timm_name: str, state_dict: Mapping[str, Any]):
+def from_timm(timm_name: str, state_dict: Mapping[str, Any], num_heads: int | None = None):
   """(module, variables) for a timm ViT or Swin, e.g. "vit_base_patch16_224", "swin_tiny_patch4_window7_224".
 
   state_dict: parameter name -> array (numpy or torch), e.g. `safetensors.numpy.load_file(...)` or
   `torch.load(...)` (a training checkpoint {'model': state_dict, ...} is unwrapped). The pretrained tag after a
-  dot ("vit_base_patch16_224.augreg_in21k") is ignored. ViT: the name gives the heads, the weights the rest.
-  Swin: the weights give everything, in timm's layout or Microsoft's (see from_swin). Keys the conversion does
+  dot ("vit_base_patch16_224.augreg_in21k") is ignored. ViT: `num_heads`, or else the name, gives the heads (the
+  weights cannot: pass it for a model whose head count no timm name has, e.g. one vitjax exported: its `.json` holds
+  it), the weights the rest. Swin: the weights give everything, in timm's layout or Microsoft's (see from_swin). Keys the conversion does
   not use (other than buffers) are an error, so an unsupported variant never loads half-converted.
   Activation: exact GELU, as timm builds these models.
   """
@@ -70,7 +72,7 @@ def from_timm(timm_name: str, state_dict: Mapping[str, Any]):
         f"{timm_name} is a timm {family.name}, but the weights are in the {layout} layout (another model family)"
         + ("; use from_vit_npz / init_from=npz:FILE" if layout == "vit-npz" else "")
       )
-    return converter.read(state_dict, layout, timm_name)
+    return converter.read(state_dict, layout, timm_name, num_heads=num_heads)
   raise ValueError(
     f"no conversion for timm model {timm_name!r}; supported: vit_{{tiny,small,medium,base,"
     "large,huge}_patchP_SIZE, the hybrids vit_{tiny,small,base,large}_rN_sS[_pP]_SIZE and swin_*"
@@ -154,7 +156,7 @@ def from_hub(spec: str):
   sd = _read_state_dict(spec, path)
   try:
     if repo.layout == "timm":
-      module, variables = from_timm(repo.timm_name, sd)
+      module, variables = from_timm(repo.timm_name, sd, num_heads=repo.config.get("model_args", {}).get("num_heads"))
     else:
       module, variables = from_hf(sd, {"_name_or_path": repo.repo_id, **repo.config})
   except (KeyError, ValueError) as e:  # weights of a variant vitjax does not read
@@ -395,9 +397,27 @@ def load_params(spec: str) -> dict:
     raise ConfigError(f"init_from={spec!r}: {path} is an .npz: the original ViT's or big_vision's weights: npz:{path}")
   sd = _read_state_dict(f"init_from={spec!r}", path)
   try:
-    return from_timm(name, sd)[1]["params"]
+    return from_timm(name, sd, num_heads=exported_heads(path))[1]["params"]
   except Exception as e:
     raise _load_error(spec, path, e) from None
+
+
+def exported_heads(path: str) -> int | None:
+  """The ViT's head count in the `.json` beside a timm file that vitjax's export wrote, or None.
+
+  FILE.json for FILE.safetensors; None where there is no such file or it is not a ViT's. The weights cannot give the
+  heads, and a timm name gives only its size's.
+  """
+  json_path = os.path.splitext(path)[0] + ".json"
+  try:
+    with open(json_path) as f:
+      cfg = json.load(f)
+    heads = cfg["kwargs"]["num_heads"] if cfg.get("model") in ("vit", "vit_hybrid") else None
+  except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    return None
+  if heads is not None:
+    logging.info("%d heads, from %s beside the weights", heads, json_path)
+  return heads
 
 
 def _read_state_dict(what: str, path: str) -> dict:

@@ -28,12 +28,13 @@ def detect(keys: set[str]) -> str | None:
   return "timm-swin" if "layers.0.blocks.0.norm1.weight" in keys and not swin_msft.detect(keys) else None
 
 
-def read(state_dict, layout: str = "timm-swin", timm_name: str | None = None):
+def read(state_dict, layout: str = "timm-swin", timm_name: str | None = None, num_heads=None):
   """(module, variables) for an (unwrapped) Swin state dict in `layout`, "timm-swin" or "swin-official" (Microsoft's).
 
-  The architecture (embed dim, depths, heads, window, patch, MLP ratio, classes) is read from the weights.
+  The architecture (embed dim, depths, heads, window, patch, MLP ratio, classes) is read from the weights; the name
+  and `num_heads` are not needed.
   """
-  del timm_name
+  del timm_name, num_heads
   if layout == "swin-official":
     state_dict = swin_msft.to_timm_layout(state_dict)
   r = u.Reader(state_dict)

@@ -45,8 +45,11 @@ def _norm(r: u.Reader, src: str, dst: str, out: dict) -> None:
   out[f"{dst}/scale"], out[f"{dst}/bias"] = r(f"{src}.weight"), r(f"{src}.bias")
 
 
-def read(state_dict, layout: str, timm_name: str):
-  """(module, variables) of timm hybrid `timm_name` ("vit_small_r26_s32_224") from its (unwrapped) state dict."""
+def read(state_dict, layout: str, timm_name: str, num_heads: int | None = None):
+  """(module, variables) of timm hybrid `timm_name` ("vit_small_r26_s32_224") from its (unwrapped) state dict.
+
+  The heads: `num_heads`, or the name's.
+  """
   del layout
   m = NAMES.match(timm_name.split(".")[0])
   r = u.Reader(state_dict)
@@ -66,7 +69,7 @@ def read(state_dict, layout: str, timm_name: str):
       if f"{src}.downsample.conv.weight" in r:
         out[f"{dst}/conv_proj/kernel"] = _conv(r, f"{src}.downsample.conv")
         _norm(r, f"{src}.downsample.norm", f"{dst}/gn_proj", out)
-  cfg, vit_out = vit_timm.read_vit(r, vit_lib.VARIANTS[_SIZES[m[1]]][3])
+  cfg, vit_out = vit_timm.read_vit(r, num_heads or vit_lib.VARIANTS[_SIZES[m[1]]][3])
   r.check_all_used(timm_name, u.TIMM_BUFFERS)
   module = hybrid_lib.HybridViT(
     **cfg,

@@ -188,6 +188,8 @@ def write(module, variables) -> dict[str, np.ndarray]:
     norm=("pre",),
     embed_norm=(False,),
     rel_pos_bias=(False,),
+    qkv_bias=(True,),  # the original's attention always has them: its readers need them
+    layernorm_eps=(1e-6,),  # the original's LayerNorm; the file holds no other
   )
   p = u.flat_params(variables["params"])
   out = {"embedding/kernel": p["embedding/kernel"], "embedding/bias": p["embedding/bias"]}

@@ -1,7 +1,7 @@
 """The ViT in timm's layout (VisionTransformer: patch_embed.proj, blocks.N.attn.qkv, ...), both ways.
 
 read(name, state_dict) -> (module, variables); write(module, params, image_size) -> (state_dict, timm config).
-The name gives the heads, the weights the rest; activation: exact GELU, as timm builds these models.
+The name (or num_heads) gives the heads, the weights the rest; activation: exact GELU, as timm builds these models.
 """
 
 from __future__ import annotations
@@ -30,12 +30,15 @@ def detect(keys: set[str]) -> str | None:
   return "timm-vit" if "blocks.0.attn.qkv.weight" in keys else None
 
 
-def read(state_dict, layout: str, timm_name: str):
-  """(module, variables) of timm ViT `timm_name` ("vit_base_patch16_224") from its (unwrapped) state dict."""
+def read(state_dict, layout: str, timm_name: str, num_heads: int | None = None):
+  """(module, variables) of timm ViT `timm_name` ("vit_base_patch16_224") from its (unwrapped) state dict.
+
+  The heads: `num_heads`, or the name's.
+  """
   del layout
   m = NAMES.match(timm_name.split(".")[0])
   r = u.Reader(state_dict)
-  module, flat, hw = _read(m, r)
+  module, flat, hw = _read(m, r, num_heads)
   r.check_all_used(timm_name, u.TIMM_BUFFERS)
   return u.finish(module, flat, hw)
 
@@ -55,18 +58,24 @@ def _timm_attention_pool(r: u.Reader, heads: int, out: dict) -> None:
   u.timm_mlp(r, "attn_pool.mlp", "map_head/mlp", out)
 
 
-def _read(m: re.Match, r: u.Reader):
-  variant = vit_lib.parse_variant(f"{_SIZES[m[1]]}/{m[2]}")
-  cfg, out = read_vit(r, variant["num_heads"])
+def _read(m: re.Match, r: u.Reader, num_heads: int | None):
+  cfg, out = read_vit(r, num_heads or vit_lib.VARIANTS[_SIZES[m[1]]][3])
   return vit_lib.ViT(**cfg), out, (int(m[3]), int(m[3]))  # the name's image size, as timm builds it
 
 
 def read_vit(r: u.Reader, heads: int) -> tuple[dict, dict[str, np.ndarray]]:
   """The ViT part of a timm VisionTransformer state dict: (ViT keyword arguments, flax-named parameters).
 
-  What read() and the hybrid's reader (vitjax.models.vit_hybrid_timm) share; heads: from the model's name.
+  What read() and the hybrid's reader (vitjax.models.vit_hybrid_timm) share; heads: from the model's name or the
+  caller. Raises ValueError when they do not divide the weights' width (timm's weights do not hold the head count).
   """
   kernel = r.arrays["patch_embed.proj.weight"]  # [D, C, p, p]
+  if kernel.shape[0] % heads:
+    raise ValueError(
+      f"{heads} heads do not divide the weights' width {kernel.shape[0]}: the weights do not say how many heads "
+      "they were trained with; give the number (from_timm's num_heads=, or the .json vitjax's export writes beside "
+      "the file)"
+    )
   variant = dict(num_heads=heads, width=kernel.shape[0], patch_size=tuple(kernel.shape[2:]))
   variant["mlp_dim"] = r.arrays["blocks.0.mlp.fc1.weight"].shape[0]
   depth = len({k.split(".")[1] for k in r.arrays if k.startswith("blocks.")})
@@ -131,6 +140,7 @@ def write(module, p: dict, image_size) -> tuple[dict, dict]:
     norm=("pre",),
     embed_norm=(False,),
     rel_pos_bias=(False,),
+    layernorm_eps=(1e-6,),  # timm's LayerNorm; its arguments hold no other
   )
   out: dict[str, np.ndarray] = {}
   k = p["embedding/kernel"]  # [p, p, C, D]

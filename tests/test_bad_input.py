@@ -123,6 +123,11 @@ def _cases():
   add("eval step missing", "finished", ["--mode=eval", "--checkpoint=7", "--config="], "no checkpoint for step 7")
   add("eval split", "finished", ["--mode=eval", "--split=validation", "--config="], "validation", "split")
   add("eval without a run", "notes", ["--mode=eval", "--config="], "config.json not found")
+  add("eval of a read-only run", "readonly_run", ["--mode=eval", "--config="], "is not writable", "cp -r")
+  add("average of a read-only run", "readonly_run", ["AVERAGE", "--last=2"], "is not writable", "an average records")
+  # flags that the mode would ignore: an evaluation's, given to a training, trained (or resumed) the run instead
+  add("eval flags in training", "finished", ["--split=test", "--checkpoint=latest"], "--checkpoint, --split are for -")
+  add("multihost flags alone", "new", ["--num_processes=2", "--process_id=1"], "are for --multihost only")
   # a translation run's data (a 60-pair TSV: 20 to train on)
   tsv = ["--config=TRANSLATION", "--config.data.source=tsv:PAIRS", "--config.data.num_valid=20"]
   tsv += ["--config.data.num_test=20", "--config.data.tokenizer_sentences=100"]
@@ -202,6 +207,11 @@ def _workdir(kind, tmp_path, places):
   if kind == "finished":
     return places["finished"]
   path = tmp_path / "w"
+  if kind == "readonly_run":  # a copy of the finished run, made immutable
+    shutil.copytree(places["finished"], path)
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+      pytest.skip("cannot make a folder read-only here (chattr +i failed)")
+    return str(path)
   if kind == "file":
     path.write_text("not a folder\n")
     return str(path)
@@ -233,6 +243,8 @@ def test_bad_input_is_one_line_exit_2_and_leaves_the_workdir_alone(kind, args, w
   try:
     if args and args[0] == "TRANSLATE":
       proc = th.run_module("translate", f"--workdir={workdir}", *args[1:], stdin="hello\n")
+    elif args and args[0] == "AVERAGE":
+      proc = th.run_module("average", f"--workdir={workdir}", *args[1:])
     else:
       # "--config=" alone: no config file (and none of the tiny run's --config.* overrides)
       config = None if "--config=" in args else next((a[9:] for a in args if a.startswith("--config=")), th.CONFIG)
@@ -241,7 +253,7 @@ def test_bad_input_is_one_line_exit_2_and_leaves_the_workdir_alone(kind, args, w
     after = _state(workdir)
     created = _state(os.path.dirname(workdir)) if kind == "new" else None  # a new workdir's parent is new too
   finally:
-    if kind == "readonly":
+    if kind.startswith("readonly"):
       subprocess.run(["chattr", "-i", workdir])
   th.assert_refused(proc, words)
   assert after == before, "the workdir changed"
@@ -288,6 +300,44 @@ def test_the_command_lines_run_forked_from_the_import_server():
   assert proc.returncode == 2 and "--mode" in th.error_lines(proc), proc.stderr[-2000:]
   server = th._servers[th._import_time(th.env())]
   assert server.proc.poll() is None and server.env.get("JAX_COMPILATION_CACHE_DIR") == th.CACHE_DIR
+
+
+@pytest.mark.parametrize(
+  "module, args",
+  [
+    ("main", [f"--config={th.CONFIG}", "--workdir="]),
+    ("main", [f"--config={th.CONFIG}", "--workdir= "]),
+    ("main", ["--mode=eval", "--workdir="]),
+    ("export", ["--workdir=", "--format=npz", "--out=m.npz"]),
+    ("plot", ["--workdir=", "--out=curves.png"]),
+  ],
+)
+def test_an_empty_path_flag_is_refused_rather_taken_as_the_current_folder(module, args, tmp_path):
+  """`--workdir=$WORKDIR` with the variable unset trained a run into the current folder (or evaluated it)."""
+  proc = th.run_module(module, *args, cwd=str(tmp_path))
+  th.assert_refused(proc, ["--workdir is empty: give a path"])
+  assert os.listdir(tmp_path) == []
+
+
+def test_a_config_file_given_after_a_space_is_checked_as_one_given_with_an_equals_sign(tmp_path):
+  proc = th.run_module("main", "--config", "/nonexistent/c.py", f"--workdir={tmp_path / 'w'}")
+  th.assert_refused(proc, ["no such file /nonexistent/c.py"])
+  assert os.listdir(tmp_path) == []
+
+
+def test_ctrl_c_where_no_handler_of_vitjaxs_takes_it_is_one_line_and_exit_130():
+  """An evaluation, or the start of any command (its config file, imports): a KeyboardInterrupt traceback before."""
+  script = textwrap.dedent("""
+    from vitjax import cli
+
+    def main():
+      raise KeyboardInterrupt
+
+    cli.run(main)
+  """)
+  proc = subprocess.run([sys.executable, "-c", script], env=th.env(), capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 130 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines()[-1] == "SIGINT: stopped"
 
 
 def test_an_ended_fork_server_leaves_nothing_in_the_temporary_directory(tmp_path):

@@ -5,10 +5,11 @@ Used as:
     if __name__ == "__main__":
       cli.run(main)          # main() -> exit status (None: 0), reading its absl FLAGS
 
-It parses the flags (a bad flag, a missing or broken config file, or a misspelt --config.FIELD: one "error: ..."
-line and exit status 2), sets up the log at --verbosity (vitjax.logs: stderr; results go to stdout), runs main()
+It parses the flags (a bad flag, a missing or broken config file, a misspelt --config.FIELD, or an empty path flag
+such as --workdir= from an unset variable: one "error: ..." line and exit status 2), sets up the log at --verbosity (vitjax.logs: stderr; results go to stdout), runs main()
 and turns how it ended into the exit statuses of vitjax.errors: a problem the user can fix is one "error: ..."
-line and 2; Preempted 75 and Diverged 3, already logged; anything else is a bug and keeps its traceback.
+line and 2; Preempted 75 and Diverged 3, already logged; Ctrl-C that no handler of vitjax's takes, "SIGINT:
+stopped" and 130; anything else is a bug and keeps its traceback.
 """
 
 import os
@@ -55,9 +56,9 @@ def _unknown_field_message(e: BaseException, argv) -> str | None:
 
 def _config_file_problem(argv) -> str | None:
   """One line for a --config file that does not exist or does not parse, or None."""
-  for arg in argv[1:]:
-    if arg.startswith("--config="):
-      value = arg.split("=", 1)[1]
+  for arg, following in zip(argv[1:], [*argv[2:], None]):
+    if arg.startswith("--config=") or (arg == "--config" and following is not None):  # --config=FILE, --config FILE
+      value = arg.split("=", 1)[1] if "=" in arg else following
       path = value.split(":", 1)[0]
       if not os.path.isfile(path):
         return f"--config={value}: no such file {path} (give a config file such as configs/vit_digits.py)"
@@ -100,6 +101,20 @@ def _config_value_problem(argv) -> str | None:
   return None
 
 
+# flags that name a file or folder: given empty (a job script's unset variable), each would mean the current directory
+PATH_FLAGS = ("workdir", "out", "sweep_dir")
+
+
+def _empty_path_problem() -> str | None:
+  """One line for a path flag given as an empty string (or a list flag with an empty item), or None."""
+  for name in PATH_FLAGS:
+    if name in flags.FLAGS and flags.FLAGS[name].present:
+      value = flags.FLAGS[name].value
+      if not all(str(v).strip() for v in (value if isinstance(value, list) else [value])) or value == []:
+        return f"--{name} is empty: give a path (an unset variable in a script gives this; '' is not taken as '.')"
+  return None
+
+
 def _root(e: BaseException) -> BaseException:
   """The innermost cause (ml_collections wraps a config file's own error twice)."""
   while e.__cause__ is not None or (e.__context__ is not None and not e.__suppress_context__):
@@ -122,7 +137,7 @@ def parse_flags(argv):
     try:
       with logs.muted():  # ml_collections' warnings while it loads the file: the error line says it
         rest = flags.FLAGS(argv)
-        problem = _config_value_problem(argv)
+        problem = _config_value_problem(argv) or _empty_path_problem()
       if problem is None:
         return rest
     except (flags.Error, AttributeError, KeyError, ValueError, TypeError) as e:
@@ -153,7 +168,11 @@ def run(main: Callable[[], int | None]) -> None:
       exit_within(EXIT_WAIT_S, status)
     sys.exit(status)
 
-  app.run(entry, flags_parser=parse_flags)
+  try:
+    app.run(entry, flags_parser=parse_flags)
+  except KeyboardInterrupt:  # Ctrl-C where no handler of vitjax's takes it (training's checkpoints; see preemption)
+    print("\nSIGINT: stopped", file=sys.stderr, flush=True)
+    sys.exit(130)
 
 
 EXIT_WAIT_S = 30.0

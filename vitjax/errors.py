@@ -13,7 +13,9 @@ The statuses::
         Also a multi-process run that lost a process (vitjax.distributed.PeerWatch): no new checkpoint; rerun
         every process to resume from the last one. Also InputLost: a data worker process died (the out-of-memory
         killer) and the last step trained was checkpointed
-    130, 143  a second SIGINT / SIGTERM: stopped at once, without a checkpoint
+    130, 143  a second SIGINT / SIGTERM: stopped at once, without a checkpoint. 130 also for Ctrl-C where
+        training's handler is not installed (an evaluation, the other tools, a command's start): one line,
+        "SIGINT: stopped"
 
 Anything else that escapes is a bug in vitjax and keeps its traceback.
 """

@@ -11,6 +11,9 @@ saved in the workdir (config.json with the changes of config_history.jsonl). In 
 kept step with the best `config.best`, and --eval=NAME runs any evaluator of config.evals (default: the one `best`
 names), or any type by name with its default options (classification, probe, mae, translation: vitjax.evaluators).
 
+The eval flags (--eval, --checkpoint, --split, --weights) without --mode=eval, and --coordinator_address,
+--num_processes or --process_id without --multihost, are refused: a training would ignore them.
+
 Several processes (hosts): the same command on each, with --multihost --coordinator_address=HOST0:PORT
 --num_processes=N --process_id=I (or --multihost alone under SLURM, Open MPI, Kubernetes or on TPU pods, where
 jax.distributed finds them). config.mesh lays the devices out (vitjax.mesh). A process that dies makes the others
@@ -108,6 +111,27 @@ def _print_result(result: dict) -> None:
     print(json.dumps(result) if FLAGS.json else format_result(result), flush=True)
 
 
+EVAL_FLAGS = ("eval", "checkpoint", "split", "weights")
+MULTIHOST_FLAGS = ("coordinator_address", "num_processes", "process_id")
+
+
+def _check_flags() -> None:
+  """ConfigError for flags the mode or --multihost would ignore (an evaluation's, given to a training, trains)."""
+  from vitjax.errors import ConfigError
+
+  for given, needs, fix in (
+    (EVAL_FLAGS, FLAGS.mode == "eval", "add --mode=eval to evaluate"),
+    (MULTIHOST_FLAGS, FLAGS.multihost, "add --multihost to run as one of several processes"),
+  ):
+    present = [f"--{n}" for n in given if FLAGS[n].present]
+    if present and not needs:
+      flag = "--mode=eval" if given is EVAL_FLAGS else "--multihost"
+      raise ConfigError(
+        f"{', '.join(present)} {'is' if len(present) == 1 else 'are'} for {flag} only: {fix}, or leave "
+        f"{'it' if len(present) == 1 else 'them'} out"
+      )
+
+
 def main() -> None:
   """Command line entry: trains (--mode=train) or evaluates (--mode=eval) the experiment in --workdir.
 
@@ -116,6 +140,7 @@ def main() -> None:
   """
   from vitjax import distributed, train
 
+  _check_flags()
   if FLAGS.multihost:
     distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.peer_timeout)
   with distributed.PeerWatch(FLAGS.peer_timeout):  # a lost process: one line, exit 75

@@ -28,12 +28,13 @@ def remove_empty(folders: list[str]) -> None:
       break
 
 
-def check_writable(path: str, flag: str, *, folder: bool, make_parents: bool = True) -> None:
+def check_writable(path: str, flag: str, *, folder: bool, make_parents: bool = True, fix: str = "") -> None:
   """ConfigError naming --FLAG unless `path` can be written.
 
   `path` is a folder (`folder`) or a file, where it is or in the folders os.makedirs would make (`make_parents`;
   otherwise its folder must exist). It creates nothing: it probes the nearest existing folder with a temporary file (root passes os.access on
-  read-only and immutable folders; a real write does not).
+  read-only and immutable folders; a real write does not). `fix`: what the message says to do about an unwritable
+  folder (default: fix its permissions or give another --FLAG).
   """
   given, path = path, os.path.abspath(path)
   where = f"--{flag}={given}"
@@ -54,5 +55,5 @@ def check_writable(path: str, flag: str, *, folder: bool, make_parents: bool = T
     os.remove(probe)
   except OSError as e:
     raise ConfigError(
-      f"{where}: {existing} is not writable ({e.strerror}); fix its permissions or give another --{flag}"
+      f"{where}: {existing} is not writable ({e.strerror}); {fix or f'fix its permissions or give another --{flag}'}"
     ) from None

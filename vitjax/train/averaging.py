@@ -61,6 +61,7 @@ def average(config, workdir: str, last: int | None = None, steps=None) -> dict:
   Returns {"workdir", "steps": the members, "step": the newest member's}.
   """
   workdir = os.path.abspath(workdir)
+  workdir_lib.check_recordable(workdir, "an average")
   lock = workdir_lib.Lock(workdir)
   lock.acquire()  # one writer: not beside a training run (which deletes old steps) or another averaging
   try:

@@ -709,6 +709,8 @@ def evaluate(
   if initial or not trained:
     workdir_lib.check_path(workdir)
     task.check()
+  else:
+    workdir_lib.check_recordable(workdir, "an evaluation")
   name = name or str(config.best).split("/")[0]
   configured = evaluators.entries(config).get(name, {}).get("weights") or "params"
   ev = evaluators.named(config, task, name, workdir, split=split, weights=weights)

@@ -140,6 +140,15 @@ def read_json(workdir: str, name: str):
 FOLDERS = ("checkpoints", "tb", "corrupt", "averaged")  # what a run (or vitjax.average) keeps in a workdir as folders
 
 
+def check_recordable(workdir: str, what: str) -> None:
+  """ConfigError, before any work, when `what` ("an evaluation", ...) could not record its result in the run's folder.
+
+  `workdir` is an existing run's; read-only, or not the user's, it fails here rather than after the work.
+  """
+  fix = f"{what} records its result there: fix its permissions, or copy the run (cp -r {workdir} COPY) and give COPY"
+  paths.check_writable(workdir, "workdir", folder=True, fix=fix)
+
+
 def check_path(workdir: str) -> None:
   """A workdir must be a writable folder, or not exist yet, and hold no file where a run keeps a folder.
 

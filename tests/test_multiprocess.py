@@ -22,6 +22,36 @@ import train_helpers as th
 pytestmark = pytest.mark.xdist_group("multiprocess")
 
 
+@pytest.mark.parametrize("address", ["localhost", "localhost:notaport", "localhost:0", "localhost:70000", ":1234"])
+def test_a_malformed_coordinator_address_is_one_line(address):
+  """jax.distributed.initialize crashed on these: an IndexError inside jax, or a segmentation fault."""
+  from vitjax import distributed
+  from vitjax.errors import ConfigError
+
+  with pytest.raises(ConfigError, match=f"--coordinator_address={address} must be HOST:PORT"):
+    distributed.initialize(address, 2, 0)
+
+
+def test_a_taken_port_or_a_coordinator_that_never_comes_is_one_line_not_a_crash(caplog):
+  """Process 0 on a port something listens on: jax's segmentation fault. Process 1 with nothing at the address:
+  silence, then jax's abort after 300 s. Both now a ConfigError, before jax is called; process 1 says it waits."""
+  from vitjax import distributed
+  from vitjax.errors import ConfigError
+
+  caplog.set_level("INFO", logger="absl")
+  with socket.create_server(("127.0.0.1", 0)) as taken:
+    address = f"127.0.0.1:{taken.getsockname()[1]}"
+    with pytest.raises(ConfigError, match=f"process 0 cannot listen on port {address.split(':')[1]} .*another port"):
+      distributed.check_coordinator(address, 0, 1)
+    distributed.check_coordinator(address, 1, 1)  # it answers
+  with pytest.raises(
+    ConfigError, match=f"--coordinator_address={address}: nothing answered there in 2 s .*--process_id=0"
+  ):
+    distributed.check_coordinator(address, 1, 2)
+  assert f"process 1: waiting for process 0 at {address} (up to 2 s)" in caplog.text
+  distributed.check_coordinator(address, 0, 1)  # free again
+
+
 def _port() -> int:
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
@@ -216,18 +246,21 @@ def test_multihost_flags_are_checked_before_jax_distributed_starts(monkeypatch):
   calls = []
   monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **kw: calls.append((a, kw)))
   monkeypatch.setattr(logs, "_PROCESS", list(logs._PROCESS))
+  coordinator = socket.create_server(("127.0.0.1", 0))  # what process 1 checks is there before jax connects
+  address = f"127.0.0.1:{coordinator.getsockname()[1]}"
   with pytest.raises(ConfigError, match="give all of --coordinator_address=HOST:PORT, --num_processes=N and"):
-    distributed.initialize("127.0.0.1:1234", 2, None)
+    distributed.initialize(address, 2, None)
   with pytest.raises(ConfigError, match=r"--process_id=2 must be in \[0, --num_processes=2\)"):
-    distributed.initialize("127.0.0.1:1234", 2, 2)
+    distributed.initialize(address, 2, 2)
   with pytest.raises(ConfigError, match=r"--process_id=-1 must be in"):
-    distributed.initialize("127.0.0.1:1234", 2, -1)
+    distributed.initialize(address, 2, -1)
   with pytest.raises(ConfigError, match=r"--peer_timeout=0.5 must be at least 1 \(seconds\)"):
     distributed.initialize(peer_timeout=0.5)
   assert not calls
-  distributed.initialize("127.0.0.1:1234", 2, 1, peer_timeout=1)  # the last index, the shortest timeout
+  distributed.initialize(address, 2, 1, peer_timeout=1)  # the last index, the shortest timeout
+  coordinator.close()
   distributed.initialize(peer_timeout=50)  # none given: JAX detects the cluster
-  assert [a for a, _ in calls] == [("127.0.0.1:1234", 2, 1), (None, None, None)]
+  assert [a for a, _ in calls] == [(address, 2, 1), (None, None, None)]
   assert [kw["heartbeat_timeout_seconds"] for _, kw in calls] == [100, 150]
 
   def no_cluster(*args, **kwargs):

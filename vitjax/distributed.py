@@ -16,6 +16,8 @@ is set well above `timeout`, so this line comes first.
 from __future__ import annotations
 
 import os
+import re
+import socket
 import sys
 import threading
 import time
@@ -27,6 +29,7 @@ from vitjax import logs
 from vitjax.errors import EXIT_PREEMPTED, USER_ERRORS, ConfigError, Diverged, InputLost, Preempted
 
 PEER_TIMEOUT_S = 30  # default: a process silent this long is lost
+COORDINATOR_WAIT_S = 300  # how long the other processes wait for process 0's coordinator (jax's own default)
 _PREFIX = "vitjax/peers"
 _LEAVING = (*USER_ERRORS, FileNotFoundError, Preempted, Diverged)  # ways every process stops alike
 
@@ -89,6 +92,8 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None, pe
     raise ConfigError(f"--process_id={process_id} must be in [0, --num_processes={num_processes})")
   if peer_timeout < 1:
     raise ConfigError(f"--peer_timeout={peer_timeout} must be at least 1 (seconds)")
+  if coordinator_address is not None:
+    check_coordinator(coordinator_address, process_id, COORDINATOR_WAIT_S)
   try:
     jax.distributed.initialize(
       coordinator_address,
@@ -109,6 +114,48 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None, pe
     jax.local_device_count(),
     jax.device_count(),
   )
+
+
+def check_coordinator(address: str, process_id: int, wait_s: float) -> None:
+  """ConfigError where jax.distributed.initialize would crash the process rather than raise.
+
+  A malformed address (jax: an IndexError, or a segmentation fault); for process 0, which serves there, a port that
+  something else listens on (a segmentation fault); for the others, nothing answering there within `wait_s` seconds
+  (jax aborts the process after its own 300 s, silently until then: they say here that they wait).
+  """
+  m = re.fullmatch(r"(\[[0-9a-fA-F:.]+\]|[^\s:\[\]]+):(\d+)", address)
+  if not m or not 0 < int(m[2]) < 65536:
+    raise ConfigError(
+      f"--coordinator_address={address} must be HOST:PORT, process 0's host and a free port there, e.g. 10.0.0.1:8476"
+    )
+  host, port = m[1].strip("[]"), int(m[2])
+  if process_id == 0:
+    try:
+      if socket.has_dualstack_ipv6():  # where jax listens: [::]:PORT
+        socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True).close()
+      else:
+        socket.create_server(("", port)).close()
+    except OSError as e:
+      raise ConfigError(
+        f"--coordinator_address={address}: process 0 cannot listen on port {port} ({e.strerror}): another program "
+        "or run holds it; give every process another port"
+      ) from None
+    return
+  deadline, said = time.monotonic() + wait_s, False
+  while True:
+    try:
+      socket.create_connection((host, port), timeout=5).close()
+      return
+    except OSError as e:
+      if time.monotonic() >= deadline:
+        raise ConfigError(
+          f"--coordinator_address={address}: nothing answered there in {wait_s:g} s ({e.strerror or e}): start process "
+          "0 (--process_id=0) with this address, or give the address it runs at"
+        ) from None
+      if not said:
+        logging.info("process %d: waiting for process 0 at %s (up to %g s)", process_id, address, wait_s)
+        said = True
+      time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
 
 def _client():

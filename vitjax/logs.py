@@ -6,6 +6,7 @@ can call it too (a notebook shows nothing below WARNING otherwise). `--verbosity
     --verbosity=-1   warnings and errors only
     --verbosity=0    (default) vitjax's progress and results, and everyone's warnings and errors
     --verbosity=1    also the libraries' INFO lines (orbax, grain, tfds, jax) and vitjax's debug lines
+    --verbosity=2    also the libraries' debug lines (thousands in a short run: every PNG chunk PIL reads, ...)
 
 Lines read `HH:MM:SS message`; a warning or error says so and, when it comes from a library, which one.
 In a run of several processes (vitjax.distributed sets them here), process 0 logs as one process would; the
@@ -77,7 +78,11 @@ def _is_write_failure(record: py_logging.LogRecord) -> bool:
 
 
 class _Filter(py_logging.Filter):
-  """At verbosity <= 0 only vitjax's INFO lines pass; warnings and errors always do (but known-harmless ones)."""
+  """Which lines pass, by absl's verbosity.
+
+  At verbosity <= 0 only vitjax's INFO lines pass; warnings and errors always do (but known-harmless ones); the
+  libraries' INFO lines at 1, their debug lines at 2.
+  """
 
   def filter(self, record: py_logging.LogRecord) -> bool:
     if is_quiet_process() and record.levelno < py_logging.WARNING:
@@ -86,7 +91,10 @@ class _Filter(py_logging.Filter):
       if not _from_vitjax(record) and _is_write_failure(record) and logging.get_verbosity() < 1:
         return False  # a library's account of a full disk: the trainer says it in one line (WorkdirUnwritable)
       return not str(record.msg).startswith(_HARMLESS) or logging.get_verbosity() >= 1
-    return _from_vitjax(record) or logging.get_verbosity() >= 1
+    verbosity = logging.get_verbosity()
+    if _from_vitjax(record) or verbosity >= 2:
+      return True
+    return verbosity >= 1 and record.levelno >= py_logging.INFO
 
 
 class _Formatter(py_logging.Formatter):

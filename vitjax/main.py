@@ -27,7 +27,7 @@ second one stops at once, naming the first.
 Output: the result on stdout, one line (or one JSON object with --json): training's best checkpoint with its
 validation metrics, or the evaluated checkpoint with its metrics. The log goes to stderr: progress, evaluations
 during training and one closing line at the default --verbosity=0; --verbosity=1 adds the libraries' INFO lines
-(orbax, grain, tfds), --verbosity=-1 keeps warnings and errors only (see vitjax.logs).
+(orbax, grain, tfds), 2 their debug lines too, --verbosity=-1 keeps warnings and errors only (see vitjax.logs).
 
 Exit status: 0 done; 2 a problem you can fix (one "error: ..." line naming the fix; the workdir is left as it
 was); 3 the loss or parameters stopped being finite (nothing non-finite saved); 74 the workdir's disk filled up (or

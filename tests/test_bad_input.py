@@ -25,7 +25,19 @@ def _cases():
   add("checkpoint_every=0", "new", ["--config.checkpoint_every=0"], "checkpoint_every=0 must be at least 1")
   add("log_every=0", "notes", ["--config.log_every=0"], "log_every=0 must be at least 1")
   add("eval_every<0", "new", ["--config.eval_every=-5"], "eval_every=-5 must be at least 1")
-  add("keep_checkpoints=0", "new", ["--config.keep_checkpoints=0"], "keep_checkpoints=0 must be at least 1")
+  add(
+    "keep_checkpoints=0",
+    "new",
+    ["--config.keep_checkpoints=0"],
+    "keep_checkpoints=0 must be at least 1 (e.g. --config.keep_checkpoints=3)",
+  )
+  add("total_steps<0", "new", ["--config.total_steps=-5"], "total_steps=-5 must be at least 1")  # not '0 or more'
+  add(
+    "an override without its file",
+    "finished",
+    ["--config=", "--config.total_steps=40"],
+    "--config.total_steps changes a field of a config file",
+  )
   add("total_steps=0", "new", ["--config.total_steps=0"], "the run has 0 steps", "--config.total_steps")
   add("max_train_minutes<0", "new", ["--config.max_train_minutes=-1"], "max_train_minutes=-1", "positive")
   add("profile_steps reversed", "new", ["--config.profile_steps=(4, 3)"], "profile_steps=(4, 3)", "first <= last")
@@ -119,7 +131,14 @@ def _cases():
     "Use the config it was written with",
   )
   add("total not beyond", "finished", ["--config.total_steps=20", "--allow_config_change"], "is not beyond it")
-  add("eval checkpoint=abc", "finished", ["--mode=eval", "--checkpoint=abc", "--config="], "'best', 'latest' or a step")
+  add("eval checkpoint=abc", "finished", ["--mode=eval", "--checkpoint=abc", "--config="], "'best', 'latest', a step")
+  add(
+    "eval of no average",
+    "finished",
+    ["--mode=eval", "--checkpoint=averaged", "--config="],
+    "no averaged checkpoint",
+    "--last=3",  # what the run keeps: the hint said --last=5, which then failed
+  )
   add("eval step missing", "finished", ["--mode=eval", "--checkpoint=7", "--config="], "no checkpoint for step 7")
   add("eval split", "finished", ["--mode=eval", "--split=validation", "--config="], "validation", "split")
   add("eval without a run", "notes", ["--mode=eval", "--config="], "config.json not found")

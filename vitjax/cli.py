@@ -55,7 +55,13 @@ def _unknown_field_message(e: BaseException, argv) -> str | None:
 
 
 def _config_file_problem(argv) -> str | None:
-  """One line for a --config file that does not exist or does not parse, or None."""
+  """One line for a --config file that does not exist or does not parse, or an override without one, or None."""
+  overrides = [a.split("=", 1)[0] for a in argv[1:] if a.startswith("--config.")]
+  if overrides and not any(a == "--config" or a.startswith("--config=") and a != "--config=" for a in argv[1:]):
+    return (
+      f"{overrides[0]} changes a field of a config file: give the file too, --config=configs/NAME.py (a run's "
+      "workdir/config.json has the values it ran with)"
+    )
   for arg, following in zip(argv[1:], [*argv[2:], None]):
     if arg.startswith("--config=") or (arg == "--config" and following is not None):  # --config=FILE, --config FILE
       value = arg.split("=", 1)[1] if "=" in arg else following

@@ -196,7 +196,9 @@ class Checkpoints:
     try:
       step = int(which)
     except ValueError:
-      raise ConfigError(f"--checkpoint={which!r}: use 'best', 'latest' or a step number ({steps})") from None
+      raise ConfigError(
+        f"--checkpoint={which!r}: use 'best', 'latest', a step number ({steps}) or 'averaged'"
+      ) from None
     if step not in steps:
       raise ConfigError(f"no checkpoint for step {step} in {self.directory}; there are {steps}")
     return [step]
@@ -385,7 +387,8 @@ def read_variables(workdir: str, config, which, abstract: dict, weights: str = "
   found = [d for d in (AVERAGED, AVERAGED + ".old") if os.path.isdir(os.path.join(workdir, d))]
   if not found:  # (.old: an averaging that stopped between its two renames)
     raise ConfigError(
-      f"no averaged checkpoint in {workdir}: write one with python -m vitjax.average --workdir={workdir} --last=5"
+      f"no averaged checkpoint in {workdir}: write one with python -m vitjax.average --workdir={workdir} "
+      f"--last={min(5, config.keep_checkpoints)}"
     )
   with Checkpoints(workdir, config.best, evaluators.best_mode(config), read_only=True, subdir=found[0]) as ckpts:
     return ckpts.restore_variables("latest", abstract)

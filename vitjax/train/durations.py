@@ -72,9 +72,12 @@ def check(config) -> None:
     amount, _ = parse(key, config[key])
     if amount <= 0:
       raise ConfigError(f"{key}={config[key]!r} must be at least 1 step (e.g. --config.{key}=500 or ='1 epoch')")
-  for key, value in (("total_steps", config.total_steps), ("schedule.warmup_steps", config.schedule.warmup_steps)):
-    if value is not None and parse(key, value)[0] < 0:
-      raise ConfigError(f"{key}={value!r} must be 0 or more")
+  for key, value, least in (
+    ("total_steps", config.total_steps, 1),
+    ("schedule.warmup_steps", config.schedule.warmup_steps, 0),
+  ):
+    if value is not None and parse(key, value)[0] < 0:  # (total_steps=0: the run's own line, once the data is known)
+      raise ConfigError(f"{key}={value!r} must be {'at least 1' if least else '0 or more'}")
 
 
 def total_steps(config, steps_per_epoch: int, examples_per_step: int | None = None) -> int:

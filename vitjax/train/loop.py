@@ -55,9 +55,9 @@ def check_config(config) -> None:
   durations.check(config)
   if not isinstance(config.seed, int) or config.seed < 0:  # numpy's and grain's seeds
     raise ConfigError(f"seed={config.seed!r} must be a whole number, 0 or more (e.g. --config.seed=1)")
-  for key in ("keep_checkpoints", "max_nonfinite_skips"):
+  for key, example in (("keep_checkpoints", 3), ("max_nonfinite_skips", 10)):
     if config[key] < 1:
-      raise ConfigError(f"{key}={config[key]} must be at least 1 (e.g. --config.{key}=500)")
+      raise ConfigError(f"{key}={config[key]} must be at least 1 (e.g. --config.{key}={example})")
   p = config.profile_steps
   if p is not None and (len(p) != 2 or not 1 <= p[0] <= p[1]):
     raise ConfigError(f"profile_steps={tuple(p)}: give (first, last) steps, 1 <= first <= last, e.g. (10, 12)")

@@ -215,7 +215,7 @@ def test_a_mask_or_bias_attention_would_misread_is_refused(rng, impl):
   for kwargs, says in (
     (
       {"mask": jnp.where(valid, 0.0, -jnp.inf)[:, None, None]},
-      "mask is float32: a mask is boolean .* pass it as bias=",
+      "mask is float32: a mask is boolean .* pass `m == 0` .* as bias=",
     ),
     ({"mask": valid}, r"mask has shape \(4, 4\); give it 4 dimensions .* \[4, 2, 4, 4\]: a padding mask \[B, S\]"),
     ({"mask": valid[:, None, :, None][:, :, :3]}, r"mask has shape \(4, 1, 3, 1\), which does not broadcast"),
@@ -224,6 +224,9 @@ def test_a_mask_or_bias_attention_would_misread_is_refused(rng, impl):
   ):
     with pytest.raises(ValueError, match=says):
       attend(**kwargs)
+  for other in (q[:, :, :1], q[:2]):  # keys and values with other heads or batch: an einsum's error inside, before
+    with pytest.raises(ValueError, match=r"incompatible q/k/v shapes .* share B and H"):
+      dot_product_attention(q, other, other, implementation=impl)
   want = attend(mask=padding_mask(None, valid))  # the right spelling; integer masks read as boolean too
   np.testing.assert_array_equal(attend(mask=padding_mask(None, valid).astype(jnp.int32)), want)
   np.testing.assert_array_equal(attend(mask=valid[:, None, None, :]), want)

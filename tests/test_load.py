@@ -88,6 +88,7 @@ def test_load_in_process_latest_and_a_step(run_without_data, caplog):
   for size in (0, -1):  # (-1 gave an empty result)
     with pytest.raises(ValueError, match=f"batch_size={size} must be a whole number, at least 1"):
       latest.predict(images, batch_size=size)
+  np.testing.assert_array_equal(latest.predict(images, batch_size=np.int64(7)), latest.predict(images, batch_size=7))
   # the input contract: uint8 [N, H, W, C] (or [N, H, W] for one channel), 0..255; anything else is one line
   assert np.array_equal(latest.predict(images[..., 0]), latest.predict(images.astype(np.int64)))
   digits16 = images.astype(np.float32) * 16 / 255  # sklearn's digits as they come: floats 0..16

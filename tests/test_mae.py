@@ -184,6 +184,13 @@ def test_pretraining_improves_the_reconstruction_and_a_classifier_starts_from_it
 
   png = Image.open(os.path.join(workdir, "reconstructions", "step_252.png"))
   assert png.size == (3 * 8 * 12, 8 * 8 * 12)  # 8 rows of (original, visible, reconstruction), drawn 12x
+  import vitjax
+
+  mae = vitjax.load(workdir)
+  with pytest.raises(TypeError, match="predicts pixels, not classes"):
+    mae.predict(np.zeros((1, 8, 8, 1), np.uint8))
+  with pytest.raises(TypeError, match=r"is a mae run: use its .model and .variables"):  # it said: use .predict
+    mae.translate(["hello"])
 
   # init_from the MAE run: the encoder's parameters as trained, no decoder, a new head
   from vitjax.train import checkpoints

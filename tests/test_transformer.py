@@ -154,6 +154,8 @@ def test_each_rows_length_cap_decodes_it_as_its_own_max_len_would():
       if score is not None:
         assert float(scores[b]) == pytest.approx(float(score[0]), abs=1e-5)
   assert capped_somewhere  # some row ran into its cap: the test tells capped decoding from plain
+  listed = decode.greedy(model, params, src, max_len=10, lengths=lengths.tolist())  # a list: 'Cannot determine dtype'
+  np.testing.assert_array_equal(listed, decode.greedy(model, params, src, max_len=10, lengths=lengths))
   with pytest.raises(ValueError, match=r"lengths holds 2\.\.11: each must be in 1\.\.max_len=10"):
     decode.greedy(model, params, src, max_len=10, lengths=jnp.array([2, 11]))
   with pytest.raises(ValueError, match=r"lengths must be integers \[B\] = \[2\], one per row"):

@@ -71,8 +71,9 @@ def check_mask_bias(q_shape, k_shape, mask, bias) -> None:
     shape, dtype = tuple(np.shape(x)), jnp.result_type(x)
     if name == "mask" and not (jnp.issubdtype(dtype, jnp.bool_) or jnp.issubdtype(dtype, jnp.integer)):
       raise ValueError(
-        f"mask is {dtype}: a mask is boolean (True = attend); an additive one (0 where allowed, -inf where not) is "
-        "a bias: pass it as bias="
+        f"mask is {dtype}: a mask is boolean (True = attend): pass `m == 0` for an additive one (0 where allowed, "
+        "-inf where not), or pass that one as bias= (a row that is -inf everywhere then gives NaN, as in any softmax; "
+        "a mask keeps such rows finite)"
       )
     if name == "mask" and len(shape) != 4:
       raise ValueError(
@@ -315,8 +316,11 @@ def dot_product_attention(
     raise ValueError(f"unknown attention implementation {implementation!r}; use one of {IMPLEMENTATIONS}")
   if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
     raise ValueError(f"q, k, v must be [B, T, H, K]; got shapes {q.shape}, {k.shape}, {v.shape}")
-  if q.shape[-1] != k.shape[-1] or k.shape[:-1] != v.shape[:-1]:
-    raise ValueError(f"incompatible q/k/v shapes {q.shape}, {k.shape}, {v.shape}")
+  if q.shape[-1] != k.shape[-1] or k.shape[:-1] != v.shape[:-1] or (q.shape[0], q.shape[2]) != (k.shape[0], k.shape[2]):
+    raise ValueError(
+      f"incompatible q/k/v shapes {q.shape}, {k.shape}, {v.shape}: q [B, T, H, K], k [B, S, H, K] and v [B, S, H, V] "
+      "share B and H"
+    )
   check_mask_bias(q.shape, k.shape, mask, bias)
   dropout = not deterministic and dropout_rate > 0.0
   if implementation == "reference" or dropout or k.shape[-1] != v.shape[-1]:
@@ -344,7 +348,9 @@ class MultiHeadAttention(nn.Module):
   With decode=True (self-attention only) the module keeps a KV cache in the "cache" collection. Initialise
   it with a full-length input [B, S_max, D] (flax's convention); then each call appends its tokens
   [B, T, D] at the cache index and attends causally to everything cached so far, so feeding a sequence a
-  token at a time gives the outputs of one causal pass. A call past the cache's length returns NaN.
+  token at a time gives the outputs of one causal pass (but for a query whose every key a caller's mask hides: that
+  row's output is a convention, the mean of the values attended over, here the whole cache's slots, empty ones
+  included). A call past the cache's length returns NaN.
 
   Attributes:
     num_heads: H.

@@ -97,6 +97,11 @@ def _check(model, src, max_len, beam_size=1, top_k=0, temperature=1.0, alpha=0.0
         raise ValueError(f"lengths holds {low}..{high}: each must be in 1..max_len={max_len}")
 
 
+def _as_lengths(lengths):
+  """`lengths` as an array (a list or tuple of ints is taken as numpy's), or None."""
+  return np.asarray(lengths) if isinstance(lengths, list | tuple) else lengths
+
+
 def _as_ids(src):
   return src if isinstance(src, (jax.Array, jax.core.Tracer)) else jnp.asarray(src)
 
@@ -137,6 +142,7 @@ def _sequential(model, params, src, max_len, choose, lengths):
 def greedy(model, params, src, max_len: int, lengths=None):
   """Most probable token at each step. src [B, S] -> tokens [B, max_len]; lengths: each row's cap (module doc)."""
   src = _as_ids(src)
+  lengths = _as_lengths(lengths)
   _check(model, src, max_len, lengths=lengths)
   return _greedy(model, params, src, max_len, _lengths(src, max_len, lengths))
 
@@ -154,6 +160,7 @@ def sample(model, params, src, rng, max_len: int, temperature: float = 1.0, top_
   row's cap (module doc).
   """
   src = _as_ids(src)
+  lengths = _as_lengths(lengths)
   _check(model, src, max_len, top_k=top_k, temperature=temperature, rng=rng, lengths=lengths)
   return _sample(model, params, src, rng, max_len, temperature, top_k, _lengths(src, max_len, lengths))
 
@@ -196,6 +203,7 @@ def beam_search(
   lengths: each row's cap (module doc): row b's search stops at lengths[b], as it would with that max_len.
   """
   src = _as_ids(src)
+  lengths = _as_lengths(lengths)
   _check(model, src, max_len, beam_size=beam_size, alpha=alpha, lengths=lengths)
   if finish not in ("candidates", "beam"):
     raise ValueError(f"unknown finish rule {finish!r}; use 'candidates' (the standard) or 'beam'")

@@ -28,6 +28,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import ml_collections as mlc
+import numpy as np
 from absl import logging
 from jax.sharding import Mesh, NamedSharding
 
@@ -39,7 +40,8 @@ class Trained:
   `.model` (a Flax module), `.variables` (`{"params": ..., "batch_stats": ...}`), `.config`, `.step`; `.predict(images)`
   (probabilities) and `.classify(images)` (class names) for image classification, `.translate(lines)` for translation.
 
-  `model.apply(trained.variables, inputs, train=False)` returns `(output, intermediates)` like every vitjax model.
+  `model.apply(trained.variables, inputs, train=False)` returns `(output, intermediates)` like every vitjax model (an
+  MAE also takes the masking noise [B, patches]: `model.apply(variables, images, noise)`).
   """
 
   model: nn.Module
@@ -93,10 +95,11 @@ class Trained:
     """Source sentences -> translations (one per line, in order; an empty line gives an empty line).
 
     decode_args override the run's decoding (its best evaluator's: vitjax.evaluators.translation.decoding):
-    method ("beam", "greedy", "sample"), beam_size, alpha, temperature, top_k.
+    method ("beam", "greedy", "sample"), beam_size, alpha, temperature, top_k, extra_len.
     """
     if not hasattr(self.task, "translate"):
-      raise TypeError(f"{self.workdir} is a {self.config.task} run: use .predict(images)")
+      use = "its .model and .variables (it reconstructs pixels)" if self.config.task == "mae" else ".predict(images)"
+      raise TypeError(f"{self.workdir} is a {self.config.task} run: use {use}")
     if isinstance(lines, str):  # a str is a sequence too: of characters, each translated on its own
       raise TypeError("translate takes a list of sentences, not one str: translate([line])")
     lines = list(lines)
@@ -116,7 +119,7 @@ class Trained:
 
 
 def _check_batch_size(batch_size) -> None:
-  if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+  if not isinstance(batch_size, int | np.integer) or isinstance(batch_size, bool) or batch_size < 1:
     raise ValueError(f"batch_size={batch_size!r} must be a whole number, at least 1")
 
 

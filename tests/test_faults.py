@@ -307,6 +307,15 @@ def _corrupt(step_dir, how):
       data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
       f.seek(0)
       f.write(data)
+  elif how == "flip_arrays":  # the middle half of every array file: the metadata reads, the arrays do not
+    folder = os.path.join(state, "ocdbt.process_0", "d")
+    for name in os.listdir(folder):
+      with open(os.path.join(folder, name), "r+b") as f:
+        data = bytearray(f.read())
+        n = len(data)
+        data[n // 4 : 3 * n // 4] = bytes(b ^ 0xFF for b in data[n // 4 : 3 * n // 4])
+        f.seek(0)
+        f.write(data)
   elif how == "checksum":  # arrays that read back fine but are not what was saved
     path = os.path.join(step_dir, "checksums", "metadata")
     with open(path) as f:

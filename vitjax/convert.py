@@ -156,7 +156,9 @@ def from_hub(spec: str):
   sd = _read_state_dict(spec, path)
   try:
     if repo.layout == "timm":
-      module, variables = from_timm(repo.timm_name, sd, num_heads=repo.config.get("model_args", {}).get("num_heads"))
+      module, variables = from_timm(
+        repo.timm_name, sd, num_heads=(repo.config.get("model_args") or {}).get("num_heads")
+      )
     else:
       module, variables = from_hf(sd, {"_name_or_path": repo.repo_id, **repo.config})
   except (KeyError, ValueError) as e:  # weights of a variant vitjax does not read

@@ -205,6 +205,23 @@ def _quiet_thread_excepthook(previous):
   return hook
 
 
+def _quiet_unraisable_hook(previous):
+  """sys.unraisablehook, but silent at verbosity < 1 for orbax's reads left behind when a checkpoint is corrupt.
+
+  After one read of a corrupt checkpoint fails, orbax abandons the others; a coroutine that then fails when collected
+  printed its traceback and the whole TensorStore spec (60 lines), while the trainer says what happened in one line.
+  """
+
+  def hook(unraisable):
+    code = getattr(unraisable.object, "cr_code", None)
+    if code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename and logging.get_verbosity() < 1:
+      return
+    previous(unraisable)
+
+  hook.vitjax = True
+  return hook
+
+
 def setup(verbosity: int | None = None) -> None:
   """Routes Python and absl logging through one handler on stderr with vitjax's filter and format.
 
@@ -228,6 +245,8 @@ def setup(verbosity: int | None = None) -> None:
     atexit.register(sys.stderr.close)
   if not getattr(threading.excepthook, "vitjax", False):
     threading.excepthook = _quiet_thread_excepthook(threading.excepthook)
+  if not getattr(sys.unraisablehook, "vitjax", False):
+    sys.unraisablehook = _quiet_unraisable_hook(sys.unraisablehook)
   if logging.get_verbosity() < 1:
     for name in ("jax._src.xla_bridge", "jax._src.compiler", "jax._src.dispatch"):
       py_logging.getLogger(name).setLevel(py_logging.WARNING)

@@ -277,6 +277,8 @@ class Checkpoints:
     try:
       restored = self.manager.restore(step, args=ocp.args.Composite(**items))
     except Exception as e:
+      while e.__cause__ is not None:  # orbax's own line names a method where it means the store, its cause the fault
+        e = e.__cause__
       raise CorruptCheckpoint(f"orbax cannot read it: {_first_line(e)}") from None
     state, data = restored["state"], restored.get("data") if with_data else None
     if variables_only == "ema":  # the placeholders left out of the read, and the average as the parameters

@@ -102,6 +102,9 @@ def _cases():
   add("config syntax error", "new", ["--config=SYNTAX"], "line 1: SyntaxError")
   add("config argument", "new", ["--config=configs/vit.py:varaint=S/16"], "unknown argument 'varaint'")
   add("config raises", "new", ["--config=RAISES"], "the config file failed: ModuleNotFoundError", "nosuchmodule")
+  add("config without get_config", "new", ["--config=NOGETCFG"], "defines no get_config()")  # 'module config_config'
+  add("config folder", "new", ["--config=configs"], "configs is a folder; give a config file in it")
+  add("config arguments it does not take", "new", ["--config=configs/vit_digits.py:foo=1"], "takes no arguments: le")
   add("config not a config", "new", ["--config=DICTCFG"], "get_config() returned dict, not a config")
   add("config file typo", "new", ["--config=TYPOCFG"], "get_config() sets optim.weight_decy, which vitjax does not read;"
       " did you mean optim.weight_decay? (and schedule.warmup)")  # fmt: skip
@@ -193,6 +196,7 @@ def places(tmp_path_factory, finished_run):
   (root / "syntax.py").write_text("def get_config(:\n")
   (root / "raises.py").write_text("def get_config():\n  import nosuchmodule\n")
   (root / "dict_cfg.py").write_text("def get_config():\n  return {'optim': {'lr': 1e-3}}\n")
+  (root / "noget_cfg.py").write_text("from vitjax.config import default_config\nconfig = default_config()\n")
   typo = "from vitjax.config import default_config\ndef get_config():\n  c = default_config()\n"
   (root / "typo_cfg.py").write_text(typo + "  c.optim.weight_decy = 0.1\n  c.schedule.warmup = 5\n  return c\n")
   (root / "dtype_cfg.py").write_text(typo + "  c.model.dtype = 'bfloat16'\n  return c\n")
@@ -209,6 +213,7 @@ def places(tmp_path_factory, finished_run):
     "SYNTAX": str(root / "syntax.py"),
     "RAISES": str(root / "raises.py"),
     "DICTCFG": str(root / "dict_cfg.py"),
+    "NOGETCFG": str(root / "noget_cfg.py"),
     "TYPOCFG": str(root / "typo_cfg.py"),
     "DTYPECFG": str(root / "dtype_cfg.py"),
     "TRANSLATION": os.path.join(th.ROOT, "configs", "transformer_bible_en_es.py"),
@@ -336,6 +341,12 @@ def test_an_empty_path_flag_is_refused_rather_taken_as_the_current_folder(module
   proc = th.run_module(module, *args, cwd=str(tmp_path))
   th.assert_refused(proc, ["--workdir is empty: give a path"])
   assert os.listdir(tmp_path) == []
+
+
+def test_help_is_not_an_error():
+  """absl exits 1 after printing the help, as for a failure: a script checking `--help` saw one."""
+  proc = th.run_module("main", "--help")
+  assert proc.returncode == 0 and "--workdir" in proc.stdout + proc.stderr, proc.stderr[-2000:]
 
 
 def test_a_config_file_given_after_a_space_is_checked_as_one_given_with_an_equals_sign(tmp_path):

@@ -12,6 +12,7 @@ line and 2; Preempted 75 and Diverged 3, already logged; Ctrl-C that no handler 
 stopped" and 130; anything else is a bug and keeps its traceback.
 """
 
+import ast
 import os
 import re
 import sys
@@ -65,15 +66,26 @@ def _config_file_problem(argv) -> str | None:
   for arg, following in zip(argv[1:], [*argv[2:], None]):
     if arg.startswith("--config=") or (arg == "--config" and following is not None):  # --config=FILE, --config FILE
       value = arg.split("=", 1)[1] if "=" in arg else following
-      path = value.split(":", 1)[0]
+      path, _, config_args = value.partition(":")
+      if os.path.isdir(path):
+        return f"--config={value}: {path} is a folder; give a config file in it, such as configs/vit_digits.py"
       if not os.path.isfile(path):
         return f"--config={value}: no such file {path} (give a config file such as configs/vit_digits.py)"
       try:
         with open(path, encoding="utf-8") as f:
-          compile(f.read(), path, "exec")
-      except (SyntaxError, UnicodeDecodeError) as e:
+          tree = ast.parse(f.read(), path)
+      except (SyntaxError, UnicodeDecodeError, ValueError) as e:
         where = f" line {e.lineno}" if getattr(e, "lineno", None) else ""
         return f"--config={value}: {path}{where}: {type(e).__name__}: {getattr(e, 'msg', e)}"
+      names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+      names |= {a.asname or a.name for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom) for a in n.names}
+      names |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+      if "get_config" not in names:
+        return f"--config={value}: {path} defines no get_config() (a config file's function that returns the config)"
+      get_config = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "get_config"), None)
+      params = get_config.args if get_config else None
+      if config_args and params and not (params.args or params.vararg or params.posonlyargs):
+        return f"--config={value}: {path}'s get_config() takes no arguments: leave out ':{config_args}'"
   return None
 
 
@@ -140,6 +152,11 @@ def parse_flags(argv):
 
   problem = _config_file_problem(argv)
   if problem is None:
+    if any(a in ("--help", "-h", "-?", "--helpshort", "--helpfull", "--helpxml") for a in argv[1:]):
+      try:
+        flags.FLAGS(argv)
+      except SystemExit as e:  # absl prints the help, then exits with 1 as if it were an error
+        sys.exit(0 if e.code == 1 else e.code)
     try:
       with logs.muted():  # ml_collections' warnings while it loads the file: the error line says it
         rest = flags.FLAGS(argv)

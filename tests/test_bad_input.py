@@ -133,6 +133,13 @@ def _cases():
     "was written by another config: its arrays have other shapes",
     "Use the config it was written with",
   )
+  add(
+    "allowed change of the optimizer's rules",
+    "finished",
+    ["--config.total_steps=40", "--config.frozen=('^embedding/',)", "--allow_config_change"],
+    "The parameters fit, the optimizer's state does not",  # a dump of every optimizer path before
+    "--config.init_from=",
+  )
   add("total not beyond", "finished", ["--config.total_steps=20", "--allow_config_change"], "is not beyond it")
   add("eval checkpoint=abc", "finished", ["--mode=eval", "--checkpoint=abc", "--config="], "'best', 'latest', a step")
   add(

@@ -337,9 +337,18 @@ class Checkpoints:
     wanted = {path_name(p): tuple(a.shape) for p, a in leaves if a is not ocp.PLACEHOLDER}
     differ = [f"{k}: {saved.get(k)} there, {v} now" for k, v in wanted.items() if saved.get(k) != v]
     if differ:
+      if all(d.startswith("opt_state/") for d in differ):  # the parameters fit: another optimizer or rules
+        fix = (
+          "The parameters fit, the optimizer's state does not (optim, frozen, lr_mults or wd_mults changed): train "
+          f"in a new workdir from these weights, --config.init_from={self.workdir}, or use the config it was "
+          "written with"
+        )
+        differ = differ[:1]
+      else:
+        fix = "Use the config it was written with"
       raise ConfigError(
         f"checkpoint {step} in {self.directory} was written by another config: its arrays have other shapes "
-        f"({'; '.join(differ[:5])}{' ...' if len(differ) > 5 else ''}). Use the config it was written with"
+        f"({'; '.join(differ[:5])}{' ...' if len(differ) > 5 else ''}). {fix}"
       )
 
   def _set_aside(self, step: int) -> None:

@@ -1059,7 +1059,9 @@ def test_durations_edges_round_the_run_up_and_take_a_zero_warmup(caplog):
   assert not any("warm-up" in r.getMessage() for r in caplog.records)
   c.schedule.warmup_steps = 50  # exactly the run's length: the lr never decays
   assert durations.resolve(c, 421, 128).warmup == 50
-  assert any("the warm-up (50 steps) is as long as the run (50)" in r.getMessage() for r in caplog.records)
+  said = [r.getMessage() for r in caplog.records]
+  assert any("the warm-up (50 steps) is as long as the run (50): cut to the run's length, it raises the learning rate "
+             "to 49/50 of config.optim.lr at the last step" in m for m in said), said  # fmt: skip
   c.log_every = True
   with pytest.raises(ConfigError, match="give steps"):
     durations.check(c)

@@ -116,9 +116,11 @@ def warmup_steps(config, total: int, steps_per_epoch: int, examples_per_step: in
     warmup = int(round((s.warmup_epochs or 0) * steps_per_epoch))
   if warmup >= total > 0:
     logging.warning(
-      "the warm-up (%d steps) is as long as the run (%d): the learning rate never reaches config.optim.lr and "
-      "never decays; shorten schedule.warmup_steps / warmup_epochs",
+      "the warm-up (%d steps) is as long as the run (%d): cut to the run's length, it raises the learning rate to "
+      "%d/%d of config.optim.lr at the last step, with no decay; shorten schedule.warmup_steps / warmup_epochs",
       warmup,
+      total,
+      total - 1,
       total,
     )
   return min(warmup, total)

@@ -6,10 +6,11 @@ Used as:
       cli.run(main)          # main() -> exit status (None: 0), reading its absl FLAGS
 
 It parses the flags (a bad flag, a missing or broken config file, a misspelt --config.FIELD, or an empty path flag
-such as --workdir= from an unset variable: one "error: ..." line and exit status 2), sets up the log at --verbosity (vitjax.logs: stderr; results go to stdout), runs main()
-and turns how it ended into the exit statuses of vitjax.errors: a problem the user can fix is one "error: ..."
-line and 2; Preempted 75 and Diverged 3, already logged; Ctrl-C that no handler of vitjax's takes, "SIGINT:
-stopped" and 130; anything else is a bug and keeps its traceback.
+such as --workdir= from an unset variable: one "error: ..." line and exit status 2), sets up the log at --verbosity
+(vitjax.logs: stderr; results go to stdout), runs main() and turns how it ended into the exit statuses of
+vitjax.errors: a problem the user can fix is one "error: ..." line and 2; Preempted 75 and Diverged 3, already
+logged; Ctrl-C that no handler of vitjax's takes, "SIGINT: stopped" and 130; anything else is a bug and keeps its
+traceback.
 """
 
 import ast

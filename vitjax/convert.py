@@ -53,8 +53,9 @@ def from_timm(timm_name: str, state_dict: Mapping[str, Any], num_heads: int | No
   `torch.load(...)` (a training checkpoint {'model': state_dict, ...} is unwrapped). The pretrained tag after a
   dot ("vit_base_patch16_224.augreg_in21k") is ignored. ViT: `num_heads`, or else the name, gives the heads (the
   weights cannot: pass it for a model whose head count no timm name has, e.g. one vitjax exported: its `.json` holds
-  it), the weights the rest. Swin: the weights give everything, in timm's layout or Microsoft's (see from_swin). Keys the conversion does
-  not use (other than buffers) are an error, so an unsupported variant never loads half-converted.
+  it), the weights the rest. Swin: the weights give everything, in timm's layout or Microsoft's (see from_swin).
+  Keys the conversion does not use (other than buffers) are an error, so an unsupported variant never loads
+  half-converted.
   Activation: exact GELU, as timm builds these models.
   """
   base = timm_name.split(".")[0]

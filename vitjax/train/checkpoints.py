@@ -277,9 +277,7 @@ class Checkpoints:
     try:
       restored = self.manager.restore(step, args=ocp.args.Composite(**items))
     except Exception as e:
-      while e.__cause__ is not None:  # orbax's own line names a method where it means the store, its cause the fault
-        e = e.__cause__
-      raise CorruptCheckpoint(f"orbax cannot read it: {_first_line(e)}") from None
+      raise CorruptCheckpoint(f"orbax cannot read it: {_fault(e)}") from None
     state, data = restored["state"], restored.get("data") if with_data else None
     if variables_only == "ema":  # the placeholders left out of the read, and the average as the parameters
       state = {"params": _ema_of(state["opt_state"]), "model_state": state["model_state"]}
@@ -460,6 +458,17 @@ def saved_shapes(path: str) -> dict[str, tuple]:
     else:
       raise ValueError(f"no array metadata for {'/'.join(keys)}")
   return shapes
+
+
+def _fault(e: BaseException) -> str:
+  """The first line of what went wrong inside orbax: its innermost cause.
+
+  orbax's own line, 'Encountered error while reading array index ...', names a bound method where it means the store;
+  the cause names the array and the fault.
+  """
+  while e.__cause__ is not None:
+    e = e.__cause__
+  return _first_line(e)
 
 
 def _first_line(e: BaseException) -> str:

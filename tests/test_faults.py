@@ -8,6 +8,8 @@ import random
 import re
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -68,14 +70,14 @@ def test_sigterm_checkpoints_the_step_in_flight_and_the_resume_is_bitwise_exact(
   kill_at = random.randint(3, 27)  # a random step; printed with any failure
   proc = th.start_main(workdir, *run_args)
   _read_until(proc, rf" step {kill_at}/30 ")
+  t = time.time()
   proc.send_signal(signal.SIGTERM)
-  rc, out, seconds = _rest(proc)
+  m, _ = _read_until(proc, r"SIGTERM: stopped at step (\d+), checkpoint \1 written to .*; rerun the same command to")
+  stopped, on_disk = int(m.group(1)), th.finished_steps(workdir)  # as the line says it, not later
+  rc, out, _ = _rest(proc)
   assert rc == 75, (kill_at, out[-2000:])
-  assert seconds < 60, seconds
-  m = re.search(r"SIGTERM: stopped at step (\d+), checkpoint \1 written to .*; rerun the same command to resume", out)
-  assert m, (kill_at, out[-2000:])
-  stopped = int(m.group(1))
-  assert kill_at <= stopped < 30 and stopped in th.finished_steps(workdir), (kill_at, stopped)
+  assert time.time() - t < 60, time.time() - t
+  assert kill_at <= stopped < 30 and stopped in on_disk, (kill_at, stopped, on_disk)
 
   resumed = th.check_ok(th.run_main(workdir, *run_args))
   assert re.search(rf"resumed from .* at step {stopped}\b", resumed.stderr), resumed.stderr[-2000:]
@@ -194,6 +196,42 @@ def test_a_stop_request_holds_the_handlers_only_inside_its_block_and_only_on_the
   thread.start()
   thread.join(timeout=10)
   assert seen == [(False, before[signal.SIGTERM])] and signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM]
+
+
+@pytest.mark.parametrize(
+  "first, again, rc, said",
+  [
+    ("SIGTERM", "SIGTERM", 128 + signal.SIGTERM, "SIGTERM again: stopping now"),
+    ("SIGINT", "SIGINT", 128 + signal.SIGINT, "SIGINT again: stopping now"),
+  ],
+)
+def test_a_sigterm_delivered_again_at_once_is_the_same_request_and_a_later_one_a_second(first, again, rc, said):
+  """Clusters deliver one SIGTERM twice within milliseconds: a sweep killed with SIGKILL sends its trial the
+  parent-death signal once for each of its threads that hands the trial on, and that second SIGTERM stopped the
+  trial at once, without the checkpoint the first had asked for (steps lost). A SIGTERM within REPEAT_S of the first
+  is now the same request; one after it, or a second Ctrl-C at any time, still stops at once."""
+  script = f"""
+import os, signal, time
+from vitjax.train import preemption
+preemption.REPEAT_S = 1.0
+def send(name):
+  os.kill(os.getpid(), getattr(signal, name))
+  time.sleep(0.1)
+with preemption.StopRequest() as stop:
+  send({first!r})
+  send({again!r})
+  print("went on after the second", stop.name, flush=True)
+  time.sleep(1.0)
+  send({again!r})
+print("not reached", flush=True)
+"""
+  proc = subprocess.run([sys.executable, "-c", script], env=th.env(), capture_output=True, text=True, timeout=120)
+  if first == "SIGTERM":  # the repeat is ignored, the one after REPEAT_S stops the process
+    assert proc.stdout == "went on after the second SIGTERM\n", (proc.stdout, proc.stderr)
+  else:  # Ctrl-C twice: at once
+    assert proc.stdout == "", (proc.stdout, proc.stderr)
+  assert proc.returncode == rc and said in proc.stderr, (proc.returncode, proc.stderr)
+  assert proc.stderr.count(f"{first}: stopping after the step in flight is checkpointed") == 1, proc.stderr
 
 
 # ------------------------------------------------------------------------------------ 2. divergence

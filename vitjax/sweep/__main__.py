@@ -28,6 +28,7 @@ import os
 import shlex
 import signal
 import sys
+import time
 
 from absl import flags, logging
 from ml_collections import config_flags
@@ -192,15 +193,18 @@ def _requeue(study, target: int) -> None:
 def _run_workers(run) -> int:
   """Runs the trials until done (0) or stopped; each stop says how to go on.
 
-  Stopped by a signal (every trial checkpoints; a second one stops at once), a worker that crashed, or three user errors
-  in a row.
+  Stopped by a signal (every trial checkpoints; a second one stops at once, but for a SIGTERM delivered again within
+  vitjax.train.preemption.REPEAT_S), a worker that crashed, or three user errors in a row.
   """
   from vitjax.sweep import runner
+  from vitjax.train import preemption
 
   stops = []
 
   def on_signal(signum, frame):
-    stops.append(signum)
+    if stops and preemption.repeated(signum, *stops[0]):
+      return
+    stops.append((signum, time.monotonic()))
     if len(stops) == 1:
       logging.info(
         "%s: stopping every trial at its next step (they checkpoint and are queued again)", signal.Signals(signum).name

@@ -198,6 +198,8 @@ def _checked_train(config, workdir, allow_config_change, stop) -> dict:
     run = _Run(config, workdir, task, data, exp, plan, evals, ckpts, lock, stop, spent)
     return _train(run, state, start, data_state, changes)
   except Preempted as e:
+    if ckpts is not None:  # the checkpoint the line names is written before the line says so
+      ckpts.close()
     (logging.warning if isinstance(e, InputLost) else logging.info)("%s", e)
     raise
   finally:

@@ -274,6 +274,11 @@ from vitjax.sweep import __main__ as m
 argv = ["vitjax.sweep", "--config=runs/lr=1/c.py:tiny", "--config.a=1", "--config.b", "2", "--workers=2", "--config.c",
         "--config.d", "-3", "--config.e"]
 print(json.dumps(m._overrides(argv)), m._config_arg(argv))
+import ml_collections
+from vitjax import sweep
+for best in ("eval/loss", "eval/accuracy"):  # a trial's best checkpoint: the step the sweep ranks it by
+  s = sweep.Sweep(objective="eval/loss", direction="minimize", grid=[{{}}])
+  print(m._trial_command("c.py", ["--config.a=1"], ml_collections.ConfigDict(dict(best=best)), s)[3:])
 def check(sweep_dir, record):
   try:
     m._check_sweep_dir(sweep_dir, record)
@@ -299,6 +304,8 @@ for odd in ("[1]", json.dumps({{"study": "s"}})):
   d = str(tmp_path)
   assert proc.stdout.splitlines() == [
     '["--config.a=1", "--config.b=2", "--config.c", "--config.d", "--config.e"] runs/lr=1/c.py:tiny',
+    "['--config=c.py', '--config.a=1']",
+    "['--config=c.py', '--config.a=1', '--config.best=eval/loss']",
     "ok",
     "ok",
     f"{d} holds the sweep 's' on sqlite:///x.db, not 't' on sqlite:///x.db: rerun its command (python -m vitjax.sweep "

@@ -26,7 +26,7 @@ or, instead of `grid`, a search space that Optuna's sampler (TPE, or random) dra
 
 Keys: `grid` or `space` + `trials`; `objective`, a metric of an evaluator during training, NAME/METRIC
 (eval/accuracy, eval/bleu, probe/knn: a trial's objective is its best evaluation, and its best step is where that
-was);
+was, the step of its `best` checkpoint: the trials run with --config.best=OBJECTIVE where config.best differs);
 `direction` (maximize or minimize); `pruner` ("none", "median": stop a trial whose evaluation is worse than the
 median of earlier trials at the same step, "halving": successive halving; default "none"); `sampler` ("tpe" or
 "random", search spaces only; default "tpe"); `seed` (the sampler's; default none).

@@ -150,6 +150,20 @@ def _check_objective(config, task, sweep) -> None:
     )
 
 
+def _trial_command(config_arg: str, overrides: list[str], config, sweep) -> list[str]:
+  """The command every trial runs, less its workdir and its point's overrides.
+
+  Where config.best names another metric than the objective, the trials run with --config.best=OBJECTIVE: a trial's
+  `best` checkpoint is then the step the sweep ranks it by, the one the report's evaluation command reads.
+  """
+  cmd = [sys.executable, "-m", "vitjax.main", f"--config={config_arg}", *overrides]
+  if config.best != sweep.objective:
+    cmd.append(f"--config.best={sweep.objective}")
+    logging.info("the trials keep as best the step of their best %s, the objective (config.best is %s)",
+                 sweep.objective, config.best)  # fmt: skip
+  return cmd
+
+
 def _open_study(url: str, name: str, sweep, target: int, sweep_dir: str):
   """(study, store) of the sweep, creating sweep_dir.
 
@@ -267,7 +281,7 @@ def _run(argv) -> int:
       json.dump(record, f, indent=2)
     os.replace(tmp, os.path.join(sweep_dir, "sweep.json"))
   _requeue(study, target)
-  base = [sys.executable, "-m", "vitjax.main", f"--config={config_arg}", *overrides]
+  base = _trial_command(config_arg, overrides, FLAGS.config, sweep)
   run = runner.Runner(sweep, study, store, sweep_dir, base, groups, target, FLAGS.heartbeat, FLAGS.grace)
   logging.info(
     "sweep %r: %d trials (%s), %s %s | storage %s | %d worker%s: %s",

@@ -5,6 +5,7 @@ the example of adding one)."""
 import json
 import os
 import shutil
+import sys
 
 import jax
 import numpy as np
@@ -50,6 +51,74 @@ def test_types_are_the_modules_and_an_entry_names_its_mistakes(data_dir):
     with pytest.raises(ConfigError, match=says):
       evaluators.resolve(c, task, "t", entry, None)
   assert evaluators.resolve(c, task, "t", {"type": "probe", "fit_examples": 1}, None).options["fit_examples"] == 1
+
+
+_MARGIN = """
+import numpy as np
+OPTIONS = {{}}
+def metrics(options):
+  return {{"margin": "max"}}
+def check(ev):
+  pass
+def run(ev, net, variables, stop=None, step=None):
+  return {{"{name}": 0.5 + 0.01 * np.random.rand()}}
+"""
+
+
+def _new_type(tmp_path, monkeypatch=None, name="margin", text=None):
+  """A type of the researcher's own, in a folder of its own that vitjax.evaluators reads as a part of itself."""
+  text = _MARGIN.format(name="margin") if text is None else text
+  folder = tmp_path / "my_evaluators"
+  folder.mkdir(exist_ok=True)
+  (folder / f"{name}.py").write_text(text)
+  if monkeypatch is not None:
+    monkeypatch.setattr(evaluators, "__path__", [*evaluators.__path__, str(folder)])
+    monkeypatch.delitem(sys.modules, f"vitjax.evaluators.{name}", raising=False)
+  return str(folder)
+
+
+def test_a_type_missing_a_part_is_one_line_before_anything_runs(tmp_path, monkeypatch):
+  """Before, a type without metrics, check or OPTIONS ended in an AttributeError traceback, and one without run()
+  trained until its first evaluation, then crashed there with an empty checkpoints/ folder."""
+  _new_type(tmp_path, monkeypatch, "lacking", _MARGIN.format(name="margin").split("def check")[0])
+  with pytest.raises(ConfigError) as e:
+    evaluators.get("lacking")
+  assert str(e.value) == (
+    "vitjax/evaluators/lacking.py defines no check, run: an evaluator type defines OPTIONS = {...}, metrics(options), "
+    "check(ev) and run(ev, net, variables, stop=None, step=None) (vitjax/evaluators/__init__.py)"
+  )
+
+
+def test_a_type_whose_run_leaves_out_a_declared_metric_stops_with_its_step_kept(tmp_path, run_args):
+  """run() returned 'mrg' where metrics() declares 'margin': before, the run went on to the end with no best step
+  ('best: step None') and no warning. Now its first evaluation stops it with one line, exit 2, the step checkpointed;
+  once run() is fixed the same command resumes there and evaluates that step first."""
+  folder = _new_type(tmp_path, text=_MARGIN.format(name="mrg"))
+  script = tmp_path / "main_with_my_types.py"
+  script.write_text(
+    f"import runpy\nimport vitjax.evaluators\nvitjax.evaluators.__path__.append({folder!r})\n"
+    "runpy.run_module('vitjax.main', run_name='__main__')\n"
+  )
+  config = tmp_path / "cfg.py"
+  config.write_text(
+    f"import sys\nsys.path.insert(0, {os.path.join(th.ROOT, 'configs')!r})\nfrom vit_digits import get_config as base\n"
+    "from vitjax.config import evaluator\ndef get_config():\n  c = base()\n  c.evals.mt = evaluator('margin')\n"
+    "  c.best = 'mt/margin'\n  return c\n"
+  )
+  workdir = str(tmp_path / "w")
+  args = [f"--config={config}", f"--workdir={workdir}", *run_args]
+  proc = th.run_module(str(script), *args)
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  assert th.error_lines(proc) == (
+    "error: step 10: config.evals.mt: vitjax/evaluators/margin.py's run() returned ['mrg'], without margin, which its "
+    "metrics() declares: make the two agree; step 10 is checkpointed: rerun the same command to resume"
+  )
+  assert th.finished_steps(workdir)[-1] == 10  # (the tiny run checkpoints every 5 steps)
+  _new_type(tmp_path)  # fixed
+  done = th.check_ok(th.run_module(str(script), *args))
+  assert "resumed from" in done.stderr and "(best: step None)" not in done.stderr, done.stderr[-3000:]
+  evaluated = [r["step"] for r in th.read_metrics(workdir) if "mt/margin" in r]
+  assert evaluated == [10, 20, 30], evaluated
 
 
 def test_plan_resolves_cadences_and_best_and_refuses_a_best_nobody_reports(data_dir):

@@ -370,10 +370,15 @@ def test_fast_and_reference_attention_agree_in_models(name):
 
 def test_a_new_family_is_one_registration_that_creation_decay_sharding_and_adapters_follow():
   import flax.linen as nn
+  import ml_collections
 
   from vitjax import convert, mesh
+  from vitjax.config import default_config
+  from vitjax.errors import ConfigError
   from vitjax.models import registry
+  from vitjax.tasks.classification import ImageClassification
   from vitjax.train import optim
+  from vitjax.train import state as state_lib
 
   def grow(k, v, t):  # an adapter of the family's own: a longer 'table' keeps its first rows
     return (np.asarray(t), f"grew {k}") if k.endswith("table") else None
@@ -390,7 +395,7 @@ def test_a_new_family_is_one_registration_that_creation_decay_sharding_and_adapt
     rows: int = 3
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, train=False):
       table = self.param("table", nn.initializers.ones, (self.rows, x.shape[-1]))
       return nn.Dense(self.features, name="dense")(x @ table.T @ table), {}
 
@@ -410,6 +415,17 @@ def test_a_new_family_is_one_registration_that_creation_decay_sharding_and_adapt
     assert changes == ["grew table"]
     with pytest.raises(ValueError, match="to_timm converts a ViT or a Swin or a HybridViT, not a Toy"):
       convert.to_timm(model, {"params": params}, 8)
+    # what the recipe asks beyond the registration, each one line when missing (before: a KeyError traceback from
+    # the probe evaluators, and "Toy has no option 'dtype'" blaming the config)
+    with pytest.raises(ConfigError, match=r"^Toy returns no intermediates\['pre_logits'\] \(the pooled features"):
+      model.apply({"params": params}, jnp.ones((1, 8)), method=ImageClassification.representation)
+    config = default_config()
+    config.model = ml_collections.ConfigDict(dict(name="toy_mlp"))
+    config.compute_dtype = "bfloat16"
+    with pytest.raises(ConfigError, match="computes in bfloat16, but Toy has no `dtype` attribute to compute in"):
+      state_lib.build_model(config)
+    config.compute_dtype = "float32"
+    assert isinstance(state_lib.build_model(config), Toy)
   finally:
     registry.FAMILIES.remove(registry.family_of(Toy))
   with pytest.raises(ValueError, match="unknown model 'toy_mlp'"):

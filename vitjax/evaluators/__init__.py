@@ -48,7 +48,7 @@ from vitjax.train import durations
 COMMON = ("type", "split", "every", "data", "weights", "examples")
 WEIGHTS = ("params", "ema")
 
-__all__ = ["Evaluator", "check_stop", "get", "plan", "resolve", "types"]
+__all__ = ["Evaluator", "EvaluatorError", "check_stop", "get", "plan", "resolve", "types"]
 
 
 def types() -> list[str]:
@@ -56,11 +56,26 @@ def types() -> list[str]:
   return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
 
 
+# what a type's module defines (the docstring above)
+PARTS = ("OPTIONS", "metrics", "check", "run")
+
+
 def get(name: str) -> ModuleType:
-  """The module of evaluator type `name`; ConfigError listing the types there are."""
+  """The module of evaluator type `name`; ConfigError listing the types there are, or naming what it lacks."""
   if name not in types():
     raise ConfigError(f"no evaluator type {name!r}; the types are {', '.join(types())} (vitjax/evaluators/)")
-  return importlib.import_module(f"{__name__}.{name}")
+  module = importlib.import_module(f"{__name__}.{name}")
+  missing = [part for part in PARTS if not hasattr(module, part)]
+  if missing:
+    raise ConfigError(
+      f"vitjax/evaluators/{name}.py defines no {', '.join(missing)}: an evaluator type defines OPTIONS = {{...}}, "
+      "metrics(options), check(ev) and run(ev, net, variables, stop=None, step=None) (vitjax/evaluators/__init__.py)"
+    )
+  return module
+
+
+class EvaluatorError(ConfigError):
+  """An evaluator type's run() did not return a metric its metrics() declares."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +116,12 @@ class Evaluator:
   def run(self, net, variables, stop=None, step=None) -> dict:
     """{NAME/METRIC: float} of `variables` on the evaluator's split; stop() is asked between batches."""
     metrics = self.module.run(self, net, variables, stop=stop, step=step)
+    missing = sorted(set(self.module.metrics(self.options)) - set(metrics))
+    if missing:  # (`best` and a sweep's objective name declared metrics: without them a run would pick no best step)
+      raise EvaluatorError(
+        f"config.evals.{self.name}: vitjax/evaluators/{self.type}.py's run() returned {sorted(metrics)}, without "
+        f"{', '.join(missing)}, which its metrics() declares: make the two agree"
+      )
     return {f"{self.name}/{k}": float(v) for k, v in metrics.items()}
 
 

@@ -133,10 +133,16 @@ def _resolve(name: str) -> tuple[Family, dict]:
   )
 
 
+def options(name: str) -> tuple[Family, set[str]]:
+  """(the family of model `name`, the attributes create() accepts for it); ValueError for an unknown name."""
+  family, _ = _resolve(name)
+  return family, set(family.cls.__dataclass_fields__) - {"parent", "name"}
+
+
 def create(name: str, **overrides):
   """Builds a model by name; keyword overrides replace any attribute (num_classes, drop_path_rate, ...)."""
   family, kwargs = _resolve(name)
-  fields = set(family.cls.__dataclass_fields__) - {"parent", "name"}
+  fields = options(name)[1]
   unknown = set(overrides) - fields
   if unknown:
     bad = sorted(unknown)[0]

@@ -349,7 +349,13 @@ class ImageClassification:
   @staticmethod
   def representation(model, images):
     """Inside model.apply: the pooled features [B, D] of normalised images [B, H, W, C]."""
-    return model(images, train=False)[1]["pre_logits"]
+    intermediates = model(images, train=False)[1]
+    if "pre_logits" not in intermediates:
+      raise ConfigError(
+        f"{type(model).__name__} returns no intermediates['pre_logits'] (the pooled features [B, D] the probe, k-NN "
+        "and few-shot evaluators read): return them from its __call__ (CONTRIBUTING.md, 'A model family')"
+      )
+    return intermediates["pre_logits"]
 
   # -- prediction (vitjax.load)
   def predict(self, model, variables, images, sharding, batch_size: int = 256) -> np.ndarray:

@@ -26,6 +26,7 @@ from jax.sharding import Mesh, NamedSharding
 from vitjax import convert, models
 from vitjax import mesh as mesh_lib
 from vitjax.errors import ConfigError
+from vitjax.models import registry
 from vitjax.models.adapt import adapt_params
 from vitjax.tasks import Task
 from vitjax.train import checkpoints, optim
@@ -53,12 +54,20 @@ def build_model(config, overrides: dict | None = None) -> nn.Module:
   # Lists become tuples: config.json stores tuples as lists, and a model must stay hashable (jit static argument).
   kwargs = {k: _tuples(v) for k, v in config.model.to_dict().items() if k != "name" and v is not None}
   kwargs.update(overrides or {})
-  if compute_dtype(config.compute_dtype) == "bfloat16":
+  bf16 = compute_dtype(config.compute_dtype) == "bfloat16"
+  if bf16:
     kwargs["dtype"] = jnp.bfloat16
   try:
-    return models.create(config.model.name, **kwargs)
+    family, fields = registry.options(config.model.name)
+    if not bf16 or "dtype" in fields:
+      return models.create(config.model.name, **kwargs)
   except ValueError as e:
     raise ConfigError(f"config.model: {e}") from None
+  raise ConfigError(
+    f"compute_dtype={config.compute_dtype!r} computes in bfloat16, but {family.name} has no `dtype` attribute to "
+    "compute in: give its module a `dtype` field that its layers use (CONTRIBUTING.md, 'A model family'), or run "
+    "with --config.compute_dtype=float32"
+  )
 
 
 def compute_dtype(name: str) -> str:

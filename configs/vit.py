@@ -8,7 +8,8 @@ Run:
 Arguments (comma-separated key=value): variant (SIZE/PATCH, default Ti/4), dataset (default fashion_mnist),
 image_size (default: the dataset's size, 8 for digits, 28 for fashion_mnist, 32 otherwise, rounded up to a
 multiple of the patch; images are resized to it), num_classes
-(default 10), epochs (default 10). Everything else is overridable with --config.KEY=VALUE.
+(default 10), epochs (default 10). Every field the config sets is overridable with --config.KEY=VALUE; its model
+sets name, num_classes and pool_type, and other ViT attributes (drop_path_rate, scan, ...) go in a copy of this file.
 Expected: depends on the arguments (not measured here for every variant; see experiments/README.md for the
 dedicated configs).
 """

@@ -448,6 +448,11 @@ def test_a_misspelt_nested_field_or_an_old_optim_field_is_one_line_naming_the_fl
     "--config.model.b2: config.model has no field 'b2'"
   )  # only optim's b2 moved
   assert cli._unknown_field_message(ValueError("bad value"), ["main", "--config.model.x=3"]) is None
+  # a model attribute the config file does not set (the multihost guide's scan and remat, before it said so)
+  assert cli._unknown_field_message(unknown("scan"), ["main", "--config.model.scan=True"]) == (
+    "--config.model.scan: the config file's model sets no 'scan', and an override changes only the fields the file "
+    "sets: set it in the config file (c.model.scan = ...)"
+  )
 
 
 def test_guarded_turns_how_main_ended_into_the_documented_exit_status(capsys):

@@ -48,12 +48,24 @@ def _unknown_field_message(e: BaseException, argv) -> str | None:
       return (
         f"{flag}: optim.{bad} is now an argument of the optax optimizer: --config.optim.kwargs=\"{{'{bad}': ...}}\""
       )
+    if parent == "config.model" and bad in _model_attributes():
+      return (
+        f"{flag}: the config file's model sets no {bad!r}, and an override changes only the fields the file sets: "
+        f"set it in the config file (c.model.{bad} = ...)"
+      )
     suggestion = re.search(r'Did you mean "([^"]+)"', text)
     if suggestion:
       fixed = "--" + ".".join(parts[:i] + [suggestion.group(1)] + parts[i + 1 :])
       return f"{flag}: {parent} has no field {bad!r}; did you mean {fixed} ({suggestion.group(1)!r})?"
     return f"{flag}: {parent} has no field {bad!r} (the fields are those of vitjax/config.py and the config file)"
   return None
+
+
+def _model_attributes() -> set[str]:
+  """Every registered model family's attributes (what config.model's fields may set)."""
+  from vitjax.models import registry  # pylint: disable=g-import-not-at-top
+
+  return {f for family in registry.FAMILIES for f in family.cls.__dataclass_fields__} - {"parent", "name"}
 
 
 def _config_file_problem(argv) -> str | None:

@@ -513,8 +513,10 @@ def test_sigterm_checkpoints_and_requeues(tmp_path, run_args):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == 75
   text = (tmp_path / "sweep.log").read_text()
-  assert "SIGTERM: stopping every trial" in text and "trial 0: interrupted after step" in text
-  assert "SIGTERM: stopped at step" in open(os.path.join(sweep_dir, "logs", "trial_0000.log")).read()
+  said = re.search(r"trial 0: interrupted, queued again \(it resumes from step (\d+)\)", text)
+  assert "SIGTERM: stopping every trial" in text and said, text[-2000:]
+  assert f"SIGTERM: stopped at step {said[1]}," in open(os.path.join(sweep_dir, "logs", "trial_0000.log")).read()
+  assert int(said[1]) == th.finished_steps(trial)[-1]  # (before: the last logged step, not the checkpoint's)
   trials = _study_trials(sweep_dir)
   assert [(t.state.name, t.user_attrs.get("trial", t.number)) for t in trials] == [("FAIL", 0), ("WAITING", 0)]
 

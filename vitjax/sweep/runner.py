@@ -37,14 +37,12 @@ from vitjax.logs import fmt_time
 from vitjax.sweep.devices import describe_devices, launch_command, owner_gone, owner_record
 from vitjax.sweep.metrics import (
   MetricsFollower,
-  at_step,
   best_row,
   by_step,
   error_line,
   eval_rows,
   is_eval,
   metric_names,
-  metric_rows,
 )
 from vitjax.sweep.study import (
   OWNER,
@@ -289,10 +287,12 @@ class Runner:
         n, f"complete: {self.sweep.objective} {best[self.sweep.objective]:.4f} at step {best['step']}", wall, ok=True
       )
     elif rc == EXIT_PREEMPTED:  # interrupted (the sweep's SIGTERM, or the trial's own): queued again
+      from vitjax.train.checkpoints import latest_step  # pylint: disable=g-import-not-at-top
+
       self._interrupted(trial)
-      last = metric_rows(workdir)
-      step = last[-1]["step"] if last else None
-      logging.info("trial %d: interrupted%s, queued again (it resumes from its checkpoint)", n, at_step(step))
+      step = latest_step(workdir)  # (not its last metrics row: none is written at the step a signal stops)
+      resumes = f"it resumes from step {step}" if step is not None else "it starts again: nothing was checkpointed"
+      logging.info("trial %d: interrupted, queued again (%s)", n, resumes)
     else:
       if rc == 0:
         line = f"no {self.sweep.objective} in its evaluations ({', '.join(metric_names(rows)) or 'none'})"

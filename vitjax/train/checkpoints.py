@@ -93,8 +93,13 @@ def _read_only_options(**kw) -> ocp.CheckpointManagerOptions:
 
 def has_checkpoints(workdir: str) -> bool:
   """Whether WORKDIR/checkpoints/ holds a step (an entry whose name is all digits)."""
+  return latest_step(workdir) is not None
+
+
+def latest_step(workdir: str) -> int | None:
+  """The newest step WORKDIR/checkpoints/ holds, written to the end (orbax names it by its number then), or None."""
   path = os.path.join(workdir, CHECKPOINTS)
-  return os.path.isdir(path) and any(n.isdigit() for n in os.listdir(path))
+  return max((int(n) for n in os.listdir(path) if n.isdigit()), default=None) if os.path.isdir(path) else None
 
 
 class Checkpoints:

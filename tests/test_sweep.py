@@ -1001,6 +1001,20 @@ def test_changed_sweep_and_max_trials(tmp_path):
   changed = sweep.load(_sweep_config(tmp_path, [1e-3, 5e-3]), get_config())
   with pytest.raises(ConfigError, match="made by a different get_sweep"):
     study_lib.open_study(url, "capped", changed, 2)
+  # the config file changed under the same get_sweep(): before, the study took trials of a wider model silently
+  config = get_config()
+  fields = study_lib.config_fields(config, s)
+  assert "optim.lr" not in fields and "log_every" not in fields and fields["model.width"] == config.model.width
+  study_lib.open_study(url, "capped", s, 3, config=fields)  # recorded by the first opener that has it
+  config.log_every, config.data.data_dir = 7, "/elsewhere"  # what a resumed run may change anyway
+  study_lib.open_study(url, "capped", s, 3, config=study_lib.config_fields(config, s))
+  config.model.width += 8
+  with pytest.raises(ConfigError) as e:
+    study_lib.open_study(url, "capped", s, 3, config=study_lib.config_fields(config, s))
+  assert str(e.value) == (
+    f"the study 'capped' in {url} was made from another config (model.width {config.model.width - 8} -> "
+    f"{config.model.width}); undo the change, or start a new sweep with another --sweep_dir (and --storage study)"
+  )
 
 
 def test_a_capped_grid_takes_points_spread_over_it(tmp_path):

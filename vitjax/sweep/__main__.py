@@ -10,7 +10,9 @@ its log in SWEEP_DIR/logs/. The study lives in --storage (default sqlite:///SWEE
 made of the config file, its :args and the overrides. At the end SWEEP_DIR/report.md, trials.csv and plots.
 
 Rerun the same command after anything stops it (SIGTERM, SIGKILL, a lost machine): finished trials stay
-finished, interrupted ones resume from their checkpoints. --max_trials=N caps the study at N trials in all.
+finished, interrupted ones resume from their checkpoints. --max_trials=N caps the study at N trials in all. A
+changed get_sweep(), or config file (but for what a resumed run may change: log_every, evals, ...), is refused:
+one study holds one experiment.
 
 Many machines: the same command on each, with one PostgreSQL database and, so that a trial a dead machine left
 resumes from its checkpoint elsewhere, a --sweep_dir on a shared filesystem:
@@ -176,7 +178,9 @@ def _open_study(url: str, name: str, sweep, target: int, sweep_dir: str):
   missing = paths.missing_folders(sweep_dir)
   os.makedirs(sweep_dir, exist_ok=True)
   try:
-    study, store = study_lib.open_study(url, name, sweep, target, FLAGS.heartbeat, FLAGS.grace)
+    study, store = study_lib.open_study(
+      url, name, sweep, target, FLAGS.heartbeat, FLAGS.grace, config=study_lib.config_fields(FLAGS.config, sweep)
+    )
   except BaseException:
     if not existed and not FLAGS.storage:  # bad input leaves nothing behind (only what this process made)
       for name in ("study.db", "study.db.claim-lock"):

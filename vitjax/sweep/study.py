@@ -105,10 +105,20 @@ def latest_attempts(trials) -> dict:
   return out
 
 
-def open_study(url: str, name: str, sweep, target: int, heartbeat: int | None = None, grace: int | None = None):
+def open_study(
+  url: str,
+  name: str,
+  sweep,
+  target: int,
+  heartbeat: int | None = None,
+  grace: int | None = None,
+  config: dict | None = None,
+):
   """Creates the study (and queues its trials) or loads it; returns (study, storage).
 
-  Checks a loaded study was made by the same sweep; tops its slots up to `target` (a rerun with a larger --max_trials).
+  Checks a loaded study was made by the same sweep and, where it recorded one, from the same `config` (the trials'
+  fields as {'a.b': value}: a changed config file would mix two experiments in one study); tops its slots up to
+  `target` (a rerun with a larger --max_trials).
   """
   optuna = optuna_module()
   store = storage(url, heartbeat, grace)
@@ -135,6 +145,14 @@ def open_study(url: str, name: str, sweep, target: int, heartbeat: int | None = 
         f"the study {name!r} in {masked(url)} was made by a different get_sweep() ({difference(recorded, described)}); "
         "undo the change, or start a new sweep with another --sweep_dir (and --storage study)"
       )
+    made_from = study.user_attrs.get("config")
+    if config is not None and made_from is not None and made_from != config:
+      changed = [k for k in sorted(set(made_from) | set(config)) if made_from.get(k) != config.get(k)]
+      said = ", ".join(f"{k} {made_from.get(k, '(none)')} -> {config.get(k, '(none)')}" for k in changed[:3])
+      raise ConfigError(
+        f"the study {name!r} in {masked(url)} was made from another config ({said}{' ...' if len(changed) > 3 else ''}"
+        "); undo the change, or start a new sweep with another --sweep_dir (and --storage study)"
+      )
     if study.direction.name.lower() != sweep.direction:
       raise ConfigError(
         f"the study {name!r} in {masked(url)} is to {study.direction.name.lower()}, not {sweep.direction}"
@@ -150,7 +168,18 @@ def open_study(url: str, name: str, sweep, target: int, heartbeat: int | None = 
       )
   if "sweep" not in study.user_attrs:
     study.set_user_attr("sweep", described)
+  if config is not None and "config" not in study.user_attrs:  # (a study made before it was recorded: from now on)
+    study.set_user_attr("config", config)
   return study, store
+
+
+def config_fields(config, sweep) -> dict:
+  """The trials' shared config as {'a.b': value}, less the swept fields and what a run may change on a resume."""
+  from vitjax.config import flatten  # pylint: disable=g-import-not-at-top
+  from vitjax.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+
+  flat = flatten(json.loads(config.to_json_best_effort()))
+  return {k: v for k, v in flat.items() if k not in sweep.fields and not workdir_lib.is_bookkeeping(k)}
 
 
 def difference(a: dict, b: dict) -> str:

@@ -157,11 +157,24 @@ def test_load_grid_and_space(tmp_path):
       "objective='eval/accuracy', direction='maximize')\n",
       "sweep.integer(..., log=True) takes no step (step=2)",
     ),
+    (  # before: trials 0 and 2 trained the same point, and the report did not say so
+      "def get_sweep():\n  return dict(space={'optim.lr': sweep.choice(1e-3, 4e-3), 'model.depth': sweep.integer(1, 3, "
+      "step=2)}, trials=5, objective='eval/accuracy', direction='maximize')\n",
+      "space= holds 4 points, fewer than trials=5: give trials=4 or fewer, or grid= (sweep.product)",
+    ),
   ],
 )
 def test_bad_sweep_is_one_line(tmp_path, body, message):
   with pytest.raises(ConfigError, match=re.escape(message)):
     sweep.load(_config_file(tmp_path, body), get_config())
+
+
+def test_a_dimension_counts_its_values_as_optuna_draws_them():
+  """What trials= is checked against: 0, 0.1, 0.2 and 0.3 are 4 values (0.3 // 0.1 is 2.0 in binary floating point),
+  a repeated choice counts once, a continuous range has no count."""
+  assert sweep.uniform(0, 0.3, step=0.1).size() == 4 and sweep.uniform(0.0, 1.0, step=0.25).size() == 5
+  assert sweep.integer(1, 3, step=2).size() == 2 and sweep.integer(2, 16, log=True).size() == 15
+  assert sweep.choice(1, 1, 2).size() == 2 and sweep.log_uniform(1e-4, 1e-2).size() is None
 
 
 @pytest.mark.parametrize(

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import decimal
 import importlib.util
 import itertools
 import math
@@ -115,6 +116,18 @@ class Dist:
     if self.kind == "int":
       return optuna.distributions.IntDistribution(self.low, self.high, log=self.log, step=self.step or 1)
     return optuna.distributions.CategoricalDistribution(self.choices)
+
+  def size(self) -> int | None:
+    """How many values the dimension holds; None for a continuous range."""
+    if self.kind == "categorical":
+      return len(set(self.choices))
+    if self.kind == "int":
+      return (self.high - self.low) // (self.step or 1) + 1
+    if self.step:  # (in decimal, as Optuna counts them: 0.3 // 0.1 is 2.0 in binary floating point)
+      return (
+        int((decimal.Decimal(str(self.high)) - decimal.Decimal(str(self.low))) // decimal.Decimal(str(self.step))) + 1
+      )
+    return None
 
   def describe(self) -> str:
     """The dimension in words, e.g. "float in [0.0001, 0.01] (log scale)" or "int in [2, 8] (linear, step 2)"."""
@@ -304,6 +317,13 @@ def load(config_arg: str, config) -> Sweep:
     trials = raw.get("trials")
     if not isinstance(trials, int) or trials < 1:
       raise ConfigError(f"{path}: get_sweep() trials={trials!r}: a search space needs trials=N, N >= 1")
+    sizes = [d.size() for d in space.values()]
+    points = math.prod(sizes) if None not in sizes else None
+    if points is not None and trials > points:  # the sampler would draw some points twice, and train them twice
+      raise ConfigError(
+        f"{path}: get_sweep() space= holds {points} points, fewer than trials={trials}: give trials={points} or "
+        "fewer, or grid= (sweep.product) to run each point once"
+      )
     s.space, s.trials = space, trials
   for point in s.grid or _corners(s.space):
     check_overrides(config, point, path)

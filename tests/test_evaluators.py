@@ -89,8 +89,8 @@ def test_a_type_missing_a_part_is_one_line_before_anything_runs(tmp_path, monkey
   )
 
 
-def test_a_type_whose_run_leaves_out_a_declared_metric_stops_with_its_step_kept(tmp_path, run_args):
-  """run() returned 'mrg' where metrics() declares 'margin': before, the run went on to the end with no best step
+def test_a_type_whose_run_leaves_out_the_best_metric_stops_with_its_step_kept(tmp_path, run_args):
+  """run() returned 'mrg' where metrics() declares 'margin', which config.best names: before, the run went on to the end with no best step
   ('best: step None') and no warning. Now its first evaluation stops it with one line, exit 2, the step checkpointed;
   once run() is fixed the same command resumes there and evaluates that step first."""
   folder = _new_type(tmp_path, text=_MARGIN.format(name="mrg"))
@@ -110,8 +110,8 @@ def test_a_type_whose_run_leaves_out_a_declared_metric_stops_with_its_step_kept(
   proc = th.run_module(str(script), *args)
   assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
   assert th.error_lines(proc) == (
-    "error: step 10: config.evals.mt: vitjax/evaluators/margin.py's run() returned ['mrg'], without margin, which its "
-    "metrics() declares: make the two agree; step 10 is checkpointed: rerun the same command to resume"
+    "error: step 10: config.best='mt/margin': vitjax/evaluators/margin.py's run() returned ['mrg'], without 'margin', "
+    "which its metrics() declares: make the two agree; step 10 is checkpointed: rerun the same command to resume"
   )
   assert th.finished_steps(workdir)[-1] == 10  # (the tiny run checkpoints every 5 steps)
   _new_type(tmp_path)  # fixed

@@ -570,6 +570,8 @@ class _Evaluations:
         started = time.time()
         results[e.name] = e.run(run.exp, weights[e.weights](), self._interrupted, step)
         self.reporter.evaluated(e.name, time.time() - started)
+        if e is self.best:
+          e.check_reports(run.config.best, results[e.name])
     except EvaluationInterrupted:
       if not resave:
         self.reporter.checkpoint(step)

@@ -255,6 +255,16 @@ def test_per_class_is_one_file_and_agrees_with_accuracy(finished_run, data_dir, 
   )
 
 
+def test_per_class_names_each_class_apart_in_any_script():
+  """Before, every non-ASCII letter became '_': 猫, 犬 and 鳥 all wrote per_class/accuracy__, one value of three."""
+  from vitjax.evaluators.per_class import metric_name
+
+  taken = {}
+  for name in ("猫", "犬", "émeu", "a b", "a_b", "!"):
+    taken[f"accuracy_{metric_name(name, taken)}"] = 0.0
+  assert list(taken) == ["accuracy_猫", "accuracy_犬", "accuracy_émeu", "accuracy_a_b", "accuracy_a_b_2", "accuracy__"]
+
+
 def test_per_class_recalls_are_the_confusion_rows_of_the_unmasked_examples(tmp_path):
   """per_class on known predictions: each class's recall is its row of the confusion matrix (true class by row, padding
   rows left out), a class the split lacks is not reported (nor averaged), names become keys, and the matrix goes to

@@ -133,6 +133,18 @@ def test_images_the_pipeline_reads_are_kept_and_others_converted_once(kinds):
     assert np.array_equal(augment.decode(stored[(24, 34)][0], 3)[0], np.asarray(pil.convert("RGB")))
 
 
+def test_sixteen_bit_levels_map_to_the_same_eight_bit_levels_in_every_image():
+  """One scale for every 16-bit image: before, an image whose levels all stayed below 256 kept them (a dim all-200
+  image became 200, bright) while one with a level of 300 was divided by 257 (200 became 1)."""
+  from vitjax.data import image_files
+
+  dim = np.full((4, 4), 200, np.uint16)
+  other = dim.copy()
+  other[:, 0] = 300
+  got = [np.asarray(image_files._to_rgb(PIL.Image.fromarray(a), upright=True)) for a in (dim, other)]
+  assert PIL.Image.fromarray(dim).mode == "I;16" and got[0][0, 1, 0] == got[1][0, 1, 0] == 1, got
+
+
 def test_unreadable_files_are_skipped_and_listed_beside_the_dataset(kinds):
   builder = kinds["builder"]
   with open(os.path.join(builder.data_dir, folder.SKIPPED_FILE)) as f:

@@ -329,9 +329,9 @@ def _split_examples(trained, split: str):
   try:
     source, _ = data_lib.open_split(d.name, name, d.get("data_dir"))
   except ValueError:  # tfds: an unknown split name
-    names = [VALID, *splits_lib.prepared_builder(d.name, d.get("data_dir")).info.splits]
+    names = list(dict.fromkeys([VALID, *splits_lib.prepared_builder(d.name, d.get("data_dir")).info.splits]))
     raise ConfigError(
-      f"--split={split}: {d.name} has no such split; give one of {', '.join(dict.fromkeys(names))} (e.g. --split=test)"
+      f"--split={split}: {d.name} has no such split; give one of {', '.join(names)} (e.g. --split={names[0]})"
     ) from None
   return source, np.arange(len(source)) if positions is None else positions
 

@@ -79,13 +79,15 @@ def _storable(data: bytes) -> tuple[bytes, str]:
 def _to_rgb(pil: PIL.Image.Image, upright: bool) -> PIL.Image.Image:
   """An RGB image of a decoded PIL image.
 
-  Turned upright by its EXIF orientation, 16-bit and float levels scaled to 8 bits, alpha dropped.
+  Turned upright by its EXIF orientation, 16-bit levels scaled to 8 bits (65535 -> 255: the same scale for every
+  image, whatever its own brightest pixel; before, 200 stayed 200 in one image and became 1 in another), 32-bit
+  integer levels the same where any is above 255, float levels clipped to [0, 255], alpha dropped.
   """
   if not upright:
     pil = PIL.ImageOps.exif_transpose(pil)
   if pil.mode.startswith("I") or pil.mode == "F":  # I;16, I;16B, I (32-bit), F: one channel of wide levels
     levels = np.asarray(pil).astype(np.float64)
-    if pil.mode != "F" and levels.size and levels.max() > 255:
+    if pil.mode.startswith("I;16") or (pil.mode == "I" and levels.size and levels.max() > 255):
       levels = levels / 257.0  # 0..65535 -> 0..255
     pil = PIL.Image.fromarray(np.clip(np.round(levels), 0, 255).astype(np.uint8))
   return pil if pil.mode == "RGB" else pil.convert("RGB")

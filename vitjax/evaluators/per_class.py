@@ -65,7 +65,7 @@ def run(ev, net, variables, stop=None, step=None) -> dict:
   names = info.get("class_names") or [str(i) for i in range(k)]
   out = {"balanced_accuracy": float(recall.mean()), "worst_class_accuracy": float(recall.min())}
   for name, r in zip(np.asarray(names)[seen], recall):
-    out[f"accuracy_{re.sub(r'[^A-Za-z0-9_]+', '_', str(name))}"] = float(r)
+    out[f"accuracy_{metric_name(str(name), out)}"] = float(r)
   if step is not None and ev.workdir and jax.process_index() == 0:
     ema = "_ema" if ev.weights == "ema" else ""  # one file per split, weights and what was evaluated
     path = os.path.join(ev.workdir, f"{ev.name}_confusion_{ev.split}_{step}{ema}.json")
@@ -73,6 +73,19 @@ def run(ev, net, variables, stop=None, step=None) -> dict:
       json.dump({"split": ev.split, "classes": list(names), "confusion": confusion.tolist()}, f)
     os.replace(path + ".tmp", path)
   return out
+
+
+def metric_name(class_name: str, taken) -> str:
+  """A class name as a metric's suffix: letters (any script), digits and '_'; a name another class took gets '_2'.
+
+  Before, any non-ASCII letter became '_': 猫, 犬 and 鳥 were all 'accuracy__', one value for three classes.
+  """
+  base = re.sub(r"\W+", "_", class_name) or "_"
+  name, n = base, 1
+  while f"accuracy_{name}" in taken:
+    n += 1
+    name = f"{base}_{n}"
+  return name
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3, 4, 5))

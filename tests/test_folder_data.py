@@ -330,6 +330,9 @@ def _bad_sources(root):
   (root / "badsplit.csv").write_text("img/a.png,cat,training\n")
   (root / "junk" / "cat").mkdir(parents=True)
   (root / "junk" / "cat" / "a.txt").write_text("text\n")
+  _save(str(root / "testonly" / "train" / "cat" / "a.png"), PIL.Image.new("RGB", (4, 4)), "PNG")
+  _save(str(root / "testonly" / "test" / "Cat" / "a.png"), PIL.Image.new("RGB", (4, 4)), "PNG")
+  (root / "testonly.csv").write_text("img/a.png,cat\nimg/a.png,dog,test\n")
 
 
 BAD = [
@@ -344,6 +347,9 @@ BAD = [
   ("folder:missing.csv", ["is a file, not a folder", "--dataset=csv:missing.csv"]),
   ("folder:junk", ["none of the 1 files", "readable image"]),
   ("folder:", ["names no folder", "folder:PATH"]),
+  # before: prepared with a class the model never saw in training (scored 0, or capping the probes)
+  ("folder:testonly", ["class 'Cat' has no training images, only test ones", "misspelt"]),
+  ("csv:testonly.csv", ["class 'dog' has no training images, only test ones"]),
 ]
 
 

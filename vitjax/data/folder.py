@@ -155,7 +155,18 @@ def scan(source: Source) -> Scan:
     ConfigError: the path does not exist, a folder has no class folders or an empty one, a CSV row has no label
       or names a file that does not exist, ... (one line that says what to fix).
   """
-  return _scan_folder(source) if source.kind == "folder" else _scan_csv(source)
+  found = _scan_folder(source) if source.kind == "folder" else _scan_csv(source)
+  trained = {label for *_, label in found.splits["train"]}
+  untrained = [name for i, name in enumerate(found.class_names) if i not in trained]
+  if untrained:  # (a model would learn never to predict it: a misspelt test/Cat beside train/cat made two classes)
+    elsewhere = sorted(
+      s for s, rows in found.splits.items() if any(found.class_names[r[2]] == untrained[0] for r in rows)
+    )
+    raise ConfigError(
+      f"{source.name}: class {untrained[0]!r} has no training images, only {' and '.join(elsewhere)} ones: give it "
+      "training images, or fix its name where it is misspelt"
+    )
+  return found
 
 
 def _located(source: Source, noun: str, give: str) -> str:

@@ -8,6 +8,7 @@ import shutil
 import sys
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 import train_helpers as th
@@ -227,6 +228,26 @@ def test_shifts_and_other_data_reach_the_images(finished_run, data_dir):
     assert run(data={"valid_fraction": 0.2})["t/examples"] == 299 and run()["t/examples"] == 150
   assert rotated["t/accuracy"] != clean["t/accuracy"] and rotated["t/loss"] > clean["t/loss"]
   assert noisy["t/loss"] != clean["t/loss"]
+
+
+def test_another_dataset_of_other_classes_is_refused_or_named(monkeypatch, caplog):
+  """data= with another number of classes than the run's model: before, its labels past the model's logits scored
+  as a loss of 0 (0.6711 where it was 0.8949) and per_class named the run's classes. Other names: a warning."""
+  from vitjax import data as data_lib
+
+  caplog.set_level("INFO", logger="absl")
+  run = {"num_classes": 3, "class_names": ["cat", "dog", "emu"]}
+  data = ml_collections.ConfigDict(dict(name="folder:other", train_split="train", data_dir=None))
+  monkeypatch.setattr(data_lib, "split_info", lambda *a: {"num_classes": 4, "class_names": ["B", "a", "c", "zebra"]})
+  with pytest.raises(ConfigError) as e:
+    evaluators._check_classes("config.evals.other", data, run)
+  assert str(e.value) == (
+    "config.evals.other: folder:other has 4 classes, the run's model 3: evaluate a dataset of the run's classes, in "
+    "the same order"
+  )
+  monkeypatch.setattr(data_lib, "split_info", lambda *a: {"num_classes": 3, "class_names": ["dog", "cat", "emu"]})
+  evaluators._check_classes("config.evals.other", data, run)
+  assert "folder:other's classes (dog, cat, emu) are not the run's (cat, dog, emu)" in caplog.text
 
 
 def test_per_class_is_one_file_and_agrees_with_accuracy(finished_run, data_dir, tmp_path):

@@ -190,7 +190,33 @@ def _task_of(config, task, data: dict, what: str, workdir):
   with other.unlocked():
     other.data.update(data)
   described = task.describe() if hasattr(task, "describe") else None
-  return tasks.get(other, workdir, described=described, layout=task.layout)
+  found = tasks.get(other, workdir, described=described, layout=task.layout)
+  if described and "num_classes" in described:  # the model's classes are the run's; the labels, the other data's
+    _check_classes(what, other.data, described)
+  return found
+
+
+def _check_classes(what: str, data, described: dict) -> None:
+  """ConfigError where another dataset has another number of classes than the run's model.
+
+  A warning where only their names differ: digits' 0-9 against Fashion-MNIST's ten may be meant, a folder's cat/dog
+  against dog/cat is not.
+  """
+  from vitjax import data as data_lib  # pylint: disable=g-import-not-at-top
+
+  info = data_lib.split_info(data.name, data.train_split, data.data_dir)
+  ours, theirs = described.get("class_names") or [], info.get("class_names") or []
+  if info["num_classes"] != described["num_classes"]:  # (labels past the model's logits: a wrong loss and accuracy)
+    raise ConfigError(
+      f"{what}: {data.name} has {info['num_classes']} classes, the run's model {described['num_classes']}: "
+      "evaluate a dataset of the run's classes, in the same order"
+    )
+  if list(ours) != list(theirs):
+    shown = lambda names: ", ".join(map(str, names[:4])) + (" ..." if len(names) > 4 else "")
+    logging.warning(
+      "%s: %s's classes (%s) are not the run's (%s): label i is scored as the model's class i", what, data.name,
+      shown(theirs), shown(ours)
+    )  # fmt: skip
 
 
 def plan(config, task, steps_of=None, workdir: str | None = None) -> tuple[Evaluator, ...]:

@@ -79,6 +79,20 @@ def test_few_shot_draws_are_fixed_and_spread():
   assert probe.few_shot(fit, {"test": test}, 3, probe.Options.of(entry))[1] != a[1]
 
 
+def test_few_shot_past_the_smallest_class_says_so(caplog):
+  """25shot on classes of 19 examples took the same 19 in every draw (a spread of 0) without a word."""
+  caplog.set_level("INFO", logger="absl")
+  x, y = _clusters(300, spread=3.0)
+  small = np.concatenate([np.flatnonzero(y == c)[:19] for c in range(3)])
+  got = probe.few_shot((x[small], y[small]), {"test": _clusters(60, seed=3)}, 3, probe.Options(shots=(5, 25), draws=3))
+  assert got[25]["test"][1] == 0.0  # the same 19 in every draw
+  said = [r.getMessage() for r in caplog.records if "shot" in r.getMessage()]
+  assert said == [
+    "25shot: the smallest class has 19 examples to fit on: each draw takes those 19, not 25; give shots of 19 or "
+    "fewer, or more examples (fit_examples=None)"
+  ], said
+
+
 def test_probe_options_are_checked_and_a_small_bank_votes_with_all_its_examples():
   """Options.of refuses what the probes cannot use (one line naming the evaluator), takes one shot size as a tuple;
   k-NN over fewer fitting examples than k votes with all of them; evaluate() reports every split but the fitting one."""

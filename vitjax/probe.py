@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from absl import logging
 
 FEWSHOT_L2 = 2.0**10  # big_vision's few-shot regulariser (on standardised features)
 LINEAR_L2 = tuple(10.0**k for k in range(-6, 2))  # x the number of fitting examples: the linear probe's grid
@@ -106,7 +107,13 @@ def few_shot(fit, evaluate: dict, num_classes: int, options: Options = Options()
   """
   x, y = np.asarray(fit[0]), np.asarray(fit[1])
   out = {}
+  fewest = min(int((y == c).sum()) for c in range(num_classes))
   for shots in options.shots:
+    if shots > fewest:  # that class's draws then all take the same examples, fewer than `shots`
+      logging.warning(
+        "%dshot: the smallest class has %d examples to fit on: each draw takes those %d, not %d; give shots of %d "
+        "or fewer, or more examples (fit_examples=None)", shots, fewest, fewest, shots, fewest,
+      )  # fmt: skip
     accs = {split: [] for split in evaluate}
     for draw in range(options.draws):
       rng = np.random.default_rng([options.seed, shots, draw])

@@ -284,6 +284,20 @@ def test_special_ids_come_from_the_tokenizer_and_a_mismatch_is_one_line(run, tmp
   with pytest.raises(ConfigError) as e:
     _ = tasks.get(wrong, workdir).tokenizer
   assert "\n" not in str(e.value) and "--config.model.bos_id=2" in str(e.value)
+  # another vocab_size on a resumed run, or on one that starts from this run (init_from): before, recorded as a
+  # change and ignored, the run training on the kept tokenizer while its config named the other size
+  for other, kept in ((workdir, workdir), (str(tmp_path / "finetune"), workdir)):
+    bigger = config.copy_and_resolve_references()
+    bigger.data.vocab_size += 200
+    bigger.init_from = workdir if other != workdir else None
+    with pytest.raises(ConfigError) as e:
+      tasks.get(bigger, other).check()
+    assert str(e.value) == (
+      f"config.data.vocab_size={config.data.vocab_size + 200} but {kept}/tokenizer.model has {config.data.vocab_size} "
+      f"pieces: a run keeps its tokenizer (fine-tuning, that of init_from); set --config.data.vocab_size="
+      f"{config.data.vocab_size}, or train a new tokenizer in a new workdir"
+    )
+  tasks.get(config, workdir).check()
 
   flax_ids = config.copy_and_resolve_references()
   flax_ids.model.pad_id, flax_ids.model.eos_id, flax_ids.model.bos_id = 0, 1, 0

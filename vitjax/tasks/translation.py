@@ -233,7 +233,27 @@ class Translation:
       )
     if convert.WeightSource.parse(c.init_from).imported:
       raise ConfigError("translation can start only from another translation workdir (init_from=WORKDIR)")
+    self._check_kept_tokenizer()
     self.splits  # noqa: B018 (reads the data now: a missing source stops the run before anything is written)
+
+  def _check_kept_tokenizer(self) -> None:
+    """ConfigError where the tokenizer a run keeps (its own, or init_from's) has another size than data.vocab_size.
+
+    Before, a resumed or fine-tuned run with another vocab_size recorded the change and trained on the old tokenizer.
+    """
+    source = convert.WeightSource.parse(self.config.init_from)
+    for path in (
+      os.path.join(self.workdir, "tokenizer.model"),
+      os.path.join(source.path, "tokenizer.model") if source.kind == "workdir" else "",
+    ):
+      if path and os.path.exists(path):
+        have, want = text.Tokenizer.load(path).vocab_size, self.config.data.vocab_size
+        if have != want:
+          raise ConfigError(
+            f"config.data.vocab_size={want} but {path} has {have} pieces: a run keeps its tokenizer (fine-tuning, "
+            f"that of init_from); set --config.data.vocab_size={have}, or train a new tokenizer in a new workdir"
+          )
+        return
 
   def check_split(self, split: str, what: str) -> None:
     """ConfigError naming the setting `what` if there is no split `split`."""

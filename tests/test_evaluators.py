@@ -250,6 +250,19 @@ def test_another_dataset_of_other_classes_is_refused_or_named(monkeypatch, caplo
   assert "folder:other's classes (dog, cat, emu) are not the run's (cat, dog, emu)" in caplog.text
 
 
+def test_an_evaluation_with_other_options_is_kept_beside_the_earlier_one(tmp_path):
+  """--mode=eval with beam 1, then beam 4: before, both wrote eval_valid_2.json (beam 4's replacing beam 1's) and
+  their metrics.jsonl rows did not say how each decoded; the row now holds the options, and other options a file."""
+  from vitjax.train import loop
+
+  beam1, beam4 = {"method": "beam", "beam_size": 1}, {"method": "beam", "beam_size": 4}
+  assert loop._result_file(str(tmp_path), "eval_valid_2", beam1) == "eval_valid_2.json"  # nothing there yet
+  (tmp_path / "eval_valid_2.json").write_text(json.dumps({"options": beam1, "eval/bleu": 1.0}))
+  assert loop._result_file(str(tmp_path), "eval_valid_2", beam1) == "eval_valid_2.json"  # the same: replaced
+  other = loop._result_file(str(tmp_path), "eval_valid_2", beam4)
+  assert other.startswith("eval_valid_2_") and other.endswith(".json") and len(other) == len("eval_valid_2_.json") + 8
+
+
 def test_per_class_is_one_file_and_agrees_with_accuracy(finished_run, data_dir, tmp_path):
   """The type added as the example: its balanced accuracy over digits' (nearly balanced) test split is close to
   the accuracy, each class's recall is in [0, 1], and --mode=eval --eval=per_class writes the confusion matrix."""

@@ -11,6 +11,7 @@ evaluate(): restore a checkpoint (or take the initial weights) and run one evalu
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -617,6 +618,22 @@ class _Evaluations:
     return ""
 
 
+def _result_file(workdir: str, name: str, options: dict) -> str:
+  """NAME.json, or NAME_<hash of options>.json where NAME.json holds a result of other options.
+
+  Before, evaluating with beam 1 then beam 4 left only beam 4's result, under the same name.
+  """
+  try:
+    with open(os.path.join(workdir, f"{name}.json")) as f:
+      earlier = json.load(f).get("options", options)
+  except (OSError, ValueError, AttributeError):
+    earlier = options
+  if earlier == options:
+    return f"{name}.json"
+  digest = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:8]
+  return f"{name}_{digest}.json"
+
+
 def _best_result(config, ckpts, evals) -> dict:
   """The run's result: the best kept step and its evaluation, in evaluate()'s layout."""
   best = ckpts.best_step()
@@ -746,9 +763,11 @@ def evaluate(
   with jax.set_mesh(net.mesh):
     metrics = ev.run(net, {"params": params, **model_state}, step=which)  # (names the files a type writes)
   row = {"step": step, "checkpoint": "init" if initial else str(checkpoint), "evaluator": ev.name, "split": ev.split}
-  row = {**row, "weights": ev.weights, **({"init_from": config.init_from} if imported else {}), **metrics}
+  options = json.loads(json.dumps(ev.options))  # (how it evaluated: a translation's decoding, a probe's shots, ...)
+  row = {**row, "weights": ev.weights, **({"init_from": config.init_from} if imported else {}), "options": options}
+  row = {**row, **metrics}
   other = f"_{ev.weights}" if ev.weights != configured else ""  # --weights= against the evaluator's own
-  workdir_lib.write_json(workdir, f"{ev.name}_{ev.split}_{which}{other}.json", row)
+  workdir_lib.write_json(workdir, _result_file(workdir, f"{ev.name}_{ev.split}_{which}{other}", options), row)
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
       f.write(json.dumps({**row, "source": "evaluate"}) + "\n")

@@ -253,3 +253,16 @@ def test_a_workdir_from_before_ema_and_layer_decay_still_loads_and_evaluates(tmp
   assert vitjax.load(workdir).step == 5
   th.check_ok(th.run_main(workdir, "--mode=eval", config=None))
   th.check_ok(th.run_main(workdir, *common))  # resuming with today's config: nothing changed, nothing to train
+
+
+def test_init_from_a_run_names_the_step_it_reads_and_refuses_its_average(finished_run, caplog):
+  """init_from=WORKDIR said only 'initialised parameters from W', not which step; W/averaged was 'no checkpoints/
+  there', as if the user had the wrong folder."""
+  from vitjax.errors import ConfigError
+  from vitjax.train import checkpoints as ckpt_lib
+
+  caplog.set_level("INFO", logger="absl")
+  ckpt_lib.load_params(finished_run)
+  assert f"init_from: step 30, the latest intact checkpoint of {os.path.abspath(finished_run)}" in caplog.text
+  with pytest.raises(ConfigError, match=r"init_from reads a run's latest intact checkpoint, not its average; give"):
+    ckpt_lib.load_params(os.path.join(finished_run, "averaged"))

@@ -487,6 +487,12 @@ def load_params(workdir: str) -> tuple[dict, dict]:
   For config.init_from=WORKDIR: the shapes may differ from the model's; vitjax.models.adapt fits them.
   """
   workdir = os.path.abspath(workdir)
+  run = os.path.dirname(workdir)
+  if os.path.basename(workdir) == AVERAGED and has_checkpoints(run):
+    raise ConfigError(
+      f"init_from={workdir!r}: init_from reads a run's latest intact checkpoint, not its average; give the run, "
+      f"{run}, or export the average (python -m vitjax.export --checkpoint=averaged) and start from that file"
+    )
   if not has_checkpoints(workdir):
     raise ConfigError(
       f"init_from={workdir!r}: no checkpoints/ there; give a workdir of a vitjax run, 'timm:NAME:FILE' or 'npz:FILE'"
@@ -520,5 +526,6 @@ def load_params(workdir: str) -> tuple[dict, dict]:
         problems.append(f"step {step}: {_first_line(e)}")
         logging.warning("init_from: checkpoint %d of %s is not usable (%s): skipped", step, workdir, problems[-1])
         continue
+      logging.info("init_from: step %d, the latest intact checkpoint of %s", step, workdir)
       return state["params"], dict(state.get("model_state") or {})
   raise ConfigError(f"init_from={workdir!r}: no intact checkpoint there ({'; '.join(problems)})")

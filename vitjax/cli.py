@@ -73,8 +73,8 @@ def _config_file_problem(argv) -> str | None:
   overrides = [a.split("=", 1)[0] for a in argv[1:] if a.startswith("--config.")]
   if overrides and not any(a == "--config" or a.startswith("--config=") and a != "--config=" for a in argv[1:]):
     return (
-      f"{overrides[0]} changes a field of a config file: give the file too, --config=configs/NAME.py (a run's "
-      "workdir/config.json has the values it ran with)"
+      f"{overrides[0]} changes a field of a config file: give the file too, --config=configs/NAME.py, with the "
+      "overrides the run was trained with (WORKDIR/config.json lists its values; it is not a config file)"
     )
   for arg, following in zip(argv[1:], [*argv[2:], None]):
     if arg.startswith("--config=") or (arg == "--config" and following is not None):  # --config=FILE, --config FILE

@@ -243,7 +243,7 @@ class Translation:
     """
     source = convert.WeightSource.parse(self.config.init_from)
     for path in (
-      os.path.join(self.workdir, "tokenizer.model"),
+      os.path.join(self.workdir, "tokenizer.model") if self.workdir else "",
       os.path.join(source.path, "tokenizer.model") if source.kind == "workdir" else "",
     ):
       if path and os.path.exists(path):

@@ -78,7 +78,7 @@ def run(ev, net, variables, stop=None, step=None) -> dict:
 def metric_name(class_name: str, taken) -> str:
   """A class name as a metric's suffix: letters (any script), digits and '_'; a name another class took gets '_2'.
 
-  Before, any non-ASCII letter became '_': 猫, 犬 and 鳥 were all 'accuracy__', one value for three classes.
+  Before, any non-ASCII letter became '_': 猫, 犬 and 鳥 all became ``accuracy__``, one value for three classes.
   """
   base = re.sub(r"\W+", "_", class_name) or "_"
   name, n = base, 1

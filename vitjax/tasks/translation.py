@@ -153,9 +153,7 @@ class Translation:
   def tokenizer(self) -> text.Tokenizer:
     """WORKDIR/tokenizer.model; copied from init_from's workdir, or trained on the training split, if missing."""
     if self._tokenizer is None:
-      path = os.path.join(self.workdir, "tokenizer.model")
-      source = convert.WeightSource.parse(self.config.init_from)
-      parent = os.path.join(source.path, "tokenizer.model") if source.kind == "workdir" else ""
+      path, parent = self._tokenizer_paths()
       if not os.path.exists(path) and parent and os.path.exists(parent):
         os.makedirs(self.workdir, exist_ok=True)  # fine-tuning keeps the vocabulary of the weights it starts from
         if jax.process_index() == 0:
@@ -236,16 +234,18 @@ class Translation:
     self._check_kept_tokenizer()
     self.splits  # noqa: B018 (reads the data now: a missing source stops the run before anything is written)
 
+  def _tokenizer_paths(self) -> tuple[str, str]:
+    """(WORKDIR/tokenizer.model, init_from's workdir's or ''): the run's tokenizer, and the one fine-tuning keeps."""
+    source = convert.WeightSource.parse(self.config.init_from)
+    parent = os.path.join(source.path, "tokenizer.model") if source.kind == "workdir" else ""
+    return os.path.join(self.workdir or "", "tokenizer.model"), parent
+
   def _check_kept_tokenizer(self) -> None:
     """ConfigError where the tokenizer a run keeps (its own, or init_from's) has another size than data.vocab_size.
 
     Before, a resumed or fine-tuned run with another vocab_size recorded the change and trained on the old tokenizer.
     """
-    source = convert.WeightSource.parse(self.config.init_from)
-    for path in (
-      os.path.join(self.workdir, "tokenizer.model") if self.workdir else "",
-      os.path.join(source.path, "tokenizer.model") if source.kind == "workdir" else "",
-    ):
+    for path in self._tokenizer_paths()[0 if self.workdir else 1 :]:
       if path and os.path.exists(path):
         have, want = text.Tokenizer.load(path).vocab_size, self.config.data.vocab_size
         if have != want:

@@ -573,17 +573,12 @@ class _Evaluations:
         self.reporter.evaluated(e.name, time.time() - started)
         if e is self.best:
           e.check_reports(run.config.best, results[e.name])
-    except EvaluationInterrupted:
+    except (EvaluationInterrupted, evaluators.EvaluatorError) as e:  # the step is kept, evaluated again on resume
       if not resave:
         self.reporter.checkpoint(step)
         ckpts.save(step, state, data_state)
-      raise Preempted(_preempted(run.stop, step, ckpts)) from None
-    except (
-      evaluators.EvaluatorError
-    ) as e:  # a new type's bug: the training so far is kept, the step evaluated on resume
-      if not resave:
-        self.reporter.checkpoint(step)
-        ckpts.save(step, state, data_state)
+      if isinstance(e, EvaluationInterrupted):
+        raise Preempted(_preempted(run.stop, step, ckpts)) from None
       raise ConfigError(f"step {step}: {e}; step {step} is checkpointed: rerun the same command to resume") from None
     metrics = {k: v for r in results.values() for k, v in r.items()}
     candidate = self.best.name in results

@@ -131,7 +131,7 @@ def test_plan_resolves_cadences_and_best_and_refuses_a_best_nobody_reports(data_
   )
   c.eval_every = 50
   task = tasks.get(c, "")
-  from vitjax.train import durations
+  from vitjax import durations
 
   steps_of = lambda what, every: durations.steps(what, every, 11, None)
   planned = evaluators.plan(c, task, steps_of)

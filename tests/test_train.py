@@ -994,9 +994,9 @@ def test_a_model_built_from_config_json_is_hashable(name):
 
 
 def test_durations_in_steps_epochs_or_examples_resolve_once_into_steps():
+  from vitjax import durations
   from vitjax.config import default_config
   from vitjax.errors import ConfigError
-  from vitjax.train import durations
 
   c = default_config()
   c.total_steps, c.schedule.warmup_steps = "10 epochs", "0.5 epoch"
@@ -1018,8 +1018,8 @@ def test_durations_in_steps_epochs_or_examples_resolve_once_into_steps():
 
 def test_a_warmup_as_long_as_the_run_is_said(caplog):
   """total_steps=4 with 50 warm-up steps: the lr never reached its peak nor decayed, and nothing said so."""
+  from vitjax import durations
   from vitjax.config import default_config
-  from vitjax.train import durations
 
   caplog.set_level("INFO", logger="absl")  # (absl's logger: under xdist its level is not the root's)
   c = default_config()
@@ -1038,9 +1038,9 @@ def test_durations_edges_round_the_run_up_and_take_a_zero_warmup(caplog):
   """The run's length in epochs rounds up (0.1 epoch of 421 steps is 43 steps, not 42), in either field; a warm-up
   in epochs rounds to the nearest step; 'k' and 'm' scale; a warm-up of 0 is allowed, one as long as the run is
   said; a bool is no duration."""
+  from vitjax import durations
   from vitjax.config import default_config
   from vitjax.errors import ConfigError
-  from vitjax.train import durations
 
   caplog.set_level("INFO", logger="absl")
   c = default_config()

@@ -377,7 +377,7 @@ def test_decode_sweep_grid_is_sorted_and_checked_and_ties_go_to_the_cheaper_poin
 def test_each_sentence_is_decoded_to_its_own_sources_cap():
   """translate_batch caps each row at decode_len of its own source tokens (it capped the whole batch by its padded
   width, which the longest source or reference set: an 8-token source was allowed 82 tokens)."""
-  from vitjax.tasks.translation import _row_lengths
+  from vitjax.decode import row_lengths as _row_lengths
 
   src = np.array([[5, 5, 5, 1, 0, 0, 0, 0], [5] * 7 + [1], [0] * 8], np.int32)  # 4 and 8 tokens, and a padding row
   assert _row_lengths(src, 0, 22, 10.0, 64).tolist() == [16, 22, 10]  # int(1.5 n + 10)
@@ -401,8 +401,8 @@ def test_the_split_says_how_many_repeated_pairs_it_left_out(tmp_path, caplog):
 def test_the_default_decoding_is_the_best_evaluators_then_the_first_translation_evaluators():
   """decoding(config): the options of the translation evaluator that config.best names (its METRIC after the slash),
   else the first translation evaluator's (not another type's), else DECODING; options it leaves out are DECODING's."""
+  from vitjax.decode import DECODING
   from vitjax.evaluators.translation import decoding
-  from vitjax.tasks.translation import DECODING
 
   evals = {
     "acc": {"type": "classification", "split": "test"},

@@ -31,6 +31,7 @@ import numpy as np
 from absl import flags
 
 from vitjax import cli, paths
+from vitjax.errors import ConfigError
 
 flags.DEFINE_string("workdir", None, "the trained run to look into", required=True)
 flags.DEFINE_string("out", None, "the directory the PNGs go to", required=True)
@@ -179,7 +180,6 @@ def inspect(trained, image: np.ndarray, out_dir: str, patch: tuple[int, int] | N
 
   from vitjax import models  # pylint: disable=g-import-not-at-top
   from vitjax.data import device_ops  # pylint: disable=g-import-not-at-top
-  from vitjax.errors import ConfigError  # pylint: disable=g-import-not-at-top
 
   draw = {models.ViT: _draw_vit, models.Swin: _draw_swin}.get(models.family_of(trained.model).cls)
   if draw is None:
@@ -290,7 +290,6 @@ def _position_table(model, params, grid, prefix) -> np.ndarray:
 def _image(trained, path: str | None, example: int | None, split: str) -> np.ndarray:
   """uint8 [H, W, C] at the model's size, from a file or the run's dataset."""
   from vitjax.data import augment  # pylint: disable=g-import-not-at-top
-  from vitjax.errors import ConfigError  # pylint: disable=g-import-not-at-top
 
   info = trained.task.describe()
   channels, size = info["channels"], tuple(info["image_size"])
@@ -321,7 +320,6 @@ def _split_examples(trained, split: str):
   """
   from vitjax import data as data_lib  # pylint: disable=g-import-not-at-top
   from vitjax.data import splits as splits_lib  # pylint: disable=g-import-not-at-top
-  from vitjax.errors import ConfigError  # pylint: disable=g-import-not-at-top
   from vitjax.tasks.base import VALID  # pylint: disable=g-import-not-at-top
 
   d = trained.config.data
@@ -346,7 +344,6 @@ def main() -> None:
       anything is written).
   """
   import vitjax  # pylint: disable=g-import-not-at-top
-  from vitjax.errors import ConfigError  # pylint: disable=g-import-not-at-top
   from vitjax.train.workdir import read_config  # pylint: disable=g-import-not-at-top
 
   if (FLAGS.image is None) == (FLAGS.example is None):

@@ -23,6 +23,15 @@ from collections.abc import Callable
 
 from absl import app, flags
 
+from vitjax import logs
+from vitjax.errors import (
+  USER_ERRORS,
+  Diverged,
+  Preempted,
+  WorkdirUnwritable,
+  one_line,
+)
+
 
 def _unknown_field_message(e: BaseException, argv) -> str | None:
   """A one-line message for a misspelt --config.FIELD override, or None if `e` is something else.
@@ -161,8 +170,6 @@ def _root_message(e: BaseException) -> str:
 
 def parse_flags(argv):
   """Parses flags as absl does, with one clear line (exit status 2) for a bad flag, config file or --config.FIELD."""
-  from vitjax import logs  # pylint: disable=g-import-not-at-top
-
   problem = _config_file_problem(argv)
   if problem is None:
     if any(a in ("--help", "-h", "-?", "--helpshort", "--helpfull", "--helpxml") for a in argv[1:]):
@@ -194,7 +201,6 @@ def run(main: Callable[[], int | None]) -> None:
 
   def entry(argv):
     del argv
-    from vitjax import logs  # pylint: disable=g-import-not-at-top  (after the flags: --verbosity)
 
     logs.setup()
     status = 1  # a bug: its traceback, then exit 1
@@ -239,19 +245,9 @@ def guarded(main: Callable[[], int | None]) -> int:
 
   A user error exits with 2; a run stopped by a signal or a divergence is given its status (already logged).
   """
-  from vitjax.errors import (  # pylint: disable=g-import-not-at-top
-    USER_ERRORS,
-    Diverged,
-    Preempted,
-    WorkdirUnwritable,
-    one_line,
-  )
-
   try:
     return main() or 0
   except (*USER_ERRORS, FileNotFoundError) as e:
-    from vitjax import logs  # pylint: disable=g-import-not-at-top
-
     if not logs.is_quiet_process():  # every process meets the same config and data: process 0 says it once
       print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
     return 2

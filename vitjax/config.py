@@ -97,7 +97,7 @@ def default_config() -> mlc.ConfigDict:
   c.data.cache_max_mb = 1024
 
   c.batch_size = 128  # global, over all devices of all processes
-  # Durations (vitjax.train.durations): steps, or a string with a unit, "500 steps", "2 epochs", "60000 examples".
+  # Durations (vitjax.durations): steps, or a string with a unit, "500 steps", "2 epochs", "60000 examples".
   c.num_epochs = mlc.FieldReference(None, field_type=float)  # the run's length: either epochs ...
   c.total_steps = mlc.FieldReference(None, field_type=object)  # ... or a duration (steps, epochs, examples)
   # A wall-clock budget for the run's training, its earlier sessions included (train/elapsed_s in metrics.jsonl):
@@ -281,6 +281,18 @@ def translation_config(source: str, src_lang: str, tgt_lang: str, size: str = "s
   c.eval_every = 1000
   c.checkpoint_every = 500
   return c
+
+
+def check(config) -> None:
+  """ConfigError for a field set away from its default that the config's task never reads.
+
+  config.batch_size in a translation run, whose batches hold data.tokens_per_batch tokens.
+  """
+  if config.get("task") == "translation" and config.get("batch_size", None) not in (None, default_config().batch_size):
+    raise ConfigError(
+      f"config.batch_size={config.batch_size} does nothing in a translation run: its batches hold "
+      f"data.tokens_per_batch={config.data.tokens_per_batch} tokens; set --config.data.tokens_per_batch"
+    )
 
 
 # ------------------------------------------------------------------------------------ old workdirs

@@ -36,8 +36,9 @@ import numpy as np
 from absl import logging
 
 from vitjax import hub, models
+from vitjax.errors import ConfigError
 from vitjax.models import convert_util as u
-from vitjax.models import registry
+from vitjax.models import registry, vit_hybrid_timm
 
 # Each format's conversions live beside the model family they convert (vitjax/models/vit_timm.py, vit_npz.py,
 # vit_hf.py, swin_timm.py, swin_msft.py, swin_hf.py), declared in the family's registration; this module
@@ -147,8 +148,6 @@ def from_hub(spec: str):
   repo (vitjax.hub.Repo) says what the repository's config gives: preprocess(), image_size(), class_names(n). Raises
   ConfigError of one line (vitjax.hub: not cached while offline, another kind of model, ...).
   """
-  from vitjax.errors import ConfigError
-
   repo = hub.open_repo(spec)
   arch = repo.config.get("architecture", "")
   if repo.layout == "timm" and not any(f.converter("timm").NAMES.match(arch) for f in registry.families_with("timm")):
@@ -242,8 +241,6 @@ def build_timm(config: dict):
   from timm.models.vision_transformer import VisionTransformer
 
   if config["model"] == "vit_hybrid":  # a ResNetV2 backbone inside a HybridEmbed
-    from vitjax.models import vit_hybrid_timm
-
     return vit_hybrid_timm.build(config)
   cls = {"vit": VisionTransformer, "swin": SwinTransformer}[config["model"]]
   return cls(**config["kwargs"]).eval()
@@ -372,8 +369,6 @@ def load_params(spec: str) -> dict:
   (A vitjax workdir as init_from is read by vitjax.train.checkpoints.load_params.) Raises ConfigError naming the
   problem: a missing or unreadable file, weights of another model family, a hub repository not cached offline.
   """
-  from vitjax.errors import ConfigError
-
   source = WeightSource.parse(spec)
   kind, name, path = source.kind, source.name, source.path
   if not source.imported:
@@ -425,8 +420,6 @@ def exported_heads(path: str) -> int | None:
 
 def _read_state_dict(what: str, path: str) -> dict:
   """A state dict from .safetensors (numpy), or from .pth / .bin with torch; ConfigError if it is not readable."""
-  from vitjax.errors import ConfigError
-
   try:
     if path.endswith(".safetensors"):
       from safetensors.numpy import load_file
@@ -447,7 +440,6 @@ def _read_state_dict(what: str, path: str) -> dict:
 
 
 def _load_error(spec: str, path: str, e: Exception) -> Exception:
-  from vitjax.errors import ConfigError
 
   if isinstance(e, ConfigError):
     return e

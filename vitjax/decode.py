@@ -20,6 +20,12 @@ had before, under which it is.
     tokens = greedy(model, params, src, max_len=64)
     tokens, scores = beam_search(model, params, src, beam_size=4, alpha=0.6, max_len=64)
     tokens = sample(model, params, src, jax.random.key(0), temperature=0.8, top_k=20, max_len=64)
+
+The decoding options (DECODING: method, beam_size, alpha, temperature, top_k, extra_len) live here too, with the one
+check every way to decode runs (check_decoding, check_method_options) and the dispatch on them (`search`): the
+translation task, its evaluator and the command lines pass options in. This module imports nothing of vitjax above
+its leaves: `model` is any module with encode, decode_logits (a KV cache), check_ids and the ids bos_id, eos_id,
+pad_id (vitjax.models.transformer.Transformer).
 """
 
 from __future__ import annotations
@@ -30,9 +36,95 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vitjax.models.transformer import EOS, PAD
+from vitjax.errors import ConfigError
 
 NEG_INF = -1.0e9
+
+# How a trained run translates unless told otherwise: the decoding of the evaluator that chose its best
+# (vitjax.evaluators.translation.decoding), else these.
+DECODING = {"method": "beam", "beam_size": 4, "alpha": 0.6, "temperature": 1.0, "top_k": 0, "extra_len": 10}
+METHODS = ("beam", "greedy", "sample")
+# The options each method reads; another given to it is refused by check_method_options (it did nothing, silently).
+APPLIES = {"beam": ("beam_size", "alpha"), "greedy": (), "sample": ("temperature", "top_k")}
+_EXAMPLE = {"beam_size": 4, "top_k": 40, "extra_len": 10, "alpha": 0.6, "temperature": 1}
+_ZERO = {"alpha": "no length penalty", "temperature": "always the most likely token"}
+
+
+def check_decoding(options: dict, name=str, vocab_size: int | None = None) -> None:
+  """ConfigError naming the first decoding option out of range; the one check of every way to decode.
+
+  Args:
+    options: some of DECODING's keys (a value None: unset, not checked; other keys: not checked).
+    name: key -> the option as its user spells it ("--beam_size", "--config.evals.eval.beam_size").
+    vocab_size: the tokens top_k may keep at most (None: not checked).
+
+  Raises:
+    ConfigError: method not one of METHODS; beam_size not a whole number >= 1; top_k or extra_len not a whole
+      number >= 0, or top_k above vocab_size; alpha or temperature negative or NaN.
+  """
+  for key, value in options.items():
+    if value is None or key not in DECODING:
+      continue
+    n = name(key)
+    if key == "method":
+      if value not in METHODS:
+        raise ConfigError(f"{n}={value!r}; use 'beam', 'greedy' or 'sample'")
+    elif key in ("beam_size", "top_k", "extra_len"):
+      low = 1 if key == "beam_size" else 0
+      if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
+        raise ConfigError(f"{n}={value!r} must be a whole number, at least {low} (e.g. {n}={_EXAMPLE[key]})")
+      if key == "top_k" and vocab_size is not None and value > vocab_size:
+        raise ConfigError(
+          f"{n}={value} is more than the run's {vocab_size} tokens (e.g. {n}={min(40, vocab_size)}; 0: all)"
+        )
+    elif not isinstance(value, (int, float, np.number)) or isinstance(value, bool) or not value >= 0:  # (NaN too)
+      raise ConfigError(f"{n}={value!r} must be 0 or more (0: {_ZERO[key]}; e.g. {n}={_EXAMPLE[key]})")
+
+
+def check_method_options(method: str, given: dict, name=str) -> None:
+  """ConfigError for an option of `given` (decoding keys; None: not given) that `method` does not read.
+
+  extra_len applies to every method. name: as in check_decoding.
+  """
+  for key, value in given.items():
+    if value is None or key in ("method", "extra_len") or key not in DECODING or key in APPLIES.get(method, ()):
+      continue
+    users = [m for m, keys in APPLIES.items() if key in keys]
+    raise ConfigError(
+      f"{name(key)}={value!r} does nothing with {name('method')}={method!r}: it is an option of "
+      f"{' and '.join(map(repr, users))} decoding; set {name('method')}={users[0]!r} or leave it out"
+    )
+
+
+def cap(src_len, extra_len, max_len):
+  """floor(1.5 src_len + extra_len), at most max_len: the most tokens decoded for a source of src_len tokens.
+
+  src_len counts the source's EOS; a number or an array of them.
+  """
+  return jnp.floor(jnp.minimum(max_len, src_len * 1.5 + extra_len))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
+def row_lengths(src, pad: int, width: int, extra_len: float, max_len: int):
+  """Cap of each row's source tokens (those that are not `pad`): int32 [B] in 1..width."""
+  n = jnp.sum(src != pad, axis=1).astype(jnp.float32)
+  return jnp.clip(cap(n, extra_len, max_len), 1, width).astype(jnp.int32)
+
+
+def search(model, params, src, max_len: int, options: dict, rng=None, lengths=None):
+  """Token ids [B, S] -> token ids [B, max_len] decoded as `options` say (DECODING's keys; left out: DECODING's).
+
+  rng: sampling's key (method 'sample'); lengths: each row's cap (module doc).
+  """
+  g = {**DECODING, **options}
+  if g["method"] == "beam":
+    beam, alpha = g["beam_size"], g["alpha"]
+    return beam_search(model, params, src, beam_size=beam, max_len=max_len, alpha=alpha, lengths=lengths)[0]
+  if g["method"] == "greedy":
+    return greedy(model, params, src, max_len=max_len, lengths=lengths)
+  if g["method"] == "sample":
+    return sample(model, params, src, rng, max_len, temperature=g["temperature"], top_k=g["top_k"], lengths=lengths)
+  raise ConfigError(f"unknown decoding method {g['method']!r}; use {', '.join(map(repr, METHODS))}")
 
 
 def _init_cache(model, params, src, encoded, max_len):
@@ -65,13 +157,10 @@ def _check(model, src, max_len, beam_size=1, top_k=0, temperature=1.0, alpha=0.0
 
   src: integer [B, S] ids in the source vocabulary (checked where known: outside a caller's jit; an id out of range
   encoded as NaN and decoded as padding). max_len in 1..model.max_len; the decoding options as every way to decode
-  checks them (vitjax.tasks.translation.check_decoding; a traced one is not known); rng a jax.random.key; lengths
-  None or integer [B] in 1..max_len (its values where known).
+  checks them (check_decoding; a traced one is not known); rng a jax.random.key; lengths None or integer [B] in
+  1..max_len (its values where known).
   """
-  from vitjax.models.transformer import check_ids  # pylint: disable=g-import-not-at-top
-  from vitjax.tasks.translation import check_decoding  # pylint: disable=g-import-not-at-top (it imports this module)
-
-  check_ids("src", src, model.vocab_size)
+  model.check_ids("src", src, model.vocab_size)
   if not isinstance(max_len, (int, np.integer)) or isinstance(max_len, bool) or max_len < 1:
     raise ValueError(f"max_len={max_len!r} must be a whole number, at least 1")
   if max_len > model.max_len:
@@ -275,8 +364,8 @@ def _beam_search(model, params, src, beam_size: int, max_len: int, alpha: float,
   return tokens, scores
 
 
-def strip(tokens, eos: int = EOS, pad: int = PAD) -> list[list[int]]:
-  """Token rows -> lists of ids without EOS and what follows it (the model's eos_id, pad_id)."""
+def strip(tokens, eos: int = 1, pad: int = 0) -> list[list[int]]:
+  """Token rows -> lists of ids without EOS and what follows it (the model's eos_id, pad_id; the defaults: vitjax's)."""
   out = []
   for row in np.asarray(tokens).tolist():
     out.append(row[: row.index(eos)] if eos in row else [t for t in row if t != pad])

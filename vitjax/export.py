@@ -23,6 +23,7 @@ import shutil
 from absl import flags
 
 from vitjax import cli, paths
+from vitjax.errors import ConfigError
 
 flags.DEFINE_string("workdir", None, "the run to export", required=True)
 flags.DEFINE_enum("format", None, ["timm", "npz"], "timm (.safetensors + .json) or npz (the original ViT layout)")
@@ -43,7 +44,6 @@ def export(workdir: str, fmt: str, out: str, checkpoint: str = "best", weights: 
 
   import vitjax
   from vitjax import convert
-  from vitjax.errors import ConfigError
   from vitjax.train.workdir import read_config
 
   suffix = {"timm": ".safetensors", "npz": ".npz"}[fmt]

@@ -35,6 +35,7 @@ from typing import Any
 from absl import logging
 
 from vitjax.errors import ConfigError
+from vitjax.models import registry
 
 PREFIX = "hf:"
 FORM = "hf:ORG/NAME or hf:ORG/NAME@REVISION"
@@ -233,8 +234,6 @@ def open_repo(spec: str) -> Repo:
 
 def supported_model_types() -> dict[str, str]:
   """Map from transformers' model_type to the vitjax family that reads it (the families' "hf" converters)."""
-  from vitjax.models import registry
-
   return {t: f.name for f in registry.families_with("hf") for t in f.converter("hf").MODEL_TYPES}
 
 

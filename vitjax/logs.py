@@ -27,6 +27,8 @@ import time
 
 from absl import logging
 
+from vitjax.errors import is_write_failure_line, write_failure
+
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _PROCESS = [0, 1]  # (this process's index, the processes): set_process()
 
@@ -71,7 +73,6 @@ def _from_vitjax(record: py_logging.LogRecord) -> bool:
 
 
 def _is_write_failure(record: py_logging.LogRecord) -> bool:
-  from vitjax.errors import is_write_failure_line  # pylint: disable=g-import-not-at-top
 
   text = str(record.msg) + (str(record.exc_info[1]) if record.exc_info and record.exc_info[1] else "")
   return is_write_failure_line(text)
@@ -195,7 +196,6 @@ def _quiet_thread_excepthook(previous):
   """
 
   def hook(args):
-    from vitjax.errors import write_failure  # pylint: disable=g-import-not-at-top
 
     if write_failure(args.exc_value) is not None and logging.get_verbosity() < 1:
       return

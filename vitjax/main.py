@@ -43,6 +43,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from vitjax import cli
+from vitjax.errors import ConfigError
 
 config_flags.DEFINE_config_file("config", None, "experiment config file (configs/*.py), with :args", lock_config=True)
 flags.DEFINE_string("workdir", None, "where checkpoints, metrics and summaries go", required=True)
@@ -89,7 +90,6 @@ def _config(workdir):
   """
   from absl import logging
 
-  from vitjax.errors import ConfigError
   from vitjax.train.workdir import config_source, read_config
 
   if FLAGS.config is not None:
@@ -117,8 +117,6 @@ MULTIHOST_FLAGS = ("coordinator_address", "num_processes", "process_id")
 
 def _check_flags() -> None:
   """ConfigError for flags the mode or --multihost would ignore (an evaluation's, given to a training, trains)."""
-  from vitjax.errors import ConfigError
-
   for given, needs, fix in (
     (EVAL_FLAGS, FLAGS.mode == "eval", "add --mode=eval to evaluate"),
     (MULTIHOST_FLAGS, FLAGS.multihost, "add --multihost to run as one of several processes"),

@@ -25,7 +25,8 @@ import os
 
 from absl import flags
 
-from vitjax import cli
+from vitjax import cli, paths
+from vitjax.errors import ConfigError
 
 FORMATS = (".png", ".pdf", ".svg")
 XS = ("step", "examples", "hours")
@@ -65,8 +66,6 @@ def read_curves(workdir: str) -> dict[str, list[tuple[int, float]]]:
   A step written twice (a session killed after its row, before its checkpoint, then resumed) keeps its last value;
   a line that does not parse (the one a running or killed process was writing) is left out.
   """
-  from vitjax.errors import ConfigError
-
   path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.isfile(path):
     raise ConfigError(f"{path} not found: is {workdir} the workdir of a vitjax run (one that has logged a step)?")
@@ -102,8 +101,6 @@ def _x(run: Run, x: str):
     return lambda step: float(step * run.batch_size)
   timed = run.curves.get("train/elapsed_s", [])  # hours: the training time at each logged step, interpolated
   if not timed:
-    from vitjax.errors import ConfigError
-
     raise ConfigError(f"--x=hours: {run.workdir}'s metrics.jsonl has no train/elapsed_s; use --x=step")
   steps, secs = [s for s, _ in timed], [t for _, t in timed]
 
@@ -128,9 +125,6 @@ def plot(
   Raises ConfigError, before writing anything, for a workdir without metrics, a metric no run has, labels that
   do not match the workdirs, an --out that is not .png/.pdf/.svg or cannot be written.
   """
-  from vitjax import paths
-  from vitjax.errors import ConfigError
-
   if not workdirs:
     raise ConfigError("give the runs: --workdir=W[,W2,...]")
   if x not in XS:
@@ -202,8 +196,6 @@ def best_point(run: Run) -> tuple[int, float] | None:
 
 def main() -> None:
   """Command line entry: draws --workdir's runs into --out."""
-  from vitjax.errors import ConfigError
-
   workdirs = FLAGS.workdir
   out = FLAGS.out or (os.path.join(workdirs[0], CURVES_FILE) if len(workdirs) == 1 else None)
   if out is None:

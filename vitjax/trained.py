@@ -32,6 +32,16 @@ import numpy as np
 from absl import logging
 from jax.sharding import Mesh, NamedSharding
 
+from vitjax import convert, decode, tasks
+from vitjax.config import default_config
+from vitjax.data import augment
+from vitjax.errors import ConfigError
+from vitjax.evaluators import translation as translation_evaluator
+from vitjax.models import convert_util
+from vitjax.train import checkpoints as ckpt_lib
+from vitjax.train import state as state_lib
+from vitjax.train import workdir as workdir_lib
+
 
 @dataclasses.dataclass
 class Trained:
@@ -106,16 +116,17 @@ class Trained:
     bad = next((i for i, line in enumerate(lines) if not isinstance(line, str)), None)
     if bad is not None:
       raise TypeError(f"translate takes sentences (str); line {bad} is {type(lines[bad]).__name__}")
-    from vitjax.tasks.translation import DECODING  # pylint: disable=g-import-not-at-top
-
-    unknown = sorted(set(decode_args) - set(DECODING))
+    unknown = sorted(set(decode_args) - set(decode.DECODING))
     if unknown:
-      near = difflib.get_close_matches(unknown[0], list(DECODING), 1)
+      near = difflib.get_close_matches(unknown[0], list(decode.DECODING), 1)
       hint = f"; did you mean {near[0]!r}?" if near else ""
-      raise TypeError(f"translate has no option {unknown[0]!r}{hint} (the options: {', '.join(DECODING)})")
+      raise TypeError(f"translate has no option {unknown[0]!r}{hint} (the options: {', '.join(decode.DECODING)})")
     _check_batch_size(batch_size)
     with jax.set_mesh(self.mesh):
-      return self.task.translate(self.model, self.variables, lines, self.sharding, batch_size, **decode_args)
+      defaults = translation_evaluator.decoding(self.config)  # the run's: that of the evaluator of its best
+      return self.task.translate(
+        self.model, self.variables, lines, self.sharding, batch_size, defaults=defaults, **decode_args
+      )
 
 
 def _check_batch_size(batch_size) -> None:
@@ -134,10 +145,6 @@ def load(workdir: str, checkpoint: str | int = "best", weights: str = "params") 
   """
   if str(workdir).startswith("hf:"):
     return load_hub(str(workdir), checkpoint, weights)
-  from vitjax import tasks
-  from vitjax.train import checkpoints as ckpt_lib
-  from vitjax.train import state as state_lib
-  from vitjax.train import workdir as workdir_lib
 
   workdir = os.path.abspath(os.path.expanduser(workdir))
   config = workdir_lib.read_config(workdir)
@@ -159,13 +166,6 @@ def load_hub(spec: str, checkpoint: str | int = "best", weights: str = "params")
   kind of model), and for checkpoint or weights other than the defaults: a repository has one set of weights (pin
   one with @REVISION).
   """
-  from vitjax import convert, tasks
-  from vitjax.config import default_config
-  from vitjax.data import augment
-  from vitjax.errors import ConfigError
-  from vitjax.models import convert_util
-  from vitjax.train import state as state_lib
-
   if str(checkpoint) not in ("best", "latest") or weights != "params":
     raise ConfigError(
       f"{spec}: a hub repository has one set of weights (checkpoint={checkpoint!r}, weights={weights!r} asked "

@@ -14,6 +14,7 @@ import sys
 from absl import flags
 
 from vitjax import cli, paths
+from vitjax.errors import ConfigError
 
 flags.DEFINE_string("workdir", None, "a workdir of a translation run", required=True)
 flags.DEFINE_string("input", None, "file of source lines (default: stdin)")
@@ -34,8 +35,6 @@ def _read_lines(path: str | None) -> list[str]:
   U+FFFD is an unknown character: the unknown token.
   """
   from absl import logging
-
-  from vitjax.errors import ConfigError
 
   try:
     raw = open(path, "rb").read() if path else sys.stdin.buffer.read()
@@ -59,18 +58,17 @@ DECODE_FLAGS = ("method", "beam_size", "alpha", "temperature", "top_k")
 
 def _check_decoding(vocab_size: int | None = None) -> None:
   """ConfigError for a decoding flag (top_k: above vocab_size too) or --batch_size out of range."""
-  from vitjax.errors import ConfigError
-  from vitjax.tasks.translation import check_decoding
+  from vitjax import decode
 
   if FLAGS.batch_size < 1:
     raise ConfigError(f"--batch_size={FLAGS.batch_size} must be a whole number, at least 1 (e.g. --batch_size=32)")
-  check_decoding({k: getattr(FLAGS, k) for k in DECODE_FLAGS}, name=lambda key: f"--{key}", vocab_size=vocab_size)
+  decode.check_decoding(
+    {k: getattr(FLAGS, k) for k in DECODE_FLAGS}, name=lambda key: f"--{key}", vocab_size=vocab_size
+  )
 
 
 def _write(path: str | None, text: str) -> None:
   """Writes the translations to --output (or stdout); ConfigError if the file cannot be written, removed if new."""
-  from vitjax.errors import ConfigError
-
   if not path:
     sys.stdout.write(text)
     sys.stdout.flush()
@@ -96,9 +94,8 @@ def main() -> None:
     ConfigError: --workdir is not a translation run, a decoding flag is out of range, --output cannot be written.
   """
   import vitjax
-  from vitjax.errors import ConfigError
+  from vitjax.decode import check_method_options
   from vitjax.evaluators.translation import decoding
-  from vitjax.tasks.translation import check_method_options
   from vitjax.train.workdir import read_config
 
   _check_decoding()

@@ -27,6 +27,7 @@ import os
 import numpy as np
 import tensorflow_datasets as tfds
 
+from vitjax.data import folder
 from vitjax.data.local import FILE_FORMAT, Info, LocalBuilder, encode_png, features
 
 DEBIAN_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
@@ -196,8 +197,6 @@ def resolve_name(name: str) -> str:
   ``'folder:PATH' -> 'image_folder/<base name>_<hash>'``; any other name
   (``'cifar10'``, ``'imagenet2012'``, ...) is returned unchanged.
   """
-  from vitjax.data import folder  # pylint: disable=g-import-not-at-top  # (folder imports this module)
-
   source = folder.parse(name)
   if source is not None:
     return source.tfds_name
@@ -207,8 +206,6 @@ def resolve_name(name: str) -> str:
 
 def is_local(name: str) -> bool:
   """True for datasets built by vitjax (``python -m vitjax.data.prepare``): ours and ``folder:``/``csv:``."""
-  from vitjax.data import folder  # pylint: disable=g-import-not-at-top
-
   return folder.is_source(name) or name in BUILDERS or name in {c.name for c in BUILDERS.values()}
 
 
@@ -222,8 +219,6 @@ def get_builder(
   ``folder:PATH`` and ``csv:FILE`` get their ``folder.ImageFolder`` builder
   (nothing is read from the source until it is prepared).
   """
-  from vitjax.data import folder  # pylint: disable=g-import-not-at-top
-
   source = folder.parse(name)
   if source is not None:
     return folder.get_builder(source, data_dir)

@@ -13,14 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from vitjax.data import builders, local
+from vitjax.data import builders, folder, local
 from vitjax.errors import DatasetNotPreparedError
 
 
 def not_prepared_message(name: str, data_dir: str, builder=None) -> str:
   """Explains how to prepare ``name`` into ``data_dir`` as array_record."""
-  from vitjax.data import folder  # pylint: disable=g-import-not-at-top
-
   source = folder.parse(name)
   if source is not None:  # the absolute path: the command then works from any directory
     return (

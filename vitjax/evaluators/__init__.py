@@ -41,9 +41,10 @@ from typing import Any
 
 from absl import logging
 
+from vitjax import data as data_lib
+from vitjax import durations, tasks
 from vitjax.errors import ConfigError
 from vitjax.tasks.base import VALID, check_stop
-from vitjax.train import durations
 
 COMMON = ("type", "split", "every", "data", "weights", "examples")
 WEIGHTS = ("params", "ema")
@@ -179,8 +180,6 @@ def resolve(config, task, name: str, entry: dict, every: int | None, workdir: st
 
 def _task_of(config, task, data: dict, what: str, workdir):
   """The run's task over another dataset: config.data with `data`'s fields, and the run's preprocessing."""
-  from vitjax import tasks  # pylint: disable=g-import-not-at-top
-
   if not isinstance(data, dict):
     raise ConfigError(f"{what}: data={data!r}; give fields of config.data, e.g. dict(name='fashion_mnist')")
   other = config.copy_and_resolve_references()
@@ -202,8 +201,6 @@ def _check_classes(what: str, data, described: dict) -> None:
   A warning where only their names differ: digits' 0-9 against Fashion-MNIST's ten may be meant, a folder's cat/dog
   against dog/cat is not.
   """
-  from vitjax import data as data_lib  # pylint: disable=g-import-not-at-top
-
   info = data_lib.split_info(data.name, data.train_split, data.data_dir)
   ours, theirs = described.get("class_names") or [], info.get("class_names") or []
   if info["num_classes"] != described["num_classes"]:  # (labels past the model's logits: a wrong loss and accuracy)

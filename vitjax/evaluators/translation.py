@@ -16,13 +16,13 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from vitjax import decode
 from vitjax import mesh as mesh_lib
 from vitjax.errors import ConfigError
 from vitjax.logs import Progress
 from vitjax.tasks.base import check_stop, cross_entropy
-from vitjax.tasks.translation import DECODING, check_decoding, check_method_options
 
-OPTIONS = dict(DECODING)
+OPTIONS = dict(decode.DECODING)
 
 
 def metrics(options: dict) -> dict[str, str]:
@@ -39,7 +39,7 @@ def metrics(options: dict) -> dict[str, str]:
 def check(ev) -> None:
   """Checks the entry before anything is written.
 
-  Checks a translation run, the decoding options (vitjax.tasks.translation.check_decoding; top_k against
+  Checks a translation run, the decoding options (vitjax.decode.check_decoding; top_k against
   config.data.vocab_size), and a split the task has.
 
   Raises:
@@ -50,21 +50,23 @@ def check(ev) -> None:
     raise ConfigError(f"{what}: type 'translation' evaluates a translation run, not a {ev.config.task!r} run")
   vocab = ev.config.data.get("vocab_size")
   name = lambda key: f"--{what}.{key}"
-  check_decoding(ev.options, name=name, vocab_size=vocab if isinstance(vocab, int) else None)
-  changed = {k: v for k, v in ev.options.items() if k in DECODING and v != DECODING[k]}  # (defaults: always there)
-  check_method_options(ev.options["method"], changed, name=name)
+  decode.check_decoding(ev.options, name=name, vocab_size=vocab if isinstance(vocab, int) else None)
+  changed = {
+    k: v for k, v in ev.options.items() if k in decode.DECODING and v != decode.DECODING[k]
+  }  # (defaults: always there)
+  decode.check_method_options(ev.options["method"], changed, name=name)
   ev.task.check_split(ev.split, f"evals.{ev.name}.split")
 
 
 def decoding(config) -> dict:
   """How the run translates by default: the options of the translation evaluator that reports config.best.
 
-  Else the first translation evaluator's; else vitjax.tasks.translation.DECODING.
+  Else the first translation evaluator's; else vitjax.decode.DECODING.
   """
   found = {name: dict(e) for name, e in (config.get("evals") or {}).items() if dict(e).get("type") == "translation"}
   best = str(config.get("best") or "").split("/")[0]
   entry = found.get(best) or next(iter(found.values()), {})
-  return {k: entry.get(k, v) for k, v in DECODING.items()}
+  return {k: entry.get(k, v) for k, v in decode.DECODING.items()}
 
 
 def run(ev, net, variables, stop=None, step=None) -> dict:

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from vitjax.models import registry
+from vitjax.models import adapt, registry
 
 TIMM_BUFFERS = re.compile(r"(relative_position_index|attn_mask)$")
 
@@ -135,8 +135,6 @@ def at_image_size(module, flat: dict[str, np.ndarray], image_hw: tuple[int, int]
   windows; each change is logged as a warning, since the model's outputs are then no longer the same. Parameters
   that fit are returned as they are. ValueError for a size the model cannot take or parameters no adapter fits.
   """
-  from vitjax.models import adapt  # pylint: disable=g-import-not-at-top
-
   if not any(k in flat for k in FIRST_LAYERS):  # a stem no format writes (the writer names it)
     return flat
   target = jax.eval_shape(lambda: module.init(jax.random.key(0), jnp.zeros((1, *image_hw, input_channels(flat)))))

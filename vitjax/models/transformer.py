@@ -194,6 +194,11 @@ class Transformer(nn.Module):
     if not self.tie_output:
       self.out_proj = dots.Dense(tgt_vocab, dtype=self.dtype)
 
+  @staticmethod
+  def check_ids(what: str, ids, vocab: int) -> None:
+    """check_ids (below), for code that has the model but not this module (vitjax.decode)."""
+    check_ids(what, ids, vocab)
+
   def encode(self, src: Array, train: bool = False) -> Array:
     """Encodes src [B, S] -> encoded [B, S, D] (padding positions are masked out of every attention)."""
     check_ids("src", src, self.vocab_size)

@@ -35,7 +35,8 @@ import time
 from absl import flags, logging
 from ml_collections import config_flags
 
-from vitjax import cli
+from vitjax import cli, paths
+from vitjax.errors import ConfigError
 
 config_flags.DEFINE_config_file(
   "config", None, "experiment config file with a get_sweep() (configs/*.py)", lock_config=True
@@ -70,7 +71,6 @@ def _overrides(argv) -> list[str]:
 
 
 def _check_sweep_dir(sweep_dir: str, record: dict) -> None:
-  from vitjax.errors import ConfigError
 
   if os.path.exists(sweep_dir) and not os.path.isdir(sweep_dir):
     raise ConfigError(f"--sweep_dir={sweep_dir} is a file; give a directory")
@@ -90,7 +90,6 @@ def _check_sweep_dir(sweep_dir: str, record: dict) -> None:
 
 
 def _read_record(path: str) -> dict:
-  from vitjax.errors import ConfigError
 
   try:
     with open(path) as f:
@@ -104,8 +103,6 @@ def _read_record(path: str) -> dict:
 
 def _check_flags(sweep, overrides: list[str]) -> None:
   """The sweep's own flags, and no override of a swept field (ConfigError naming the fix)."""
-  from vitjax.errors import ConfigError
-
   swept = [o for o in overrides if o.split("=", 1)[0].removeprefix("--config.") in sweep.fields]
   if swept:
     raise ConfigError(f"{swept[0].split('=', 1)[0]} is swept by get_sweep(): remove the override")
@@ -138,7 +135,6 @@ def _check_config(config, sweep_dir: str, sweep=None) -> None:
 def _check_objective(config, task, sweep) -> None:
   """ConfigError where the trials' evaluators do not report the objective, or report it better the other way."""
   from vitjax import evaluators
-  from vitjax.errors import ConfigError
 
   reported = {k: mode for e in evaluators.plan(config, task) for k, mode in e.metrics().items()}
   if sweep.objective not in reported:
@@ -171,7 +167,6 @@ def _open_study(url: str, name: str, sweep, target: int, sweep_dir: str):
 
   Bad input leaves nothing behind (only what this process made).
   """
-  from vitjax import paths
   from vitjax.sweep import study as study_lib
 
   existed = os.path.isdir(sweep_dir)
@@ -254,7 +249,6 @@ def _run_workers(run) -> int:
 
 def _run(argv) -> int:
   from vitjax import sweep as sweep_lib
-  from vitjax.errors import ConfigError
   from vitjax.sweep import devices, report, runner
   from vitjax.sweep import study as study_lib
 
@@ -308,7 +302,6 @@ def _run(argv) -> int:
 
 
 def _report(argv) -> int:
-  from vitjax.errors import ConfigError
   from vitjax.sweep import report
   from vitjax.sweep import study as study_lib
 

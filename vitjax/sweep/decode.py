@@ -29,6 +29,7 @@ import os
 from absl import flags, logging
 
 from vitjax import cli
+from vitjax.errors import ConfigError
 
 flags.DEFINE_string("workdir", None, "the trained translation run", required=True)
 flags.DEFINE_string("checkpoint", "best", "'best', 'latest', a step or 'averaged' (vitjax.average)")
@@ -42,9 +43,8 @@ FLAGS = flags.FLAGS
 
 
 def grid(beam_sizes, alphas) -> list[tuple[int, float]]:
-  """The points, checked: beam sizes >= 1, alphas >= 0 (vitjax.tasks.translation.check_decoding)."""
-  from vitjax.errors import ConfigError
-  from vitjax.tasks.translation import check_decoding
+  """The points, checked: beam sizes >= 1, alphas >= 0 (vitjax.decode.check_decoding)."""
+  from vitjax.decode import check_decoding
 
   try:
     beams, alphas = sorted({int(b) for b in beam_sizes}), sorted({float(a) for a in alphas})
@@ -89,7 +89,6 @@ def _sweep(workdir, checkpoint, points, split, limit, storage, write) -> dict:
   from jax.experimental import multihost_utils
 
   import vitjax
-  from vitjax.errors import ConfigError
   from vitjax.sweep import study as study_lib
   from vitjax.train import workdir as workdir_lib
 

@@ -53,6 +53,7 @@ from vitjax.sweep.study import (
   requeue,
   slot,
 )
+from vitjax.train.checkpoints import latest_step
 
 EXIT_PREEMPTED, EXIT_USER_ERROR = 75, 2
 LOCK_WAIT = 400.0  # > vitjax.train.workdir.Lock.STALE: how long a trial waits for a lost run's workdir lock
@@ -287,8 +288,6 @@ class Runner:
         n, f"complete: {self.sweep.objective} {best[self.sweep.objective]:.4f} at step {best['step']}", wall, ok=True
       )
     elif rc == EXIT_PREEMPTED:  # interrupted (the sweep's SIGTERM, or the trial's own): queued again
-      from vitjax.train.checkpoints import latest_step  # pylint: disable=g-import-not-at-top
-
       self._interrupted(trial)
       step = latest_step(workdir)  # (not its last metrics row: none is written at the step a signal stops)
       resumes = f"it resumes from step {step}" if step is not None else "it starts again: nothing was checkpointed"

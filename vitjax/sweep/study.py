@@ -11,7 +11,9 @@ import os
 import time
 import warnings
 
+from vitjax.config import flatten
 from vitjax.errors import ConfigError
+from vitjax.train import workdir as workdir_lib
 
 SLOT, OWNER = "trial", "vitjax:owner"  # the trial's slot (a user attribute: its directory), its worker
 
@@ -175,9 +177,6 @@ def open_study(
 
 def config_fields(config, sweep) -> dict:
   """The trials' shared config as {'a.b': value}, less the swept fields and what a run may change on a resume."""
-  from vitjax.config import flatten  # pylint: disable=g-import-not-at-top
-  from vitjax.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
-
   flat = flatten(json.loads(config.to_json_best_effort()))
   return {k: v for k, v in flat.items() if k not in sweep.fields and not workdir_lib.is_bookkeeping(k)}
 

@@ -12,7 +12,6 @@ ConfigError naming the value to set.
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 
@@ -27,78 +26,6 @@ from vitjax.data import text
 from vitjax.errors import ConfigError
 from vitjax.logs import Progress
 from vitjax.tasks.base import TrainInput, check_batch, cross_entropy
-
-# How translate() decodes unless told otherwise: the decoding of the evaluator that chose the run's best
-# (vitjax.evaluators.translation.decoding), else these.
-DECODING = {"method": "beam", "beam_size": 4, "alpha": 0.6, "temperature": 1.0, "top_k": 0, "extra_len": 10}
-METHODS = ("beam", "greedy", "sample")
-_EXAMPLE = {"beam_size": 4, "top_k": 40, "extra_len": 10, "alpha": 0.6, "temperature": 1}
-_ZERO = {"alpha": "no length penalty", "temperature": "always the most likely token"}
-
-
-def check_decoding(options: dict, name=str, vocab_size: int | None = None) -> None:
-  """ConfigError naming the first decoding option out of range; the one check of every way to decode.
-
-  Args:
-    options: some of DECODING's keys (a value None: unset, not checked; other keys: not checked).
-    name: key -> the option as its user spells it ("--beam_size", "--config.evals.eval.beam_size").
-    vocab_size: the tokens top_k may keep at most (None: not checked).
-
-  Raises:
-    ConfigError: method not one of METHODS; beam_size not a whole number >= 1; top_k or extra_len not a whole
-      number >= 0, or top_k above vocab_size; alpha or temperature negative or NaN.
-  """
-  for key, value in options.items():
-    if value is None or key not in DECODING:
-      continue
-    n = name(key)
-    if key == "method":
-      if value not in METHODS:
-        raise ConfigError(f"{n}={value!r}; use 'beam', 'greedy' or 'sample'")
-    elif key in ("beam_size", "top_k", "extra_len"):
-      low = 1 if key == "beam_size" else 0
-      if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
-        raise ConfigError(f"{n}={value!r} must be a whole number, at least {low} (e.g. {n}={_EXAMPLE[key]})")
-      if key == "top_k" and vocab_size is not None and value > vocab_size:
-        raise ConfigError(
-          f"{n}={value} is more than the run's {vocab_size} tokens (e.g. {n}={min(40, vocab_size)}; 0: all)"
-        )
-    elif not isinstance(value, (int, float, np.number)) or isinstance(value, bool) or not value >= 0:  # (NaN too)
-      raise ConfigError(f"{n}={value!r} must be 0 or more (0: {_ZERO[key]}; e.g. {n}={_EXAMPLE[key]})")
-
-
-# The options each method reads; another given to it is refused by check_method_options (it did nothing, silently).
-APPLIES = {"beam": ("beam_size", "alpha"), "greedy": (), "sample": ("temperature", "top_k")}
-
-
-def check_method_options(method: str, given: dict, name=str) -> None:
-  """ConfigError for an option of `given` (decoding keys; None: not given) that `method` does not read.
-
-  extra_len applies to every method. name: as in check_decoding.
-  """
-  for key, value in given.items():
-    if value is None or key in ("method", "extra_len") or key not in DECODING or key in APPLIES.get(method, ()):
-      continue
-    users = [m for m, keys in APPLIES.items() if key in keys]
-    raise ConfigError(
-      f"{name(key)}={value!r} does nothing with {name('method')}={method!r}: it is an option of "
-      f"{' and '.join(map(repr, users))} decoding; set {name('method')}={users[0]!r} or leave it out"
-    )
-
-
-def _cap(src_len, extra_len, max_len):
-  """floor(1.5 src_len + extra_len), at most max_len: the most tokens decoded for a source of src_len tokens.
-
-  src_len counts the source's EOS; a number or an array of them.
-  """
-  return jnp.floor(jnp.minimum(max_len, src_len * 1.5 + extra_len))
-
-
-@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
-def _row_lengths(src, pad: int, width: int, extra_len: float, max_len: int):
-  """_cap of each row's source tokens: int32 [B] in 1..width."""
-  n = jnp.sum(src != pad, axis=1).astype(jnp.float32)
-  return jnp.clip(_cap(n, extra_len, max_len), 1, width).astype(jnp.int32)
 
 
 class Translation:
@@ -212,13 +139,6 @@ class Translation:
     """
     c = self.config
     d = c.data
-    from vitjax.config import default_config  # pylint: disable=g-import-not-at-top
-
-    if c.get("batch_size", None) not in (None, default_config().batch_size):  # (the field all tasks' configs have)
-      raise ConfigError(
-        f"config.batch_size={c.batch_size} does nothing in a translation run: its batches hold "
-        f"data.tokens_per_batch={d.tokens_per_batch} tokens; set --config.data.tokens_per_batch"
-      )
     check_batch(d.eval_batch_size, "data.eval_batch_size", self.layout)
     if not isinstance(d.max_len, int) or d.max_len < 2:
       raise ConfigError(f"data.max_len={d.max_len!r} must be at least 2 tokens (EOS included), e.g. 128")
@@ -352,21 +272,13 @@ class Translation:
     that of the longest: decode_len(S, extra_len)); so a sentence's translation does not depend on the rest of its
     batch, nor on the references.
     """
-    g = {**DECODING, **decoding}
-    lengths = _row_lengths(src, self.tokenizer.PAD, max_len, float(g["extra_len"]), self.config.data.max_len)
-    if g["method"] == "beam":
-      beam, alpha = g["beam_size"], g["alpha"]
-      return decode.beam_search(model, params, src, beam_size=beam, max_len=max_len, alpha=alpha, lengths=lengths)[0]
-    if g["method"] == "greedy":
-      return decode.greedy(model, params, src, max_len=max_len, lengths=lengths)
-    if g["method"] == "sample":
-      key, temperature, top_k = jax.random.key(self.config.seed), g["temperature"], g["top_k"]
-      return decode.sample(model, params, src, key, max_len, temperature=temperature, top_k=top_k, lengths=lengths)
-    raise ConfigError(f"unknown decoding method {g['method']!r}; use {', '.join(map(repr, METHODS))}")
+    g = {**decode.DECODING, **decoding}
+    lengths = decode.row_lengths(src, self.tokenizer.PAD, max_len, float(g["extra_len"]), self.config.data.max_len)
+    return decode.search(model, params, src, max_len, g, rng=jax.random.key(self.config.seed), lengths=lengths)
 
   def decode_len(self, src_len: int, extra_len: int) -> int:
-    """The most tokens decoded for a source of `src_len` tokens with its EOS (_cap, at most data.max_len)."""
-    return int(_cap(src_len, extra_len, self.config.data.max_len))
+    """The most tokens decoded for a source of `src_len` tokens with its EOS (decode.cap, at most data.max_len)."""
+    return int(decode.cap(src_len, extra_len, self.config.data.max_len))
 
   def eval_batches(self, split: str, limit: int | None = None):
     """(pairs, this process's batches) of a split's first `limit` pairs (None: all).
@@ -398,19 +310,20 @@ class Translation:
     return self._references
 
   # -- prediction (vitjax.load, vitjax.translate)
-  def translate(self, model, variables, lines, sharding, batch_size: int = 32, warn=logging.warning, **decode_args):
+  def translate(
+    self, model, variables, lines, sharding, batch_size: int = 32, warn=logging.warning, defaults=None, **decode_args
+  ):
     """Source strings -> translated strings, one per line and in order; an empty line gives an empty line.
 
     Lines longer than the model's max_len tokens are truncated (with a warning naming the line); characters the
     tokenizer does not know become the unknown token. decode_args (method, beam_size, alpha, temperature, top_k,
-    extra_len; None: left as is) override the run's decoding: that of the evaluator that chose its best
-    (vitjax.evaluators.translation.decoding). Every process passes the same lines and gets all translations.
+    extra_len; None: left as is) override `defaults`, the run's decoding (the caller's: that of the evaluator that
+    chose its best, vitjax.evaluators.translation.decoding; None: vitjax.decode.DECODING). Every process passes the
+    same lines and gets all translations.
     """
-    from vitjax.evaluators import translation as evaluator  # pylint: disable=g-import-not-at-top
-
-    g = {**evaluator.decoding(self.config), **{k: v for k, v in decode_args.items() if v is not None}}
-    check_decoding(g, vocab_size=self.tokenizer.vocab_size)
-    check_method_options(g["method"], {k: v for k, v in decode_args.items() if k != "method"})
+    g = {**decode.DECODING, **(defaults or {}), **{k: v for k, v in decode_args.items() if v is not None}}
+    decode.check_decoding(g, vocab_size=self.tokenizer.vocab_size)
+    decode.check_method_options(g["method"], {k: v for k, v in decode_args.items() if k != "method"})
     tok, max_len = self.tokenizer, self.config.data.max_len
     out = [""] * len(lines)
     todo = []

@@ -24,7 +24,8 @@ import jax
 import ml_collections as mlc
 from absl import logging
 
-from vitjax import evaluators, tasks
+from vitjax import config as config_lib
+from vitjax import durations, evaluators, tasks
 from vitjax import mesh as mesh_lib
 from vitjax.errors import (
   USER_ERRORS,
@@ -40,7 +41,7 @@ from vitjax.logs import muted, plural
 from vitjax.mesh import agree, to_global
 from vitjax.tasks.base import EvaluationInterrupted
 from vitjax.train import checkpoints as ckpt_lib
-from vitjax.train import durations, optim, trackers
+from vitjax.train import optim, trackers
 from vitjax.train import state as state_lib
 from vitjax.train import workdir as workdir_lib
 from vitjax.train.preemption import StopRequest
@@ -50,6 +51,7 @@ from vitjax.train.step import make_train_step
 
 def check_config(config) -> None:
   """The trainer's own settings (the task checks its data and batch sizes; setup() the model)."""
+  config_lib.check(config)
   optim.check(config)
   if config.sharding not in mesh_lib.PRESETS:
     raise ConfigError(f"config.sharding={config.sharding!r}: use one of {', '.join(mesh_lib.PRESETS)}")
@@ -440,9 +442,7 @@ def _smoothing_note(eps: float, model) -> str:
 
 def _unread_settings(config) -> str:
   """A line naming settings changed from their defaults that this run never reads, or ''."""
-  from vitjax.config import default_config
-
-  default, said = default_config(), []
+  default, said = config_lib.default_config(), []
   names, wandb = tuple(config.get("trackers", ("tensorboard",))), config.get("wandb") or {}
   if "wandb" not in names:
     # (not name or group: a sweep sets those for every trial, whatever its trackers)

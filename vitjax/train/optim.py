@@ -31,14 +31,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from vitjax import models
+from vitjax import durations, models
 from vitjax.errors import ConfigError
 from vitjax.mesh import path_name
-from vitjax.train import durations
 
 
 def make_schedule(config, total_steps: int, steps_per_epoch: int, warmup: int | None = None) -> optax.Schedule:
-  """Warm-up then decay over total_steps; warmup in steps (None: from the config, vitjax.train.durations)."""
+  """Warm-up then decay over total_steps; warmup in steps (None: from the config, vitjax.durations)."""
   s, lr = config.schedule, config.optim.lr
   if warmup is None:
     warmup = durations.warmup_steps(config, total_steps, steps_per_epoch)
@@ -76,7 +75,7 @@ def check(config) -> None:
     ("schedule.end_lr_factor", s.end_lr_factor, 0 <= s.end_lr_factor <= 1, "in [0, 1]"),
     ("label_smoothing", config.label_smoothing, 0 <= config.label_smoothing < 1, "in [0, 1)"),
   ]
-  for name in ("warmup_epochs", "rsqrt_timescale"):  # warmup_steps: vitjax.train.durations
+  for name in ("warmup_epochs", "rsqrt_timescale"):  # warmup_steps: vitjax.durations
     value = s[name]
     rules.append((f"schedule.{name}", value, value is None or value >= 0, "0 or more"))
   for name, value, ok, want in rules:

@@ -204,7 +204,7 @@ def setup(
 ) -> Experiment:
   """The Experiment of a config: its Network, and the schedule and optimizer that training adds.
 
-  The config has total_steps and warmup in steps (vitjax.train.durations). Raises ConfigError for a model or rule the
+  The config has total_steps and warmup in steps (vitjax.durations). Raises ConfigError for a model or rule the
   config cannot build.
   """
   net = network(config, task)

@@ -25,14 +25,15 @@ import uuid
 
 from absl import logging
 
+from vitjax.errors import ConfigError
+from vitjax.train.workdir import as_dict
+
 TRACKERS = ("jsonl", "tensorboard", "wandb")
 WANDB_ID_FILE = "wandb_run_id"
 
 
 def check(config) -> None:
   """ConfigError for an unknown tracker name (before anything is written)."""
-  from vitjax.errors import ConfigError
-
   names = config.get("trackers", ("tensorboard",))
   if isinstance(names, str) or not all(isinstance(n, str) for n in names):
     raise ConfigError(
@@ -147,7 +148,6 @@ class WandB:
         run_id = uuid.uuid4().hex[:12]
         with open(id_path, "w") as f:
           f.write(run_id + "\n")
-      from vitjax.train.workdir import as_dict
 
       run = wandb.init(
         project=opts.get("project") or "vitjax",

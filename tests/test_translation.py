@@ -402,7 +402,7 @@ def test_the_default_decoding_is_the_best_evaluators_then_the_first_translation_
   """decoding(config): the options of the translation evaluator that config.best names (its METRIC after the slash),
   else the first translation evaluator's (not another type's), else DECODING; options it leaves out are DECODING's."""
   from vitjax.decode import DECODING
-  from vitjax.evaluators.translation import decoding
+  from vitjax.decode import configured as decoding
 
   evals = {
     "acc": {"type": "classification", "split": "test"},

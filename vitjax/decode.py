@@ -41,13 +41,24 @@ from vitjax.errors import ConfigError
 NEG_INF = -1.0e9
 
 # How a trained run translates unless told otherwise: the decoding of the evaluator that chose its best
-# (vitjax.evaluators.translation.decoding), else these.
+# (configured), else these.
 DECODING = {"method": "beam", "beam_size": 4, "alpha": 0.6, "temperature": 1.0, "top_k": 0, "extra_len": 10}
 METHODS = ("beam", "greedy", "sample")
 # The options each method reads; another given to it is refused by check_method_options (it did nothing, silently).
 APPLIES = {"beam": ("beam_size", "alpha"), "greedy": (), "sample": ("temperature", "top_k")}
 _EXAMPLE = {"beam_size": 4, "top_k": 40, "extra_len": 10, "alpha": 0.6, "temperature": 1}
 _ZERO = {"alpha": "no length penalty", "temperature": "always the most likely token"}
+
+
+def configured(config) -> dict:
+  """How a run translates by default: the options of the translation evaluator that reports config.best.
+
+  Else the first translation evaluator's (config.evals entries of type 'translation'); else DECODING.
+  """
+  found = {name: dict(e) for name, e in (config.get("evals") or {}).items() if dict(e).get("type") == "translation"}
+  best = str(config.get("best") or "").split("/")[0]
+  entry = found.get(best) or next(iter(found.values()), {})
+  return {k: entry.get(k, v) for k, v in DECODING.items()}
 
 
 def check_decoding(options: dict, name=str, vocab_size: int | None = None) -> None:

@@ -36,7 +36,6 @@ from vitjax import convert, decode, tasks
 from vitjax.config import default_config
 from vitjax.data import augment
 from vitjax.errors import ConfigError
-from vitjax.evaluators import translation as translation_evaluator
 from vitjax.models import convert_util
 from vitjax.train import checkpoints as ckpt_lib
 from vitjax.train import state as state_lib
@@ -104,7 +103,7 @@ class Trained:
   def translate(self, lines, batch_size: int = 32, **decode_args) -> list[str]:
     """Source sentences -> translations (one per line, in order; an empty line gives an empty line).
 
-    decode_args override the run's decoding (its best evaluator's: vitjax.evaluators.translation.decoding):
+    decode_args override the run's decoding (its best evaluator's: vitjax.decode.configured):
     method ("beam", "greedy", "sample"), beam_size, alpha, temperature, top_k, extra_len.
     """
     if not hasattr(self.task, "translate"):
@@ -123,10 +122,7 @@ class Trained:
       raise TypeError(f"translate has no option {unknown[0]!r}{hint} (the options: {', '.join(decode.DECODING)})")
     _check_batch_size(batch_size)
     with jax.set_mesh(self.mesh):
-      defaults = translation_evaluator.decoding(self.config)  # the run's: that of the evaluator of its best
-      return self.task.translate(
-        self.model, self.variables, lines, self.sharding, batch_size, defaults=defaults, **decode_args
-      )
+      return self.task.translate(self.model, self.variables, lines, self.sharding, batch_size, **decode_args)
 
 
 def _check_batch_size(batch_size) -> None:

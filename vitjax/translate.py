@@ -94,8 +94,7 @@ def main() -> None:
     ConfigError: --workdir is not a translation run, a decoding flag is out of range, --output cannot be written.
   """
   import vitjax
-  from vitjax.decode import check_method_options
-  from vitjax.evaluators.translation import decoding
+  from vitjax import decode
   from vitjax.train.workdir import read_config
 
   _check_decoding()
@@ -105,8 +104,8 @@ def main() -> None:
   task = config.get("task")
   if task != "translation":
     raise ConfigError(f"{FLAGS.workdir} is a {task} run, not a translation run")
-  method = FLAGS.method or decoding(config)["method"]  # (the run's: that of the evaluator that chose its best)
-  check_method_options(method, {k: getattr(FLAGS, k) for k in DECODE_FLAGS}, name=lambda key: f"--{key}")
+  method = FLAGS.method or decode.configured(config)["method"]  # (the run's: that of the evaluator that chose its best)
+  decode.check_method_options(method, {k: getattr(FLAGS, k) for k in DECODE_FLAGS}, name=lambda key: f"--{key}")
   lines = _read_lines(FLAGS.input)
   trained = vitjax.load(FLAGS.workdir, FLAGS.checkpoint)
   _check_decoding(trained.task.tokenizer.vocab_size)  # (top_k needs the run's vocabulary)

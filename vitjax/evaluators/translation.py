@@ -6,7 +6,7 @@ synonyms) exact_match and bleu_synonyms.
 Options, the decoding: method ('beam', 'greedy', 'sample'), beam_size, alpha (beam search's length penalty),
 temperature and top_k (sampling), extra_len (a translation is at most 1.5 x the source's length + extra_len
 tokens). The decoding of the evaluator that chooses the run's best (config.best) is also how the trained model
-translates (vitjax.load(W).translate, python -m vitjax.translate) unless told otherwise: decoding().
+translates (vitjax.load(W).translate, python -m vitjax.translate) unless told otherwise: vitjax.decode.configured.
 """
 
 from __future__ import annotations
@@ -56,17 +56,6 @@ def check(ev) -> None:
   }  # (defaults: always there)
   decode.check_method_options(ev.options["method"], changed, name=name)
   ev.task.check_split(ev.split, f"evals.{ev.name}.split")
-
-
-def decoding(config) -> dict:
-  """How the run translates by default: the options of the translation evaluator that reports config.best.
-
-  Else the first translation evaluator's; else vitjax.decode.DECODING.
-  """
-  found = {name: dict(e) for name, e in (config.get("evals") or {}).items() if dict(e).get("type") == "translation"}
-  best = str(config.get("best") or "").split("/")[0]
-  entry = found.get(best) or next(iter(found.values()), {})
-  return {k: entry.get(k, v) for k, v in decode.DECODING.items()}
 
 
 def run(ev, net, variables, stop=None, step=None) -> dict:

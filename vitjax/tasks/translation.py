@@ -310,18 +310,15 @@ class Translation:
     return self._references
 
   # -- prediction (vitjax.load, vitjax.translate)
-  def translate(
-    self, model, variables, lines, sharding, batch_size: int = 32, warn=logging.warning, defaults=None, **decode_args
-  ):
+  def translate(self, model, variables, lines, sharding, batch_size: int = 32, warn=logging.warning, **decode_args):
     """Source strings -> translated strings, one per line and in order; an empty line gives an empty line.
 
     Lines longer than the model's max_len tokens are truncated (with a warning naming the line); characters the
     tokenizer does not know become the unknown token. decode_args (method, beam_size, alpha, temperature, top_k,
-    extra_len; None: left as is) override `defaults`, the run's decoding (the caller's: that of the evaluator that
-    chose its best, vitjax.evaluators.translation.decoding; None: vitjax.decode.DECODING). Every process passes the
-    same lines and gets all translations.
+    extra_len; None: left as is) override the run's decoding: that of the evaluator that chose its best
+    (vitjax.decode.configured). Every process passes the same lines and gets all translations.
     """
-    g = {**decode.DECODING, **(defaults or {}), **{k: v for k, v in decode_args.items() if v is not None}}
+    g = {**decode.configured(self.config), **{k: v for k, v in decode_args.items() if v is not None}}
     decode.check_decoding(g, vocab_size=self.tokenizer.vocab_size)
     decode.check_method_options(g["method"], {k: v for k, v in decode_args.items() if k != "method"})
     tok, max_len = self.tokenizer, self.config.data.max_len

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 
 import numpy as np
 import pytest
@@ -51,6 +52,17 @@ def _fill(path: str) -> str:
   return filler
 
 
+def _keep_full(path: str, done: threading.Event) -> None:
+  """Until `done`, writes into what space the filesystem at `path` gets back (another file beside the filler)."""
+  with open(os.path.join(path, "filler2"), "wb", buffering=0) as f:
+    while not done.wait(0.005):
+      try:
+        while True:
+          f.write(b"\0" * 512)
+      except OSError:
+        pass
+
+
 def _losses(workdir, steps=30):
   got = {r["step"]: r["train/loss"] for r in th.read_metrics(workdir) if "train/loss" in r}
   assert sorted(got) == list(range(1, steps + 1)), sorted(got)
@@ -65,8 +77,18 @@ def test_a_disk_that_fills_up_is_one_line_exit_74_and_resumes_once_freed(tmpfs, 
     if re.search(r" step 13/30 ", line):  # checkpoint 10 is written or being written: fill the disk
       filler = _fill(tmpfs)
       break
+  # the run deletes old checkpoints as it goes (keep_checkpoints): space it frees is taken again at once, so the disk
+  # stays full (under load, step 5's deletion left room for checkpoint 15, and the run went on to step 22)
+  done = threading.Event()
+  keeper = threading.Thread(target=_keep_full, args=(tmpfs, done), daemon=True)
+  if filler is not None:
+    keeper.start()
   out = proc.stdout.read()
   proc.wait(timeout=300)
+  done.set()
+  if filler is not None:
+    keeper.join()
+    os.remove(os.path.join(tmpfs, "filler2"))
   assert filler is not None and proc.returncode == 74, out[-3000:]
   errors = [line for line in out.splitlines() if "error" in line.lower()]
   assert len(errors) == 1 and errors[0].startswith(f"error: cannot write the workdir {workdir}: no space is left ("), (

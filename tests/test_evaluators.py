@@ -30,10 +30,10 @@ def test_types_are_the_modules_and_an_entry_names_its_mistakes(data_dir):
   assert {"classification", "mae", "per_class", "probe", "translation"} <= set(evaluators.types())
   with pytest.raises(ConfigError, match="no evaluator type 'clasification'; the types are .*classification"):
     evaluators.get("clasification")
-  with pytest.raises(ConfigError, match="has no option 'topk'"):
-    evaluator("classification", topk=3)
   c = _config(data_dir)
   task = tasks.get(c, "")
+  with pytest.raises(ConfigError, match="has no option 'topk'"):  # (refused where the entry is resolved)
+    evaluators.resolve(c, task, "t", dict(evaluator("classification", topk=3)), None)
   for entry, says in (
     ({"split": "test"}, "give a dict with a type"),
     ({"type": "classification", "topk": 3}, "has no option 'topk'; did you mean 'top_k'"),
@@ -253,13 +253,13 @@ def test_another_dataset_of_other_classes_is_refused_or_named(monkeypatch, caplo
 def test_an_evaluation_with_other_options_is_kept_beside_the_earlier_one(tmp_path):
   """--mode=eval with beam 1, then beam 4: before, both wrote eval_valid_2.json (beam 4's replacing beam 1's) and
   their metrics.jsonl rows did not say how each decoded; the row now holds the options, and other options a file."""
-  from vitjax.train import loop
+  from vitjax.train import checkpoint_eval
 
   beam1, beam4 = {"method": "beam", "beam_size": 1}, {"method": "beam", "beam_size": 4}
-  assert loop._result_file(str(tmp_path), "eval_valid_2", beam1) == "eval_valid_2.json"  # nothing there yet
+  assert checkpoint_eval.result_file(str(tmp_path), "eval_valid_2", beam1) == "eval_valid_2.json"  # nothing there yet
   (tmp_path / "eval_valid_2.json").write_text(json.dumps({"options": beam1, "eval/bleu": 1.0}))
-  assert loop._result_file(str(tmp_path), "eval_valid_2", beam1) == "eval_valid_2.json"  # the same: replaced
-  other = loop._result_file(str(tmp_path), "eval_valid_2", beam4)
+  assert checkpoint_eval.result_file(str(tmp_path), "eval_valid_2", beam1) == "eval_valid_2.json"  # the same: replaced
+  other = checkpoint_eval.result_file(str(tmp_path), "eval_valid_2", beam4)
   assert other.startswith("eval_valid_2_") and other.endswith(".json") and len(other) == len("eval_valid_2_.json") + 8
 
 

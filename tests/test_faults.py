@@ -254,7 +254,7 @@ def test_skip_mode_counts_the_non_finite_steps_in_a_row_and_stop_mode_names_the_
   import types
 
   from vitjax.errors import Diverged
-  from vitjax.train import loop
+  from vitjax.train.guard import NonfiniteGuard
 
   ckpts = types.SimpleNamespace(wait=lambda: None, latest_step=lambda: 20, directory="/w/checkpoints")
   config = lambda mode: types.SimpleNamespace(
@@ -263,7 +263,7 @@ def test_skip_mode_counts_the_non_finite_steps_in_a_row_and_stop_mode_names_the_
   bad = {"train/nonfinite": 1.0, "train/loss": float("nan"), "train/grad_norm": float("inf")}
   good = {"train/nonfinite": 0.0, "train/loss": 1.0, "train/grad_norm": 1.0}
   caplog.set_level(py_logging.WARNING)
-  guard = loop._NonfiniteGuard(config("skip"), ckpts)
+  guard = NonfiniteGuard(config("skip"), ckpts)
   for step, metrics in enumerate([bad, good, bad, bad], start=1):
     guard.check_lagged(step, metrics)
   assert guard.skipped == 2  # steps 1 and 3; step 4's flag is not read yet
@@ -282,7 +282,7 @@ def test_skip_mode_counts_the_non_finite_steps_in_a_row_and_stop_mode_names_the_
   ), str(e.value)
 
   ckpts.latest_step = lambda: None
-  guard = loop._NonfiniteGuard(config("stop"), ckpts)
+  guard = NonfiniteGuard(config("stop"), ckpts)
   guard.check_lagged(1, good)
   guard.check_lagged(2, bad)
   with pytest.raises(Diverged, match=r"^step 2: .*stopped \(on_nonfinite='stop'\).* checkpoint: none yet\. .*skip"):

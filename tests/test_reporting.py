@@ -501,7 +501,7 @@ def test_a_resume_that_changes_the_schedule_says_where_the_learning_rate_goes(ca
   import types
 
   from vitjax.config import default_config
-  from vitjax.train import loop, optim
+  from vitjax.train import notes, optim
 
   def resume(old, new, start):
     caplog.clear()
@@ -511,7 +511,7 @@ def test_a_resume_that_changes_the_schedule_says_where_the_learning_rate_goes(ca
       exp=types.SimpleNamespace(schedule=schedule),
       plan=types.SimpleNamespace(total=new.total_steps),
     )
-    loop._schedule_change(run, old, start)
+    notes.schedule_change(run, old, start)
     return _lines(caplog), optim.make_schedule(old, old.total_steps, 21, 30), schedule
 
   caplog.set_level(py_logging.INFO, logger="absl")  # (an earlier test may leave absl's logger at WARNING)

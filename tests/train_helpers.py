@@ -36,7 +36,7 @@ TINY = [
 # by a quarter); the second, XLA's compile time of the README's main job at toy size from 5.3 s to 3.5 s (the suite's
 # by a sixth). The third compiles each module as one piece of LLVM code instead of several on threads (XLA's
 # parallel codegen), which on 2 cores already busy with 2 test workers only adds contention: test_faults, test_train,
-# test_models and test_transformer at -n 2 took 129-135 s instead of 141-153 s (three runs each, 2026-11-28). Every
+# test_models and test_transformer (now test_decode) at -n 2 took 129-135 s instead of 141-153 s (three runs each, 2026-11-28). Every
 # fixture's bound still holds (they are set against rounding noise, tests/test_formats.py), and the bitwise tests
 # compare runs compiled alike. VITJAX_TEST_XLA_OPT=1 compiles as users do. conftest.py sets the same flags for the
 # pytest process itself.

@@ -30,8 +30,16 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from vitjax import cli, paths
+import vitjax
+from vitjax import cli, models, paths
+from vitjax import data as data_lib
+from vitjax.config import read_config
+from vitjax.data import augment, device_ops
+from vitjax.data import splits as splits_lib
 from vitjax.errors import ConfigError
+from vitjax.models.swin import effective_window, window_partition
+from vitjax.posenc import sincos_2d
+from vitjax.tasks.base import VALID
 
 flags.DEFINE_string("workdir", None, "the trained run to look into", required=True)
 flags.DEFINE_string("out", None, "the directory the PNGs go to", required=True)
@@ -101,8 +109,6 @@ def window_slots(hw: tuple[int, int], window, shift) -> np.ndarray:
 
   By the block's own shift, padding and partition.
   """
-  from vitjax.models.swin import effective_window, window_partition  # pylint: disable=g-import-not-at-top
-
   h, w = hw
   win, sh = effective_window(hw, window, shift)
   index = np.arange(h * w).reshape(1, h, w, 1)
@@ -177,9 +183,6 @@ def inspect(trained, image: np.ndarray, out_dir: str, patch: tuple[int, int] | N
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
-  from vitjax import models  # pylint: disable=g-import-not-at-top
-  from vitjax.data import device_ops  # pylint: disable=g-import-not-at-top
 
   draw = {models.ViT: _draw_vit, models.Swin: _draw_swin}.get(models.family_of(trained.model).cls)
   if draw is None:
@@ -279,7 +282,6 @@ def _position_table(model, params, grid, prefix) -> np.ndarray:
   """
   if model.posemb == "learn":
     return np.asarray(params["posembed"]["pos_embedding"])[0, prefix:]
-  from vitjax.posenc import sincos_2d  # pylint: disable=g-import-not-at-top
 
   return np.asarray(sincos_2d(*grid, model.width))
 
@@ -289,8 +291,6 @@ def _position_table(model, params, grid, prefix) -> np.ndarray:
 
 def _image(trained, path: str | None, example: int | None, split: str) -> np.ndarray:
   """uint8 [H, W, C] at the model's size, from a file or the run's dataset."""
-  from vitjax.data import augment  # pylint: disable=g-import-not-at-top
-
   info = trained.task.describe()
   channels, size = info["channels"], tuple(info["image_size"])
   if (path is None) == (example is None):
@@ -318,10 +318,6 @@ def _split_examples(trained, split: str):
   'valid' is the run's validation split (held out of its training split, or the dataset's own), the others the
   dataset's (the training split without what was held out).
   """
-  from vitjax import data as data_lib  # pylint: disable=g-import-not-at-top
-  from vitjax.data import splits as splits_lib  # pylint: disable=g-import-not-at-top
-  from vitjax.tasks.base import VALID  # pylint: disable=g-import-not-at-top
-
   d = trained.config.data
   name, positions = trained.task.split_source(split)
   try:
@@ -343,9 +339,6 @@ def main() -> None:
     ConfigError: --workdir is not an image run, --patch is not ROW,COL, --out cannot be written, ... (checked before
       anything is written).
   """
-  import vitjax  # pylint: disable=g-import-not-at-top
-  from vitjax.train.workdir import read_config  # pylint: disable=g-import-not-at-top
-
   if (FLAGS.image is None) == (FLAGS.example is None):
     raise ConfigError("give one of --image=FILE or --example=N")
   if FLAGS.example is not None and FLAGS.example < 0:

@@ -13,6 +13,7 @@ import os
 from absl import flags
 
 from vitjax import cli
+from vitjax.config import read_config
 
 flags.DEFINE_string("workdir", None, "the run whose checkpoints to average", required=True)
 flags.DEFINE_integer("last", None, "average the N newest kept checkpoints")
@@ -23,7 +24,6 @@ FLAGS = flags.FLAGS
 def main() -> None:
   """Command line entry: averages --last N or --steps of --workdir's checkpoints into WORKDIR/averaged."""
   from vitjax.train import averaging
-  from vitjax.train.workdir import read_config
 
   workdir = os.path.abspath(FLAGS.workdir)
   result = averaging.average(read_config(workdir), workdir, FLAGS.last, FLAGS.steps)

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from absl import app, flags
 
 from vitjax import logs
+from vitjax.config import unknown_fields
 from vitjax.errors import (
   USER_ERRORS,
   Diverged,
@@ -66,7 +67,9 @@ def _unknown_field_message(e: BaseException, argv) -> str | None:
     if suggestion:
       fixed = "--" + ".".join(parts[:i] + [suggestion.group(1)] + parts[i + 1 :])
       return f"{flag}: {parent} has no field {bad!r}; did you mean {fixed} ({suggestion.group(1)!r})?"
-    return f"{flag}: {parent} has no field {bad!r} (the fields are those of vitjax/config.py and the config file)"
+    return (
+      f"{flag}: {parent} has no field {bad!r} (the fields are those of vitjax/config/schema.py and the config file)"
+    )
   return None
 
 
@@ -111,6 +114,31 @@ def _config_file_problem(argv) -> str | None:
   return None
 
 
+def define_config_flag(help_string: str) -> None:
+  """Defines --config: a config file, its evaluator entries completed (vitjax.evaluators.complete), then locked.
+
+  So that an override sets any option of an entry's type (--config.evals.eval.top_k=1) where get_config() gave only
+  the entry's type and common fields (vitjax.config.evaluator); a misspelt field is still refused, as the config is
+  locked before the overrides are applied.
+  """
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  from ml_collections.config_flags.config_flags import ConfigFileFlagParser  # pylint: disable=g-import-not-at-top
+
+  class Parser(ConfigFileFlagParser):
+    def parse(self, path):
+      config = super().parse(path)  # (lock_config=False: locked below, once complete)
+      if hasattr(config, "lock") and hasattr(config, "get") and config.get("evals") is not None:
+        from vitjax import evaluators  # pylint: disable=g-import-not-at-top  (jax: once a config file is given)
+
+        evaluators.complete(config)
+      if hasattr(config, "lock"):
+        config.lock()
+      return config
+
+  config_flags.DEFINE_config_file("config", None, help_string, lock_config=False)
+  flags.FLAGS["config"].parser = Parser("config", lock_config=False)
+
+
 # what every vitjax config has (vitjax.config.default_config and translation_config build them)
 CONFIG_FIELDS = ("task", "model", "data", "optim", "schedule")
 
@@ -128,12 +156,11 @@ def _config_value_problem(argv) -> str | None:
   missing = [k for k in CONFIG_FIELDS if k not in value]
   if missing:
     return f"{given}: get_config()'s config has no {', '.join(missing)} (build it on vitjax.config.default_config())"
-  from vitjax.config import unknown_fields  # pylint: disable=g-import-not-at-top
 
   unknown = unknown_fields(value)
   if unknown:
     key, near = unknown[0]
-    hint = f"; did you mean {near}?" if near else " (the fields: vitjax/config.py's default_config)"
+    hint = f"; did you mean {near}?" if near else " (the fields: vitjax/config/schema.py's default_config)"
     more = (
       f" (and {', '.join(k for k, _ in unknown[1:4])}{' ...' if len(unknown) > 4 else ''})" if len(unknown) > 1 else ""
     )

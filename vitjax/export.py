@@ -23,6 +23,7 @@ import shutil
 from absl import flags
 
 from vitjax import cli, paths
+from vitjax.config import read_config
 from vitjax.errors import ConfigError
 
 flags.DEFINE_string("workdir", None, "the run to export", required=True)
@@ -44,7 +45,6 @@ def export(workdir: str, fmt: str, out: str, checkpoint: str = "best", weights: 
 
   import vitjax
   from vitjax import convert
-  from vitjax.train.workdir import read_config
 
   suffix = {"timm": ".safetensors", "npz": ".npz"}[fmt]
   if not out.endswith(suffix):

@@ -40,12 +40,12 @@ import json
 import os
 
 from absl import flags
-from ml_collections import config_flags
 
 from vitjax import cli
+from vitjax.config import config_source, read_config
 from vitjax.errors import ConfigError
 
-config_flags.DEFINE_config_file("config", None, "experiment config file (configs/*.py), with :args", lock_config=True)
+cli.define_config_flag("experiment config file (configs/*.py), with :args")
 flags.DEFINE_string("workdir", None, "where checkpoints, metrics and summaries go", required=True)
 flags.DEFINE_enum("mode", "train", ["train", "eval"], "train (resumes if possible), or evaluate a checkpoint")
 flags.DEFINE_string(
@@ -89,8 +89,6 @@ def _config(workdir):
   --config); a new workdir without --config is a ConfigError.
   """
   from absl import logging
-
-  from vitjax.train.workdir import config_source, read_config
 
   if FLAGS.config is not None:
     return FLAGS.config

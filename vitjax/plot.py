@@ -26,6 +26,7 @@ import os
 from absl import flags
 
 from vitjax import cli, paths
+from vitjax.config import read_config
 from vitjax.errors import ConfigError
 
 FORMATS = (".png", ".pdf", ".svg")
@@ -87,7 +88,6 @@ def read_curves(workdir: str) -> dict[str, list[tuple[int, float]]]:
 def read_run(workdir: str, label: str) -> Run:
   """A run's curves (read_curves) and its config's best, best_mode and batch_size."""
   from vitjax import evaluators
-  from vitjax.train.workdir import read_config
 
   config = read_config(workdir)
   return Run(workdir, label, read_curves(workdir), str(config.best), evaluators.best_mode(config), config.batch_size)

@@ -14,6 +14,7 @@ import sys
 from absl import flags
 
 from vitjax import cli, paths
+from vitjax.config import read_config
 from vitjax.errors import ConfigError
 
 flags.DEFINE_string("workdir", None, "a workdir of a translation run", required=True)
@@ -95,7 +96,6 @@ def main() -> None:
   """
   import vitjax
   from vitjax import decode
-  from vitjax.train.workdir import read_config
 
   _check_decoding()
   if FLAGS.output:

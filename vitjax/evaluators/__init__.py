@@ -39,17 +39,19 @@ import pkgutil
 from types import ModuleType
 from typing import Any
 
+import ml_collections as mlc
 from absl import logging
 
+from vitjax import config as config_lib
 from vitjax import data as data_lib
 from vitjax import durations, tasks
 from vitjax.errors import ConfigError
 from vitjax.tasks.base import VALID, check_stop
 
-COMMON = ("type", "split", "every", "data", "weights", "examples")
+COMMON = ("type", *config_lib.ENTRY)  # what every entry has (vitjax.config.evaluator), then its type's OPTIONS
 WEIGHTS = ("params", "ema")
 
-__all__ = ["Evaluator", "EvaluatorError", "check_stop", "get", "plan", "resolve", "types"]
+__all__ = ["Evaluator", "EvaluatorError", "check_stop", "complete", "get", "plan", "resolve", "types"]
 
 
 def types() -> list[str]:
@@ -131,6 +133,26 @@ class Evaluator:
         f"{sorted(k.split('/', 1)[1] for k in result)}, without {metric.split('/', 1)[1]!r}, which its metrics() "
         "declares: make the two agree"
       )
+
+
+def complete(config) -> None:
+  """Gives every config.evals entry each field it lacks, with its default: the common ones and its type's OPTIONS.
+
+  In place (unlocked for the while where the config is locked), before a command line applies its overrides (so
+  --config.evals.NAME.OPTION sets any of a type's options) and before a run writes its config.json, so that the record
+  holds every option the entry evaluated with. An entry of no known type is left as it is: resolve() names it.
+  """
+  evals = config.get("evals") or {}
+  with config.unlocked():
+    for entry in evals.values():
+      kind = entry.get("type") if hasattr(entry, "get") else None
+      if not hasattr(entry, "unlocked") or kind not in types():
+        continue
+      defaults = {**config_lib.ENTRY, **get(kind).OPTIONS}
+      with entry.unlocked():
+        for key, value in defaults.items():
+          if key not in entry:
+            entry[key] = mlc.FieldReference(None, field_type=object) if value is None else value
 
 
 def entries(config) -> dict[str, dict]:

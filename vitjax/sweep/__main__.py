@@ -33,14 +33,14 @@ import sys
 import time
 
 from absl import flags, logging
-from ml_collections import config_flags
 
 from vitjax import cli, paths
+from vitjax import sweep as sweep_lib
 from vitjax.errors import ConfigError
+from vitjax.sweep import devices, report, runner
+from vitjax.sweep import study as study_lib
 
-config_flags.DEFINE_config_file(
-  "config", None, "experiment config file with a get_sweep() (configs/*.py)", lock_config=True
-)
+cli.define_config_flag("experiment config file with a get_sweep() (configs/*.py)")
 flags.DEFINE_string(
   "sweep_dir", None, "where the trials' workdirs, logs, the SQLite study and the report go", required=True
 )
@@ -121,8 +121,7 @@ def _check_config(config, sweep_dir: str, sweep=None) -> None:
   An override the trials would refuse is refused here, while a corrected command can still make the same sweep (the
   overrides name its study). What depends on a trial's devices (batch sizes over its mesh) is the trial's to check.
   """
-  from vitjax import mesh as mesh_lib
-  from vitjax import tasks
+  from vitjax import mesh as mesh_lib, tasks  # noqa: I001 (one import: jax, once a sweep checks its config)
   from vitjax.train import loop
 
   loop.check_config(config)
@@ -167,8 +166,6 @@ def _open_study(url: str, name: str, sweep, target: int, sweep_dir: str):
 
   Bad input leaves nothing behind (only what this process made).
   """
-  from vitjax.sweep import study as study_lib
-
   existed = os.path.isdir(sweep_dir)
   missing = paths.missing_folders(sweep_dir)
   os.makedirs(sweep_dir, exist_ok=True)
@@ -188,8 +185,6 @@ def _open_study(url: str, name: str, sweep, target: int, sweep_dir: str):
 
 def _requeue(study, target: int) -> None:
   """Queues again the interrupted trials whose worker died before it could, and (--retry_failed) the failed."""
-  from vitjax.sweep import study as study_lib
-
   for t in study_lib.latest_attempts(study.get_trials(deepcopy=False)).values():
     if t.state.name != "FAIL" or study_lib.slot(t) >= target:
       continue
@@ -209,7 +204,6 @@ def _run_workers(run) -> int:
   Stopped by a signal (every trial checkpoints; a second one stops at once, but for a SIGTERM delivered again within
   vitjax.train.preemption.REPEAT_S), a worker that crashed, or three user errors in a row.
   """
-  from vitjax.sweep import runner
   from vitjax.train import preemption
 
   stops = []
@@ -248,9 +242,6 @@ def _run_workers(run) -> int:
 
 
 def _run(argv) -> int:
-  from vitjax import sweep as sweep_lib
-  from vitjax.sweep import devices, report, runner
-  from vitjax.sweep import study as study_lib
 
   config_arg = _config_arg(argv)
   if FLAGS.config is None or config_arg is None:
@@ -302,8 +293,6 @@ def _run(argv) -> int:
 
 
 def _report(argv) -> int:
-  from vitjax.sweep import report
-  from vitjax.sweep import study as study_lib
 
   sweep_dir = os.path.abspath(FLAGS.sweep_dir)
   path = os.path.join(sweep_dir, "sweep.json")

@@ -28,8 +28,12 @@ import os
 
 from absl import flags, logging
 
-from vitjax import cli
+import vitjax
+from vitjax import cli, evaluators
+from vitjax.decode import check_decoding
 from vitjax.errors import ConfigError
+from vitjax.sweep import study as study_lib
+from vitjax.train import workdir as workdir_lib
 
 flags.DEFINE_string("workdir", None, "the trained translation run", required=True)
 flags.DEFINE_string("checkpoint", "best", "'best', 'latest', a step or 'averaged' (vitjax.average)")
@@ -44,8 +48,6 @@ FLAGS = flags.FLAGS
 
 def grid(beam_sizes, alphas) -> list[tuple[int, float]]:
   """The points, checked: beam sizes >= 1, alphas >= 0 (vitjax.decode.check_decoding)."""
-  from vitjax.decode import check_decoding
-
   try:
     beams, alphas = sorted({int(b) for b in beam_sizes}), sorted({float(a) for a in alphas})
   except ValueError as e:
@@ -69,8 +71,6 @@ def sweep(workdir, checkpoint="best", points=(), split="valid", limit=None, stor
   Returns {"best": (beam, alpha), "bleu": {point: BLEU}, "before": the run's point (None unless it decodes with beam
   search), "written": whether the best went into its config}.
   """
-  from vitjax.train import workdir as workdir_lib
-
   workdir = os.path.abspath(workdir)
   workdir_lib.read_config(workdir)  # a vitjax run's workdir (one line if not), before the lock is taken in it
   lock = workdir_lib.Lock(workdir)
@@ -88,15 +88,10 @@ def _sweep(workdir, checkpoint, points, split, limit, storage, write) -> dict:
   import numpy as np
   from jax.experimental import multihost_utils
 
-  import vitjax
-  from vitjax.sweep import study as study_lib
-  from vitjax.train import workdir as workdir_lib
-
   trained = vitjax.load(workdir, checkpoint)
   if not hasattr(trained.task, "translate"):
     task = trained.config.task
     raise ConfigError(f"{workdir} is a {task} run: decode sweeps are for translation (config.task='translation')")
-  from vitjax import evaluators
 
   name = str(trained.config.best).split("/")[0]
   entry = evaluators.entries(trained.config).get(name, {})
@@ -172,7 +167,6 @@ def _write_report(workdir, results, best, before, checkpoint, split, limit) -> N
     lines.append(f"| {b} | " + " | ".join(cells) + " |")
   had = f"beam {before[0]}, alpha {before[1]:g}" if before else "another method than beam search"
   lines += ["", f"best: beam {best[0]}, alpha {best[1]:g}; the config had {had}", ""]
-  from vitjax.train import workdir as workdir_lib
 
   workdir_lib.write_json(workdir, "decode_sweep.md", "\n".join(lines))
 

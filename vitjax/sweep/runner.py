@@ -53,7 +53,6 @@ from vitjax.sweep.study import (
   requeue,
   slot,
 )
-from vitjax.train.checkpoints import latest_step
 
 EXIT_PREEMPTED, EXIT_USER_ERROR = 75, 2
 LOCK_WAIT = 400.0  # > vitjax.train.workdir.Lock.STALE: how long a trial waits for a lost run's workdir lock
@@ -289,6 +288,8 @@ class Runner:
       )
     elif rc == EXIT_PREEMPTED:  # interrupted (the sweep's SIGTERM, or the trial's own): queued again
       self._interrupted(trial)
+      from vitjax.train.checkpoints import latest_step  # (orbax: not at the sweep's start)
+
       step = latest_step(workdir)  # (not its last metrics row: none is written at the step a signal stops)
       resumes = f"it resumes from step {step}" if step is not None else "it starts again: nothing was checkpointed"
       logging.info("trial %d: interrupted, queued again (%s)", n, resumes)

@@ -11,9 +11,8 @@ import os
 import time
 import warnings
 
-from vitjax.config import flatten
+from vitjax.config import flatten, is_bookkeeping
 from vitjax.errors import ConfigError
-from vitjax.train import workdir as workdir_lib
 
 SLOT, OWNER = "trial", "vitjax:owner"  # the trial's slot (a user attribute: its directory), its worker
 
@@ -178,7 +177,7 @@ def open_study(
 def config_fields(config, sweep) -> dict:
   """The trials' shared config as {'a.b': value}, less the swept fields and what a run may change on a resume."""
   flat = flatten(json.loads(config.to_json_best_effort()))
-  return {k: v for k, v in flat.items() if k not in sweep.fields and not workdir_lib.is_bookkeeping(k)}
+  return {k: v for k, v in flat.items() if k not in sweep.fields and not is_bookkeeping(k)}
 
 
 def difference(a: dict, b: dict) -> str:

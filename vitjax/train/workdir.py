@@ -32,46 +32,13 @@ from absl import logging
 
 from vitjax import config as config_lib
 from vitjax import paths
+
+# a workdir's config and JSON records are read in the config layer (no jax there: a command line's start reads them)
+from vitjax.config.files import config_source, effective_config, history, read_config, read_json  # noqa: F401
+from vitjax.config.schema import BOOKKEEPING, is_bookkeeping  # noqa: F401
 from vitjax.errors import ConfigError
 from vitjax.logs import plural
 from vitjax.mesh import all_agree
-
-# Fields that do not change what is trained: how often things happen, evaluation, layout on devices, paths.
-BOOKKEEPING = (
-  "config_version",  # (a workdir's config is migrated to today's version when read)
-  "log_every",
-  "eval_every",
-  "evals.",
-  "best",
-  "checkpoint_every",
-  "keep_checkpoints",
-  "max_train_minutes",
-  "profile_steps",
-  "trackers",
-  "wandb.",
-  "init_from",  # only read at the first start
-  "on_nonfinite",
-  "max_nonfinite_skips",
-  "mesh",
-  "mesh_axes",  # (before config.mesh)
-  "sharding",
-  "sharding_rules",
-  "data.data_dir",
-  "data.worker_count",  # the training batches are the same for any number of grain workers (images.GlobalOrder)
-  "data.read_threads",
-  "data.cache",
-  "data.cache_max_mb",
-  "data.eval_batch_size",
-)
-
-
-def is_bookkeeping(key: str) -> bool:
-  """Whether the config field `key` (a dotted path) is bookkeeping, free to change on a resume.
-
-  It is when BOOKKEEPING names it, or one of BOOKKEEPING's prefixes ending in a dot starts it.
-  """
-  return any(key == b or (b.endswith(".") and key.startswith(b)) for b in BOOKKEEPING)
-
 
 # ------------------------------------------------------------------------------------------- files
 
@@ -119,22 +86,6 @@ def write_json(workdir: str, name: str, obj) -> None:
   with open(path + ".tmp", "w") as f:
     f.write(obj if isinstance(obj, str) else json.dumps(obj, indent=2))
   os.replace(path + ".tmp", path)
-
-
-def read_json(workdir: str, name: str):
-  """WORKDIR/name parsed as JSON; None if there is no such file.
-
-  Raises:
-    ConfigError: the file is not valid JSON.
-  """
-  path = os.path.join(workdir, name)
-  if not os.path.exists(path):
-    return None
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except (ValueError, UnicodeDecodeError) as e:
-    raise ConfigError(f"{path} is not valid JSON ({e}); restore it from a copy or use a new --workdir") from None
 
 
 FOLDERS = ("checkpoints", "tb", "corrupt", "averaged")  # what a run (or vitjax.average) keeps in a workdir as folders
@@ -221,60 +172,6 @@ def unwritable(workdir: str, why: str, checkpoints: str) -> str:
 def as_dict(config) -> dict:
   """The config as a plain dict: a ConfigDict through its JSON form (JSON-able), anything else through dict()."""
   return json.loads(config.to_json_best_effort()) if isinstance(config, mlc.ConfigDict) else dict(config)
-
-
-def _unflatten(flat: dict) -> dict:
-  out: dict = {}
-  for key, v in flat.items():
-    node = out
-    *parents, last = key.split(".")
-    for p in parents:
-      node = node.setdefault(p, {})
-    node[last] = v
-  return out
-
-
-def history(workdir: str) -> list[dict]:
-  """The rows of WORKDIR/config_history.jsonl, oldest first; [] if there is none."""
-  path = os.path.join(workdir, "config_history.jsonl")
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
-
-
-def effective_config(workdir: str) -> dict | None:
-  """config.json with the changes of config_history.jsonl applied (None for a workdir without config.json)."""
-  base = read_json(workdir, "config.json")
-  if base is None:
-    return None
-  flat = config_lib.flatten(base)
-  for row in history(workdir):
-    for key, (_, new) in row["changes"].items():
-      flat[key] = new
-  return _unflatten(config_lib.migrate(flat))
-
-
-def config_source(workdir: str) -> str:
-  """Where a workdir's config comes from, for the line that names it.
-
-  WORKDIR/config.json, and the fields config_history.jsonl changes in it when there are any (config.json alone is
-  then not what trained the latest checkpoints).
-  """
-  path = os.path.join(workdir, "config.json")
-  fields = list(dict.fromkeys(k for row in history(workdir) for k in row["changes"]))
-  if not fields:
-    return path
-  shown = ", ".join(fields[:6]) + (f" and {len(fields) - 6} more" if len(fields) > 6 else "")
-  return f"{path} with the changes of config_history.jsonl ({shown})"
-
-
-def read_config(workdir: str) -> mlc.ConfigDict:
-  """The config a workdir trains with: config.json and its recorded changes."""
-  config = effective_config(workdir)
-  if config is None:
-    raise ConfigError(f"{os.path.join(workdir, 'config.json')} not found: is {workdir} the workdir of a vitjax run?")
-  return mlc.ConfigDict(config)
 
 
 def config_changes(workdir: str, config) -> dict:

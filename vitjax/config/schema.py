@@ -1,4 +1,4 @@
-"""The default experiment config. Every file in configs/ starts from `default_config()` and changes fields.
+"""The config's schema with its defaults. Every file in configs/ starts from `default_config()` and changes fields.
 
 The command line (vitjax.main) locks the ConfigDict, so a misspelt override (--config.optim.lrr=1) fails with
 one line naming the nearest field (--config.optim.lr) instead of being silently added; a config file's field that
@@ -7,10 +7,8 @@ vitjax never reads (c.optim.weight_decy = 0.1 in get_config()) fails the same wa
 
 from __future__ import annotations
 
-import importlib.util
-import inspect
+import difflib
 import json
-import os
 
 import ml_collections as mlc
 
@@ -22,15 +20,6 @@ from vitjax.errors import ConfigError
 # named entries with their own options; data.eval_split, data.eval_examples, probe and decode moved into them; the
 # moving average's evaluation became an entry), best_metric and best_mode became best.
 CONFIG_VERSION = 3
-
-
-def load_module(path: str):
-  """A config file (configs/NAME.py) as a module: its docstring, `get_config(arg=None)`."""
-  name = os.path.splitext(os.path.basename(path))[0]
-  spec = importlib.util.spec_from_file_location(f"vitjax_configs.{name}", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 def default_config() -> mlc.ConfigDict:
@@ -45,25 +34,55 @@ def default_config() -> mlc.ConfigDict:
   c.seed = 0
   # Model: `name` goes to vitjax.models.create; every other field overrides a model attribute.
   c.model = mlc.ConfigDict({"name": "vit_ti16", "num_classes": 10})
+  c.data = _data()
 
-  c.data = mlc.ConfigDict()
+  c.batch_size = 128  # global, over all devices of all processes
+  # Durations (vitjax.durations): steps, or a string with a unit, "500 steps", "2 epochs", "60000 examples".
+  c.num_epochs = mlc.FieldReference(None, field_type=float)  # the run's length: either epochs ...
+  c.total_steps = mlc.FieldReference(None, field_type=object)  # ... or a duration (steps, epochs, examples)
+  # A wall-clock budget for the run's training, its earlier sessions included (train/elapsed_s in metrics.jsonl):
+  # when it runs out, the run evaluates, checkpoints and stops at that step (the schedule still follows
+  # total_steps); a rerun after a stop goes on to the same end, one after the end trains nothing. None: no budget.
+  c.max_train_minutes = mlc.FieldReference(None, field_type=float)
+  _optimizer(c)
+
+  c.label_smoothing = 0.0
+  # An exponential moving average of the parameters, ema = d * ema + (1 - d) * params after every applied step
+  # (e.g. 0.9999 over ~10^4+ steps; it starts from the initial parameters, with no warm-up). Kept in the optimizer
+  # state, so checkpointed with it; an evaluator with weights="ema" evaluates it (e.g. c.evals.eval_ema =
+  # evaluator("classification", weights="ema"), and best="eval_ema/accuracy"); `--mode=eval --weights=ema`,
+  # vitjax.load(W, weights="ema") and export use it. BatchNorm statistics are the
+  # raw model's. None: off.
+  c.ema_decay = mlc.FieldReference(None, field_type=float)
+  # The activations' dtype: 'float32' | 'bfloat16' | 'auto' (bfloat16 on TPUs, GPUs from Ampere on and CPUs with
+  # AVX512-BF16 or AMX, where the bf16 step is 1.20-1.59x float32's speed, experiments/README.md, issue 28; float32
+  # elsewhere).
+  # Parameters, optimizer state and gradients are always float32.
+  c.compute_dtype = "float32"
+  _runs(c)
+  return c
+
+
+def _data() -> mlc.ConfigDict:
+  """default_config's config.data: the dataset, its splits, preprocessing, augmentation and input pipeline."""
+  d = mlc.ConfigDict()
   # 'digits', 'fashion_mnist', 'folder:PATH' / 'csv:FILE' (your images), or any tfds dataset prepared as array_record
-  c.data.name = "digits"
-  c.data.data_dir = mlc.FieldReference(None, field_type=str)  # None: $TFDS_DATA_DIR or ~/tensorflow_datasets
-  c.data.train_split = "train"
+  d.name = "digits"
+  d.data_dir = mlc.FieldReference(None, field_type=str)  # None: $TFDS_DATA_DIR or ~/tensorflow_datasets
+  d.train_split = "train"
   # "valid" (what evaluators read unless told otherwise, so `best` is chosen without the test split) is
   # valid_fraction of train_split, drawn by valid_seed and held out of training (vitjax.data.images.holdout_split).
-  c.data.valid_fraction = 0.1
-  c.data.valid_seed = 0
+  d.valid_fraction = 0.1
+  d.valid_seed = 0
   # Few labels: None trains on every example of train_split's training part; a fraction in (0, 1] (0.01), a
   # percentage ('1%') or a count (600) trains on a class-balanced subset of it drawn by labelled_seed
   # (vitjax.data.splits.labelled_subset). The probe evaluator fits on the same subset.
-  c.data.labelled = mlc.FieldReference(None, field_type=object)
-  c.data.labelled_seed = 0
-  c.data.image_size = 8
+  d.labelled = mlc.FieldReference(None, field_type=object)
+  d.labelled_seed = 0
+  d.image_size = 8
   # random_resized_crop and randaugment: False, True (their defaults) or a dict of options, from the command line
   # too: --config.data.augment.random_resized_crop="{'scale': (0.35, 1)}" (vitjax.data.augment.parse_augment)
-  c.data.augment = mlc.ConfigDict(
+  d.augment = mlc.ConfigDict(
     {
       "flip": False,
       "random_resized_crop": mlc.FieldReference(False, field_type=object),
@@ -72,13 +91,13 @@ def default_config() -> mlc.ConfigDict:
       "cutmix_alpha": 0.0,
     }
   )
-  c.data.eval_batch_size = 256
+  d.eval_batch_size = 256
   # How images meet the model (vitjax.data.augment.Preprocess): per-channel mean and std in [0, 1] units (None:
   # x * 2 / 255 - 1, the original ViT's [-1, 1]), the evaluation's crop_fraction (resize the shorter side to
   # size / crop_fraction, centre crop; None: resize only) and interpolation ('bilinear', 'bicubic'). A field left
   # None takes, with init_from='timm:NAME:FILE' or 'hf:...', the pretrained model's config (so imported weights are
   # evaluated as they were trained), else the default. The resolved values go to WORKDIR/task.json.
-  c.data.preprocess = mlc.ConfigDict(
+  d.preprocess = mlc.ConfigDict(
     dict(
       mean=mlc.FieldReference(None, field_type=tuple),
       std=mlc.FieldReference(None, field_type=tuple),
@@ -89,22 +108,17 @@ def default_config() -> mlc.ConfigDict:
   # grain worker processes: the same batches for any number, free to change on a resume. None (auto): 0 on a CPU,
   # where the step uses the cores; on a GPU or TPU the cores this process may use less one, at most 8 (one process
   # per host, as experiments/slurm_train.sh runs; several on one host without CPU binding: set a number each).
-  c.data.worker_count = mlc.FieldReference(None, field_type=int)
-  c.data.read_threads = 0
+  d.worker_count = mlc.FieldReference(None, field_type=int)
+  d.read_threads = 0
   # Read the training split into memory first, PNGs decoded: the same batches, made faster. None (auto): when its
   # estimated size, times 1 + worker_count copies, is at most cache_max_mb; True / False: always / never.
-  c.data.cache = mlc.FieldReference(None, field_type=bool)
-  c.data.cache_max_mb = 1024
+  d.cache = mlc.FieldReference(None, field_type=bool)
+  d.cache_max_mb = 1024
+  return d
 
-  c.batch_size = 128  # global, over all devices of all processes
-  # Durations (vitjax.durations): steps, or a string with a unit, "500 steps", "2 epochs", "60000 examples".
-  c.num_epochs = mlc.FieldReference(None, field_type=float)  # the run's length: either epochs ...
-  c.total_steps = mlc.FieldReference(None, field_type=object)  # ... or a duration (steps, epochs, examples)
-  # A wall-clock budget for the run's training, its earlier sessions included (train/elapsed_s in metrics.jsonl):
-  # when it runs out, the run evaluates, checkpoints and stops at that step (the schedule still follows
-  # total_steps); a rerun after a stop goes on to the same end, one after the end trains nothing. None: no budget.
-  c.max_train_minutes = mlc.FieldReference(None, field_type=float)
 
+def _optimizer(c: mlc.ConfigDict) -> None:
+  """default_config's optimizer, per-parameter rules and learning-rate schedule, set on `c`."""
   # The optimizer (vitjax.train.optim): any optax optimizer by name, optax.NAME(learning_rate=schedule, **kwargs):
   # "adamw", "sgd", "lion", "adafactor", "lamb", "nadamw", ...; kwargs are NAME's own arguments (optax's defaults
   # for the rest), e.g. --config.optim.kwargs="{'b2': 0.95}" or, for sgd, "{'momentum': 0.9, 'nesterov': True}".
@@ -134,20 +148,9 @@ def default_config() -> mlc.ConfigDict:
   c.schedule.end_lr_factor = 0.0  # final lr = factor * peak (cosine, linear)
   c.schedule.rsqrt_timescale = mlc.FieldReference(None, field_type=int)  # default: the warm-up length
 
-  c.label_smoothing = 0.0
-  # An exponential moving average of the parameters, ema = d * ema + (1 - d) * params after every applied step
-  # (e.g. 0.9999 over ~10^4+ steps; it starts from the initial parameters, with no warm-up). Kept in the optimizer
-  # state, so checkpointed with it; an evaluator with weights="ema" evaluates it (e.g. c.evals.eval_ema =
-  # evaluator("classification", weights="ema"), and best="eval_ema/accuracy"); `--mode=eval --weights=ema`,
-  # vitjax.load(W, weights="ema") and export use it. BatchNorm statistics are the
-  # raw model's. None: off.
-  c.ema_decay = mlc.FieldReference(None, field_type=float)
-  # The activations' dtype: 'float32' | 'bfloat16' | 'auto' (bfloat16 on TPUs, GPUs from Ampere on and CPUs with
-  # AVX512-BF16 or AMX, where the bf16 step is 1.20-1.59x float32's speed, experiments/README.md, issue 28; float32
-  # elsewhere).
-  # Parameters, optimizer state and gradients are always float32.
-  c.compute_dtype = "float32"
 
+def _runs(c: mlc.ConfigDict) -> None:
+  """default_config's devices, faults, cadences, evaluators, checkpoints, profiling and trackers, set on `c`."""
   # Devices (vitjax.mesh): (axis, size) pairs over the axes data, fsdp, tensor; one size may be -1 (the rest).
   # The batch is split over data x fsdp. E.g. (("data", -1), ("tensor", 2)): 2-way tensor parallel inside hosts.
   c.mesh = (("data", -1),)
@@ -194,25 +197,23 @@ def default_config() -> mlc.ConfigDict:
       "notes": mlc.FieldReference(None, field_type=str),
     }
   )
-  return c
+
+
+# what every config.evals entry has besides its type's own options (vitjax.evaluators.COMMON, with their defaults)
+ENTRY = {"split": "valid", "every": None, "data": None, "weights": "params", "examples": None}
 
 
 def evaluator(type_: str, **options) -> mlc.ConfigDict:
-  """A config.evals entry of evaluator type `type_` with every field present.
+  """A config.evals entry of evaluator type `type_`: its common fields and the options given.
 
   So that each can be set from the command line: type, split ('valid'), every (None: config.eval_every), data (None: the
-  run's), weights ('params' or 'ema'), examples (a cap during training; None: all), and the type's options
-  (vitjax.evaluators.TYPE.OPTIONS).
+  run's), weights ('params' or 'ema') and examples (a cap during training; None: all). The type's own options
+  (vitjax.evaluators.TYPE.OPTIONS) are those given; the others take their defaults where evaluators resolve the entry,
+  and vitjax.evaluators.complete fills them in before a command line's overrides (and before a run writes its
+  config), so --config.evals.NAME.OPTION sets any of them. A name the type does not have is refused there, in one
+  line, before anything is written.
   """
-  from vitjax import evaluators  # pylint: disable=g-import-not-at-top
-
-  module = evaluators.get(type_)
-  fields = {"type": type_, "split": "valid", "every": None, "data": None, "weights": "params", "examples": None}
-  fields = {**fields, **module.OPTIONS}
-  unknown = sorted(set(options) - set(fields))
-  if unknown:
-    raise ConfigError(f"evaluator type {type_!r} has no option {unknown[0]!r}; its options are {', '.join(fields)}")
-  fields.update(options)
+  fields = {"type": type_, **ENTRY, **options}
   return mlc.ConfigDict({k: mlc.FieldReference(None, field_type=object) if v is None else v for k, v in fields.items()})
 
 
@@ -295,85 +296,41 @@ def check(config) -> None:
     )
 
 
-# ------------------------------------------------------------------------------------ old workdirs
+# Fields that do not change what is trained: how often things happen, evaluation, layout on devices, paths.
+BOOKKEEPING = (
+  "config_version",  # (a workdir's config is migrated to today's version when read)
+  "log_every",
+  "eval_every",
+  "evals.",
+  "best",
+  "checkpoint_every",
+  "keep_checkpoints",
+  "max_train_minutes",
+  "profile_steps",
+  "trackers",
+  "wandb.",
+  "init_from",  # only read at the first start
+  "on_nonfinite",
+  "max_nonfinite_skips",
+  "mesh",
+  "mesh_axes",  # (before config.mesh)
+  "sharding",
+  "sharding_rules",
+  "data.data_dir",
+  "data.worker_count",  # the training batches are the same for any number of grain workers (images.GlobalOrder)
+  "data.read_threads",
+  "data.cache",
+  "data.cache_max_mb",
+  "data.eval_batch_size",
+)
 
 
-def _optax_defaults(name: str) -> dict:
-  import optax
+def is_bookkeeping(key: str) -> bool:
+  """Whether the config field `key` (a dotted path) is bookkeeping, free to change on a resume.
 
-  try:
-    params = inspect.signature(getattr(optax, str(name))).parameters
-  except (AttributeError, TypeError, ValueError):
-    return {}
-  return {k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}
-
-
-def migrate(flat: dict) -> dict:
-  """A workdir's config (config.json with its history applied, flat 'a.b' keys) in the schema of CONFIG_VERSION.
-
-  So that older runs load, evaluate and resume. Fields added since the run was written take their defaults (the task's),
-  so code reads every field directly. ConfigError for a config from a newer vitjax.
+  It is when BOOKKEEPING names it, or one of BOOKKEEPING's prefixes ending in a dot starts it.
   """
-  flat = dict(flat)
-  version = flat.get("config_version") or 1
-  if not isinstance(version, int) or version > CONFIG_VERSION:
-    raise ConfigError(
-      f"this workdir's config is version {version}, newer than this vitjax's {CONFIG_VERSION}: upgrade vitjax"
-    )
-  has = lambda key: key in flat or any(k.startswith(key + ".") for k in flat)
-  if "model.prenorm" in flat:  # (before version 1 had a number) model.prenorm (bool) became model.norm
-    prenorm = flat.pop("model.prenorm")
-    flat.setdefault("model.norm", "pre" if prenorm else "post")
-  if version < 2:  # optim's own fields became optax's keyword arguments, those that differ from optax's defaults
-    old = {k: flat.pop(f"optim.{k}") for k in ("b1", "b2", "eps", "momentum", "nesterov") if f"optim.{k}" in flat}
-    if not has("optim.kwargs"):
-      defaults = _optax_defaults(flat.get("optim.name", "adamw"))
-      flat["optim.kwargs"] = {k: v for k, v in old.items() if k in defaults and defaults[k] != v}
-  if version < 3:
-    flat = _evaluators_by_name(flat)
-  task_defaults = translation_config("bible", "en", "es") if flat.get("task") == "translation" else default_config()
-  for key, value in flatten(json.loads(task_defaults.to_json_best_effort())).items():
-    if key.startswith(("model.", "data.", "evals.")) or has(key) or any(key.startswith(k + ".") for k in flat):
-      continue
-    flat[key] = value
-  flat["config_version"] = CONFIG_VERSION
-  return flat
-
-
-def _evaluators_by_name(flat: dict) -> dict:
-  """Version 2 -> 3: evaluations become named entries of config.evals, with their options.
-
-  The primary evaluation (data.eval_split every eval_every, the task's own), its moving average's twin with ema_decay,
-  and the (name, split, kind, every) entries of config.evals become named entries; the probe and decode blocks and
-  data.eval_examples become their options; best_metric becomes best.
-  """
-  task = flat.get("task", "classification")
-  probe = {k.removeprefix("probe."): flat.pop(k) for k in [k for k in flat if k.startswith("probe.")]}
-  decode = {k.removeprefix("decode."): flat.pop(k) for k in [k for k in flat if k.startswith("decode.")]}
-  examples = flat.pop("data.eval_examples", None)
-  own = {"type": task, "split": flat.pop("data.eval_split", "valid"), "examples": examples}
-  if task == "translation":
-    own.update(decode)
-  entries = {"eval": own}
-  if flat.get("ema_decay"):
-    entries["eval_ema"] = {**own, "weights": "ema"}
-  old = flat.pop("evals", None) or []
-  for k in [k for k in flat if k.startswith("evals.")]:  # (an older config's evals is a list: nothing here)
-    flat.pop(k)
-  for name, split, kind, every in old:
-    entry = {"type": task, "split": split, "every": every, "examples": examples}
-    if kind == "ema":
-      entry["weights"] = "ema"
-    elif kind == "probe":
-      entry = {"type": "probe", "split": split, "every": every, **probe}
-    entries[name] = entry
-  for name, entry in entries.items():
-    for key, value in entry.items():
-      if value is not None:
-        flat[f"evals.{name}.{key}"] = value
-  flat["best"] = flat.pop("best_metric", "eval/loss" if task == "mae" else "eval/accuracy")
-  flat.pop("best_mode", None)
-  return flat
+  return any(key == b or (b.endswith(".") and key.startswith(b)) for b in BOOKKEEPING)
 
 
 # Subtrees whose keys are checked where they are read (models.create, evaluators, the optimizer, parse_augment).
@@ -387,8 +344,6 @@ def unknown_fields(config) -> list[tuple[str, str | None]]:
   anything under OPEN. A config file that sets `c.optim.weight_decy` adds a field the locked command line would
   refuse; this finds it.
   """
-  import difflib  # pylint: disable=g-import-not-at-top
-
   task = config.get("task") if hasattr(config, "get") else None
   ref = translation_config("x", "en", "es") if task == "translation" else default_config()
   known = set(flatten(ref.to_dict()))

@@ -1,3 +1,5 @@
+"""vitjax.decode: greedy, beam search and sampling with the KV cache, each row's cap, and the decoding options."""
+
 import functools
 import itertools
 
@@ -260,3 +262,32 @@ def test_beam_search_stopping_early_never_changes_the_result():
   alone, score = decode.beam_search(model, params, SRC[1:], beam_size=2, max_len=10, alpha=2.0)
   np.testing.assert_array_equal(np.asarray(tokens)[1], np.asarray(alone)[0])
   assert float(scores[1]) == pytest.approx(float(score[0]), abs=1e-3)
+
+
+def test_each_sentence_is_decoded_to_its_own_sources_cap():
+  """translate_batch caps each row at decode_len of its own source tokens (it capped the whole batch by its padded
+  width, which the longest source or reference set: an 8-token source was allowed 82 tokens)."""
+  from vitjax.decode import row_lengths as _row_lengths
+
+  src = np.array([[5, 5, 5, 1, 0, 0, 0, 0], [5] * 7 + [1], [0] * 8], np.int32)  # 4 and 8 tokens, and a padding row
+  assert _row_lengths(src, 0, 22, 10.0, 64).tolist() == [16, 22, 10]  # int(1.5 n + 10)
+  assert _row_lengths(src, 0, 22, 10.0, 12).tolist() == [12, 12, 10]  # at most data.max_len
+  assert _row_lengths(src, 0, 22, 0.0, 64).tolist() == [6, 12, 1]  # at least 1
+
+
+def test_the_default_decoding_is_the_best_evaluators_then_the_first_translation_evaluators():
+  """decoding(config): the options of the translation evaluator that config.best names (its METRIC after the slash),
+  else the first translation evaluator's (not another type's), else DECODING; options it leaves out are DECODING's."""
+  from vitjax.decode import DECODING
+  from vitjax.decode import configured as decoding
+
+  evals = {
+    "acc": {"type": "classification", "split": "test"},
+    "greedy": {"type": "translation", "method": "greedy", "extra_len": 3},
+    "beam": {"type": "translation", "method": "beam", "beam_size": 2, "alpha": 1.0},
+  }
+  assert decoding({"evals": evals, "best": "beam/bleu"}) == {**DECODING, "beam_size": 2, "alpha": 1.0}
+  first = {**DECODING, "method": "greedy", "extra_len": 3}
+  assert decoding({"evals": evals, "best": "greedy/chrf"}) == first
+  assert decoding({"evals": evals, "best": "acc/accuracy"}) == first == decoding({"evals": evals, "best": None})
+  assert decoding({"evals": {"acc": evals["acc"]}, "best": "acc/accuracy"}) == DECODING == decoding({})

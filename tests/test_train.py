@@ -24,7 +24,7 @@ try:
 except ImportError:
   from tests import train_helpers as th
 from vitjax import models, posenc, tasks, train
-from vitjax.config import default_config, load_module
+from vitjax.config import default_config
 from vitjax.models.adapt import adapt_params
 
 
@@ -400,59 +400,38 @@ def test_the_trainers_own_settings_are_checked_before_anything_runs():
   loop.check_config(config)
 
 
-def test_a_config_files_fields_are_checked_against_its_tasks_defaults():
-  """unknown_fields: every shipped config reads clean (translation ones against translation_config's fields); a
-  misspelt field names the nearest known one, a far-off one none; the open subtrees (a model's own fields, an
-  augmentation's options, optax's arguments) are checked where they are read, not here."""
-  from vitjax.config import translation_config, unknown_fields
-
-  for name in sorted(os.listdir(os.path.join(th.ROOT, "configs"))):
-    if name.endswith(".py"):
-      assert unknown_fields(load_module(os.path.join(th.ROOT, "configs", name)).get_config()) == [], name
-  c = default_config()
-  c.optim.weight_decy = 0.1
-  c.zzz = 1
-  c.model.mlp_ratio = 4
-  c.data.augment.random_resized_crop = {"scale": (0.35, 1)}
-  c.optim.kwargs = {"b2": 0.95}
-  assert unknown_fields(c) == [("optim.weight_decy", "optim.weight_decay"), ("zzz", None)]
-  t = translation_config("bible", "en", "es")
-  t.data.vocab_sise = 4000
-  assert unknown_fields(t) == [("data.vocab_sise", "data.vocab_size")]
-
-
 def test_settings_the_run_never_reads_are_named_and_the_ones_it_reads_are_not(tmp_path):
   """config.wandb set without 'wandb' in config.trackers, max_nonfinite_skips without on_nonfinite='skip': one line
   each. Not with wandb tracked, with 'skip', for a sweep's name and group, or for a config read back from config.json
   (its tags a list)."""
-  from vitjax.train import loop
+  from vitjax.train import notes
   from vitjax.train import workdir as workdir_lib
 
   workdir_lib.start_fresh(str(tmp_path), default_config())
   c = workdir_lib.read_config(str(tmp_path))
-  assert list(c.wandb.tags) == [] and loop._unread_settings(c) == ""  # (config.json gives the tags back as a list)
+  assert list(c.wandb.tags) == [] and notes.unread_settings(c) == ""  # (config.json gives the tags back as a list)
   c.wandb.name, c.wandb.group = "trial_0003", "sweep"
-  assert loop._unread_settings(c) == ""
+  assert notes.unread_settings(c) == ""
   c.wandb.entity, c.max_nonfinite_skips = "me", 4
-  assert loop._unread_settings(c) == (
+  assert notes.unread_settings(c) == (
     "config.wandb.entity is set but 'wandb' is not in config.trackers=('tensorboard',): nothing goes to W&B; add it, "
     "e.g. --config.trackers=\"('tensorboard', 'wandb')\"; max_nonfinite_skips=4 is read only with "
     "on_nonfinite='skip' (this run stops at the first non-finite step); add --config.on_nonfinite=skip"
   )
   c.trackers, c.on_nonfinite = ("tensorboard", "wandb"), "skip"
-  assert loop._unread_settings(c) == ""
+  assert notes.unread_settings(c) == ""
 
 
 def test_the_label_smoothing_note_gives_the_smoothed_losss_floor_where_the_classes_are_known():
   import types
 
-  from vitjax.train import loop
+  from vitjax.train import notes
 
   floor = lambda eps, k: -((1 - eps + eps / k) * math.log(1 - eps + eps / k) + (k - 1) * eps / k * math.log(eps / k))
-  note = loop._smoothing_note(0.1, types.SimpleNamespace(tgt_vocab_size=8000))
+  note = notes.smoothing(0.1, types.SimpleNamespace(tgt_vocab_size=8000))
   assert f"(at least {floor(0.1, 8000):.3f} with 8000 classes)" in note and note.startswith("label_smoothing=0.1: ")
-  assert "(at least 0.500 with 10 classes)" in loop._smoothing_note(0.1, types.SimpleNamespace(num_classes=10))
-  assert loop._smoothing_note(0.2, types.SimpleNamespace()) == (
+  assert "(at least 0.500 with 10 classes)" in notes.smoothing(0.1, types.SimpleNamespace(num_classes=10))
+  assert notes.smoothing(0.2, types.SimpleNamespace()) == (
     "label_smoothing=0.2: train/loss is the smoothed objective, eval/loss the plain cross-entropy: train/loss above "
     "eval/loss is not a generalisation gap"
   )
@@ -463,10 +442,10 @@ def test_the_evaluation_line_says_best_so_far_or_a_tie_by_the_best_metrics_direc
   equal one (orbax keeps the later step as best, and the trackers' summary follows); a NaN is never best."""
   import types
 
-  from vitjax.train import loop
+  from vitjax.train import evaluations
 
   def notes(best, sign, values):
-    ev = object.__new__(loop._Evaluations)
+    ev = object.__new__(evaluations.Evaluations)
     ev.run_ = types.SimpleNamespace(config=types.SimpleNamespace(best=best))
     ev.best_value, ev.sign = None, sign
     return [ev._note({best: v}) for v in values]
@@ -917,151 +896,3 @@ def test_bfloat16_compute_keeps_float32_parameters(tmp_path, run_args):
   assert any("eval/accuracy" in r for r in rows)
   state = th.load_state(workdir)
   assert {np.asarray(x).dtype for x in jax.tree.leaves(state["params"])} == {np.dtype("float32")}
-
-
-def test_config_arguments_choose_the_variant_and_a_divisible_image_size():
-  mod = load_module(os.path.join(th.ROOT, "configs", "vit.py"))
-  c = mod.get_config("variant=S/16,dataset=fashion_mnist")
-  assert c.model.name == "S/16" and c.data.name == "fashion_mnist" and c.data.image_size == 32
-  with pytest.raises(ValueError, match="unknown argument 'varaint'"):
-    mod.get_config("varaint=S/16")
-
-
-@pytest.mark.parametrize("name", sorted(f for f in os.listdir(os.path.join(th.ROOT, "configs")) if f.endswith(".py")))
-def test_every_config_documents_its_command_and_builds_its_model(name):
-  """Each configs/*.py loads, its docstring gives its run command and expected result, and its model's
-  parameter shapes evaluate (abstractly: no data, no memory) at the config's input size."""
-  from vitjax.train import build_model
-
-  mod = load_module(os.path.join(th.ROOT, "configs", name))
-  assert f"--config=configs/{name}" in mod.__doc__ and "Expected" in mod.__doc__
-  c = mod.get_config()
-  if c.task == "translation":
-    model = build_model(c, {"vocab_size": c.data.vocab_size, "max_len": c.data.max_len})
-    inputs = (jnp.ones((1, 8), jnp.int32),) * 2
-  elif c.task == "mae":  # images and the masking noise [B, patches]
-    model = build_model(c, {"channels": 1})
-    encoder = dict(c.model.encoder)
-    patch = models.create(encoder.pop("name"), **encoder).patch_size[0]
-    inputs = (
-      jnp.zeros((1, c.data.image_size, c.data.image_size, 1)),
-      jnp.zeros((1, (c.data.image_size // patch) ** 2)),
-    )
-  else:
-    model = build_model(c)
-    inputs = (jnp.zeros((1, c.data.image_size, c.data.image_size, 3), jnp.float32),)
-  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), *inputs))
-  assert sum(np.prod(x.shape) for x in jax.tree.leaves(shapes["params"])) > 0
-  if hasattr(mod, "get_sweep"):  # its fields exist and take its values
-    from vitjax import sweep
-
-    sweep.load(os.path.join(th.ROOT, "configs", name), c)
-
-
-def test_the_bible_recipe_grid_starts_from_the_config_and_every_point_builds():
-  from vitjax import sweep
-  from vitjax.train import build_model
-
-  path = os.path.join(th.ROOT, "configs", "transformer_bible_en_es.py")
-  mod = load_module(path)
-  c = mod.get_config("recipe")
-  grid = sweep.load(f"{path}:recipe", c).grid
-  sizes = {"vocab_size": 8000, "max_len": 128}
-  assert grid[0] == mod.BASE and hash(build_model(c, sizes)) == hash(build_model(mod.get_config(), sizes))
-  assert len({tuple(sorted(p.items())) for p in grid}) == len(grid)  # no point repeats another
-  for change in mod.RECIPE[1:]:
-    assert change and all(mod.BASE[k] != v for k, v in change.items())  # each changes what it names
-  for point in grid:
-    trial = mod.get_config("recipe")
-    for field, value in point.items():
-      node, _, leaf = field.rpartition(".")
-      (trial[node] if node else trial)[leaf] = value
-    model = build_model(trial, {"vocab_size": trial.data.vocab_size, "max_len": 32})
-    ids = jnp.ones((1, 8), jnp.int32)
-    assert jax.eval_shape(lambda m=model, i=ids: m.init(jax.random.key(0), i, i))["params"]
-
-
-@pytest.mark.parametrize("name", ["swin_fashion_mnist.py", "vit_fashion_mnist.py", "transformer_bible_en_es.py"])
-def test_a_model_built_from_config_json_is_hashable(name):
-  """config.json stores tuples as lists (Swin's depths); evaluation and vitjax.load build the model from it, and
-  jit takes the model as a static argument, so it must hash."""
-  from vitjax.train import build_model
-
-  c = load_module(os.path.join(th.ROOT, "configs", name)).get_config()
-  reloaded = mlc.ConfigDict(json.loads(c.to_json_best_effort()))
-  overrides = {"vocab_size": 100, "max_len": 32} if c.task == "translation" else {}
-  assert hash(build_model(reloaded, overrides)) == hash(build_model(c, overrides))
-
-
-def test_durations_in_steps_epochs_or_examples_resolve_once_into_steps():
-  from vitjax import durations
-  from vitjax.config import default_config
-  from vitjax.errors import ConfigError
-
-  c = default_config()
-  c.total_steps, c.schedule.warmup_steps = "10 epochs", "0.5 epoch"
-  c.log_every, c.eval_every, c.checkpoint_every = "6400 examples", "2ep", 421
-  assert durations.resolve(c, steps_per_epoch=421, examples_per_step=128) == durations.Durations(
-    total=4210, warmup=210, log_every=50, eval_every=842, checkpoint_every=421
-  )
-  c.total_steps, c.num_epochs = None, 1.5
-  assert durations.resolve(c, 421, 128).total == 632  # epochs round up to whole steps
-  c.log_every = "100 examples"
-  assert durations.resolve(c, 421, 128).log_every == 1  # a cadence is at least one step
-  with pytest.raises(ConfigError, match="no fixed number of examples; give steps or epochs"):
-    durations.resolve(c, 421, None)  # translation: batches by tokens
-  for bad, why in (("2 weeks", "with a unit"), ("1.5", "whole number"), (0, "at least 1 step")):
-    c.eval_every = bad
-    with pytest.raises(ConfigError, match=why):
-      durations.check(c)
-
-
-def test_a_warmup_as_long_as_the_run_is_said(caplog):
-  """total_steps=4 with 50 warm-up steps: the lr never reached its peak nor decayed, and nothing said so."""
-  from vitjax import durations
-  from vitjax.config import default_config
-
-  caplog.set_level("INFO", logger="absl")  # (absl's logger: under xdist its level is not the root's)
-  c = default_config()
-  c.total_steps, c.schedule.warmup_steps, c.schedule.warmup_epochs = 4, 50, 2.0
-  assert durations.resolve(c, 10, 128).warmup == 4
-  said = [r.getMessage() for r in caplog.records]
-  assert any("the warm-up (50 steps) is as long as the run (4)" in m for m in said), said
-  assert any("warmup_steps=50 takes precedence over warmup_epochs=2" in m for m in said), said
-  caplog.clear()
-  c.total_steps, c.schedule.warmup_epochs = 100, None
-  durations.resolve(c, 10, 128)
-  assert not any("warm-up" in r.getMessage() for r in caplog.records)
-
-
-def test_durations_edges_round_the_run_up_and_take_a_zero_warmup(caplog):
-  """The run's length in epochs rounds up (0.1 epoch of 421 steps is 43 steps, not 42), in either field; a warm-up
-  in epochs rounds to the nearest step; 'k' and 'm' scale; a warm-up of 0 is allowed, one as long as the run is
-  said; a bool is no duration."""
-  from vitjax import durations
-  from vitjax.config import default_config
-  from vitjax.errors import ConfigError
-
-  caplog.set_level("INFO", logger="absl")
-  c = default_config()
-  c.total_steps, c.num_epochs, c.schedule.warmup_steps, c.schedule.warmup_epochs = None, 0.1, None, 0.999
-  assert durations.resolve(c, 421, 128).total == 43
-  c.num_epochs = 5
-  assert durations.resolve(c, 10, 128).warmup == 10  # 9.99 steps
-  c.total_steps, c.num_epochs = "0.1 epochs", None
-  assert durations.resolve(c, 421, 128).total == 43
-  c.total_steps = "1m examples"
-  assert durations.resolve(c, 421, 1000).total == 1000
-  assert durations.steps("log_every", "2k ex", 421, 1000) == 2
-  c.total_steps, c.schedule.warmup_steps = 50, 0
-  caplog.clear()
-  assert durations.resolve(c, 421, 128).warmup == 0
-  assert not any("warm-up" in r.getMessage() for r in caplog.records)
-  c.schedule.warmup_steps = 50  # exactly the run's length: the lr never decays
-  assert durations.resolve(c, 421, 128).warmup == 50
-  said = [r.getMessage() for r in caplog.records]
-  assert any("the warm-up (50 steps) is as long as the run (50): cut to the run's length, it raises the learning rate "
-             "to 49/50 of config.optim.lr at the last step" in m for m in said), said  # fmt: skip
-  c.log_every = True
-  with pytest.raises(ConfigError, match="give steps"):
-    durations.check(c)

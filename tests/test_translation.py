@@ -374,17 +374,6 @@ def test_decode_sweep_grid_is_sorted_and_checked_and_ties_go_to_the_cheaper_poin
   assert "--alphas" in out["errors"][2]
 
 
-def test_each_sentence_is_decoded_to_its_own_sources_cap():
-  """translate_batch caps each row at decode_len of its own source tokens (it capped the whole batch by its padded
-  width, which the longest source or reference set: an 8-token source was allowed 82 tokens)."""
-  from vitjax.decode import row_lengths as _row_lengths
-
-  src = np.array([[5, 5, 5, 1, 0, 0, 0, 0], [5] * 7 + [1], [0] * 8], np.int32)  # 4 and 8 tokens, and a padding row
-  assert _row_lengths(src, 0, 22, 10.0, 64).tolist() == [16, 22, 10]  # int(1.5 n + 10)
-  assert _row_lengths(src, 0, 22, 10.0, 12).tolist() == [12, 12, 10]  # at most data.max_len
-  assert _row_lengths(src, 0, 22, 0.0, 64).tolist() == [6, 12, 1]  # at least 1
-
-
 def test_the_split_says_how_many_repeated_pairs_it_left_out(tmp_path, caplog):
   """Exact duplicates are removed before the split (so no test pair is trained on): the log says how many (19% of
   a file vanished without a word)."""
@@ -396,24 +385,6 @@ def test_the_split_says_how_many_repeated_pairs_it_left_out(tmp_path, caplog):
   splits = tasks.get(c, str(tmp_path / "w")).splits
   assert [len(v) for v in splits.values()] == [20, 5, 5]
   assert "train 20, valid 5, test 5 pairs (37 read, 7 repeated pairs left out)" in caplog.text
-
-
-def test_the_default_decoding_is_the_best_evaluators_then_the_first_translation_evaluators():
-  """decoding(config): the options of the translation evaluator that config.best names (its METRIC after the slash),
-  else the first translation evaluator's (not another type's), else DECODING; options it leaves out are DECODING's."""
-  from vitjax.decode import DECODING
-  from vitjax.decode import configured as decoding
-
-  evals = {
-    "acc": {"type": "classification", "split": "test"},
-    "greedy": {"type": "translation", "method": "greedy", "extra_len": 3},
-    "beam": {"type": "translation", "method": "beam", "beam_size": 2, "alpha": 1.0},
-  }
-  assert decoding({"evals": evals, "best": "beam/bleu"}) == {**DECODING, "beam_size": 2, "alpha": 1.0}
-  first = {**DECODING, "method": "greedy", "extra_len": 3}
-  assert decoding({"evals": evals, "best": "greedy/chrf"}) == first
-  assert decoding({"evals": evals, "best": "acc/accuracy"}) == first == decoding({"evals": evals, "best": None})
-  assert decoding({"evals": {"acc": evals["acc"]}, "best": "acc/accuracy"}) == DECODING == decoding({})
 
 
 def test_the_evaluation_loss_counts_the_real_target_tokens_only():
@@ -447,7 +418,6 @@ import sys
 
 import vitjax
 from vitjax import cli, translate
-from vitjax.train import workdir
 
 
 class _Trained:
@@ -463,7 +433,7 @@ class _Trained:
 
 
 vitjax.load = lambda path, checkpoint: _Trained(path)
-workdir.read_config = lambda path: {"task": "translation"}
+translate.read_config = lambda path: {"task": "translation"}  # (the name translate reads the workdir's config by)
 
 
 class _FullDisk:

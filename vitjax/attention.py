@@ -383,6 +383,9 @@ class MultiHeadAttention(nn.Module):
   ) -> Array:
     """inputs_q [B, T, D], inputs_kv [B, S, D_kv] or None -> [B, T, D_out].
 
+    Long: every option of the one attention function (masks, biases, the KV cache, cross-attention, the fused
+    kernels) is read in one place.
+
     mask: boolean, broadcastable to [B, H, T, S] (True = attend). bias: broadcastable to [B, H, T, S].
     """
     d = inputs_q.shape[-1]

@@ -312,6 +312,10 @@ def beam_search(
 
 @functools.partial(jax.jit, static_argnames=("model", "beam_size", "max_len", "finish"))
 def _beam_search(model, params, src, beam_size: int, max_len: int, alpha: float, finish: str, lengths):
+  """The jitted search of beam_search (see its docstring).
+
+  Long: the search's state and its one step are a while_loop, kept together.
+  """
   b, k = src.shape[0], beam_size
   encoded = model.apply({"params": params}, src, method=model.encode)
   rep = lambda x: jnp.repeat(x, k, axis=0)  # [B, ...] -> [B*K, ...]

@@ -220,6 +220,8 @@ def evaluator(type_: str, **options) -> mlc.ConfigDict:
 def translation_config(source: str, src_lang: str, tgt_lang: str, size: str = "small") -> mlc.ConfigDict:
   """Defaults of a translation experiment (task "translation"): the paper's optimiser and schedule, beam search.
 
+  Long: the translation experiment's fields, each with its comment, as default_config's are.
+
   source: "bible", "ding", "tsv:PATH", "files:SRC,TGT" or "tfds:NAME[:SPLIT]" (see vitjax.data.text).
   """
   c = default_config()

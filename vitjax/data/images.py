@@ -487,6 +487,33 @@ def _loader(examples, operations, shard, worker_count: int, read_threads: int | 
   )
 
 
+def _train_or_eval_order(split_, shards, size, aug, seed, num_epochs, worker_count, preprocess, train: bool):
+  """(positions, sampler, operations, steps per epoch) of _train_order or _eval_order (sampler None: the caller's)."""
+  if train:
+    positions, sampler, operations = _train_order(split_, shards, size, aug, _mix_seed(seed), num_epochs, worker_count)
+    return positions, sampler, operations, sampler.steps_per_epoch
+  positions, operations = _eval_order(split_, shards, size, preprocess)
+  return positions, None, operations, len(positions) // shards[2]
+
+
+def _check_names(name, split) -> None:
+  """ValueError unless the dataset's name and split are non-empty strings."""
+  for arg, value in (("name", name), ("split", split)):
+    if not isinstance(value, str) or not value:
+      raise ValueError(f"{arg}={value!r}: give the dataset's {arg} as a str (e.g. name='digits', split='train')")
+
+
+def _local_batch(global_batch_size, process_count: int) -> int:
+  """This process's share of the global batch; ValueError unless it is a positive multiple of process_count."""
+  if (
+    not isinstance(global_batch_size, (int, np.integer)) or global_batch_size <= 0 or global_batch_size % process_count
+  ):
+    raise ValueError(
+      f"global_batch_size={global_batch_size} must be a positive multiple of process_count={process_count}."
+    )
+  return global_batch_size // process_count
+
+
 def make_input(
   name: str,
   split: str,
@@ -509,6 +536,8 @@ def make_input(
   limit: int | None = None,
 ) -> tuple[Iterator[dict[str, np.ndarray]], DatasetInfo]:
   """Builds the grain input pipeline of one split on this process.
+
+  Long for its 18 documented arguments; the body reads as the pipeline's order.
 
   Args:
     name: config name: 'digits', 'fashion_mnist', or a stock tfds name prepared as array_record in `data_dir`.
@@ -544,36 +573,22 @@ def make_input(
     DatasetNotPreparedError: the split is not prepared (the message has the fix).
     ValueError: bad name, split, image size, batch size / sharding, augment keys.
   """
-  for arg, value in (("name", name), ("split", split)):
-    if not isinstance(value, str) or not value:
-      raise ValueError(f"{arg}={value!r}: give the dataset's {arg} as a str (e.g. name='digits', split='train')")
-  size = _pair(image_size)
-  aug = parse_augment(augment)
+  _check_names(name, split)
+  size, aug = _pair(image_size), parse_augment(augment)
   process_index, process_count = _process_shard(process_index, process_count, train)
-  if (
-    not isinstance(global_batch_size, (int, np.integer)) or global_batch_size <= 0 or global_batch_size % process_count
-  ):
-    raise ValueError(
-      f"global_batch_size={global_batch_size} must be a positive multiple of process_count={process_count}."
-    )
-  local_batch = global_batch_size // process_count
+  local_batch = _local_batch(global_batch_size, process_count)
   split_ = _Split(name, split, data_dir, subset)
   if limit is not None and not train:
     split_.limit(limit)
   if cache is None:
     cache = _fits_in_memory(split_, worker_count, cache_max_mb)
   shards = (process_index, process_count, local_batch)
-  if train:
-    positions, sampler, operations = _train_order(split_, shards, size, aug, _mix_seed(seed), num_epochs, worker_count)
-    steps = sampler.steps_per_epoch
-  else:
-    positions, operations = _eval_order(split_, shards, size, preprocess)
-    steps = len(positions) // local_batch
+  order = (split_, shards, size, aug, seed, num_epochs, worker_count, preprocess)
+  positions, sampler, operations, steps = _train_or_eval_order(*order, train)
   examples = split_.examples(positions, cache)
   shard = grain.sharding.NoSharding()  # sharded by GlobalOrder (train) or by `positions` (eval)
-  if not train:
+  if sampler is None:
     sampler = grain.samplers.IndexSampler(len(examples), shard_options=shard, shuffle=False, num_epochs=num_epochs or 1)
-
   make_loader = functools.partial(_loader, examples, operations, shard, worker_count, read_threads)
   info = DatasetInfo(name, split, split_.num_classes, split_.num_examples, (*size, split_.channels), local_batch, steps)
   if train:

@@ -248,6 +248,8 @@ class Swin(nn.Module):
   def __call__(self, images: Array, train: bool = False) -> tuple[Array, dict]:
     """Classifies images.
 
+    Long: the network's stages in order, with its documented inputs.
+
     Args:
       images: float [B, H, W, C], H and W multiples of the patch size.
       train: dropout and stochastic depth on, BatchNorm of the conv stem in training mode.

@@ -106,6 +106,8 @@ def read(path_or_mapping, variant: str | None = None, act: str = "gelu_tanh"):
 def read_vit(r: u.Reader, act: str, check=None) -> tuple[dict, dict[str, np.ndarray], int]:
   """The ViT part of a release or big_vision `.npz`: (ViT keyword arguments, flax-named parameters, the grid's side).
 
+  Long: every key of the release's layout mapped in one place, as the format lists them.
+
   What read() and the hybrid's reader (vitjax.models.vit_hybrid_npz) share: the patch embedding, class token,
   positions, encoder, pooling, pre-logits and head. check(cfg), if given, runs on the sizes before the rest is read.
   """

@@ -115,6 +115,8 @@ def read_vit(r: u.Reader, heads: int) -> tuple[dict, dict[str, np.ndarray]]:
 def write(module, p: dict, image_size) -> tuple[dict, dict]:
   """A vitjax ViT's parameters in timm's VisionTransformer layout.
 
+  Long: timm's layout written key by key, in the order of timm's module.
+
   A fixed sin-cos position table (posemb "sincos2d") is written as timm's (learned) pos_embed, its values
   computed at `image_size`, with a zero row for the class token if there is one.
 
@@ -164,17 +166,7 @@ def write(module, p: dict, image_size) -> tuple[dict, dict]:
   else:
     u.put_norm(p, "encoder/final_norm", "norm", out)
   if module.pool_type == "map":
-    out["attn_pool.latent"] = p["map_head/probe"]
-    out["attn_pool.q.weight"] = u.merge_heads(p["map_head/attn/query/kernel"])
-    out["attn_pool.q.bias"] = p["map_head/attn/query/bias"].reshape(-1)
-    out["attn_pool.kv.weight"] = np.concatenate(
-      [u.merge_heads(p[f"map_head/attn/{n}/kernel"]) for n in ("key", "value")]
-    )
-    out["attn_pool.kv.bias"] = np.concatenate([p[f"map_head/attn/{n}/bias"].reshape(-1) for n in ("key", "value")])
-    w = p["map_head/attn/out/kernel"]
-    out["attn_pool.proj.weight"], out["attn_pool.proj.bias"] = w.reshape(-1, w.shape[-1]).T, p["map_head/attn/out/bias"]
-    u.put_norm(p, "map_head/norm", "attn_pool.norm", out)
-    u.put_mlp(p, "map_head/mlp", "attn_pool.mlp", out)
+    _put_map_head(p, out)
   if "head/kernel" in p:
     u.put_linear(p, "head", "head", out)
   width = k.shape[-1]
@@ -194,3 +186,16 @@ def write(module, p: dict, image_size) -> tuple[dict, dict]:
     act_layer=module.act,
   )
   return out, {"model": "vit", "kwargs": args}
+
+
+def _put_map_head(p: dict, out: dict) -> None:
+  """The attention-pooling head (pool_type "map") in timm's attn_pool layout, written into `out`."""
+  out["attn_pool.latent"] = p["map_head/probe"]
+  out["attn_pool.q.weight"] = u.merge_heads(p["map_head/attn/query/kernel"])
+  out["attn_pool.q.bias"] = p["map_head/attn/query/bias"].reshape(-1)
+  out["attn_pool.kv.weight"] = np.concatenate([u.merge_heads(p[f"map_head/attn/{n}/kernel"]) for n in ("key", "value")])
+  out["attn_pool.kv.bias"] = np.concatenate([p[f"map_head/attn/{n}/bias"].reshape(-1) for n in ("key", "value")])
+  w = p["map_head/attn/out/kernel"]
+  out["attn_pool.proj.weight"], out["attn_pool.proj.bias"] = w.reshape(-1, w.shape[-1]).T, p["map_head/attn/out/bias"]
+  u.put_norm(p, "map_head/norm", "attn_pool.norm", out)
+  u.put_mlp(p, "map_head/mlp", "attn_pool.mlp", out)

@@ -257,6 +257,8 @@ def config_module(config_arg: str):
 def load(config_arg: str, config) -> Sweep:
   """The checked Sweep of a --config=PATH[:ARGS] value; `config` is that file's config (with any overrides).
 
+  Long: each check of a get_sweep() in the order its file is read, one line each.
+
   Raises ConfigError with one line naming the fix.
   """
   path = config_arg.partition(":")[0]

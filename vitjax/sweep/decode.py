@@ -84,6 +84,10 @@ def sweep(workdir, checkpoint="best", points=(), split="valid", limit=None, stor
 
 
 def _sweep(workdir, checkpoint, points, split, limit, storage, write) -> dict:
+  """sweep() after its checks: each point decoded on the split, its BLEU kept in the study, the best written.
+
+  Long: the grid's loop, its resume and its report in one sequence.
+  """
   import jax
   import numpy as np
   from jax.experimental import multihost_utils

@@ -71,7 +71,10 @@ def _key(v, maximize: bool) -> float:
 
 
 def write(study, sweep_dir: str, record: dict) -> str:
-  """Writes report.md, trials.csv and the plots; returns a one-line summary."""
+  """Writes report.md, trials.csv and the plots; returns a one-line summary.
+
+  Long: the report's sections in the order report.md shows them.
+  """
   table = rows(study, sweep_dir)
   described = study.user_attrs.get("sweep", {})
   objective, direction = described.get("objective", "objective"), described.get("direction", "maximize")
@@ -189,7 +192,10 @@ def _fmt(v) -> str:
 
 
 def _plots(study, table, params, objective, direction, sweep_dir) -> list[tuple[str, str, str]]:
-  """Writes the plots; returns (title, file name or why it is missing, a note for the reader or "")."""
+  """Writes the plots; returns (title, file name or why it is missing, a note for the reader or "").
+
+  Long: each plot drawn in turn, with why one is missing.
+  """
   import matplotlib
 
   matplotlib.use("Agg")

@@ -232,6 +232,10 @@ class Runner:
       self.stop.wait(max(self.poll, 2.0))
 
   def _run_trial(self, index: int, trial) -> None:
+    """Runs one trial to its end: its command, its log, and its result told to the study.
+
+    Long: each way a trial ends (complete, interrupted, pruned, failed) is handled where the study is told.
+    """
     optuna = optuna_module()
     frozen = self.store.get_trial(trial._trial_id)
     n = slot(frozen)

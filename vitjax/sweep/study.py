@@ -117,6 +117,8 @@ def open_study(
 ):
   """Creates the study (and queues its trials) or loads it; returns (study, storage).
 
+  Long: creating, loading and refusing a changed study are one decision about the same storage.
+
   Checks a loaded study was made by the same sweep and, where it recorded one, from the same `config` (the trials'
   fields as {'a.b': value}: a changed config file would mix two experiments in one study); tops its slots up to
   `target` (a rerun with a larger --max_trials).

@@ -27,6 +27,8 @@ def evaluate(
 ) -> dict:
   """Runs evaluator `name` on a checkpoint; writes WORKDIR/NAME_SPLIT_STEP.json and a metrics.jsonl row.
 
+  Long: the checks and the result row of --mode=eval in the order a checkpoint is evaluated.
+
   `name`: a config.evals entry, or a type with its default options; None: the one that chooses best. The checkpoint:
   best, latest, a step, averaged (vitjax.average's; corrupt ones are skipped for best and latest), or init (the initial
   weights: config.init_from's, else random; also what a workdir without checkpoints but with config.init_from

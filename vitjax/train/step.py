@@ -27,7 +27,8 @@ from vitjax.train.state import TrainState
 def make_train_step(model, tx, schedule, config, task, grad_sharding=None) -> Callable:
   """(state, batch) -> (state, metrics): forward, task loss, gradients (accumulated over micro-batches), update.
 
-  grad_sharding: the parameters' shardings; accumulated gradients are laid out like their parameters.
+  Long: the step is one traced function, read in one place. grad_sharding: the parameters' shardings; accumulated
+  gradients are laid out like their parameters.
   """
   accum = config.optim.accum_steps
   dropout_key = jax.random.key(config.seed + 2)

@@ -323,6 +323,8 @@ def make_batches(
 ) -> BatchIterator:
   """Training batches of ``(src, tgt)`` token ids, bucketed by length, in one global order.
 
+  Long for its documented arguments: the body is 17 lines.
+
   Each pair is tokenized, EOS appended to both sides, and goes to the smallest bucket length ``L >= max(len(src),
   len(tgt))``; a batch holds pairs of one bucket, padded with the tokenizer's pad id (0) to ``[B, L]`` (src and tgt
   both). Pairs longer than ``max_len`` tokens (EOS included) are dropped or truncated (``too_long``);

@@ -75,6 +75,8 @@ class Tokenizer:
   ) -> Tokenizer:
     """Trains on ``texts`` and writes ``path_prefix.model`` / ``.vocab``.
 
+    Long for its documented arguments, SentencePiece's among them.
+
     ``texts`` are the source and target sentences of the train split.
 
     Deterministic: if there are more than ``input_sentence_size`` texts, a
@@ -97,17 +99,7 @@ class Tokenizer:
     unk_id = min(set(range(4)) - {pad_id, eos_id, bos_id})
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top
 
-    if isinstance(texts, str):
-      raise TypeError("train takes sentences (an iterable of str), not one str: train([text], ...)")
-    texts = list(texts)
-    bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
-    if bad is not None:  # e.g. (source, target) pairs: give both sides' sentences
-      raise TypeError(f"train takes sentences (str); text {bad} is a {type(texts[bad]).__name__}: for pairs give "
-                      "[s for pair in pairs for s in pair]")  # fmt: skip
-    texts = [t for t in (_norm_ws(t) for t in texts) if t]
-    if len(texts) > input_sentence_size:
-      keep = np.sort(np.random.default_rng(seed).choice(len(texts), input_sentence_size, replace=False))
-      texts = [texts[i] for i in keep]
+    texts = _sentences(texts, input_sentence_size, seed)
     spm.set_random_generator_seed(seed)
     if vocab_size < 4:  # the special pieces alone take up to 4
       raise ConfigError(f"vocab_size={vocab_size} is too small: the special pieces alone take 4; e.g. 8000")
@@ -132,17 +124,7 @@ class Tokenizer:
         **kwargs,
       )
     except RuntimeError as e:  # SentencePiece's checks, as one line that says what to change
-      high = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", str(e))
-      low = re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", str(e))
-      if high:
-        most = high.group(2)
-        raise ConfigError(
-          f"vocab_size={vocab_size} is more pieces than {len(texts):,} sentences give: at most {most}"
-        ) from None
-      if low:
-        least = low.group(2)
-        raise ConfigError(f"vocab_size={vocab_size} is fewer pieces than the text's {least} characters need") from None
-      raise
+      raise _vocab_error(e, vocab_size, len(texts)) from None
     return cls.load(path_prefix + ".model")
 
   @property
@@ -181,3 +163,35 @@ class Tokenizer:
     if flat:
       raise ValueError("decode_batch takes rows of ids [B, T]; got one sequence [T]: use decode")
     return [self.decode(row) for row in ids]
+
+
+def _sentences(texts, most: int, seed: int) -> list[str]:
+  """Tokenizer.train's texts: checked, whitespace-normalised, empty ones left out.
+
+  At most `most` of them, drawn by np.random.default_rng(seed) and kept in corpus order.
+  """
+  if isinstance(texts, str):
+    raise TypeError("train takes sentences (an iterable of str), not one str: train([text], ...)")
+  texts = list(texts)
+  bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+  if bad is not None:  # e.g. (source, target) pairs: give both sides' sentences
+    raise TypeError(f"train takes sentences (str); text {bad} is a {type(texts[bad]).__name__}: for pairs give "
+                    "[s for pair in pairs for s in pair]")  # fmt: skip
+  texts = [t for t in (_norm_ws(t) for t in texts) if t]
+  if len(texts) > most:
+    keep = np.sort(np.random.default_rng(seed).choice(len(texts), most, replace=False))
+    texts = [texts[i] for i in keep]
+  return texts
+
+
+def _vocab_error(e: RuntimeError, vocab_size: int, sentences: int) -> Exception:
+  """SentencePiece's vocabulary-size failure as one ConfigError that says what to change; `e` itself otherwise."""
+  high = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", str(e))
+  low = re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", str(e))
+  if high:
+    return ConfigError(
+      f"vocab_size={vocab_size} is more pieces than {sentences:,} sentences give: at most {high.group(2)}"
+    )
+  if low:
+    return ConfigError(f"vocab_size={vocab_size} is fewer pieces than the text's {low.group(2)} characters need")
+  return e

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import train_helpers as th
 
+from vitjax import config as config_lib
 from vitjax import evaluators, tasks
 from vitjax.config import default_config, evaluator
 from vitjax.errors import ConfigError
@@ -159,11 +160,10 @@ def test_plan_resolves_cadences_and_best_and_refuses_a_best_nobody_reports(data_
 def _finished(finished_run, data_dir):
   from vitjax.train import checkpoints as ckpt_lib
   from vitjax.train import state as state_lib
-  from vitjax.train import workdir as workdir_lib
 
-  config = workdir_lib.read_config(finished_run)
+  config = config_lib.read_config(finished_run)
   config.data.data_dir = data_dir
-  task = tasks.get(config, finished_run, described=workdir_lib.read_json(finished_run, "task.json"))
+  task = tasks.get(config, finished_run, described=config_lib.read_json(finished_run, "task.json"))
   net = state_lib.network(config, task)
   _, params, model_state = ckpt_lib.read_variables(finished_run, config, "best", net.abstract)
   return config, task, net, {"params": params, **model_state}

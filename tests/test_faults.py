@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 import train_helpers as th
 
+from vitjax import config as config_lib
+
 
 def _copy(src, tmp_path, name="w"):
   dst = str(tmp_path / name)
@@ -495,12 +497,11 @@ def test_a_changed_config_is_refused_or_recorded(finished_run, run_args, tmp_pat
     f"30, the old schedule's) to {lr[31]:.2e} (step 31, the new one's): a jump down, not a continuation"
   )
   assert lr[31] < lr[30] and said in allowed.stderr, allowed.stderr[-3000:]  # (halved, and still warming up)
-  from vitjax.train import workdir as workdir_lib
 
-  assert workdir_lib.config_source(workdir) == (
+  assert config_lib.config_source(workdir) == (
     f"{workdir}/config.json with the changes of config_history.jsonl (optim.lr, total_steps)"
   )
-  assert workdir_lib.config_source(finished_run) == f"{finished_run}/config.json"
+  assert config_lib.config_source(finished_run) == f"{finished_run}/config.json"
   with (
     open(os.path.join(workdir, "config.json"), "rb") as f,
     open(os.path.join(finished_run, "config.json"), "rb") as g,
@@ -636,7 +637,7 @@ def test_a_workdir_written_before_a_field_was_renamed_or_added_reads_as_today(tm
   old["model"] = {k: v for k, v in old["model"].items() if k not in ("norm", "pad_id", "eos_id", "bos_id")}
   old["model"]["prenorm"] = False
   workdir_lib.write_json(str(tmp_path), "config.json", json.dumps(old, indent=2))
-  assert workdir_lib.read_config(str(tmp_path)).model.norm == "post"
+  assert config_lib.read_config(str(tmp_path)).model.norm == "post"
   assert workdir_lib.config_changes(str(tmp_path), config) == {}
   config.model.norm = "pre"  # a real change is still one
   assert workdir_lib.config_changes(str(tmp_path), config) == {"model.norm": ("post", "pre")}

@@ -213,17 +213,13 @@ def report(root: str = ROOT) -> str:
   for a, _ in inner:
     per[a] = per.get(a, 0) + 1
   lines.append(f"imports inside functions: {len(inner)} ({', '.join(f'{k} {v}' for k, v in sorted(per.items()))})")
-  sizes, funcs = [], []
+  sizes = []
   for mod, path in modules(root).items():
     with open(path, encoding="utf-8") as f:
-      text = f.read()
-    sizes.append((text.count("\n"), mod))
-    for node in ast.walk(ast.parse(text)):
-      if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-        funcs.append((node.end_lineno - node.lineno + 1, f"{mod}.{node.name}"))
+      sizes.append((f.read().count("\n"), mod))
   lines.append("largest modules: " + ", ".join(f"{m} {n}" for n, m in sorted(sizes, reverse=True)[:6]))
-  long = sorted((f for f in funcs if f[0] > 60), reverse=True)
-  lines.append(f"functions over 60 lines: {len(long)} (" + ", ".join(f"{m} {n}" for n, m in long[:6]) + ", ...)")
+  long = long_functions(root)
+  lines.append(f"functions over 60 lines: {len(long)} (" + ", ".join(f"{m} {n}" for n, m, _ in long[:6]) + ", ...)")
   return "\n".join(lines)
 
 

@@ -36,8 +36,8 @@ RESUME_NOW = {
 
 
 def test_version_1_configs_migrate_to_todays_names_and_defaults():
-  adamw = workdir_lib.read_config(os.path.join(GOLDEN, "adamw"))
-  sgd = workdir_lib.read_config(os.path.join(GOLDEN, "sgd"))
+  adamw = config_lib.read_config(os.path.join(GOLDEN, "adamw"))
+  sgd = config_lib.read_config(os.path.join(GOLDEN, "sgd"))
   # optax's defaults are dropped (adamw's b1 0.9, eps 1e-8; sgd's nesterov False), the rest kept
   assert adamw.optim.kwargs.to_dict() == {"b2": 0.95} and "b1" not in adamw.optim
   assert sgd.optim.kwargs.to_dict() == {"momentum": 0.9, "nesterov": True}
@@ -52,7 +52,7 @@ def test_version_1_configs_migrate_to_todays_names_and_defaults():
   assert sgd.evals.to_dict() == {"eval": {"type": "classification", "split": "valid"}}
   assert adamw.best == sgd.best == "eval/accuracy" and "best_metric" not in adamw and "probe" not in adamw
   # a migrated config is today's: migrating again changes nothing, and the file's own fields are kept
-  flat = config_lib.flatten(workdir_lib.effective_config(os.path.join(GOLDEN, "adamw")))
+  flat = config_lib.flatten(config_lib.effective_config(os.path.join(GOLDEN, "adamw")))
   assert config_lib.migrate(flat) == flat
   assert flat["optim.layer_decay"] == 0.75 and flat["ema_decay"] == 0.9 and flat["model.width"] == 16
 
@@ -100,7 +100,7 @@ def test_a_version_1_workdir_evaluates_and_resumes_as_it_did(name, data_dir, tmp
   # the change of total_steps is recorded in today's names; the workdir still reads as today's version
   history = [json.loads(line) for line in open(os.path.join(workdir, "config_history.jsonl"))]
   assert "total_steps" in history[-1]["changes"] and not any(k.startswith("optim.b") for k in history[-1]["changes"])
-  assert workdir_lib.read_config(workdir).total_steps == 6
+  assert config_lib.read_config(workdir).total_steps == 6
 
 
 def test_optim_kwargs_is_compared_and_recorded_whole(tmp_path):
@@ -114,7 +114,7 @@ def test_optim_kwargs_is_compared_and_recorded_whole(tmp_path):
   config.update_from_flattened_dict(
     {
       k: v
-      for k, v in config_lib.flatten(workdir_lib.effective_config(workdir)).items()
+      for k, v in config_lib.flatten(config_lib.effective_config(workdir)).items()
       if k in config_lib.flatten(workdir_lib.as_dict(config))
     }
   )
@@ -123,7 +123,7 @@ def test_optim_kwargs_is_compared_and_recorded_whole(tmp_path):
   assert changes["optim.kwargs"] == ({"b2": 0.95}, {"b2": 0.9, "eps": 1e-6})
   assert not any(k.startswith("optim.kwargs.") for k in changes)
   workdir_lib.record_config_change(workdir, 4, changes)
-  assert workdir_lib.read_config(workdir).optim.kwargs.to_dict() == {"b2": 0.9, "eps": 1e-6}
+  assert config_lib.read_config(workdir).optim.kwargs.to_dict() == {"b2": 0.9, "eps": 1e-6}
 
 
 def test_version_2_evaluations_become_named_evaluators_with_their_options():

@@ -23,6 +23,7 @@ try:
   import train_helpers as th  # tests/ is on sys.path (pytest's default import mode)
 except ImportError:
   from tests import train_helpers as th
+from vitjax import config as config_lib
 from vitjax import models, posenc, tasks, train
 from vitjax.config import default_config
 from vitjax.models.adapt import adapt_params
@@ -408,7 +409,7 @@ def test_settings_the_run_never_reads_are_named_and_the_ones_it_reads_are_not(tm
   from vitjax.train import workdir as workdir_lib
 
   workdir_lib.start_fresh(str(tmp_path), default_config())
-  c = workdir_lib.read_config(str(tmp_path))
+  c = config_lib.read_config(str(tmp_path))
   assert list(c.wandb.tags) == [] and notes.unread_settings(c) == ""  # (config.json gives the tags back as a list)
   c.wandb.name, c.wandb.group = "trial_0003", "sweep"
   assert notes.unread_settings(c) == ""

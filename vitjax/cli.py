@@ -114,31 +114,6 @@ def _config_file_problem(argv) -> str | None:
   return None
 
 
-def define_config_flag(help_string: str) -> None:
-  """Defines --config: a config file, its evaluator entries completed (vitjax.evaluators.complete), then locked.
-
-  So that an override sets any option of an entry's type (--config.evals.eval.top_k=1) where get_config() gave only
-  the entry's type and common fields (vitjax.config.evaluator); a misspelt field is still refused, as the config is
-  locked before the overrides are applied.
-  """
-  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
-  from ml_collections.config_flags.config_flags import ConfigFileFlagParser  # pylint: disable=g-import-not-at-top
-
-  class Parser(ConfigFileFlagParser):
-    def parse(self, path):
-      config = super().parse(path)  # (lock_config=False: locked below, once complete)
-      if hasattr(config, "lock") and hasattr(config, "get") and config.get("evals") is not None:
-        from vitjax import evaluators  # pylint: disable=g-import-not-at-top  (jax: once a config file is given)
-
-        evaluators.complete(config)
-      if hasattr(config, "lock"):
-        config.lock()
-      return config
-
-  config_flags.DEFINE_config_file("config", None, help_string, lock_config=False)
-  flags.FLAGS["config"].parser = Parser("config", lock_config=False)
-
-
 # what every vitjax config has (vitjax.config.default_config and translation_config build them)
 CONFIG_FIELDS = ("task", "model", "data", "optim", "schedule")
 

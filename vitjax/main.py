@@ -41,11 +41,11 @@ import os
 
 from absl import flags
 
-from vitjax import cli
+from vitjax import cli, config_flag
 from vitjax.config import config_source, read_config
 from vitjax.errors import ConfigError
 
-cli.define_config_flag("experiment config file (configs/*.py), with :args")
+config_flag.define("experiment config file (configs/*.py), with :args")
 flags.DEFINE_string("workdir", None, "where checkpoints, metrics and summaries go", required=True)
 flags.DEFINE_enum("mode", "train", ["train", "eval"], "train (resumes if possible), or evaluate a checkpoint")
 flags.DEFINE_string(

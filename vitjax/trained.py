@@ -32,6 +32,7 @@ import numpy as np
 from absl import logging
 from jax.sharding import Mesh, NamedSharding
 
+from vitjax import config as config_lib
 from vitjax import convert, decode, tasks
 from vitjax.config import default_config
 from vitjax.data import augment
@@ -39,7 +40,6 @@ from vitjax.errors import ConfigError
 from vitjax.models import convert_util
 from vitjax.train import checkpoints as ckpt_lib
 from vitjax.train import state as state_lib
-from vitjax.train import workdir as workdir_lib
 
 
 @dataclasses.dataclass
@@ -143,8 +143,8 @@ def load(workdir: str, checkpoint: str | int = "best", weights: str = "params") 
     return load_hub(str(workdir), checkpoint, weights)
 
   workdir = os.path.abspath(os.path.expanduser(workdir))
-  config = workdir_lib.read_config(workdir)
-  task = tasks.get(config, workdir, described=workdir_lib.read_json(workdir, "task.json"))
+  config = config_lib.read_config(workdir)
+  task = tasks.get(config, workdir, described=config_lib.read_json(workdir, "task.json"))
   net = state_lib.network(config, task)
   step, params, model_state = ckpt_lib.read_variables(workdir, config, checkpoint, net.abstract, weights)
   variables = {"params": params, **model_state}

@@ -8,7 +8,7 @@ today's by migrate.py.
     c.evals.test = evaluator("classification", split="test")
 """
 
-from vitjax.config.files import config_source, load_module, read_config, read_json
+from vitjax.config.files import config_source, effective_config, history, load_module, read_config, read_json
 from vitjax.config.migrate import migrate
 from vitjax.config.schema import (
   BOOKKEEPING,
@@ -35,8 +35,10 @@ __all__ = [
   "default_config",
   "evaluator",
   "flatten",
+  "history",
   "is_bookkeeping",
   "config_source",
+  "effective_config",
   "load_module",
   "read_config",
   "read_json",

@@ -580,11 +580,11 @@ def make_input(
   split_ = _Split(name, split, data_dir, subset)
   if limit is not None and not train:
     split_.limit(limit)
-  if cache is None:
-    cache = _fits_in_memory(split_, worker_count, cache_max_mb)
+  cache = _fits_in_memory(split_, worker_count, cache_max_mb) if cache is None else cache
   shards = (process_index, process_count, local_batch)
-  order = (split_, shards, size, aug, seed, num_epochs, worker_count, preprocess)
-  positions, sampler, operations, steps = _train_or_eval_order(*order, train)
+  positions, sampler, operations, steps = _train_or_eval_order(
+    split_, shards, size, aug, seed, num_epochs, worker_count, preprocess, train
+  )
   examples = split_.examples(positions, cache)
   shard = grain.sharding.NoSharding()  # sharded by GlobalOrder (train) or by `positions` (eval)
   if sampler is None:

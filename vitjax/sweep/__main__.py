@@ -34,13 +34,13 @@ import time
 
 from absl import flags, logging
 
-from vitjax import cli, paths
+from vitjax import cli, config_flag, paths
 from vitjax import sweep as sweep_lib
 from vitjax.errors import ConfigError
 from vitjax.sweep import devices, report, runner
 from vitjax.sweep import study as study_lib
 
-cli.define_config_flag("experiment config file with a get_sweep() (configs/*.py)")
+config_flag.define("experiment config file with a get_sweep() (configs/*.py)")
 flags.DEFINE_string(
   "sweep_dir", None, "where the trials' workdirs, logs, the SQLite study and the report go", required=True
 )

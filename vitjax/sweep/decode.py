@@ -30,6 +30,7 @@ from absl import flags, logging
 
 import vitjax
 from vitjax import cli, evaluators
+from vitjax import config as config_lib
 from vitjax.decode import check_decoding
 from vitjax.errors import ConfigError
 from vitjax.sweep import study as study_lib
@@ -72,7 +73,7 @@ def sweep(workdir, checkpoint="best", points=(), split="valid", limit=None, stor
   search), "written": whether the best went into its config}.
   """
   workdir = os.path.abspath(workdir)
-  workdir_lib.read_config(workdir)  # a vitjax run's workdir (one line if not), before the lock is taken in it
+  config_lib.read_config(workdir)  # a vitjax run's workdir (one line if not), before the lock is taken in it
   lock = workdir_lib.Lock(workdir)
   if write:
     lock.acquire()  # from the start: not beside a training run that writes the workdir (one line naming it)

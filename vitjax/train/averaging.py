@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
+from vitjax import config as config_lib
 from vitjax import evaluators, tasks
 from vitjax.errors import ConfigError
 from vitjax.mesh import sync
@@ -71,7 +72,7 @@ def average(config, workdir: str, last: int | None = None, steps=None) -> dict:
 
 
 def _average(config, workdir: str, last, steps) -> dict:
-  task = tasks.get(config, workdir, described=workdir_lib.read_json(workdir, "task.json"))
+  task = tasks.get(config, workdir, described=config_lib.read_json(workdir, "task.json"))
   net = state_lib.network(config, task)
   with ckpt_lib.Checkpoints(workdir, config.best, evaluators.best_mode(config), read_only=True) as ckpts:
     members = choose(ckpts.steps(), last, steps)

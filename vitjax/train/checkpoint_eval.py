@@ -10,6 +10,7 @@ import os
 import jax
 from absl import logging
 
+from vitjax import config as config_lib
 from vitjax import evaluators, tasks
 from vitjax.errors import ConfigError
 from vitjax.train import checkpoints as ckpt_lib
@@ -40,7 +41,7 @@ def evaluate(
   trained = ckpt_lib.has_checkpoints(workdir)
   imported = not trained and bool(config.init_from)
   initial = str(checkpoint) == "init" or imported
-  described = None if initial else workdir_lib.read_json(workdir, "task.json")
+  described = None if initial else config_lib.read_json(workdir, "task.json")
   ran = (described or {}).get("task")
   if ran and ran != config.task and "translation" in (ran, config.task):  # text and images: nothing carries over
     raise ConfigError(

@@ -148,7 +148,7 @@ def _open(config, workdir: str, task, allow_config_change: bool, lock, stop):
     else:  # builds the initial state (and checks config.init_from) before it writes anything
       start, state, data_state = 0, state_lib.initial_state(exp), None
       ckpts = _checkpoints(config, workdir)
-    if start >= plan.total and any(not workdir_lib.is_bookkeeping(k) for k in changes):
+    if start >= plan.total and any(not config_lib.is_bookkeeping(k) for k in changes):
       raise ConfigError(
         f"the run is at step {start}; total steps {plan.total} is not beyond it: raise --config.total_steps "
         "(or --config.num_epochs) to train longer"
@@ -263,7 +263,7 @@ def _begin(run: _Run, state, start: int, changes: dict) -> None:
   config = run.config
   if start:
     dropped = workdir_lib.drop_metrics_after(run.workdir, start)
-    trained_with = workdir_lib.read_config(run.workdir) if changes else None  # before this start's changes
+    trained_with = config_lib.read_config(run.workdir) if changes else None  # before this start's changes
     workdir_lib.record_config_change(run.workdir, start, changes)
     logging.info(
       "resumed from %s at step %d%s",
@@ -271,7 +271,7 @@ def _begin(run: _Run, state, start: int, changes: dict) -> None:
       start,
       f" ({plural(dropped, 'metrics row')} past it dropped)" if dropped else "",
     )
-    if any(not workdir_lib.is_bookkeeping(k) for k in changes):
+    if any(not config_lib.is_bookkeeping(k) for k in changes):
       notes.schedule_change(run, trained_with, start)
     if "init_from" in changes:
       logging.warning(

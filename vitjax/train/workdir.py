@@ -10,11 +10,11 @@
 
 A resumed run compares its config with the workdir's (config.json plus the history). A field that changes the
 experiment (model, data, optimizer, schedule, seed, batch size, steps, ...) is refused unless
---allow_config_change; bookkeeping fields (BOOKKEEPING: cadences, budget, evaluation, layout, paths) change
+--allow_config_change; bookkeeping fields (vitjax.config.BOOKKEEPING: cadences, budget, evaluation, layout, paths) change
 freely. Either way the change is appended to config_history.jsonl; config.json is not rewritten while the
 workdir holds a checkpoint (see start_fresh for one without). The run's config, what trained its latest checkpoints
 and what a resume, --mode=eval and vitjax.load read, is therefore config.json with the history's changes applied
-(effective_config); config_source() names it so in a log line.
+(vitjax.config.effective_config); vitjax.config.config_source() names it so in a log line.
 """
 
 from __future__ import annotations
@@ -32,10 +32,6 @@ from absl import logging
 
 from vitjax import config as config_lib
 from vitjax import paths
-
-# a workdir's config and JSON records are read in the config layer (no jax there: a command line's start reads them)
-from vitjax.config.files import config_source, effective_config, history, read_config, read_json  # noqa: F401
-from vitjax.config.schema import BOOKKEEPING, is_bookkeeping  # noqa: F401
 from vitjax.errors import ConfigError
 from vitjax.logs import plural
 from vitjax.mesh import all_agree
@@ -180,7 +176,7 @@ def config_changes(workdir: str, config) -> dict:
   A field one side lacks counts as None, so a field added since the run started, with None (unset) as its default,
   changes nothing.
   """
-  old = effective_config(workdir)
+  old = config_lib.effective_config(workdir)
   if old is None:
     return {}
   old, new = config_lib.flatten(old), config_lib.flatten(as_dict(config))
@@ -190,7 +186,7 @@ def config_changes(workdir: str, config) -> dict:
 def check_config_change(workdir: str, config, allow: bool) -> dict:
   """The changes of a resumed run's config; ConfigError for experiment changes unless allowed. Writes nothing."""
   changes = config_changes(workdir, config)
-  experiment = {k: v for k, v in changes.items() if not is_bookkeeping(k)}
+  experiment = {k: v for k, v in changes.items() if not config_lib.is_bookkeeping(k)}
   if experiment and not allow:
     listed = "; ".join(f"{k}: {old!r} there, {new!r} now" for k, (old, new) in experiment.items())
     raise ConfigError(
@@ -230,7 +226,7 @@ def record_config_change(workdir: str, step: int, changes: dict) -> None:
     "step": int(step),
     "time": time.strftime("%Y-%m-%d %H:%M:%S"),
     "changes": {k: [old, new] for k, (old, new) in changes.items()},
-    "experiment_fields": sorted(k for k in changes if not is_bookkeeping(k)),
+    "experiment_fields": sorted(k for k in changes if not config_lib.is_bookkeeping(k)),
   }
   with open(os.path.join(workdir, "config_history.jsonl"), "a") as f:
     f.write(json.dumps(row) + "\n")
@@ -245,7 +241,7 @@ TRAIN_TIME = "train_time.json"
 
 def _train_times(workdir: str) -> dict:
   try:
-    times = read_json(workdir, TRAIN_TIME)
+    times = config_lib.read_json(workdir, TRAIN_TIME)
   except ConfigError:  # (written atomically: only a hand-edited file)
     return {}
   return times if isinstance(times, dict) else {}

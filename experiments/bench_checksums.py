@@ -1,4 +1,4 @@
-"""Checkpoint checksums' cost on a real state: vitjax.train.checkpoints.checksums (one small jitted program per
+"""Checkpoint checksums' cost on a real state: vitjax.models.checkpoints.checksums (one small jitted program per
 array, shared by arrays of one shape, dtype and sharding) against one jitted program over the whole tree (what
 vitjax did before 2026-11-27), on ViT-B/16 224's parameters and AdamW state (601 arrays, 86.6 M parameters).
 
@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import optax
 
 from vitjax import models
-from vitjax.train import checkpoints
+from vitjax.models import checkpoints
 
 
 @jax.jit

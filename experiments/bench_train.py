@@ -194,9 +194,9 @@ CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "am
 
 def cpu_flags() -> dict:
   """Which of the instruction sets that matter for matmuls the CPU has (from /proc/cpuinfo)."""
-  from vitjax.train import state as state_lib
+  from vitjax.models import network as network_lib
 
-  flags = state_lib.cpu_flags()
+  flags = network_lib.cpu_flags()
   return {k: k in flags for k in CPU_FLAGS}
 
 

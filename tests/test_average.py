@@ -121,19 +121,21 @@ def test_checkpoint_averaged_reads_the_average_or_the_one_a_stopped_averaging_le
 
   from vitjax.config import default_config
   from vitjax.errors import ConfigError
+  from vitjax.models.checkpoints import read_variables
   from vitjax.train import checkpoints as ckpt_lib
 
   workdir, config = str(tmp_path), default_config()
+  best = (config.best, "max")
   abstract = jax.eval_shape(lambda: {"params": {"w": jnp.zeros(3)}, "model_state": {}})
   with pytest.raises(ConfigError, match="no averaged checkpoint in .* python -m vitjax.average"):
-    ckpt_lib.read_variables(workdir, config, "averaged", abstract)
+    read_variables(workdir, "averaged", abstract, "params", *best)
   for subdir, value in (("averaged.old", 1.0), ("averaged", 2.0)):
     with ckpt_lib.Checkpoints(workdir, config.best, "max", keep=1, subdir=subdir) as out:
       out.save(7, {"params": {"w": jnp.full(3, value)}, "model_state": {}}, json.dumps({"averaged_steps": [5, 7]}))
-  step, params, _ = ckpt_lib.read_variables(workdir, config, "averaged", abstract)
+  step, params, _ = read_variables(workdir, "averaged", abstract, "params", *best)
   assert step == 7 and np.asarray(params["w"]).tolist() == [2.0] * 3
   with pytest.raises(ConfigError, match="use --weights=params"):
-    ckpt_lib.read_variables(workdir, config, "averaged", abstract, weights="ema")
+    read_variables(workdir, "averaged", abstract, "ema", *best)
   shutil.rmtree(os.path.join(workdir, "averaged"))
-  step, params, _ = ckpt_lib.read_variables(workdir, config, "averaged", abstract)
+  step, params, _ = read_variables(workdir, "averaged", abstract, "params", *best)
   assert step == 7 and np.asarray(params["w"]).tolist() == [1.0] * 3

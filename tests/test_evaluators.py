@@ -158,15 +158,14 @@ def test_plan_resolves_cadences_and_best_and_refuses_a_best_nobody_reports(data_
 
 
 def _finished(finished_run, data_dir):
-  from vitjax.train import checkpoints as ckpt_lib
-  from vitjax.train import state as state_lib
+  from vitjax.models import pretrained
 
   config = config_lib.read_config(finished_run)
   config.data.data_dir = data_dir
   task = tasks.get(config, finished_run, described=config_lib.read_json(finished_run, "task.json"))
-  net = state_lib.network(config, task)
-  _, params, model_state = ckpt_lib.read_variables(finished_run, config, "best", net.abstract)
-  return config, task, net, {"params": params, **model_state}
+  net = tasks.network(config, task)
+  _, variables = pretrained.load(finished_run, net, "best", best=(config.best, "max"))
+  return config, task, net, variables
 
 
 def test_classification_metrics_are_their_definitions(finished_run, data_dir):

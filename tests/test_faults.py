@@ -558,9 +558,9 @@ def test_an_evaluation_missing_from_a_checkpoint_runs_on_resume(run_args, tmp_pa
   )
   assert f"step {stopped} was saved without its evaluation (interrupted): evaluating it now" in resumed.stderr
   assert _eval_steps(workdir)[0] == stopped and _eval_steps(workdir)[-1] == 30
-  from vitjax.train import Checkpoints
+  from vitjax.models.checkpoints import Checkpoints
 
-  checkpoints = Checkpoints(workdir, "eval/accuracy", "max", read_only=True)
+  checkpoints = Checkpoints(workdir, "eval/accuracy", "max")  # (the reader)
   assert checkpoints.metrics(stopped) is not None  # saved again with its metrics: a candidate for best
 
 
@@ -602,6 +602,7 @@ def test_a_data_position_that_differs_from_its_checksum_is_corrupt(tmp_path):
   import jax.numpy as jnp
 
   from vitjax.errors import ConfigError
+  from vitjax.models.checkpoints import Checkpoints as Reader
   from vitjax.train import Checkpoints
 
   workdir = str(tmp_path)
@@ -611,7 +612,7 @@ def test_a_data_position_that_differs_from_its_checksum_is_corrupt(tmp_path):
   with open(os.path.join(workdir, "checkpoints", "2", "data", "metadata"), "w") as f:
     json.dump(json.dumps({"pos": 3}), f)
   abstract = jax.eval_shape(lambda: {"w": jnp.zeros(4)})
-  with Checkpoints(workdir, "eval/accuracy", "max", read_only=True) as ckpts:
+  with Reader(workdir, "eval/accuracy", "max") as ckpts:
     says = r"checkpoint 2 in .* is corrupt \(the data position differs from its checksum\); the workdir keeps \[1\]"
     with pytest.raises(ConfigError, match=says):
       ckpts.restore("2", abstract)
@@ -676,7 +677,7 @@ def test_an_unreadable_checkpoint_is_named_by_the_fault_inside_orbax_not_orbaxs_
   <bound method ...>' (its spec method, not called); the line the user reads gives the cause: the array and the fault.
   (Which files a restore reads depends on whether orbax merged the per-process database yet, so a corruption made on
   disk does not reach this read reliably: the chain is built here as orbax builds it.)"""
-  from vitjax.train import checkpoints
+  from vitjax.models import checkpoints
 
   fault = 'FAILED_PRECONDITION: Error reading "params.head.kernel/0.0": ZSTD_decompressStream() failed'
   wrapper = "Encountered error while reading array index: (slice(0, 32, 1),). See full TensorStore details: <bound "

@@ -259,7 +259,7 @@ def test_init_from_a_run_names_the_step_it_reads_and_refuses_its_average(finishe
   """init_from=WORKDIR said only 'initialised parameters from W', not which step; W/averaged was 'no checkpoints/
   there', as if the user had the wrong folder."""
   from vitjax.errors import ConfigError
-  from vitjax.train import checkpoints as ckpt_lib
+  from vitjax.models import checkpoints as ckpt_lib
 
   caplog.set_level("INFO", logger="absl")
   ckpt_lib.load_params(finished_run)

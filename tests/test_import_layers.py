@@ -198,6 +198,26 @@ def test_a_deliberately_wrong_import_is_caught(tmp_path, file, line, expected):
   assert any(p.startswith(expected) for p in found), found
 
 
+def reach(start: str, root: str = ROOT) -> list[str]:
+  """The vitjax modules that importing `start` imports, itself included (imports inside functions too)."""
+  edges, seen, todo = imports(root), {start}, [start]
+  while todo:
+    mod = todo.pop()
+    for a, b, _, _ in edges:
+      if a == mod and b not in seen:
+        seen.add(b)
+        todo.append(b)
+  return sorted(seen)
+
+
+def test_predicting_passes_through_no_module_of_the_trainer():
+  """vitjax.load and predict go through tasks and models (vitjax.models.pretrained), not vitjax.train: it went through
+  train/state, train/checkpoints and train/workdir (issue 74, point 4)."""
+  through = reach("vitjax.trained")
+  assert "vitjax.models.pretrained" in through and "vitjax.tasks" in through
+  assert [m for m in through if m == "vitjax.train" or m.startswith("vitjax.train.")] == []
+
+
 def report(root: str = ROOT) -> str:
   """The structure in words (see the module docstring)."""
   table, edges = layers(root), imports(root)
@@ -218,6 +238,10 @@ def report(root: str = ROOT) -> str:
     with open(path, encoding="utf-8") as f:
       sizes.append((f.read().count("\n"), mod))
   lines.append("largest modules: " + ", ".join(f"{m} {n}" for n, m in sorted(sizes, reverse=True)[:6]))
+  for start in ("vitjax.trained", "vitjax.train.step"):
+    through = reach(start, root)
+    trainer = [m for m in through if m.startswith("vitjax.train.") and m != start]
+    lines.append(f"{start} imports {len(through) - 1} vitjax modules, of vitjax.train: {', '.join(trainer) or 'none'}")
   long = long_functions(root)
   lines.append(f"functions over 60 lines: {len(long)} (" + ", ".join(f"{m} {n}" for n, m, _ in long[:6]) + ", ...)")
   return "\n".join(lines)

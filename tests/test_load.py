@@ -1,5 +1,6 @@
 """vitjax.load: a trained classification run loaded from a relative workdir, in a fresh process, with no dataset
-anywhere; its .predict reproduces the validation accuracy the run logged. (Translation: test_translation.py.)"""
+anywhere and no module of the trainer; its .predict reproduces the validation accuracy the run logged. (Translation:
+test_translation.py.)"""
 
 import json
 import os
@@ -48,12 +49,13 @@ def test_predict_reproduces_the_logged_accuracy_without_data(run_without_data):
   empty = root / "empty_tfds"
   empty.mkdir(exist_ok=True)
   script = textwrap.dedent("""
-    import json, numpy as np, vitjax
+    import json, sys, numpy as np, vitjax
     trained = vitjax.load("runs/digits")            # relative to the current directory; checkpoint="best"
     probs = trained.predict(np.load("images.npy"))
     print(json.dumps({"step": trained.step, "shape": list(probs.shape), "sums": float(np.abs(probs.sum(1) - 1).max()),
                       "pred": probs.argmax(1).tolist(), "keys": sorted(trained.variables),
-                      "num_classes": trained.config.model.num_classes, "model": type(trained.model).__name__}))
+                      "num_classes": trained.config.model.num_classes, "model": type(trained.model).__name__,
+                      "trainer": sorted(m for m in sys.modules if m.startswith("vitjax.train."))}))
   """)
   env = {**th.env(), "TFDS_DATA_DIR": str(empty)}
   proc = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=300)
@@ -64,6 +66,7 @@ def test_predict_reproduces_the_logged_accuracy_without_data(run_without_data):
   assert got["step"] == best["step"]
   assert got["shape"] == [150, 10] and got["sums"] < 1e-5 and got["num_classes"] == 10 and got["model"] == "ViT"
   assert got["keys"] == ["params"]
+  assert got["trainer"] == []  # loading and predicting are the models' and the task's (issue 74): no vitjax.train
   accuracy = float(np.mean(np.asarray(got["pred"]) == labels))
   assert accuracy == pytest.approx(best["eval/accuracy"], abs=1e-6)
   assert not os.path.exists(root / "tfds")  # it really ran without the dataset

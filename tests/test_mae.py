@@ -74,13 +74,13 @@ def test_the_evaluation_masks_are_each_images_own(data_dir):
   """The evaluation's fixed masks are drawn from each image's position in the split: its loss does not depend on
   the batch size (they were drawn per batch: 2.042 at 64 a batch, 2.029 at 40, 2.023 at 160)."""
   from vitjax import evaluators
-  from vitjax.train import state as state_lib
+  from vitjax.models import pretrained
 
   config = load_module(os.path.join(th.ROOT, "configs", "mae_digits.py")).get_config()
   config.data.data_dir, config.evals.eval.drawn = data_dir, 0
   task = tasks.get(config, "")
-  net = state_lib.network(config, task)
-  params, model_state = state_lib.initial_variables(net)
+  net = tasks.network(config, task)
+  params, model_state = pretrained.initial(net, config.init_from)
   losses = []
   for batch_size in (64, 40):
     config.data.eval_batch_size = batch_size
@@ -193,7 +193,7 @@ def test_pretraining_improves_the_reconstruction_and_a_classifier_starts_from_it
     mae.translate(["hello"])
 
   # init_from the MAE run: the encoder's parameters as trained, no decoder, a new head
-  from vitjax.train import checkpoints
+  from vitjax.models import checkpoints
   from vitjax.train import state as state_lib
 
   cls_config = load_module(os.path.join(th.ROOT, "configs", "vit_digits.py")).get_config()

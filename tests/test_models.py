@@ -375,10 +375,10 @@ def test_a_new_family_is_one_registration_that_creation_decay_sharding_and_adapt
   from vitjax import convert, mesh
   from vitjax.config import default_config
   from vitjax.errors import ConfigError
+  from vitjax.models import network as state_lib
   from vitjax.models import registry
   from vitjax.tasks.classification import ImageClassification
   from vitjax.train import optim
-  from vitjax.train import state as state_lib
 
   def grow(k, v, t):  # an adapter of the family's own: a longer 'table' keeps its first rows
     return (np.asarray(t), f"grew {k}") if k.endswith("table") else None

@@ -856,7 +856,7 @@ def test_max_train_minutes_stops_with_a_final_eval_and_checkpoint(tmp_path, run_
 def test_compute_dtype_auto_is_bfloat16_on_cpus_with_bfloat16_instructions_only(monkeypatch):
   # On AVX512-BF16 the bfloat16 step is 1.20-1.59x float32's speed for every bench_train model (issue 28).
   from vitjax.config import default_config
-  from vitjax.train import state
+  from vitjax.models import network as state
 
   c = default_config()
   c.compute_dtype = "auto"
@@ -876,7 +876,7 @@ def test_compute_dtype_auto_is_bfloat16_on_cpus_with_bfloat16_instructions_only(
 
 def test_bfloat16_is_fast_on_gpus_of_compute_capability_8_and_up(monkeypatch):
   """An A100 (8.0) and later multiply bfloat16 faster; a V100 (7.0) or a GPU that reports no capability does not."""
-  from vitjax.train import state
+  from vitjax.models import network as state
 
   monkeypatch.setattr(state.jax, "default_backend", lambda: "gpu")
   for capability, want in (("7.5", False), ("8.0", True), ("9.0", True), (None, False)):

@@ -366,7 +366,7 @@ def load_params(spec: str) -> dict:
   / 'npz:VARIANT:FILE' (the original ViT or big_vision) or 'hf:ORG/NAME[@REVISION]' (a Hugging Face hub repository in
   timm's or transformers' layout, through the hub's cache: from_hub).
 
-  (A vitjax workdir as init_from is read by vitjax.train.checkpoints.load_params.) Raises ConfigError naming the
+  (A vitjax workdir as init_from is read by vitjax.models.checkpoints.load_params.) Raises ConfigError naming the
   problem: a missing or unreadable file, weights of another model family, a hub repository not cached offline.
   """
   source = WeightSource.parse(spec)

@@ -33,13 +33,11 @@ from absl import logging
 from jax.sharding import Mesh, NamedSharding
 
 from vitjax import config as config_lib
-from vitjax import convert, decode, tasks
+from vitjax import convert, decode, evaluators, tasks
 from vitjax.config import default_config
 from vitjax.data import augment
 from vitjax.errors import ConfigError
-from vitjax.models import convert_util
-from vitjax.train import checkpoints as ckpt_lib
-from vitjax.train import state as state_lib
+from vitjax.models import convert_util, pretrained
 
 
 @dataclasses.dataclass
@@ -145,9 +143,9 @@ def load(workdir: str, checkpoint: str | int = "best", weights: str = "params") 
   workdir = os.path.abspath(os.path.expanduser(workdir))
   config = config_lib.read_config(workdir)
   task = tasks.get(config, workdir, described=config_lib.read_json(workdir, "task.json"))
-  net = state_lib.network(config, task)
-  step, params, model_state = ckpt_lib.read_variables(workdir, config, checkpoint, net.abstract, weights)
-  variables = {"params": params, **model_state}
+  net = tasks.network(config, task)
+  best = (config.best, evaluators.best_mode(config))
+  step, variables = pretrained.load(workdir, net, checkpoint, weights, best, config.keep_checkpoints)
   return Trained(net.model, variables, config, step, workdir, net.mesh, net.batch_sharding, task)
 
 
@@ -199,8 +197,8 @@ def load_hub(spec: str, checkpoint: str | int = "best", weights: str = "params")
     config.data.preprocess[k] = getattr(pre, k)
   config.init_from = spec
   task = tasks.get(config, spec, described=described)
-  net = state_lib.network(config, task)
+  net = tasks.network(config, task)
   if convert.model_config(net.model) != config.model.to_dict():  # the config must rebuild the converted module
     raise RuntimeError(f"{spec}: config.model {config.model.to_dict()} builds {net.model}, not {module}")
-  params = jax.device_put(variables["params"], net.sharding["params"])
-  return Trained(net.model, {"params": params}, config, 0, spec, net.mesh, net.batch_sharding, task)
+  variables = pretrained.place(net, variables["params"], spec)  # (read once: the hub's weights gave the config)
+  return Trained(net.model, variables, config, 0, spec, net.mesh, net.batch_sharding, task)

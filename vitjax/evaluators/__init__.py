@@ -23,7 +23,7 @@ A type is one module here that defines
     def run(ev, net, variables, stop=None, step=None) -> {metric: float}
 
 where `ev` is an Evaluator (below: its task, split, options, ...) and `net` the model on its mesh (model,
-batch_sharding: vitjax.train.state.Network or Experiment); `step` names what is evaluated in the files a type writes:
+batch_sharding: vitjax.models.network.Network or vitjax.train.state.Experiment); `step` names what is evaluated in the files a type writes:
 the training step, or outside training 'averaged', 'init' or 'imported' for those weights. Adding a type is one new
 file plus its test.
 

@@ -292,7 +292,7 @@ class Runner:
       )
     elif rc == EXIT_PREEMPTED:  # interrupted (the sweep's SIGTERM, or the trial's own): queued again
       self._interrupted(trial)
-      from vitjax.train.checkpoints import latest_step  # (orbax: not at the sweep's start)
+      from vitjax.models.checkpoints import latest_step  # (orbax: not at the sweep's start)
 
       step = latest_step(workdir)  # (not its last metrics row: none is written at the step a signal stops)
       resumes = f"it resumes from step {step}" if step is not None else "it starts again: nothing was checkpointed"

@@ -5,12 +5,14 @@ model's inputs, its loss, its evaluation and what prediction needs; the trainer 
 checkpoints and reporting.
 
     task = vitjax.tasks.get(config, workdir)   # config.task: "classification" | "translation" | "mae"
+    net = vitjax.tasks.network(config, task)   # its model, mesh and variables' layout (vitjax.models.network)
 """
 
 from __future__ import annotations
 
 from vitjax import mesh as mesh_lib
 from vitjax.errors import ConfigError
+from vitjax.models import network as network_lib
 from vitjax.tasks.base import Task, TrainInput, check_batch, cross_entropy
 from vitjax.tasks.classification import ImageClassification
 from vitjax.tasks.mae import MaskedImageModeling
@@ -31,6 +33,14 @@ def get(config, workdir: str, described: dict | None = None, layout: mesh_lib.La
   return TASKS[name](config, workdir, described, layout)
 
 
+def network(config, task: Task) -> network_lib.Network:
+  """The Network of a config for a task: the task's overrides and example inputs, on its layout's mesh.
+
+  What prediction, evaluation and training build their model from (vitjax.models.network.network).
+  """
+  return network_lib.network(config, task.model_overrides(), task.example_inputs(), task.layout.mesh())
+
+
 __all__ = [
   "ImageClassification",
   "MaskedImageModeling",
@@ -41,4 +51,5 @@ __all__ = [
   "check_batch",
   "cross_entropy",
   "get",
+  "network",
 ]

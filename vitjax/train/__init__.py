@@ -8,26 +8,30 @@ One concern per module::
     notes.py           what a run says besides its progress: opening lines, warnings, stop lines
     guard.py           the non-finite guard (config.on_nonfinite)
     prefetch.py        the training batches on their way to the devices
-    state.py           network() -> Network (model, variables' layout: what prediction needs), setup() -> Experiment
-                       (adds the optimizer and the sharded TrainState), init_from
+    state.py           setup() -> Experiment: the task's Network (vitjax.models.network) with the optimizer and
+                       the sharded TrainState; initial_state (init_from: vitjax.models.pretrained)
     step.py            the jit-compiled training step (gradient accumulation included)
     optim.py           any optax optimizer by name, lr_mults / wd_mults / frozen rules, learning-rate schedule
-    checkpoints.py     one orbax manager (latest N + best), checksums, fallback to the newest intact step
+    checkpoints.py     the writer: latest N + best kept, corrupt steps set aside (vitjax.models.checkpoints reads them:
+                       checksums, fallback to the newest intact step)
     workdir.py         config.json and its history, the one-writer lock, metrics.jsonl rows, task.json
     preemption.py      SIGTERM / SIGINT: checkpoint the step in flight, then stop
     reporting.py       progress lines, metrics.jsonl, TensorBoard, the profiler
 
 Around it: vitjax.tasks (what differs between tasks: data, inputs, loss), vitjax.evaluators (what a run measures,
 config.evals: the loop runs them without knowing what they are), vitjax.mesh (devices and shardings), vitjax.logs, and
-vitjax.errors. `python -m vitjax.main` is the command line; vitjax.load restores a trained model.
+vitjax.errors. `python -m vitjax.main` is the command line; vitjax.load restores a trained model without this package
+(vitjax.models.pretrained).
 """
 
 from vitjax.errors import ConfigError, Diverged, Preempted
+from vitjax.models.network import Network, build_model
+from vitjax.tasks import network
 from vitjax.train.checkpoint_eval import evaluate
 from vitjax.train.checkpoints import Checkpoints
 from vitjax.train.loop import train
 from vitjax.train.optim import decay_mask, make_optimizer, make_schedule
-from vitjax.train.state import Experiment, Network, TrainState, build_model, initial_state, network, setup
+from vitjax.train.state import Experiment, TrainState, initial_state, setup
 from vitjax.train.step import make_train_step
 
 __all__ = [

@@ -26,8 +26,8 @@ from vitjax import config as config_lib
 from vitjax import evaluators, tasks
 from vitjax.errors import ConfigError
 from vitjax.mesh import sync
+from vitjax.models import checkpoints as reader
 from vitjax.train import checkpoints as ckpt_lib
-from vitjax.train import state as state_lib
 from vitjax.train import workdir as workdir_lib
 
 
@@ -73,8 +73,8 @@ def average(config, workdir: str, last: int | None = None, steps=None) -> dict:
 
 def _average(config, workdir: str, last, steps) -> dict:
   task = tasks.get(config, workdir, described=config_lib.read_json(workdir, "task.json"))
-  net = state_lib.network(config, task)
-  with ckpt_lib.Checkpoints(workdir, config.best, evaluators.best_mode(config), read_only=True) as ckpts:
+  net = tasks.network(config, task)
+  with reader.Checkpoints(workdir, config.best, evaluators.best_mode(config)) as ckpts:
     members = choose(ckpts.steps(), last, steps)
     total = None
     for step in members:

@@ -13,8 +13,8 @@ from absl import logging
 from vitjax import config as config_lib
 from vitjax import evaluators, tasks
 from vitjax.errors import ConfigError
-from vitjax.train import checkpoints as ckpt_lib
-from vitjax.train import state as state_lib
+from vitjax.models import checkpoints as ckpt_lib
+from vitjax.models import pretrained
 from vitjax.train import workdir as workdir_lib
 
 
@@ -64,19 +64,21 @@ def evaluate(
       f"{workdir} has no checkpoints: train first, give --config.init_from, or evaluate the initial (random) "
       "weights with --checkpoint=init"
     )
-  net = state_lib.network(config, task)
+  net = tasks.network(config, task)
   if initial:
     if ev.weights != "params":
       raise ConfigError("--weights=ema: initial weights have no moving average")
     step, which = 0, "imported" if imported else "init"
-    params, model_state = state_lib.initial_variables(net)
+    params, model_state = pretrained.initial(net, config.init_from)
+    variables = {"params": params, **model_state}
     source = f"init_from={config.init_from}" if config.init_from else f"random init (seed {config.seed})"
     logging.info("evaluating the initial weights: %s", source)
   else:
-    step, params, model_state = ckpt_lib.read_variables(workdir, config, checkpoint, net.abstract, ev.weights)
+    best = (config.best, evaluators.best_mode(config))
+    step, variables = pretrained.load(workdir, net, checkpoint, ev.weights, best, config.keep_checkpoints)
     which = "averaged" if str(checkpoint) == ckpt_lib.AVERAGED else step
   with jax.set_mesh(net.mesh):
-    metrics = ev.run(net, {"params": params, **model_state}, step=which)  # (names the files a type writes)
+    metrics = ev.run(net, variables, step=which)  # (names the files a type writes)
   row = {"step": step, "checkpoint": "init" if initial else str(checkpoint), "evaluator": ev.name, "split": ev.split}
   options = json.loads(json.dumps(ev.options))  # (how it evaluated: a translation's decoding, a probe's shots, ...)
   row = {**row, "weights": ev.weights, **({"init_from": config.init_from} if imported else {}), "options": options}

@@ -16,6 +16,7 @@ from vitjax import durations
 from vitjax import mesh as mesh_lib
 from vitjax.errors import ConfigError
 from vitjax.logs import muted
+from vitjax.models import network as network_lib
 from vitjax.train import optim
 from vitjax.train import state as state_lib
 
@@ -62,8 +63,8 @@ def _warnings(config, exp, plan, evals, start: int) -> None:
   The compute dtype on this CPU, profile_steps outside this session, label smoothing's train/loss, unread settings,
   a moving average no evaluator reads or that leaves BatchNorm statistics out.
   """
-  dtype = state_lib.compute_dtype(config.compute_dtype)
-  bf16_cpu = None if jax.default_backend() != "cpu" else state_lib.bfloat16_is_fast()  # None: not a CPU
+  dtype = network_lib.compute_dtype(config.compute_dtype)
+  bf16_cpu = None if jax.default_backend() != "cpu" else network_lib.bfloat16_is_fast()  # None: not a CPU
   if config.compute_dtype == "auto":
     logging.info("compute_dtype=auto: %s on %s", dtype, jax.default_backend())
   elif dtype == "bfloat16" and bf16_cpu is False:

@@ -6,7 +6,7 @@
     metrics.jsonl         one row per logged step and per evaluation; a resume drops the rows past its step
     train_time.json       the training seconds at each saved step: what max_train_minutes has spent at a resume
     lock                  the process training in it (host, PID, start): one writer per workdir
-    checkpoints/          vitjax.train.checkpoints
+    checkpoints/          vitjax.train.checkpoints writes them, vitjax.models.checkpoints reads them
 
 A resumed run compares its config with the workdir's (config.json plus the history). A field that changes the
 experiment (model, data, optimizer, schedule, seed, batch size, steps, ...) is refused unless

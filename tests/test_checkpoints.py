@@ -144,7 +144,7 @@ def test_weights_that_fit_the_network_are_placed_on_its_shardings_and_others_nam
 
 
 def test_initial_variables_are_the_seeds_and_imported_weights_are_one_set():
-  """pretrained.initial without a source is config.seed's initialisation, the same twice; an imported source has
+  """pretrained.load with fit and no source is config.seed's initialisation, the same twice; an imported source has
   no steps or moving average to choose (pretrained.load says so before reading anything)."""
   import jax
 
@@ -152,7 +152,8 @@ def test_initial_variables_are_the_seeds_and_imported_weights_are_one_set():
   from vitjax.models import pretrained
 
   net = _net()
-  a, b = pretrained.initial(net), pretrained.initial(net, "")
+  a, b = pretrained.load("", net, fit=True), pretrained.load(None, net, fit=True)
+  assert a[0] == 0 and sorted(a[1]) == ["params"]
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
     np.testing.assert_array_equal(x, y)
   for checkpoint, weights in (("3", "params"), ("best", "ema")):

@@ -80,12 +80,12 @@ def test_the_evaluation_masks_are_each_images_own(data_dir):
   config.data.data_dir, config.evals.eval.drawn = data_dir, 0
   task = tasks.get(config, "")
   net = tasks.network(config, task)
-  params, model_state = pretrained.initial(net, config.init_from)
+  _, variables = pretrained.load(config.init_from, net, fit=True)
   losses = []
   for batch_size in (64, 40):
     config.data.eval_batch_size = batch_size
     with jax.set_mesh(net.mesh):
-      losses.append(evaluators.named(config, task, "eval").run(net, {"params": params, **model_state}))
+      losses.append(evaluators.named(config, task, "eval").run(net, variables))
   assert losses[0]["eval/examples"] == 150 and losses[0]["eval/loss"] == pytest.approx(losses[1]["eval/loss"], rel=1e-6)
 
 

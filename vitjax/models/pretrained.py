@@ -2,12 +2,13 @@
 
     net = vitjax.models.network.network(config, overrides, inputs, mesh)
     step, variables = load("workdirs/vit_digits", net, "best", best=("accuracy", "max"))   # a checkpoint, as saved
-    params, model_state = initial(net, "hf:google/vit-base-patch16-224")   # config.init_from: fitted to the model
+    _, variables = load("hf:google/vit-base-patch16-224", net, fit=True)   # config.init_from: fitted to the model
 
-The one way in for weights: vitjax.load (a workdir, a hub repository), evaluation (--mode=eval, --checkpoint=init),
-init_from and vitjax.export all come here. `load` wants the network's own shapes (another config's checkpoint is a
-ConfigError); `initial` fits other shapes to the model (vitjax.models.adapt: a new head, other positions).
-Sources: a vitjax workdir, 'timm:NAME:FILE', 'npz:[VARIANT:]FILE', 'hf:ORG/NAME[@REVISION]' (vitjax.convert).
+The one way in for weights: vitjax.load (a workdir; a hub repository's weights go through `place`), evaluation
+(--mode=eval, --checkpoint=init), init_from and vitjax.export all come here. Without `fit` the weights must have the
+network's own shapes (another config's checkpoint is a ConfigError); with it they are fitted to the network's
+initialisation (vitjax.models.adapt: a new head, other positions). Sources: a vitjax workdir, 'timm:NAME:FILE',
+'npz:[VARIANT:]FILE', 'hf:ORG/NAME[@REVISION]' (vitjax.convert); with `fit`, also none ("": the seed's).
 """
 
 from __future__ import annotations
@@ -31,13 +32,17 @@ def load(
   weights: str = "params",
   best: tuple[str, str] = ("", "max"),
   keep: int = 5,
+  fit: bool = False,
 ) -> tuple[int, dict]:
   """(step, variables `{"params": ..., **model_state}`) of `source` for `net`, laid out on its mesh.
 
   A workdir: its checkpoint ("best", "latest", a step, "averaged"; corrupt ones fall back to the next intact step)
   and weights ("params" or "ema"), ranked by best = (config.best, 'max' or 'min'); keep: config.keep_checkpoints.
   A weights file or hub repository: its converted parameters, step 0. ConfigError where they do not fit `net`.
+  fit: config.init_from's way, step 0: the seed's initialisation with `source`'s weights fitted to it (see _fitted).
   """
+  if fit:
+    return 0, _fitted(net, source)
   if not convert.WeightSource.parse(source).imported:
     metric, mode = best
     step, params, model_state = checkpoints.read_variables(
@@ -66,15 +71,15 @@ def place(net: Network, params, source: str) -> dict:
   return {"params": jax.device_put(params, net.sharding["params"])}
 
 
-def initial(net: Network, source: str | None = None) -> tuple[dict, dict]:
-  """(params, model_state) at initialisation on the mesh: net.config.seed's, then `source`'s weights fitted to them.
+def _fitted(net: Network, source: str | None) -> dict:
+  """The variables at initialisation on the mesh: net.config.seed's, then `source`'s weights fitted to them.
 
   source (config.init_from): a workdir (its latest intact checkpoint, any shapes) or a weights file or hub repository.
   Other shapes are adapted (vitjax.models.adapt, each change logged); BatchNorm statistics carry over where they fit.
   """
   params, model_state = jax.jit(net.init, out_shardings=(net.sharding["params"], net.sharding["model_state"]))()
   if not source:
-    return params, model_state
+    return {"params": params, **model_state}
   if convert.WeightSource.parse(source).imported:
     loaded, loaded_ms = convert.load_params(source), {}
   else:
@@ -87,4 +92,4 @@ def initial(net: Network, source: str | None = None) -> tuple[dict, dict]:
     model_state = jax.device_put(loaded_ms, net.sharding["model_state"])
     logging.info("init_from: BatchNorm statistics carried over")
   logging.info("initialised parameters from %s", source)
-  return params, model_state
+  return {"params": params, **model_state}

@@ -69,8 +69,7 @@ def evaluate(
     if ev.weights != "params":
       raise ConfigError("--weights=ema: initial weights have no moving average")
     step, which = 0, "imported" if imported else "init"
-    params, model_state = pretrained.initial(net, config.init_from)
-    variables = {"params": params, **model_state}
+    _, variables = pretrained.load(config.init_from, net, fit=True)
     source = f"init_from={config.init_from}" if config.init_from else f"random init (seed {config.seed})"
     logging.info("evaluating the initial weights: %s", source)
   else:

@@ -92,10 +92,14 @@ def setup(
 
 
 def initial_state(exp: Experiment) -> TrainState:
-  """The initialised TrainState: vitjax.models.pretrained.initial's variables, and the optimizer's state of them."""
+  """The initialised TrainState: config.init_from's variables fitted to the model, and the optimizer's state of them.
+
+  vitjax.models.pretrained.load(..., fit=True); config.seed's initialisation without init_from.
+  """
   if not exp.config.init_from:
     return jax.jit(exp.init_state, out_shardings=exp.state_sharding)()
-  params, model_state = pretrained.initial(exp.network, exp.config.init_from)
+  _, variables = pretrained.load(exp.config.init_from, exp.network, fit=True)
+  params, model_state = variables.pop("params"), variables
   opt_state = jax.jit(exp.tx.init, out_shardings=exp.state_sharding.opt_state)(params)
   step = jax.device_put(jnp.zeros((), jnp.int32), exp.state_sharding.step)
   return TrainState(step, params, opt_state, model_state)

@@ -365,6 +365,31 @@ def test_timm_layout_matches_timm_and_takes_its_pretrained_config(tmp_path, hub_
   assert np.abs(trained.predict(np.asarray(photo)[None]) - want).max() <= 1e-5
 
 
+def test_a_dinov2_with_registers_repository_loads_and_predicts_as_timm(tmp_path, hub_cache):
+  """hf:timm/vit_small_patch14_reg4_dinov2.lvd142m (refused before: "not a model vitjax reads"): 4 registers,
+  LayerScale, patch 14 and a position table of the patches only, at timm's 518 px; one block, 3 classes."""
+  import torch
+
+  timm = _timm()
+  name = "vit_small_patch14_reg4_dinov2.lvd142m"
+  model = _perturbed(timm.create_model(name, pretrained=False, depth=1, num_classes=3))
+  timm.models.save_for_hf(model, str(tmp_path / "timm"), safe_serialization=True)
+  cache_repo(hub_cache, f"timm/{name}", read_dir(str(tmp_path / "timm")))
+  trained = vitjax.load(f"hf:timm/{name}")
+  module = trained.model
+  assert (module.num_registers, module.class_posemb, module.patch_size, module.init_values) == (
+    4,
+    False,
+    (14, 14),
+    1e-5,
+  )
+  assert trained.config.data.image_size == 518
+  x = np.random.RandomState(1).randn(1, 3, 518, 518).astype(np.float32)
+  with torch.no_grad():
+    want = model(torch.from_numpy(x)).numpy()
+  assert _rel(jax.jit(module.apply)(trained.variables, x.transpose(0, 2, 3, 1))[0], want) <= TOL
+
+
 def test_a_timm_hybrid_repository_goes_through_from_timm(tmp_path, hub_cache):
   """hf:timm/vit_tiny_r_s16_p8_224... (the release's R+ViT-Ti_16 as timm publishes it): the hybrid family's timm
   reader, with timm's stem arithmetic."""

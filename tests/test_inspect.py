@@ -154,8 +154,8 @@ def test_posemb_similarity_is_the_cosine_of_each_pair_of_positions():
 
 
 def test_the_position_table_leaves_out_the_prefix_tokens_rows():
-  """A learned table less its first `prefix` rows (class and register tokens: none without them); the fixed sin-cos
-  table of the grid otherwise."""
+  """A learned table less its rows before the grid's (class and register tokens: none without them, or with a table
+  of the patches only); the fixed sin-cos table of the grid otherwise."""
   from types import SimpleNamespace
 
   from vitjax.posenc import sincos_2d
@@ -163,9 +163,36 @@ def test_the_position_table_leaves_out_the_prefix_tokens_rows():
   table = np.arange(5 * 2, dtype=float).reshape(1, 5, 2)
   params = {"posembed": {"pos_embedding": table}}
   learned = SimpleNamespace(posemb="learn", width=2)
-  np.testing.assert_array_equal(inspect_lib._position_table(learned, params, (2, 2), 1), table[0, 1:])
-  np.testing.assert_array_equal(inspect_lib._position_table(learned, params, (1, 5), 0), table[0])
+  np.testing.assert_array_equal(inspect_lib._position_table(learned, params, (2, 2)), table[0, 1:])
+  np.testing.assert_array_equal(inspect_lib._position_table(learned, params, (1, 5)), table[0])
   fixed = SimpleNamespace(posemb="sincos2d", width=8)
-  got = inspect_lib._position_table(fixed, {}, (2, 3), 1)
+  got = inspect_lib._position_table(fixed, {}, (2, 3))
   np.testing.assert_array_equal(got, np.asarray(sincos_2d(2, 3, 8)))
   assert got.shape == (6, 8)
+
+
+def test_registers_are_drawn_apart_from_the_patch_grid(runs, tmp_path):
+  """A ViT with registers (and a position table of the patches only, as DINOv2's): the maps show the patches; each
+  head's share of attention to the registers is in its title; the class token is the query."""
+  import dataclasses
+
+  import jax
+
+  _, vit, _ = runs
+  trained = vitjax.load(vit, "latest")
+  model = trained.model.clone(num_registers=2, class_posemb=False)
+  x = np.asarray(_image(), np.float32) / 127.5 - 1
+  variables = jax.jit(model.init)(jax.random.key(0), x[None])
+  weights, _ = inspect_lib.attention_weights(model, variables, x)
+  layers = inspect_lib.vit_layers(weights)
+  assert layers[0].shape == (2, 19, 19) and inspect_lib.prefix_tokens(model, 19, (4, 4)) == (1, 2)
+  share = inspect_lib.register_share(layers[0], 0, 1, 2)
+  np.testing.assert_allclose(share, layers[0][:, 0, 1:3].sum(-1)) and (0 < share).all() and (share < 1).all()
+  assert inspect_lib._position_table(model, variables["params"], (4, 4)).shape == (16, 16)
+  written = inspect_lib.inspect(dataclasses.replace(trained, model=model, variables=variables), _image(), str(tmp_path))
+  assert [os.path.basename(p) for p in written] == [
+    "input.png",
+    "attention.png",
+    "rollout.png",
+    "posemb_similarity.png",
+  ]

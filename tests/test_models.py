@@ -341,3 +341,51 @@ def test_fast_and_reference_attention_agree_in_models(name):
   x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
   v = _init(mk(), x)
   np.testing.assert_allclose(_apply(mk(), v, x)[0], _apply(mk(implementation="reference"), v, x)[0], atol=1e-5)
+
+
+def test_registers_are_attended_to_and_never_pooled():
+  """num_registers: learned tokens after the class token; they change what the patches see, but "gap" averages
+  the patches alone and "tok" takes the class token. Off (0), the ViT has no such parameter."""
+  x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
+  kw = dict(patch_size=4, width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=0)
+  assert "registers" not in _init(models.create("vit_ti16", **kw), x)["params"]
+  for pool in ("gap", "tok"):
+    model = models.create("vit_ti16", **kw, pool_type=pool, num_registers=3, class_posemb=False)
+    v = _init(model, x)
+    assert v["params"]["registers"].shape == (1, 3, 32) and v["params"]["posembed"]["pos_embedding"].shape == (
+      1,
+      16,
+      32,
+    )
+    pooled, out = model.apply(v, x)
+    assert out["encoded"].shape == (2, 16 + 3 + (pool == "tok"), 32)
+    want = out["encoded"][:, -16:].mean(1) if pool == "gap" else out["encoded"][:, 0]
+    np.testing.assert_allclose(pooled, want, rtol=1e-6, atol=1e-6)
+    moved = {**v["params"], "registers": jax.random.normal(jax.random.key(1), (1, 3, 32))}  # (a shift: LayerNorm)
+    assert np.abs(model.apply({"params": moved}, x)[0] - pooled).max() > 1e-3  # attended to
+  with pytest.raises(ValueError, match="num_registers=-1 must be a whole number >= 0"):
+    models.create("vit_ti16", num_registers=-1)
+
+
+def test_layerscale_scales_each_branch_and_is_not_decayed():
+  """init_values: every block's two branches are scaled per channel ("ls1", "ls2", initialised to it); at a scale of
+  1e-30 the blocks add nothing, so the ViT is its embeddings and final norm. Scales and registers are not decayed."""
+  from vitjax.train import optim
+
+  x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
+  kw = dict(patch_size=4, width=32, num_heads=2, mlp_dim=64, num_classes=5, head_zeroinit=False)
+  model = models.create("vit_ti16", **kw, depth=2, init_values=1e-30, num_registers=2)
+  v = _init(model, x)
+  assert v["params"]["encoder"]["block_1"]["ls2"]["scale"][0] == np.float32(1e-30)
+  blockless = {k: w for k, w in v["params"].items() if k != "encoder"}
+  blockless["encoder"] = {"final_norm": v["params"]["encoder"]["final_norm"]}
+  shallow = models.create("vit_ti16", **kw, depth=0, num_registers=2)
+  np.testing.assert_allclose(model.apply(v, x)[0], shallow.apply({"params": blockless}, x)[0], atol=1e-6)
+  mask = optim.decay_mask(v["params"], model)
+  assert not mask["encoder"]["block_0"]["ls1"]["scale"] and not mask["registers"]
+  assert mask["encoder"]["block_0"]["mlp"]["fc1"]["kernel"]
+  scanned = models.create("vit_ti16", **kw, depth=2, init_values=1e-5, scan=True, remat=True)
+  assert _init(scanned, x)["params"]["encoder"]["blocks"]["block"]["ls1"]["scale"].shape == (2, 32)
+  with pytest.raises(ValueError, match="init_values=0 must be a number > 0"):
+    models.create("vit_ti16", init_values=0)
+  assert "ls1" not in _init(models.create("vit_ti16", **kw, depth=1), x)["params"]["encoder"]["block_0"]

@@ -69,6 +69,35 @@ def test_from_timm_matches_timm(refs, name, hw):
   _compare(refs, model, module, variables, hw)
 
 
+@pytest.mark.parametrize(
+  "name,kw,hw",
+  [
+    ("vit_small_patch14_dinov2", dict(img_size=56), 56),  # LayerScale; the table has the class token's row
+    ("vit_small_patch14_reg4_dinov2", dict(img_size=56), 56),  # + 4 registers; the table the patches' only
+    ("deit3_small_patch16_224", {}, 224),  # LayerScale, no_embed_class
+    ("vit_base_patch16_reg4_gap_256", dict(embed_dim=192, num_heads=3), 256),  # registers, no class token, gap
+  ],
+)
+def test_layerscale_and_register_vits_match_timm_and_export_back(refs, name, kw, hw):
+  """DINOv2 (with and without registers), DeiT III and timm's register ViTs from timm's layout, two blocks; and
+  vitjax.export's timm layout read back by timm with strict=True gives the same logits. DINOv2's names carry no
+  image size: the position table's grid gives it (56 px here, 518 as timm builds them)."""
+  torch = refs.torch
+  model = _random_timm(refs, name, depth=2, num_classes=5, **kw)
+  sd = {k: v.numpy() for k, v in model.state_dict().items()}
+  module, variables = convert.from_timm(name, sd, num_heads=kw.get("num_heads"))
+  expected = dict(dinov2=(0, 1e-5, True), reg4_dinov2=(4, 1e-5, False), deit3=(0, 1e-5, False), gap=(4, None, False))
+  key = next(k for k in ("reg4_dinov2", "dinov2", "deit3", "gap") if k in name)
+  assert (module.num_registers, module.init_values, module.class_posemb) == expected[key]
+  _compare(refs, model, module, variables, (hw, hw))
+  state_dict, cfg = convert.to_timm(module, variables, (hw, hw))
+  back = convert.build_timm(cfg).eval()
+  back.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in state_dict.items()}, strict=True)
+  x = torch.from_numpy(np.random.RandomState(2).randn(2, 3, hw, hw).astype(np.float32))
+  with torch.no_grad():
+    np.testing.assert_array_equal(back(x).numpy(), model(x).numpy())
+
+
 def test_from_timm_matches_timm_when_swin_pads_windows(refs):
   # 256 px: stage maps 64, 32, 16, 8 are not multiples of the window 7, so both sides pad. A narrow Swin-T (width
   # 32, two blocks a stage: each stage's second block shifts): the padding is the same, the run 6x shorter.
@@ -104,7 +133,7 @@ def test_from_timm_refuses_mismatched_or_unknown_weights(refs):
   with pytest.raises(ValueError, match=r"posembed/pos_embedding: model \(1, 197, 192\), checkpoint \(1, 100, 192\)"):
     convert.from_timm("vit_tiny_patch16_224", bad)
   with pytest.raises(ValueError, match="does not know"):
-    convert.from_timm("vit_tiny_patch16_224", dict(sd, reg_token=np.zeros((1, 4, 192))))
+    convert.from_timm("vit_tiny_patch16_224", dict(sd, dist_token=np.zeros((1, 1, 192))))  # DeiT's distillation
   with pytest.raises(ValueError, match="no conversion"):
     convert.from_timm("resnet50", sd)
 

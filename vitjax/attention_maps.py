@@ -214,6 +214,17 @@ def inspect(trained, image: np.ndarray, out_dir: str, patch: tuple[int, int] | N
     ) from None
 
 
+def prefix_tokens(model, tokens: int, grid: tuple[int, int]) -> tuple[int, int]:
+  """(class tokens, register tokens) before a ViT's patches, among its `tokens` over a patch `grid`."""
+  cls = int(model.pool_type == "tok")
+  return cls, tokens - grid[0] * grid[1] - cls
+
+
+def register_share(a: np.ndarray, query: int, cls: int, registers: int) -> np.ndarray:
+  """[heads]: the share of the query's attention (a [heads, T, T]) that goes to the register tokens."""
+  return a[:, query, cls : cls + registers].sum(-1)
+
+
 def _draw_vit(trained, image, shown, weights, inter, out_dir, patch) -> list[str]:
   """attention.png (every layer's and head's attention from the query), rollout.png, posemb_similarity.png."""
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -221,8 +232,9 @@ def _draw_vit(trained, image, shown, weights, inter, out_dir, patch) -> list[str
   model, written = trained.model, []
   grid = _grid_of(model, image.shape[:2])
   layers = vit_layers(weights)
-  prefix = layers[0].shape[-1] - grid[0] * grid[1]
-  if patch is None and prefix:
+  cls, registers = prefix_tokens(model, layers[0].shape[-1], grid)
+  prefix = cls + registers
+  if patch is None and cls:
     query, what = 0, "class token"
   else:
     r, c = patch if patch is not None else (grid[0] // 2, grid[1] // 2)  # (inspect checked --patch)
@@ -231,8 +243,10 @@ def _draw_vit(trained, image, shown, weights, inter, out_dir, patch) -> list[str
   fig, axes = plt.subplots(len(layers), heads + 1, figsize=(1.6 * (heads + 1), 1.6 * len(layers)), squeeze=False)
   for i, a in enumerate(layers):
     _show(axes[i, 0], shown, title=f"layer {i}")
+    share = register_share(a, query, cls, registers)  # the registers, apart from the patch grid
     for h in range(heads):
-      _show(axes[i, h + 1], shown, a[h, query, prefix:].reshape(grid), title=f"head {h}")
+      title = f"head {h}" + (f", registers {share[h]:.0%}" if registers else "")
+      _show(axes[i, h + 1], shown, a[h, query, prefix:].reshape(grid), title=title)
   fig.suptitle(f"attention from the {what}", fontsize=9)
   written.append(_save(fig, os.path.join(out_dir, "attention.png")))
   roll = rollout(layers)
@@ -240,7 +254,7 @@ def _draw_vit(trained, image, shown, weights, inter, out_dir, patch) -> list[str
   _show(axes[0], shown, title="input")
   _show(axes[1], shown, roll[query, prefix:].reshape(grid), title=f"rollout from the {what}")
   written.append(_save(fig, os.path.join(out_dir, "rollout.png")))
-  table = _position_table(model, trained.variables["params"], grid, prefix)
+  table = _position_table(model, trained.variables["params"], grid)
   sim = posemb_similarity(table, grid)
   fig, axes = plt.subplots(*grid, figsize=(0.5 * grid[1] + 1, 0.5 * grid[0] + 1), squeeze=False)
   for r in range(grid[0]):
@@ -275,13 +289,14 @@ def _draw_swin(trained, image, shown, weights, inter, out_dir, patch) -> list[st
   return written
 
 
-def _position_table(model, params, grid, prefix) -> np.ndarray:
+def _position_table(model, params, grid) -> np.ndarray:
   """The patches' position embeddings [N, D].
 
   The learned table (without the class token's row) or the fixed 2-D sin-cos one.
   """
-  if model.posemb == "learn":
-    return np.asarray(params["posembed"]["pos_embedding"])[0, prefix:]
+  if model.posemb == "learn":  # (rows for the class token and registers first, unless model.class_posemb is False)
+    table = np.asarray(params["posembed"]["pos_embedding"])[0]
+    return table[len(table) - grid[0] * grid[1] :]
 
   return np.asarray(sincos_2d(*grid, model.width))
 

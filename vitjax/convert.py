@@ -151,7 +151,10 @@ def from_hub(spec: str):
   repo = hub.open_repo(spec)
   arch = repo.config.get("architecture", "")
   if repo.layout == "timm" and not any(f.converter("timm").NAMES.match(arch) for f in registry.families_with("timm")):
-    raise ConfigError(f"{spec}: timm's {arch!r} is not a model vitjax reads (timm's vit_SIZE_patchP_* and swin_*)")
+    raise ConfigError(
+      f"{spec}: timm's {arch!r} is not a model vitjax reads (timm's vit_SIZE_patchP_*, deit3_*, "
+      "vit_SIZE_patch14_[reg4_]dinov2 and swin_*)"
+    )
   path = repo.weights_file()
   sd = _read_state_dict(spec, path)
   try:

@@ -124,8 +124,28 @@ class DropPath(nn.Module):
     return jnp.where(mask, x / keep, 0.0).astype(x.dtype)
 
 
+class LayerScale(nn.Module):
+  """Per-channel scale of a residual branch (Touvron et al. 2021, CaiT; DeiT III, DINOv2). [..., D] -> [..., D].
+
+  One learned parameter "scale" [D], initialised to `init_values`.
+  """
+
+  init_values: float
+  dtype: Any = None
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    """X * scale, in x's dtype."""
+    scale = self.param("scale", nn.initializers.constant(self.init_values), (x.shape[-1],))
+    return x * scale.astype(x.dtype)
+
+
 class _BlockBase(nn.Module):
-  """Options shared by encoder and decoder blocks. norm: "pre", "post" or "respost" (see NORMS)."""
+  """Options shared by encoder and decoder blocks. norm: "pre", "post" or "respost" (see NORMS).
+
+  init_values: LayerScale on every residual branch ("ls1", "ls2", ...: one per norm "norm1", "norm2", ...),
+  initialised to this value; None (the default): none, and no parameter.
+  """
 
   num_heads: int
   mlp_dim: int
@@ -138,6 +158,7 @@ class _BlockBase(nn.Module):
   implementation: str = "fast"
   deterministic: bool = True
   dtype: Any = None
+  init_values: float | None = None
 
   def _attention(self, name: str, decode: bool = False) -> MultiHeadAttention:
     return MultiHeadAttention(
@@ -157,16 +178,20 @@ class _BlockBase(nn.Module):
   def _residual(self, x: Array, branch, norm_name: str, drop_path: float | Array) -> Array:
     """pre: x + dp(do(F(LN(x)))); post: LN(x + dp(do(F(x)))); respost: x + dp(LN(do(F(x)))).
 
-    do is dropout, dp stochastic depth (in respost the norm comes before the branch is dropped, as in Swin V2).
+    do is dropout, dp stochastic depth (in respost the norm comes before the branch is dropped, as in Swin V2). With
+    init_values, the branch is scaled (LayerScale) right before it is dropped, as timm's blocks do.
     """
     dropout = lambda y: nn.Dropout(self.dropout_rate)(y, deterministic=self.deterministic)
     drop_branch = lambda y: DropPath(self.deterministic)(y, drop_path)
+    scale = lambda y: y
+    if self.init_values is not None:
+      scale = LayerScale(self.init_values, self.dtype, name=norm_name.replace("norm", "ls"))
     norm = check_norm(self.norm)
     if norm == "pre":
-      return x + drop_branch(dropout(branch(self._norm(norm_name)(x))))
+      return x + drop_branch(scale(dropout(branch(self._norm(norm_name)(x)))))
     if norm == "post":
-      return self._norm(norm_name)(x + drop_branch(dropout(branch(x))))
-    return x + drop_branch(self._norm(norm_name)(dropout(branch(x))))
+      return self._norm(norm_name)(x + drop_branch(scale(dropout(branch(x)))))
+    return x + drop_branch(scale(self._norm(norm_name)(dropout(branch(x)))))
 
   def _ffn(self, x: Array) -> Array:
     return FeedForward(

@@ -159,7 +159,16 @@ def create(name: str, **overrides):
 SIZES = {"width", "mlp_dim", "num_heads", "embed_dim", "window_size", "d_model", "d_ff", "max_len", "vocab_size",
          "tgt_vocab_size", "decoder_width", "decoder_heads", "decoder_mlp_dim", "resnet_width", "representation_size",
          "channels", "patch_size"}  # fmt: skip
-COUNTS = {"depth", "depths", "num_layers", "decoder_depth", "num_classes", "stem_depth", "resnet_layers"}
+COUNTS = {
+  "depth",
+  "depths",
+  "num_layers",
+  "decoder_depth",
+  "num_classes",
+  "stem_depth",
+  "resnet_layers",
+  "num_registers",
+}
 PAIRS = {"patch_size", "window_size"}  # an int or an (h, w) pair
 
 
@@ -172,7 +181,10 @@ def check_values(family: str, fields: dict) -> None:
   for key, value in fields.items():
     if value is None:
       continue
-    if key.endswith("_rate") or key == "mask_ratio":
+    if key == "init_values":  # LayerScale's initial scale
+      if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+        raise ValueError(f"{family}: {key}={value!r} must be a number > 0 (e.g. {key}=1e-5), or None for no LayerScale")
+    elif key.endswith("_rate") or key == "mask_ratio":
       if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1:
         raise ValueError(f"{family}: {key}={value!r} must be in [0, 1) (e.g. {key}=0.1)")
     elif key in SIZES or key in COUNTS:

@@ -1,7 +1,7 @@
 """Vision Transformer (Dosovitskiy et al. 2021), every option of the family in one module.
 
-Patchify (or a convolutional stem, Xiao et al. 2021) -> optional LayerNorm -> optional class token -> position
-embedding (learned or 2-D sin-cos) -> encoder (pre-norm, post-norm or res-post-norm blocks, optionally with a
+Patchify (or a convolutional stem, Xiao et al. 2021) -> optional LayerNorm -> optional class token and register
+tokens (Darcet et al. 2024) -> position embedding (learned or 2-D sin-cos) -> encoder (optionally with LayerScale) (pre-norm, post-norm or res-post-norm blocks, optionally with a
 learned relative position bias) -> pooling (class token, global average, a MAP head, or all tokens flattened)
 -> optional pre-logits layer -> classifier. Images are [B, H, W, C]; H and W must be multiples of the
 patch size but need not be equal.
@@ -150,7 +150,7 @@ def _overrides(kw: dict) -> dict:
 
 # The ViT's parameters that weight decay leaves alone (besides biases and norm scales), and how loaded weights
 # fit another resolution. They are shared with every model built on the ViT (MAE).
-NO_DECAY = ("pos_embedding", "relative_position_bias_table", "cls", "probe")
+NO_DECAY = ("pos_embedding", "relative_position_bias_table", "cls", "registers", "probe")
 ADAPTERS = (adapt.resample_patch_positions, adapt.bias_table_resizer("clip", under="encoder/"))
 
 
@@ -172,7 +172,16 @@ class ViT(nn.Module):
     pool_type: "tok" (class token), "gap" (global average), "map" (attention pooling), "none" (all tokens,
       [B, N, D], to the head), "flatten" (all tokens flattened to [B, N*D], then the head: "Flatten + Linear";
       the head's kernel [N*D, classes] fixes the number of tokens, so the image size, to the one it was built for).
-    posemb: "learn" (a learned table covering the class token too, as the original ViT) or "sincos2d".
+    posemb: "learn" (a learned table, covering the class token too, as the original ViT, unless not class_posemb) or
+      "sincos2d" (fixed, the patches only).
+    class_posemb: with posemb "learn", the table has rows for the class token and the registers (the original ViT's,
+      timm's default, DINOv2's); False: for the patches only, the other tokens join after it is added (timm's
+      no_embed_class: DeiT III, DINOv2 with registers, big_vision).
+    num_registers: register tokens (Darcet et al. 2024, "Vision Transformers Need Registers"): learned tokens
+      "registers" [1, R, D] after the class token, before the patches; attended to, never pooled ("gap" averages the
+      patches only). 0: none, and no parameter.
+    init_values: LayerScale on both residual branches of every block (vitjax.layers.LayerScale, "ls1" and "ls2"),
+      initialised to this (DeiT III 1e-6, DINOv2 1e-5); None: none.
     stem: "patch" (a p x p stride-p convolution) or "conv" (ConvStem).
     stem_depth: with stem "conv", the 3x3 convolutions at each of its resolutions (ConvStem.depth).
     norm: where each block's LayerNorms sit (vitjax.layers.NORMS): "pre" x + F(LN(x)) (the ViT's), "post"
@@ -208,6 +217,9 @@ class ViT(nn.Module):
   num_heads: int = 12
   pool_type: str = "tok"
   posemb: str = "learn"
+  class_posemb: bool = True
+  num_registers: int = 0
+  init_values: float | None = None
   stem: str = "patch"
   stem_depth: int = 1
   norm: str = "pre"
@@ -275,18 +287,23 @@ class ViT(nn.Module):
       x = nn.LayerNorm(epsilon=self.layernorm_eps, dtype=self.dtype, name="embed_norm")(x)
     return x, (h, w)
 
-  def _tokens(self, x: Array, cls: Array | None, h: int, w: int, keep: Array | None, train: bool) -> tuple[Array, int]:
-    """Class token, positions, the kept patches (MAE), dropout: ([B, prefix + patches, D], number of patches)."""
+  def _tokens(self, x: Array, prefix: list, h: int, w: int, keep: Array | None, train: bool) -> tuple[Array, int]:
+    """Class token and registers (`prefix`), positions, the kept patches (MAE), dropout.
+
+    Returns ([B, prefix + patches, D], number of patches).
+    """
     b, _, d = x.shape
-    if cls is not None:
-      x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (b, 1, d)), x], axis=1)
-    if self.posemb == "learn":
-      x = LearnedPositionEmbedding(name="posembed")(x)
-    elif self.posemb == "sincos2d":
-      pe = jnp.asarray(sincos_2d(h, w, d), x.dtype)
-      x = x.at[:, x.shape[1] - h * w :].add(pe[None])
-    else:
+    prefix = [jnp.broadcast_to(t.astype(x.dtype), (b, t.shape[1], d)) for t in prefix]
+    if self.posemb not in ("learn", "sincos2d"):
       raise ValueError(f"unknown posemb {self.posemb!r}; use 'learn' or 'sincos2d'")
+    if self.posemb == "learn" and self.class_posemb:  # a row for each token
+      x = LearnedPositionEmbedding(name="posembed")(jnp.concatenate([*prefix, x], axis=1))
+    else:  # the patches' positions, then the other tokens
+      if self.posemb == "learn":
+        x = LearnedPositionEmbedding(name="posembed")(x)
+      else:
+        x = x + jnp.asarray(sincos_2d(h, w, d), x.dtype)[None]
+      x = jnp.concatenate([*prefix, x], axis=1) if prefix else x
     num_patches = h * w
     if keep is not None:  # after the positions are added: each kept patch keeps its own
       if self.rel_pos_bias:
@@ -309,6 +326,7 @@ class ViT(nn.Module):
       implementation=self.implementation,
       deterministic=not train,
       dtype=self.dtype,
+      init_values=self.init_values,
     )
     if self.rel_pos_bias:
       block_kwargs.update(rel_pos_grid=grid, rel_pos_cls_token=self.pool_type == "tok")
@@ -354,8 +372,12 @@ class ViT(nn.Module):
     if self.norm not in NORMS:
       raise ValueError(f"unknown norm {self.norm!r}; use one of {', '.join(map(repr, NORMS))}")
     x, (h, w) = self._embed(images, train)
-    cls = self.param("cls", nn.initializers.normal(1e-6), (1, 1, x.shape[-1])) if self.pool_type == "tok" else None
-    x, num_patches = self._tokens(x, cls, h, w, keep, train)
+    prefix = []
+    if self.pool_type == "tok":
+      prefix.append(self.param("cls", nn.initializers.normal(1e-6), (1, 1, x.shape[-1])))
+    if self.num_registers:
+      prefix.append(self.param("registers", nn.initializers.normal(1e-6), (1, self.num_registers, x.shape[-1])))
+    x, num_patches = self._tokens(x, prefix, h, w, keep, train)
     x = self._encoder(x, (h, w), train)
     out = {"encoded": x}
     x = self._pool(x, num_patches)

@@ -6,6 +6,7 @@ The name (or num_heads) gives the heads, the weights the rest; activation: exact
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -14,7 +15,12 @@ from vitjax import posenc
 from vitjax.models import convert_util as u
 from vitjax.models import vit as vit_lib
 
-NAMES = re.compile(r"^vit_(tiny|small|medium|base|large|huge)_patch(\d+)_(?:clip_|gap_|siglip_)*(\d+)")
+# timm's names of the ViTs read here: vit_SIZE_patchP_[clip_|gap_|siglip_|regN_]IMAGE (AugReg, CLIP, SigLIP, timm's
+# register ViTs), deit3_SIZE_patchP_IMAGE (DeiT III), vit_SIZE_patch14_[reg4_]dinov2 (DINOv2: its weights give the size)
+NAMES = re.compile(
+  r"^(?:vit|deit3)_(?P<size>tiny|small|medium|base|large|huge)_patch(?P<patch>\d+)_"
+  r"(?:(?:clip|gap|siglip|reg\d+)_)*(?:(?P<image>\d+)|dinov2)"
+)
 _SIZES = {"tiny": "Ti", "small": "S", "medium": "M", "base": "B", "large": "L", "huge": "H"}
 LAYOUTS = {"timm-vit": "timm ViT (patch_embed.proj, blocks.N.attn.qkv, ...)"}
 READS = ("timm-vit",)  # the layouts read() takes
@@ -59,15 +65,22 @@ def _timm_attention_pool(r: u.Reader, heads: int, out: dict) -> None:
 
 
 def _read(m: re.Match, r: u.Reader, num_heads: int | None):
-  cfg, out = read_vit(r, num_heads or vit_lib.VARIANTS[_SIZES[m[1]]][3])
-  return vit_lib.ViT(**cfg), out, (int(m[3]), int(m[3]))  # the name's image size, as timm builds it
+  grid = int(m["image"]) // int(m["patch"]) if m["image"] else None
+  cfg, out = read_vit(r, num_heads or vit_lib.VARIANTS[_SIZES[m["size"]]][3], grid)
+  if m["image"]:  # the name's image size, as timm builds it
+    return vit_lib.ViT(**cfg), out, (int(m["image"]),) * 2
+  rows = out["posembed/pos_embedding"].shape[1]  # DINOv2's names give none: its table's grid does (518 px)
+  prefix = (cfg["pool_type"] == "tok") + cfg.get("num_registers", 0) if cfg.get("class_posemb", True) else 0
+  side = math.isqrt(rows - prefix) * cfg["patch_size"][0]
+  return vit_lib.ViT(**cfg), out, (side, side)
 
 
-def read_vit(r: u.Reader, heads: int) -> tuple[dict, dict[str, np.ndarray]]:
+def read_vit(r: u.Reader, heads: int, grid: int | None = None) -> tuple[dict, dict[str, np.ndarray]]:
   """The ViT part of a timm VisionTransformer state dict: (ViT keyword arguments, flax-named parameters).
 
   What read() and the hybrid's reader (vitjax.models.vit_hybrid_timm) share; heads: from the model's name or the
-  caller. Raises ValueError when they do not divide the weights' width (timm's weights do not hold the head count).
+  caller; grid: the patch grid's side the name gives (None: the position table's). Raises ValueError when the heads
+  do not divide the weights' width (timm's weights do not hold the head count).
   """
   kernel = r.arrays["patch_embed.proj.weight"]  # [D, C, p, p]
   if kernel.shape[0] % heads:
@@ -91,10 +104,13 @@ def read_vit(r: u.Reader, heads: int) -> tuple[dict, dict[str, np.ndarray]]:
   )
   if "pre_logits.fc.weight" in r:
     cfg["representation_size"] = r.arrays["pre_logits.fc.weight"].shape[0]
+  _read_tokens(r, cfg, grid)
   out: dict[str, np.ndarray] = {}
   u.conv(r, "patch_embed.proj", "embedding", out)
   if "cls_token" in r:
     out["cls"] = r("cls_token")
+  if "reg_token" in r:
+    out["registers"] = r("reg_token")
   out["posembed/pos_embedding"] = r("pos_embed")
   for i in range(depth):
     s, d = f"blocks.{i}", f"encoder/block_{i}"
@@ -102,6 +118,8 @@ def read_vit(r: u.Reader, heads: int) -> tuple[dict, dict[str, np.ndarray]]:
     u.timm_attention(r, f"{s}.attn", f"{d}/attn", heads, out)
     u.norm(r, f"{s}.norm2", f"{d}/norm2", out)
     u.timm_mlp(r, f"{s}.mlp", f"{d}/mlp", out)
+    for ls in ("ls1", "ls2") if "init_values" in cfg else ():
+      out[f"{d}/{ls}/scale"] = r(f"{s}.{ls}.gamma")
   u.norm(r, "fc_norm" if cfg["fc_norm"] else "norm", "fc_norm" if cfg["fc_norm"] else "encoder/final_norm", out)
   if pool == "map":
     _timm_attention_pool(r, heads, out)
@@ -110,6 +128,26 @@ def read_vit(r: u.Reader, heads: int) -> tuple[dict, dict[str, np.ndarray]]:
   if cfg["num_classes"]:
     u.linear(r, "head", "head", out)
   return cfg, out
+
+
+def _read_tokens(r: u.Reader, cfg: dict, grid: int | None) -> None:
+  """Registers, LayerScale and where the position table's rows are, from the weights, into `cfg`.
+
+  The table covers the class token and registers too (timm's default) unless it has as many rows as the patches
+  (no_embed_class): grid x grid, or, without a grid, a square number that is not one plus the other tokens.
+  LayerScale's initial value is not in the weights: DINOv2's 1e-5 (it matters only to a new model).
+  """
+  prefix = int("cls_token" in r)
+  if "reg_token" in r:
+    cfg["num_registers"] = int(r.arrays["reg_token"].shape[1])
+    prefix += cfg["num_registers"]
+  if "blocks.0.ls1.gamma" in r:
+    cfg["init_values"] = 1e-5
+  rows = r.arrays["pos_embed"].shape[1]
+  square = lambda n: n >= 0 and math.isqrt(n) ** 2 == n
+  patches_only = rows == grid * grid if grid else square(rows) and not square(rows - prefix)
+  if prefix and patches_only:
+    cfg["class_posemb"] = False
 
 
 def write(module, p: dict, image_size) -> tuple[dict, dict]:
@@ -150,17 +188,22 @@ def write(module, p: dict, image_size) -> tuple[dict, dict]:
   grid = (image_size[0] // k.shape[0], image_size[1] // k.shape[1])
   if "cls" in p:
     out["cls_token"] = p["cls"]
+  if "registers" in p:
+    out["reg_token"] = p["registers"]
+  prefix = int("cls" in p) + module.num_registers if module.class_posemb else 0  # the table's rows before the patches
   if module.posemb == "learn":
     out["pos_embed"] = p["posembed/pos_embedding"]
   else:  # a fixed sin-cos table becomes timm's (learned) table: same values, same logits
     pe = posenc.sincos_2d(*grid, k.shape[-1])[None]
-    out["pos_embed"] = np.concatenate([np.zeros_like(pe[:, :1]), pe], 1) if "cls" in p else pe
+    out["pos_embed"] = np.concatenate([np.zeros((1, prefix, pe.shape[-1]), pe.dtype), pe], 1)
   for i in range(module.depth):
     s, d = f"encoder/block_{i}", f"blocks.{i}"
     u.put_norm(p, f"{s}/norm1", f"{d}.norm1", out)
     u.put_attention(p, f"{s}/attn", f"{d}.attn", out)
     u.put_norm(p, f"{s}/norm2", f"{d}.norm2", out)
     u.put_mlp(p, f"{s}/mlp", f"{d}.mlp", out)
+    for ls in ("ls1", "ls2") if module.init_values is not None else ():
+      out[f"{d}.{ls}.gamma"] = p[f"{s}/{ls}/scale"]
   if module.fc_norm:
     u.put_norm(p, "fc_norm", "fc_norm", out)
   else:
@@ -185,6 +228,12 @@ def write(module, p: dict, image_size) -> tuple[dict, dict]:
     num_classes=int(out["head.weight"].shape[0]) if "head.weight" in out else 0,
     act_layer=module.act,
   )
+  if module.num_registers:
+    args["reg_tokens"] = module.num_registers
+  if prefix == 0 and ("cls" in p or module.num_registers):
+    args["no_embed_class"] = True
+  if module.init_values is not None:
+    args["init_values"] = module.init_values
   return out, {"model": "vit", "kwargs": args}
 
 

@@ -1,0 +1,65 @@
+"""The newer ViT backbones against timm: random weights (every one perturbed), two blocks, float32, the same input.
+
+    python experiments/parity_backbones.py      # needs torch and timm (the README's test install has them)
+
+For each timm model: the options vitjax read from its weights, the relative max error of vitjax's logits against
+timm's, and vitjax.export's timm layout read back by timm (load_state_dict strict=True) with its largest difference
+from the original. tests/test_parity.py holds the same cases at the 1e-5 bound.
+"""
+
+import os
+import sys
+
+import jax
+import numpy as np
+
+from vitjax import convert
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # torchvision_ops_shim
+CASES = [  # timm name, create_model's arguments, image side
+  ("vit_small_patch14_dinov2", dict(img_size=56), 56),
+  ("vit_small_patch14_dinov2", {}, 518),
+  ("vit_small_patch14_reg4_dinov2", dict(img_size=56), 56),
+  ("deit3_small_patch16_224", {}, 224),
+  ("vit_base_patch16_reg4_gap_256", dict(embed_dim=192, num_heads=3), 256),
+]
+
+
+def main():
+  import timm
+  import torch
+  import torchvision_ops_shim  # noqa: F401  (torchvision's ops on CPU-only torch, before timm)
+
+  print(f"timm {timm.__version__}, torch {torch.__version__}, jax {jax.__version__}")
+  print(
+    "| timm model | px | registers | LayerScale | table rows for cls/registers | pool | rel. error | export, timm strict |"
+  )
+  print("| --- | ---: | ---: | --- | --- | --- | ---: | --- |")
+  for name, kw, hw in CASES:
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False, depth=2, num_classes=5, **kw).eval()
+    with torch.no_grad():
+      for p in model.parameters():
+        p.add_(0.02 * torch.randn_like(p))
+    sd = {k: v.numpy() for k, v in model.state_dict().items()}
+    module, variables = convert.from_timm(name, sd, num_heads=kw.get("num_heads"))
+    x = np.random.RandomState(1).randn(2, 3, hw, hw).astype(np.float32)
+    with torch.no_grad():
+      want = model(torch.from_numpy(x)).numpy()
+    got = np.asarray(jax.jit(module.apply)(variables, x.transpose(0, 2, 3, 1))[0])
+    rel = np.abs(got - want).max() / np.abs(want).max()
+    state_dict, cfg = convert.to_timm(module, variables, (hw, hw))
+    back = convert.build_timm(cfg).eval()
+    back.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in state_dict.items()}, strict=True)
+    with torch.no_grad():
+      again = np.abs(back(torch.from_numpy(x)).numpy() - want).max()
+    ls = module.init_values is not None
+    print(
+      f"| {name} | {hw} | {module.num_registers} | {ls} | {module.class_posemb} | {module.pool_type} | {rel:.2e} | "
+      f"loads, max diff {again:.1e} |"
+    )
+
+
+if __name__ == "__main__":
+  main()

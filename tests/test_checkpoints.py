@@ -159,3 +159,40 @@ def test_initial_variables_are_the_seeds_and_imported_weights_are_one_set():
   for checkpoint, weights in (("3", "params"), ("best", "ema")):
     with pytest.raises(ConfigError, match="imported weights are one set"):
       pretrained.load("timm:vit_tiny_patch16_224:missing.safetensors", net, checkpoint, weights)
+
+
+def test_init_from_a_dinov2_with_registers_file_fits_a_smaller_grid_and_names_a_wrong_option(tmp_path, timm_ref):
+  """init_from=timm:vit_small_patch14_reg4_dinov2:FILE (518 px as timm builds it) into a 56 px model: registers and
+  LayerScale carried as they are, the 37x37 table resampled to 4x4, a new head. A model without registers, or with
+  a table that has rows for them, gets one line naming config.model's option."""
+  import jax
+  import safetensors.torch
+  import torch
+
+  from vitjax import mesh as mesh_lib
+  from vitjax.config import default_config
+  from vitjax.errors import ConfigError
+  from vitjax.models import network, pretrained
+
+  torch.manual_seed(0)
+  model = timm_ref.create_model("vit_small_patch14_reg4_dinov2", pretrained=False, depth=1, num_classes=0)
+  path = str(tmp_path / "dinov2.safetensors")
+  safetensors.torch.save_file(model.state_dict(), path)
+  source = f"timm:vit_small_patch14_reg4_dinov2:{path}"
+
+  def net(**fields):
+    c = default_config()
+    c.model.update(name="vit_s16", patch_size=14, depth=1, init_values=1e-5, **fields)
+    images = (np.zeros((1, 56, 56, 3), np.float32),)
+    return network.network(c, {"num_classes": 3}, images, mesh_lib.Layout.of(c).mesh())
+
+  _, variables = pretrained.load(source, net(num_registers=4, class_posemb=False), fit=True)
+  p = jax.device_get(variables["params"])
+  sd = model.state_dict()
+  np.testing.assert_array_equal(p["registers"], sd["reg_token"].numpy())
+  np.testing.assert_array_equal(p["encoder"]["block_0"]["ls2"]["scale"], sd["blocks.0.ls2.gamma"].numpy())
+  assert p["posembed"]["pos_embedding"].shape == (1, 16, 384) and p["head"]["kernel"].shape == (384, 3)
+  with pytest.raises(ConfigError, match=r"has 4 register tokens, the model 0: set config.model.num_registers=4"):
+    pretrained.load(source, net(), fit=True)
+  with pytest.raises(ConfigError, match=r"non-square grid of 21 tokens .*set config.model.class_posemb=False"):
+    pretrained.load(source, net(num_registers=4), fit=True)

@@ -33,6 +33,7 @@ def adapt_params(loaded, target, model=None) -> tuple[dict, list[str]]:
   flat_l = flax.traverse_util.flatten_dict(flax.core.unfreeze(loaded), sep="/")
   flat_t = flax.traverse_util.flatten_dict(flax.core.unfreeze(target), sep="/")
   out, problems, changes = {}, [], []
+  _check_registers(flat_l, flat_t)
   flat_l = _restack(flat_l, scanned=any(_SCANNED in k for k in flat_t), changes=changes)
   for k, t in flat_t.items():
     if k not in flat_l:
@@ -68,6 +69,16 @@ def adapt_params(loaded, target, model=None) -> tuple[dict, list[str]]:
   return flax.traverse_util.unflatten_dict({tuple(k.split("/")): v for k, v in out.items()}), changes
 
 
+def _check_registers(flat_l: dict, flat_t: dict) -> None:
+  """ConfigError naming config.model.num_registers when the checkpoint has other register tokens than the model."""
+  have, want = (int(np.shape(f["registers"])[1]) if "registers" in f else 0 for f in (flat_l, flat_t))
+  if have != want:
+    raise ConfigError(
+      f"the checkpoint has {have} register tokens, the model {want}: set config.model.num_registers={have}"
+      + (" (DINOv2's and timm's register ViTs also have config.model.class_posemb=False)" if have else "")
+    )
+
+
 def _group(key: str) -> str:
   """A parameter's subtree as left-out parameters are listed: "encoder/block_3/*", "pre_logits/*"."""
   parts = key.split("/")
@@ -99,7 +110,8 @@ def resample_patch_positions(k: str, v: np.ndarray, t: np.ndarray):
       has = lambda p: "a class token's row" if p else "no class token's row"
       raise ConfigError(
         f"{k}: the checkpoint's table {v.shape} has {has(prefix)}, the model's {tuple(t.shape)} {has(target_prefix)}:"
-        f" set config.model.pool_type to the checkpoint's ({'tok' if prefix else 'gap or map'})"
+        f" set config.model.pool_type to the checkpoint's ({'tok' if prefix else 'gap or map'}), or"
+        f" config.model.class_posemb={not prefix} (rows for the class token and registers, or the patches' only)"
       )
     new = posenc.resample_posemb(v, _grid(t.shape[1] - prefix), num_prefix_tokens=prefix)
     return new, f"resampled {k} {v.shape} -> {new.shape}"
@@ -172,5 +184,8 @@ def _odd_square(n: int) -> bool:
 def _grid(n: int) -> tuple[int, int]:
   side = math.isqrt(n)
   if side * side != n:
-    raise ConfigError(f"cannot resample position embeddings to a non-square grid of {n} tokens")
+    raise ConfigError(
+      f"cannot resample position embeddings to a non-square grid of {n} tokens (a table with rows for registers: "
+      "set config.model.class_posemb=False, as the checkpoint's)"
+    )
   return side, side

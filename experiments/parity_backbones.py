@@ -23,19 +23,22 @@ CASES = [  # timm name, create_model's arguments, image side
   ("vit_small_patch14_reg4_dinov2", dict(img_size=56), 56),
   ("deit3_small_patch16_224", {}, 224),
   ("vit_base_patch16_reg4_gap_256", dict(embed_dim=192, num_heads=3), 256),
+  ("vit_small_patch16_224", dict(qk_norm=True), 224),  # QK-norm: timm's option (no pretrained name has it alone)
 ]
 
 
 def main():
+  # isort: off
+  import torchvision_ops_shim  # noqa: F401  (torchvision's ops on CPU-only torch, before timm)
   import timm
   import torch
-  import torchvision_ops_shim  # noqa: F401  (torchvision's ops on CPU-only torch, before timm)
+  # isort: on
 
   print(f"timm {timm.__version__}, torch {torch.__version__}, jax {jax.__version__}")
   print(
-    "| timm model | px | registers | LayerScale | table rows for cls/registers | pool | rel. error | export, timm strict |"
+    "| timm model | px | registers | LayerScale | QK-norm | table rows for cls/registers | pool | rel. error | export |"
   )
-  print("| --- | ---: | ---: | --- | --- | --- | ---: | --- |")
+  print("| --- | ---: | ---: | --- | --- | --- | --- | ---: | --- |")
   for name, kw, hw in CASES:
     torch.manual_seed(0)
     model = timm.create_model(name, pretrained=False, depth=2, num_classes=5, **kw).eval()
@@ -56,8 +59,8 @@ def main():
       again = np.abs(back(torch.from_numpy(x)).numpy() - want).max()
     ls = module.init_values is not None
     print(
-      f"| {name} | {hw} | {module.num_registers} | {ls} | {module.class_posemb} | {module.pool_type} | {rel:.2e} | "
-      f"loads, max diff {again:.1e} |"
+      f"| {name}{' qk_norm' if kw.get('qk_norm') else ''} | {hw} | {module.num_registers} | {ls} | {module.qk_norm} | "
+      f"{module.class_posemb} | {module.pool_type} | {rel:.2e} | timm strict, max diff {again:.1e} |"
     )
 
 

@@ -55,6 +55,23 @@ CASES = {
     (_image(),),
     lambda out: out[0].astype(jnp.float32).mean(),
   ),
+  "vit_modern": lambda dt: (  # DINOv2's parts: registers, LayerScale, a table of the patches only; and QK-norm
+    models.create(
+      "Ti/4",
+      depth=2,
+      width=32,
+      num_heads=2,
+      mlp_dim=64,
+      num_classes=5,
+      num_registers=4,
+      class_posemb=False,
+      init_values=1e-5,
+      qk_norm="layernorm",
+      dtype=dt,
+    ),
+    (_image(),),
+    lambda out: out[0].astype(jnp.float32).mean(),
+  ),
   "swin": lambda dt: (
     models.create("swin_t", embed_dim=16, depths=(2, 2), num_heads=(2, 2), window_size=7, num_classes=3, dtype=dt),
     (_image(hw=56),),

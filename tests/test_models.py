@@ -389,3 +389,24 @@ def test_layerscale_scales_each_branch_and_is_not_decayed():
   with pytest.raises(ValueError, match="init_values=0 must be a number > 0"):
     models.create("vit_ti16", init_values=0)
   assert "ls1" not in _init(models.create("vit_ti16", **kw, depth=1), x)["params"]["encoder"]["block_0"]
+
+
+def test_qk_norm_normalises_each_heads_queries_and_keys():
+  """qk_norm: "layernorm" (timm's) or "rmsnorm" on each head's queries and keys, one norm shared by the heads; the
+  logits are then invariant to scaling the query and key kernels (a norm's point); None adds nothing."""
+  from vitjax.attention import MultiHeadAttention
+
+  x = jax.random.normal(jax.random.key(0), (2, 5, 16))
+  for kind in ("layernorm", "rmsnorm"):
+    attn = MultiHeadAttention(num_heads=2, qkv_bias=False, qk_norm=kind)
+    v = attn.init(jax.random.key(1), x)
+    assert v["params"]["q_norm"]["scale"].shape == (8,) and "k_norm" in v["params"]
+    scaled = jax.tree_util.tree_map_with_path(
+      lambda p, a: a * 7.0 if any(getattr(k, "key", "") in ("query", "key") for k in p) else a, v
+    )
+    np.testing.assert_allclose(attn.apply(v, x), attn.apply(scaled, x), atol=1e-4)
+  assert "q_norm" not in MultiHeadAttention(num_heads=2).init(jax.random.key(1), x)["params"]
+  with pytest.raises(ValueError, match="unknown qk_norm 'l2'"):
+    MultiHeadAttention(num_heads=2, qk_norm="l2").init(jax.random.key(1), x)
+  vit = models.create("vit_ti16", patch_size=4, width=32, depth=1, num_heads=2, mlp_dim=64, qk_norm="rmsnorm")
+  assert "q_norm" in _init(vit, jnp.zeros((1, 16, 16, 3)))["params"]["encoder"]["block_0"]["attn"]

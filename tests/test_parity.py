@@ -70,25 +70,24 @@ def test_from_timm_matches_timm(refs, name, hw):
 
 
 @pytest.mark.parametrize(
-  "name,kw,hw",
-  [
-    ("vit_small_patch14_dinov2", dict(img_size=56), 56),  # LayerScale; the table has the class token's row
-    ("vit_small_patch14_reg4_dinov2", dict(img_size=56), 56),  # + 4 registers; the table the patches' only
-    ("deit3_small_patch16_224", {}, 224),  # LayerScale, no_embed_class
-    ("vit_base_patch16_reg4_gap_256", dict(embed_dim=192, num_heads=3), 256),  # registers, no class token, gap
+  "name,kw,hw,options",
+  [  # options: (num_registers, init_values, class_posemb, qk_norm) as read from the weights
+    ("vit_small_patch14_dinov2", dict(img_size=56), 56, (0, 1e-5, True, None)),  # LayerScale; a class token row
+    ("vit_small_patch14_reg4_dinov2", dict(img_size=56), 56, (4, 1e-5, False, None)),  # + 4 registers, no such rows
+    ("deit3_small_patch16_224", {}, 224, (0, 1e-5, False, None)),  # LayerScale, no_embed_class
+    ("vit_base_patch16_reg4_gap_256", dict(embed_dim=192, num_heads=3), 256, (4, None, False, None)),  # no cls, gap
+    ("vit_small_patch16_224", dict(qk_norm=True), 224, (0, None, True, "layernorm")),  # QK-norm
   ],
 )
-def test_layerscale_and_register_vits_match_timm_and_export_back(refs, name, kw, hw):
-  """DINOv2 (with and without registers), DeiT III and timm's register ViTs from timm's layout, two blocks; and
-  vitjax.export's timm layout read back by timm with strict=True gives the same logits. DINOv2's names carry no
+def test_layerscale_register_and_qk_norm_vits_match_timm_and_export_back(refs, name, kw, hw, options):
+  """DINOv2 (with and without registers), DeiT III, timm's register ViTs and QK-norm from timm's layout, two blocks;
+  and vitjax.export's timm layout read back by timm with strict=True gives the same logits. DINOv2's names carry no
   image size: the position table's grid gives it (56 px here, 518 as timm builds them)."""
   torch = refs.torch
   model = _random_timm(refs, name, depth=2, num_classes=5, **kw)
   sd = {k: v.numpy() for k, v in model.state_dict().items()}
   module, variables = convert.from_timm(name, sd, num_heads=kw.get("num_heads"))
-  expected = dict(dinov2=(0, 1e-5, True), reg4_dinov2=(4, 1e-5, False), deit3=(0, 1e-5, False), gap=(4, None, False))
-  key = next(k for k in ("reg4_dinov2", "dinov2", "deit3", "gap") if k in name)
-  assert (module.num_registers, module.init_values, module.class_posemb) == expected[key]
+  assert (module.num_registers, module.init_values, module.class_posemb, module.qk_norm) == options
   _compare(refs, model, module, variables, (hw, hw))
   state_dict, cfg = convert.to_timm(module, variables, (hw, hw))
   back = convert.build_timm(cfg).eval()

@@ -339,6 +339,9 @@ def dot_product_attention(
   return _fast_attention(q, k, v, bias, mask, scale, implementation)
 
 
+QK_NORMS = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}  # MultiHeadAttention.qk_norm
+
+
 class MultiHeadAttention(nn.Module):
   """Multi-head attention: self-attention (inputs_kv=None) or cross-attention.
 
@@ -360,6 +363,9 @@ class MultiHeadAttention(nn.Module):
     dropout_rate: dropout on the attention weights.
     implementation: see dot_product_attention.
     deterministic: no dropout when True.
+    qk_norm: "layernorm" or "rmsnorm" normalises each head's queries and keys over their K features ("q_norm",
+      "k_norm", shared by the heads; Dehghani et al. 2023, timm's qk_norm) before they meet; None: not.
+    qk_norm_eps: its epsilon.
   """
 
   num_heads: int
@@ -376,6 +382,8 @@ class MultiHeadAttention(nn.Module):
   param_dtype: Any = jnp.float32
   kernel_init: Callable = nn.initializers.xavier_uniform()
   bias_init: Callable = nn.initializers.zeros
+  qk_norm: str | None = None
+  qk_norm_eps: float = 1e-6
 
   @nn.compact
   def __call__(
@@ -409,6 +417,11 @@ class MultiHeadAttention(nn.Module):
     q = dense(features=(self.num_heads, qk), name="query")(inputs_q)
     k = dense(features=(self.num_heads, qk), name="key")(kv_in)
     v = dense(features=(self.num_heads, vf), name="value")(kv_in)
+    if self.qk_norm is not None:
+      if self.qk_norm not in QK_NORMS:
+        raise ValueError(f"unknown qk_norm {self.qk_norm!r}; use one of {', '.join(map(repr, QK_NORMS))} or None")
+      norm = functools.partial(QK_NORMS[self.qk_norm], epsilon=self.qk_norm_eps, dtype=self.dtype)
+      q, k = norm(name="q_norm")(q), norm(name="k_norm")(k)
 
     if self.decode:
       if inputs_kv is not None:

@@ -145,6 +145,7 @@ class _BlockBase(nn.Module):
 
   init_values: LayerScale on every residual branch ("ls1", "ls2", ...: one per norm "norm1", "norm2", ...),
   initialised to this value; None (the default): none, and no parameter.
+  qk_norm: "layernorm" or "rmsnorm" on every attention's queries and keys (MultiHeadAttention.qk_norm); None: none.
   """
 
   num_heads: int
@@ -159,6 +160,7 @@ class _BlockBase(nn.Module):
   deterministic: bool = True
   dtype: Any = None
   init_values: float | None = None
+  qk_norm: str | None = None
 
   def _attention(self, name: str, decode: bool = False) -> MultiHeadAttention:
     return MultiHeadAttention(
@@ -169,6 +171,8 @@ class _BlockBase(nn.Module):
       implementation=self.implementation,
       deterministic=self.deterministic,
       dtype=self.dtype,
+      qk_norm=self.qk_norm,
+      qk_norm_eps=self.layernorm_eps,
       name=name,
     )
 

@@ -180,6 +180,8 @@ class ViT(nn.Module):
     num_registers: register tokens (Darcet et al. 2024, "Vision Transformers Need Registers"): learned tokens
       "registers" [1, R, D] after the class token, before the patches; attended to, never pooled ("gap" averages the
       patches only). 0: none, and no parameter.
+    qk_norm: "layernorm" or "rmsnorm" on each attention's queries and keys, per head (vitjax.attention, "q_norm" and
+      "k_norm"; timm's qk_norm); None: none.
     init_values: LayerScale on both residual branches of every block (vitjax.layers.LayerScale, "ls1" and "ls2"),
       initialised to this (DeiT III 1e-6, DINOv2 1e-5); None: none.
     stem: "patch" (a p x p stride-p convolution) or "conv" (ConvStem).
@@ -220,6 +222,7 @@ class ViT(nn.Module):
   class_posemb: bool = True
   num_registers: int = 0
   init_values: float | None = None
+  qk_norm: str | None = None
   stem: str = "patch"
   stem_depth: int = 1
   norm: str = "pre"
@@ -327,6 +330,7 @@ class ViT(nn.Module):
       deterministic=not train,
       dtype=self.dtype,
       init_values=self.init_values,
+      qk_norm=self.qk_norm,
     )
     if self.rel_pos_bias:
       block_kwargs.update(rel_pos_grid=grid, rel_pos_cls_token=self.pool_type == "tok")

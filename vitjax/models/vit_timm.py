@@ -120,6 +120,8 @@ def read_vit(r: u.Reader, heads: int, grid: int | None = None) -> tuple[dict, di
     u.timm_mlp(r, f"{s}.mlp", f"{d}/mlp", out)
     for ls in ("ls1", "ls2") if "init_values" in cfg else ():
       out[f"{d}/{ls}/scale"] = r(f"{s}.{ls}.gamma")
+    for qk in ("q_norm", "k_norm") if "qk_norm" in cfg else ():
+      u.norm(r, f"{s}.attn.{qk}", f"{d}/attn/{qk}", out)
   u.norm(r, "fc_norm" if cfg["fc_norm"] else "norm", "fc_norm" if cfg["fc_norm"] else "encoder/final_norm", out)
   if pool == "map":
     _timm_attention_pool(r, heads, out)
@@ -143,6 +145,8 @@ def _read_tokens(r: u.Reader, cfg: dict, grid: int | None) -> None:
     prefix += cfg["num_registers"]
   if "blocks.0.ls1.gamma" in r:
     cfg["init_values"] = 1e-5
+  if "blocks.0.attn.q_norm.weight" in r:  # timm's qk_norm: its blocks' LayerNorm on each head's queries and keys
+    cfg["qk_norm"] = "layernorm"
   rows = r.arrays["pos_embed"].shape[1]
   square = lambda n: n >= 0 and math.isqrt(n) ** 2 == n
   patches_only = rows == grid * grid if grid else square(rows) and not square(rows - prefix)
@@ -181,6 +185,7 @@ def write(module, p: dict, image_size) -> tuple[dict, dict]:
     embed_norm=(False,),
     rel_pos_bias=(False,),
     layernorm_eps=(1e-6,),  # timm's LayerNorm; its arguments hold no other
+    qk_norm=(None, "layernorm"),  # timm's is its blocks' LayerNorm
   )
   out: dict[str, np.ndarray] = {}
   k = p["embedding/kernel"]  # [p, p, C, D]
@@ -204,6 +209,8 @@ def write(module, p: dict, image_size) -> tuple[dict, dict]:
     u.put_mlp(p, f"{s}/mlp", f"{d}.mlp", out)
     for ls in ("ls1", "ls2") if module.init_values is not None else ():
       out[f"{d}.{ls}.gamma"] = p[f"{s}/{ls}/scale"]
+    for qk in ("q_norm", "k_norm") if module.qk_norm else ():
+      u.put_norm(p, f"{s}/attn/{qk}", f"{d}.attn.{qk}", out)
   if module.fc_norm:
     u.put_norm(p, "fc_norm", "fc_norm", out)
   else:
@@ -234,6 +241,8 @@ def write(module, p: dict, image_size) -> tuple[dict, dict]:
     args["no_embed_class"] = True
   if module.init_values is not None:
     args["init_values"] = module.init_values
+  if module.qk_norm:
+    args["qk_norm"] = True
   return out, {"model": "vit", "kwargs": args}
 
 

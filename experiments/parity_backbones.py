@@ -1,10 +1,12 @@
-"""The newer ViT backbones against timm: random weights (every one perturbed), two blocks, float32, the same input.
+"""The newer ViT backbones against timm and transformers: random weights (every one perturbed), two blocks, float32.
 
-    python experiments/parity_backbones.py      # needs torch and timm (the README's test install has them)
+    python experiments/parity_backbones.py      # needs torch, timm and transformers (the README's test install)
 
 For each timm model: the options vitjax read from its weights, the relative max error of vitjax's logits against
 timm's, and vitjax.export's timm layout read back by timm (load_state_dict strict=True) with its largest difference
-from the original. tests/test_parity.py holds the same cases at the 1e-5 bound.
+from the original. tests/test_parity.py holds the same cases at the 1e-5 bound. Then transformers' DINOv2 classes, from their in-memory
+state dict (transformers 5's names) and from save_pretrained's file (the hub's names): the relative max error of
+the pooled output (the ...Model classes) or the logits (...ForImageClassification); tests/test_hub.py holds them.
 """
 
 import os
@@ -64,5 +66,49 @@ def main():
     )
 
 
+def transformers_cases():
+  import tempfile
+
+  import torch
+  import transformers as t
+  from safetensors.numpy import load_file
+
+  print(f"\ntransformers {t.__version__}: 56 px, patch 14, width 32, two blocks, layerscale_value 0.5")
+  print("| transformers class | registers | pool | rel. error, in memory | rel. error, saved file |")
+  print("| --- | ---: | --- | ---: | ---: |")
+  x = np.random.RandomState(1).randn(2, 3, 56, 56).astype(np.float32)
+  for cls, config, extra in (
+    ("Dinov2Model", "Dinov2Config", {}),
+    ("Dinov2ForImageClassification", "Dinov2Config", dict(num_labels=3)),
+    ("Dinov2WithRegistersModel", "Dinov2WithRegistersConfig", dict(num_register_tokens=4)),
+    (
+      "Dinov2WithRegistersForImageClassification",
+      "Dinov2WithRegistersConfig",
+      dict(num_register_tokens=4, num_labels=3),
+    ),
+  ):
+    torch.manual_seed(0)
+    args = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=56, patch_size=14)
+    cfg = getattr(t, config)(**args, layerscale_value=0.5, **extra)
+    model = getattr(t, cls)(cfg).eval()
+    with torch.no_grad():
+      for p in model.parameters():
+        p.add_(0.02 * torch.randn_like(p))
+      out = model(pixel_values=torch.from_numpy(x))
+    want = (out.logits if hasattr(out, "logits") else out.pooler_output).numpy()
+    errors = []
+    with tempfile.TemporaryDirectory() as d:
+      model.save_pretrained(d)
+      for sd in (
+        {k: v.numpy() for k, v in model.state_dict().items()},
+        load_file(os.path.join(d, "model.safetensors")),
+      ):
+        module, variables = convert.from_hf(sd, cfg.to_dict())
+        got = np.asarray(jax.jit(module.apply)(variables, x.transpose(0, 2, 3, 1))[0])
+        errors.append(np.abs(got - want).max() / np.abs(want).max())
+    print(f"| {cls} | {module.num_registers} | {module.pool_type} | {errors[0]:.2e} | {errors[1]:.2e} |")
+
+
 if __name__ == "__main__":
   main()
+  transformers_cases()

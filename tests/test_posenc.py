@@ -133,3 +133,21 @@ def test_resampling_a_non_square_grid_keeps_each_patch_in_its_place():
   want = np.stack([rows // 2, cols // 2], -1).reshape(1, 24, 2)
   np.testing.assert_array_equal(big[:, 1:], want)
   np.testing.assert_array_equal(big[:, 0], pe[:, 0])
+
+
+def test_antialiased_bicubic_resampling_is_torchs_as_timm_and_transformers_call_it(rng, torch_ref):
+  """method="bicubic_aa": torch's interpolate(mode="bicubic", antialias=True, align_corners=False), which timm's
+  resample_abs_pos_embed and transformers' DINOv2 use on position tables: DINOv2's 37x37 down to 16x16 (224 px) and
+  4x4, up to 24x24, and a non-square grid. float64 on both sides: the weights, not float32's rounding, are compared
+  (torch's own float32 result differs by up to 5e-6 when upsampling)."""
+  torch = torch_ref
+  for old, new in (((37, 37), (16, 16)), ((37, 37), (4, 4)), ((14, 14), (24, 24)), ((7, 5), (3, 9))):
+    pe = rng.randn(1, 1 + old[0] * old[1], 8)
+    got = posenc.resample_posemb(pe, new, num_prefix_tokens=1, old_grid=old, method="bicubic_aa")
+    grid = torch.from_numpy(pe[:, 1:].reshape(1, *old, 8)).permute(0, 3, 1, 2)
+    want = torch.nn.functional.interpolate(grid, size=new, mode="bicubic", antialias=True, align_corners=False)
+    want = want.permute(0, 2, 3, 1).reshape(1, -1, 8).numpy()
+    np.testing.assert_allclose(got[:, 1:], want, atol=1e-6)
+    np.testing.assert_array_equal(got[:, 0], pe[:, 0].astype(np.float32))
+  rows = posenc.antialiased_bicubic_weights(37, 16)
+  np.testing.assert_allclose(rows.sum(1), 1.0)  # normalised at the borders too

@@ -755,7 +755,8 @@ def test_adapt_params_resamples_positions_and_replaces_head():
   pos_l, pos_o = np.asarray(loaded["posembed"]["pos_embedding"]), out["posembed"]["pos_embedding"]
   assert pos_l.shape == (1, 17, 16) and pos_o.shape == (1, 65, 16)
   np.testing.assert_array_equal(pos_o[:, :1], pos_l[:, :1])  # the class token's embedding is kept
-  np.testing.assert_allclose(pos_o, posenc.resample_posemb(pos_l, (8, 8), num_prefix_tokens=1), rtol=1e-6)
+  want = posenc.resample_posemb(pos_l, (8, 8), num_prefix_tokens=1, method="bicubic_aa")
+  np.testing.assert_allclose(pos_o, want, rtol=1e-6)
   for name in ("kernel", "bias"):
     np.testing.assert_array_equal(out["head"][name], np.asarray(target["head"][name]))  # new head: its init
   np.testing.assert_array_equal(

@@ -216,7 +216,7 @@ def inspect(trained, image: np.ndarray, out_dir: str, patch: tuple[int, int] | N
 
 def prefix_tokens(model, tokens: int, grid: tuple[int, int]) -> tuple[int, int]:
   """(class tokens, register tokens) before a ViT's patches, among its `tokens` over a patch `grid`."""
-  cls = int(model.pool_type == "tok")
+  cls = int(model.has_class_token)
   return cls, tokens - grid[0] * grid[1] - cls
 
 

@@ -64,6 +64,9 @@ def resample_posemb(
 
   Used to fine-tune at another resolution: prefix tokens are kept, the grid part is interpolated.
   old_grid defaults to the square root of the grid length. Returns [1, P + H*W, D] float32.
+  method: jax.image.resize's ("bicubic", "bilinear", "nearest", ...; no antialiasing), or "bicubic_aa": torch's
+  interpolate(mode="bicubic", antialias=True), as timm's resample_abs_pos_embed and transformers' DINOv2 resample
+  (antialiased_bicubic_weights).
   """
   posemb = np.asarray(posemb, np.float32)
   prefix, grid = posemb[:, :num_prefix_tokens], posemb[:, num_prefix_tokens:]
@@ -78,9 +81,40 @@ def resample_posemb(
   if tuple(old_grid) == tuple(new_grid):
     return posemb
   grid = grid.reshape(old_grid[0], old_grid[1], -1)
-  grid = jax.image.resize(grid, (new_grid[0], new_grid[1], grid.shape[-1]), method=method, antialias=False)
+  if method == "bicubic_aa":
+    rows, cols = (antialiased_bicubic_weights(a, b) for a, b in zip(old_grid, new_grid))
+    grid = np.einsum("ih,jw,hwd->ijd", rows, cols, grid.astype(np.float64))
+  else:
+    grid = jax.image.resize(grid, (new_grid[0], new_grid[1], grid.shape[-1]), method=method, antialias=False)
   grid = np.asarray(grid, np.float32).reshape(1, new_grid[0] * new_grid[1], -1)
   return np.concatenate([prefix, grid], axis=1)
+
+
+def antialiased_bicubic_weights(size_in: int, size_out: int) -> np.ndarray:
+  """[size_out, size_in]: torch's bicubic resampling with antialias=True along one axis (PIL's filter), as weights.
+
+  Output sample i sits at (i + 0.5) * s in input pixels, s = size_in / size_out (align_corners=False); it takes the
+  input samples within 2 * max(s, 1) of it, weighted by Keys' cubic (a = -0.5) of their distance / max(s, 1) and
+  normalised to sum 1 (at the borders too: the samples past the edge are left out, not repeated).
+  """
+  scale = size_in / size_out
+  stretch = max(scale, 1.0)
+  support = 2.0 * stretch
+
+  def cubic(x):
+    x, a = np.abs(x), -0.5
+    near = ((a + 2) * x - (a + 3)) * x * x + 1
+    far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return np.where(x <= 1, near, np.where(x < 2, far, 0.0))
+
+  out = np.zeros((size_out, size_in))
+  for i in range(size_out):
+    center = scale * (i + 0.5)
+    lo, hi = max(int(center - support + 0.5), 0), min(int(center + support + 0.5), size_in)
+    j = np.arange(lo, hi)
+    w = cubic((j - center + 0.5) / stretch)
+    out[i, lo:hi] = w / w.sum()
+  return out
 
 
 def relative_position_index(window: Sequence[int], cls_token: bool = False) -> np.ndarray:

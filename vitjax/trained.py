@@ -37,7 +37,7 @@ from vitjax import convert, decode, evaluators, tasks
 from vitjax.config import default_config
 from vitjax.data import augment
 from vitjax.errors import ConfigError
-from vitjax.models import convert_util, pretrained
+from vitjax.models import adapt, convert_util, pretrained
 
 
 @dataclasses.dataclass
@@ -200,5 +200,13 @@ def load_hub(spec: str, checkpoint: str | int = "best", weights: str = "params")
   net = tasks.network(config, task)
   if convert.model_config(net.model) != config.model.to_dict():  # the config must rebuild the converted module
     raise RuntimeError(f"{spec}: config.model {config.model.to_dict()} builds {net.model}, not {module}")
-  variables = pretrained.place(net, variables["params"], spec)  # (read once: the hub's weights gave the config)
+  params = variables["params"]  # (read once: the hub's weights gave the config)
+  if jax.tree.map(np.shape, params) != jax.tree.map(lambda a: a.shape, net.abstract["params"]):
+    # another input size than the weights' (DINOv2: 518 px, its processor 224): the table resampled as transformers
+    # and timm resample it at run time (vitjax.models.adapt), once
+    zeros = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), net.abstract["params"])
+    params, changes = adapt.adapt_params(jax.device_get(params), zeros, net.model)
+    for line in changes:
+      logging.info("%s: %s", spec, line)
+  variables = pretrained.place(net, params, spec)
   return Trained(net.model, variables, config, 0, spec, net.mesh, net.batch_sharding, task)

@@ -101,7 +101,7 @@ def extend_positions(k: str, v: np.ndarray, t: np.ndarray):
 def resample_patch_positions(k: str, v: np.ndarray, t: np.ndarray):
   """A learned position embedding [1, N, D] over a square patch grid (the ViT), resampled to the target's grid.
 
-  With or without a class token's row.
+  With or without a class token's row; as timm resamples one (posenc's "bicubic_aa": torch's antialiased bicubic).
   """
   if k.endswith("pos_embedding") and v.ndim == 3 and v.shape[-1] == t.shape[-1]:
     prefix = 1 if _is_square(v.shape[1] - 1) and not _is_square(v.shape[1]) else 0
@@ -113,7 +113,7 @@ def resample_patch_positions(k: str, v: np.ndarray, t: np.ndarray):
         f" set config.model.pool_type to the checkpoint's ({'tok' if prefix else 'gap or map'}), or"
         f" config.model.class_posemb={not prefix} (rows for the class token and registers, or the patches' only)"
       )
-    new = posenc.resample_posemb(v, _grid(t.shape[1] - prefix), num_prefix_tokens=prefix)
+    new = posenc.resample_posemb(v, _grid(t.shape[1] - prefix), num_prefix_tokens=prefix, method="bicubic_aa")
     return new, f"resampled {k} {v.shape} -> {new.shape}"
   return None
 

@@ -26,7 +26,7 @@ from vitjax.models import adapt, registry
 from vitjax.posenc import LearnedPositionEmbedding, sincos_2d
 
 Array = jax.Array
-POOL_TYPES = ("tok", "gap", "map", "none", "flatten")
+POOL_TYPES = ("tok", "gap", "map", "none", "flatten", "tok_gap")
 
 # name: (width, depth, mlp_dim, heads)
 VARIANTS = {
@@ -169,7 +169,8 @@ class ViT(nn.Module):
   Attributes:
     num_classes: classifier outputs; 0 or None gives the pooled features (no head).
     patch_size, width, depth, mlp_dim, num_heads: the architecture (see VARIANTS, parse_variant).
-    pool_type: "tok" (class token), "gap" (global average), "map" (attention pooling), "none" (all tokens,
+    pool_type: "tok" (class token), "gap" (global average), "map" (attention pooling), "tok_gap" (the class token and
+      the patches' average side by side, [B, 2D]: DINOv2's linear classifier), "none" (all tokens,
       [B, N, D], to the head), "flatten" (all tokens flattened to [B, N*D], then the head: "Flatten + Linear";
       the head's kernel [N*D, classes] fixes the number of tokens, so the image size, to the one it was built for).
     posemb: "learn" (a learned table, covering the class token too, as the original ViT, unless not class_posemb) or
@@ -247,6 +248,11 @@ class ViT(nn.Module):
     """patch_size as (height, width)."""
     p = self.patch_size
     return tuple(p) if isinstance(p, Sequence) else (p, p)
+
+  @property
+  def has_class_token(self) -> bool:
+    """Whether the tokens start with a class token ("cls"): pool_type "tok" or "tok_gap"."""
+    return self.pool_type in ("tok", "tok_gap")
 
   @property
   def num_layers(self) -> int:
@@ -333,7 +339,7 @@ class ViT(nn.Module):
       qk_norm=self.qk_norm,
     )
     if self.rel_pos_bias:
-      block_kwargs.update(rel_pos_grid=grid, rel_pos_cls_token=self.pool_type == "tok")
+      block_kwargs.update(rel_pos_grid=grid, rel_pos_cls_token=self.has_class_token)
     return Stack(
       EncoderBlock,
       self.depth,
@@ -353,6 +359,8 @@ class ViT(nn.Module):
       return x[:, 0]
     if self.pool_type == "gap":
       return x[:, -num_patches:].mean(axis=1)
+    if self.pool_type == "tok_gap":
+      return jnp.concatenate([x[:, 0], x[:, -num_patches:].mean(axis=1)], axis=-1)
     if self.pool_type == "map":
       mlp_dim = self.mlp_dim or 4 * x.shape[-1]
       kwargs = dict(act=self.act, layernorm_eps=self.layernorm_eps, implementation=self.implementation)
@@ -377,7 +385,7 @@ class ViT(nn.Module):
       raise ValueError(f"unknown norm {self.norm!r}; use one of {', '.join(map(repr, NORMS))}")
     x, (h, w) = self._embed(images, train)
     prefix = []
-    if self.pool_type == "tok":
+    if self.has_class_token:
       prefix.append(self.param("cls", nn.initializers.normal(1e-6), (1, 1, x.shape[-1])))
     if self.num_registers:
       prefix.append(self.param("registers", nn.initializers.normal(1e-6), (1, self.num_registers, x.shape[-1])))

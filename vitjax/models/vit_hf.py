@@ -1,6 +1,8 @@
 """The ViT in the `transformers` layout, read with the repository's config.json.
 
 ViTForImageClassification / ViTModel: vit.embeddings..., vit.encoder.layer.N.attention.attention.query, ..., classifier.
+Dinov2Model, Dinov2WithRegistersModel and their ...ForImageClassification (model_type "dinov2",
+"dinov2_with_registers"): LayerScale, registers, and a classifier over the class token and the patches' mean.
 
 read(state_dict, layout, config) -> (module, variables). The weights give the width, depth, MLP width, classes,
 pooler and qkv biases; config.json (a dict) the heads, the LayerNorm epsilon (transformers' default 1e-12 becomes
@@ -17,9 +19,12 @@ import numpy as np
 from vitjax.models import convert_util as u
 from vitjax.models import vit as vit_lib
 
-LAYOUTS = {"hf-vit": "transformers ViT (vit.embeddings..., vit.encoder.layer.N.attention.attention.query, classifier)"}
-READS = ("hf-vit",)
-MODEL_TYPES = ("vit",)  # config.json's model_type
+LAYOUTS = {
+  "hf-vit": "transformers ViT (vit.embeddings..., vit.encoder.layer.N.attention.attention.query, classifier)",
+  "hf-dinov2": "transformers DINOv2 (embeddings..., encoder.layer.N.layer_scale1.lambda1, ...)",
+}
+READS = ("hf-vit", "hf-dinov2")
+MODEL_TYPES = ("vit", "dinov2", "dinov2_with_registers")  # config.json's model_type
 
 # transformers' activations that vitjax has (anything else is refused with its name)
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
@@ -35,10 +40,19 @@ _RENAMES = (
   (r"^(vit\.)?layers\.(\d+)\.(layernorm_before|layernorm_after)\.", r"\1encoder.layer.\2.\3."),
 )
 _DETECT = re.compile(r"^(vit\.)?(encoder\.layer\.0\.attention\.attention\.query|layers\.0\.attention\.q_proj)\.weight$")
+_DINOV2 = re.compile(r"^(dinov2(_with_registers)?\.)?encoder\.layer\.0\.layer_scale1\.lambda1$")
+# DINOv2's transformers 5 in-memory names -> its files'
+_DINOV2_RENAMES = (
+  (r"(encoder\.layer\.\d+\.attention)\.([qkv])_proj\.", lambda m: f"{m[1]}.attention.{_QKV[m[2]]}."),
+  (r"(encoder\.layer\.\d+\.attention)\.o_proj\.", r"\1.output.dense."),
+)
+_QKV = {"q": "query", "k": "key", "v": "value"}
 
 
 def detect(keys: set[str]) -> str | None:
-  """The layout "hf-vit" if the state dict's keys are those of a transformers ViT (either naming), else None."""
+  """The layout of a transformers DINOv2's ("hf-dinov2") or ViT's ("hf-vit") keys (either naming), else None."""
+  if any(_DINOV2.match(k) for k in keys):
+    return "hf-dinov2"
   return "hf-vit" if any(_DETECT.match(k) for k in keys) else None
 
 
@@ -60,8 +74,9 @@ def read(state_dict, layout: str = "hf-vit", config: dict | None = None):
 
   The config is a dict; without one, transformers' ViTConfig defaults.
   """
-  del layout
   config = dict(config or {})
+  if layout == "hf-dinov2" or config.get("model_type") in ("dinov2", "dinov2_with_registers"):
+    return _read_dinov2(state_dict, config)
   what = f"transformers ViT ({config.get('_name_or_path') or 'config.json'})"
   sd = u.rename_keys(u.unwrap(state_dict), _RENAMES)
   prefix = "vit." if any(k.startswith("vit.") for k in sd) else ""
@@ -108,3 +123,62 @@ def read(state_dict, layout: str = "hf-vit", config: dict | None = None):
   r.check_all_used(what)
   hw = pair(config.get("image_size", 224))
   return u.finish(vit_lib.ViT(**cfg), out, hw)
+
+
+def _read_dinov2(state_dict, config: dict):
+  """(module, variables) of a transformers DINOv2, with or without registers, and its classifier if any.
+
+  Long: the embeddings, each block's LayerScale and the classifier over the class token and the patches' mean are
+  DINOv2's own, read in the order of transformers' module.
+
+  With registers, transformers adds the table's first row to the class token and no row to the registers: vitjax's
+  class_posemb=False holds the table's other rows, and the class token with its row added, the same sums.
+  """
+  what = f"transformers DINOv2 ({config.get('_name_or_path') or 'config.json'})"
+  if config.get("use_swiglu_ffn"):
+    raise ValueError(f"{what}: use_swiglu_ffn (DINOv2's giant) needs a SwiGLU feed-forward, which vitjax's ViT lacks")
+  sd = u.rename_keys(u.unwrap(state_dict), _DINOV2_RENAMES)
+  prefix = next((p for p in ("dinov2_with_registers.", "dinov2.") if any(k.startswith(p) for k in sd)), "")
+  r = u.Reader({k[len(prefix) :] if k.startswith(prefix) else k: v for k, v in sd.items()})
+  heads = int(config.get("num_attention_heads", 12))
+  proj = r.arrays["embeddings.patch_embeddings.projection.weight"]  # [D, C, p, p]
+  depth = len({k.split(".")[2] for k in r.arrays if k.startswith("encoder.layer.")})
+  registers = int(r.arrays["embeddings.register_tokens"].shape[1]) if "embeddings.register_tokens" in r else 0
+  head = r.arrays["classifier.weight"].shape[0] if "classifier.weight" in r else 0
+  cfg = dict(
+    patch_size=tuple(proj.shape[2:]),
+    width=proj.shape[0],
+    depth=depth,
+    mlp_dim=r.arrays["encoder.layer.0.mlp.fc1.weight"].shape[0],
+    num_heads=heads,
+    pool_type="tok_gap" if head else "tok",
+    qkv_bias="encoder.layer.0.attention.attention.query.bias" in r,
+    layernorm_eps=float(config.get("layer_norm_eps", 1e-6)),
+    act=activation(config, what),
+    num_classes=head,
+    init_values=float(config.get("layerscale_value", 1.0)),
+  )
+  out: dict[str, np.ndarray] = {}
+  u.conv(r, "embeddings.patch_embeddings.projection", "embedding", out)
+  cls, table = r("embeddings.cls_token"), r("embeddings.position_embeddings")
+  if registers:
+    cfg.update(num_registers=registers, class_posemb=False)
+    out["cls"], out["registers"] = cls + table[:, :1], r("embeddings.register_tokens")
+    out["posembed/pos_embedding"] = table[:, 1:]
+  else:
+    out["cls"], out["posembed/pos_embedding"] = cls, table
+  for i in range(depth):
+    s, d = f"encoder.layer.{i}", f"encoder/block_{i}"
+    u.norm(r, f"{s}.norm1", f"{d}/norm1", out)
+    names = {n: f"{s}.attention.attention.{n}" for n in ("query", "key", "value")}
+    u.separate_attention(r, {**names, "out": f"{s}.attention.output.dense"}, f"{d}/attn", heads, out)
+    out[f"{d}/ls1/scale"] = r(f"{s}.layer_scale1.lambda1")
+    u.norm(r, f"{s}.norm2", f"{d}/norm2", out)
+    u.linear(r, f"{s}.mlp.fc1", f"{d}/mlp/fc1", out)
+    u.linear(r, f"{s}.mlp.fc2", f"{d}/mlp/fc2", out)
+    out[f"{d}/ls2/scale"] = r(f"{s}.layer_scale2.lambda1")
+  u.norm(r, "layernorm", "encoder/final_norm", out)
+  if head:
+    u.linear(r, "classifier", "head", out)
+  r.check_all_used(what, re.compile(r"^embeddings\.mask_token$"))  # (masked-image pre-training's; unused here)
+  return u.finish(vit_lib.ViT(**cfg), out, pair(config.get("image_size", 518)))

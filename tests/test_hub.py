@@ -261,7 +261,10 @@ def test_command_line_says_it_in_one_error_line(case, tmp_path, hub_cache, data_
   if case == "not cached":
     assert f"hf:{repo}: config.json is not in the hub cache {hub_cache} and HF_HUB_OFFLINE is set" in err
   else:
-    assert "an unknown hub layout (config.json has model_type 'resnet')" in err and "'vit', 'dinov2', 'dinov2_with_registers', 'swin'" in err
+    assert (
+      "an unknown hub layout (config.json has model_type 'resnet')" in err
+      and "'vit', 'dinov2', 'dinov2_with_registers', 'swin'" in err
+    )
   assert not os.path.exists(workdir)
 
 
@@ -423,6 +426,14 @@ def test_transformers_dinov2_with_registers_predicts_as_transformers_at_its_proc
   with torch.no_grad():
     want = torch.softmax(model(pixel_values=torch.from_numpy(x)).logits, -1).numpy()
   assert np.abs(trained.predict(images) - want).max() <= 1e-5
+  with torch.no_grad():  # .features: DINOv2's x_norm_patchtokens on their grid, and what its classifier takes
+    tokens = model.dinov2_with_registers(pixel_values=torch.from_numpy(x)).last_hidden_state.numpy()
+  feats = trained.features(images, batch_size=2)
+  patches = tokens[:, 1 + 4 :].reshape(3, 2, 2, 32)
+  assert feats["patches"].shape == (3, 2, 2, 32) and feats["pooled"].shape == (3, 64)
+  np.testing.assert_allclose(feats["patches"], patches, atol=1e-5 * np.abs(patches).max())
+  np.testing.assert_allclose(feats["pooled"][:, :32], tokens[:, 0], atol=1e-5 * np.abs(patches).max())
+  np.testing.assert_allclose(feats["pooled"][:, 32:], patches.mean((1, 2)), atol=1e-5 * np.abs(patches).max())
   base = _perturbed(t.Dinov2Model(t.Dinov2Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=2))).eval()
   module, variables = convert.from_hf({k: v.numpy() for k, v in base.state_dict().items()}, base.config.to_dict())
   assert module.pool_type == "tok" and module.num_registers == 0 and module.class_posemb

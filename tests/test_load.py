@@ -52,10 +52,12 @@ def test_predict_reproduces_the_logged_accuracy_without_data(run_without_data):
     import json, sys, numpy as np, vitjax
     trained = vitjax.load("runs/digits")            # relative to the current directory; checkpoint="best"
     probs = trained.predict(np.load("images.npy"))
+    feats = trained.features(np.load("images.npy")[:5])
     print(json.dumps({"step": trained.step, "shape": list(probs.shape), "sums": float(np.abs(probs.sum(1) - 1).max()),
                       "pred": probs.argmax(1).tolist(), "keys": sorted(trained.variables),
                       "num_classes": trained.config.model.num_classes, "model": type(trained.model).__name__,
-                      "trainer": sorted(m for m in sys.modules if m.startswith("vitjax.train."))}))
+                      "trainer": sorted(m for m in sys.modules if m.startswith("vitjax.train.")),
+                      "features": {k: list(v.shape) for k, v in feats.items()}}))
   """)
   env = {**th.env(), "TFDS_DATA_DIR": str(empty)}
   proc = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=300)
@@ -66,6 +68,7 @@ def test_predict_reproduces_the_logged_accuracy_without_data(run_without_data):
   assert got["step"] == best["step"]
   assert got["shape"] == [150, 10] and got["sums"] < 1e-5 and got["num_classes"] == 10 and got["model"] == "ViT"
   assert got["keys"] == ["params"]
+  assert got["features"] == {"pooled": [5, 16], "patches": [5, 4, 4, 16]}  # width 16, 8 px images in 2 px patches
   assert got["trainer"] == []  # loading and predicting are the models' and the task's (issue 74): no vitjax.train
   accuracy = float(np.mean(np.asarray(got["pred"]) == labels))
   assert accuracy == pytest.approx(best["eval/accuracy"], abs=1e-6)

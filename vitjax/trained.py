@@ -45,7 +45,8 @@ class Trained:
   """A trained model: the module, its variables and config, with predict, classify or translate.
 
   `.model` (a Flax module), `.variables` (`{"params": ..., "batch_stats": ...}`), `.config`, `.step`; `.predict(images)`
-  (probabilities) and `.classify(images)` (class names) for image classification, `.translate(lines)` for translation.
+  (probabilities), `.classify(images)` (class names) and `.features(images)` (pooled and patch features) for image
+  classification, `.translate(lines)` for translation.
 
   `model.apply(trained.variables, inputs, train=False)` returns `(output, intermediates)` like every vitjax model (an
   MAE also takes the masking noise [B, patches]: `model.apply(variables, images, noise)`).
@@ -88,6 +89,18 @@ class Trained:
     _check_batch_size(batch_size)
     with jax.set_mesh(self.mesh):
       return self.task.predict(self.model, self.variables, images, self.sharding, batch_size)
+
+  def features(self, images, batch_size: int = 256) -> dict:
+    """uint8 images [N, H, W, C] -> {"pooled": [N, D], "patches": [N, h, w, D]}, numpy float32.
+
+    pooled: what the head takes (the class token; for DINOv2's classifier the class token and the patches' mean);
+    patches: the encoded patch tokens on their grid (DINOv2's x_norm_patchtokens). Preprocessed as predict.
+    """
+    if not hasattr(self.task, "embed"):
+      raise TypeError(f"{self.workdir} is a {self.config.task} run: features are an image classifier's")
+    _check_batch_size(batch_size)
+    with jax.set_mesh(self.mesh):
+      return self.task.embed(self.model, self.variables, images, self.sharding, batch_size)
 
   def classify(self, images, batch_size: int = 256) -> list[str]:
     """uint8 images [N, H, W, C] -> the most probable class of each, by name.

@@ -199,7 +199,8 @@ class Swin(nn.Module):
     window_size: attention window (7 at 224 px, 12 at 384 px); shifts are window // 2 on odd blocks.
     act: the MLP activation, "gelu" (exact, as Microsoft's and timm's Swin), "gelu_tanh" or "relu".
     drop_path_rate: stochastic depth of the last block, rising linearly over all blocks.
-  intermediates: "stage_{i}" [B, H_i, W_i, C_i] feature maps, "pre_logits" [B, C].
+  intermediates: "stage_{i}" [B, H_i, W_i, C_i] feature maps, "patches" [B, H, W, C] (the last, normalised: what
+    the head's average pools), "pre_logits" [B, C].
   """
 
   num_classes: int | None = 1000
@@ -305,6 +306,7 @@ class Swin(nn.Module):
         k += 1
       out[f"stage_{s}"] = x
     x = nn.LayerNorm(epsilon=1e-5, dtype=self.dtype, name="norm")(x)
+    out["patches"] = x
     x = x.mean(axis=(1, 2))
     out["pre_logits"] = x
     if self.num_classes:

@@ -209,7 +209,8 @@ class ViT(nn.Module):
     scan, remat: scan over layers / rematerialise each block (memory for compute).
     implementation: the attention implementation (see vitjax.attention).
     dtype: compute dtype (parameters stay float32).
-  intermediates: "pre_logits" [B, D] (pooled features; [B, N*D] with "flatten"), "encoded" [B, N, D].
+  intermediates: "pre_logits" [B, D] (pooled features; [B, N*D] with "flatten"), "encoded" [B, N, D], "patches"
+    [B, h, w, D] (the encoded patch tokens on their grid: DINOv2's x_norm_patchtokens; not when `keep` drops some).
   """
 
   num_classes: int | None = 1000
@@ -392,6 +393,8 @@ class ViT(nn.Module):
     x, num_patches = self._tokens(x, prefix, h, w, keep, train)
     x = self._encoder(x, (h, w), train)
     out = {"encoded": x}
+    if keep is None:
+      out["patches"] = x[:, -h * w :].reshape(x.shape[0], h, w, x.shape[-1])
     x = self._pool(x, num_patches)
     if self.fc_norm:
       x = nn.LayerNorm(epsilon=self.layernorm_eps, dtype=self.dtype, name="fc_norm")(x)

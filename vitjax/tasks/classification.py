@@ -364,14 +364,37 @@ class ImageClassification:
     The images go through the evaluation preprocessing (resize to the model's size, normalise); every process
     passes the same images and gets all the probabilities.
     """
+    pre = self.preprocess()
+    step = lambda x: _predict_step(model, variables, x, pre.mean, pre.std)
+    out = [probs for (probs,) in self._over_images(images, sharding, batch_size, step)]
+    return np.concatenate(out) if out else np.zeros((0, self.describe()["num_classes"]), np.float32)
+
+  def embed(self, model, variables, images, sharding, batch_size: int = 256) -> dict[str, np.ndarray]:
+    """uint8 [N, H, W, C] images -> {"pooled": [N, D], "patches": [N, h, w, D]}, float32, as predict preprocesses.
+
+    pooled: what the head takes (intermediates["pre_logits"]: the class token, the average, DINOv2's both);
+    patches: the encoded patch tokens on their grid (intermediates["patches"]; a Swin's last normalised map).
+    """
+    pre = self.preprocess()
+    step = lambda x: _embed_step(model, variables, x, pre.mean, pre.std)
+    parts = list(self._over_images(images, sharding, batch_size, step))
+    if not parts:
+      raise ValueError("embed takes at least one image")
+    return {k: np.concatenate([p[i] for p in parts]) for i, k in enumerate(("pooled", "patches"))}
+
+  def _over_images(self, images, sharding, batch_size: int, step):
+    """The step's outputs, gathered, for each batch of the images after the evaluation preprocessing.
+
+    Every process passes the same images and gets all the outputs: a batch is padded to the devices, split over the
+    processes and trimmed back.
+    """
     info = self.describe()
     images = check_images(images, info["channels"])
     size = tuple(info["image_size"])
     n_dev = jax.device_count()
     batch_size = -(-batch_size // n_dev) * n_dev
-    out = []
+    pre = self.preprocess()
     for start in range(0, len(images), batch_size):
-      pre = self.preprocess()
       chunk = np.stack([augment.preprocess_eval(im, size, pre) for im in images[start : start + batch_size]])
       rows = len(chunk)
       pad = -rows % n_dev
@@ -379,9 +402,8 @@ class ImageClassification:
         chunk = np.concatenate([chunk, np.zeros((pad, *chunk.shape[1:]), chunk.dtype)])
       local = chunk.reshape(jax.process_count(), -1, *chunk.shape[1:])[jax.process_index()]
       local = mesh_lib.to_global({"image": local}, sharding, ("image",))["image"]
-      probs = _predict_step(model, variables, local, pre.mean, pre.std)
-      out.append(mesh_lib.gather(probs)[:rows])
-    return np.concatenate(out) if out else np.zeros((0, info["num_classes"]), np.float32)
+      outs = step(local)
+      yield tuple(mesh_lib.gather(o)[:rows] for o in (outs if isinstance(outs, tuple) else (outs,)))
 
 
 def check_images(images, channels: int) -> np.ndarray:
@@ -426,6 +448,17 @@ def check_images(images, channels: int) -> np.ndarray:
 def _features_step(model, representation, variables, images, mean=None, std=None):
   out = model.apply(variables, device_ops.to_float(images, mean, std), method=representation)
   return out.reshape(out.shape[0], -1).astype(jnp.float32)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3, 4))
+def _embed_step(model, variables, images, mean=None, std=None):
+  _, inter = model.apply(variables, device_ops.to_float(images, mean, std), train=False)
+  if "patches" not in inter or "pre_logits" not in inter:
+    raise ConfigError(
+      f"{type(model).__name__} returns no intermediates['pre_logits'] and ['patches'] (the pooled features and the "
+      "patch grid's): return them from its __call__ (CONTRIBUTING.md, 'A model family')"
+    )
+  return inter["pre_logits"].astype(jnp.float32), inter["patches"].astype(jnp.float32)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3, 4))

@@ -55,7 +55,7 @@ CASES = {
     (_image(),),
     lambda out: out[0].astype(jnp.float32).mean(),
   ),
-  "vit_modern": lambda dt: (  # DINOv2's parts: registers, LayerScale, a table of the patches only; and QK-norm
+  "vit_modern": lambda dt: (  # DINOv2's parts: registers, LayerScale, a table of the patches only, SwiGLU; and QK-norm
     models.create(
       "Ti/4",
       depth=2,
@@ -67,6 +67,8 @@ CASES = {
       class_posemb=False,
       init_values=1e-5,
       qk_norm="layernorm",
+      ffn="swiglu",
+      act="silu",
       dtype=dt,
     ),
     (_image(),),

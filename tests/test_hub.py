@@ -509,9 +509,25 @@ def test_init_from_hf_evaluates_the_imported_weights(tmp_path, hub_cache, data_d
   assert json.load(open(os.path.join(workdir, "eval_valid_imported.json")))["init_from"] == "hf:someone/vit-digits"
 
 
-def test_a_dinov2_with_swiglu_is_refused_naming_it():
-  """DINOv2's giant (use_swiglu_ffn) needs a SwiGLU feed-forward: one line saying so, not a key error."""
-  with pytest.raises(ValueError, match=r"use_swiglu_ffn \(DINOv2's giant\) needs a SwiGLU feed-forward"):
-    convert.from_hf(
-      {"encoder.layer.0.layer_scale1.lambda1": np.zeros(4)}, {"model_type": "dinov2", "use_swiglu_ffn": True}
-    )
+def test_transformers_dinov2_giant_swiglu_matches_transformers(tmp_path):
+  """use_swiglu_ffn (DINOv2's giant, refused before): a SiLU-gated feed-forward whose weights_in holds the gate's
+  rows first, read as vitjax's SwiGLU; two blocks, 56 px, width 48."""
+  import torch
+
+  t = _transformers()
+  torch.manual_seed(0)
+  cfg = t.Dinov2Config(
+    hidden_size=48, num_hidden_layers=2, num_attention_heads=2, image_size=56, patch_size=14, use_swiglu_ffn=True
+  )
+  model = _perturbed(t.Dinov2Model(cfg)).eval()
+  model.save_pretrained(str(tmp_path))
+  from safetensors.numpy import load_file
+
+  x = np.random.RandomState(3).randn(2, 3, 56, 56).astype(np.float32)
+  with torch.no_grad():
+    want = model(pixel_values=torch.from_numpy(x)).pooler_output.numpy()
+  in_memory = {k: v.numpy() for k, v in model.state_dict().items()}  # transformers 5: gate_proj, up_proj, down_proj
+  for sd in (in_memory, load_file(str(tmp_path / "model.safetensors"))):  # the hub's file: weights_in, weights_out
+    module, variables = convert.from_hf(sd, cfg.to_dict())
+    assert (module.ffn, module.act, module.mlp_dim) == ("swiglu", "silu", 128)  # (int(192 * 2 / 3) + 7) // 8 * 8
+    assert _rel(jax.jit(module.apply)(variables, x.transpose(0, 2, 3, 1))[0], want) <= TOL

@@ -35,6 +35,7 @@ def gelu(x: Array) -> Array:
 
 ACTIVATIONS = {
   "relu": nn.relu,
+  "silu": nn.silu,
   "gelu": gelu,
   "gelu_tanh": functools.partial(nn.gelu, approximate=True),
 }
@@ -53,8 +54,8 @@ TP_RULES = (
   (r"(query|key|value)/kernel$", (None, "tensor", None)),  # [d, heads, head_dim]: column-parallel
   (r"(query|key|value)/bias$", ("tensor", None)),  # [heads, head_dim]
   (r"attn/out/kernel$", ("tensor", None, None)),  # [heads, head_dim, d]: row-parallel
-  (r"mlp/fc1/kernel$", (None, "tensor")),  # [d, hidden]: column-parallel
-  (r"mlp/fc1/bias$", ("tensor",)),  # [hidden]
+  (r"mlp/fc1(_g|_x)?/kernel$", (None, "tensor")),  # [d, hidden]: column-parallel (SwiGLU's two halves too)
+  (r"mlp/fc1(_g|_x)?/bias$", ("tensor",)),  # [hidden]
   (r"mlp/fc2/kernel$", ("tensor", None)),  # [hidden, d]: row-parallel
 )
 BIAS_TABLE_TP_RULE = (r"relative_position_bias_table$", (None, "tensor"))  # [positions, heads]
@@ -103,6 +104,35 @@ class FeedForward(nn.Module):
     return dense(self.out_features or x.shape[-1], name="fc2")(y)
 
 
+class SwiGLU(nn.Module):
+  """FFN(x) = W2 (act(Wg x + bg) * (Wx x + bx)) + b2 (Shazeer 2020; act SiLU: SwiGLU). [..., D] -> [..., D_out or D].
+
+  Parameters "fc1_g" (the gate), "fc1_x" [D, hidden] and "fc2" [hidden, D_out], as timm's SwiGLU names them (its packed
+  GluMlp and transformers' DINOv2 hold the gate as fc1's first half: the converters split it). Dropout after the
+  product.
+  """
+
+  hidden: int
+  out_features: int | None = None
+  act: str = "silu"
+  dropout_rate: float = 0.0
+  deterministic: bool = True
+  dtype: Any = None
+  kernel_init: Any = nn.initializers.xavier_uniform()
+  bias_init: Any = nn.initializers.normal(stddev=1e-6)
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    """Applies the gated feed-forward: x [..., D] -> [..., out_features or D]."""
+    dense = functools.partial(dots.Dense, dtype=self.dtype, kernel_init=self.kernel_init, bias_init=self.bias_init)
+    y = activation(self.act)(dense(self.hidden, name="fc1_g")(x)) * dense(self.hidden, name="fc1_x")(x)
+    y = nn.Dropout(self.dropout_rate)(y, deterministic=self.deterministic)
+    return dense(self.out_features or x.shape[-1], name="fc2")(y)
+
+
+FFNS = {"mlp": FeedForward, "swiglu": SwiGLU}  # a block's feed-forward (_BlockBase.ffn)
+
+
 class DropPath(nn.Module):
   """Stochastic depth: drops the whole residual branch per example with probability `rate`.
 
@@ -146,6 +176,7 @@ class _BlockBase(nn.Module):
   init_values: LayerScale on every residual branch ("ls1", "ls2", ...: one per norm "norm1", "norm2", ...),
   initialised to this value; None (the default): none, and no parameter.
   qk_norm: "layernorm" or "rmsnorm" on every attention's queries and keys (MultiHeadAttention.qk_norm); None: none.
+  ffn: "mlp" (FeedForward, the default) or "swiglu" (SwiGLU: mlp_dim is each of its two halves' width; act its gate's).
   """
 
   num_heads: int
@@ -161,6 +192,7 @@ class _BlockBase(nn.Module):
   dtype: Any = None
   init_values: float | None = None
   qk_norm: str | None = None
+  ffn: str = "mlp"
 
   def _attention(self, name: str, decode: bool = False) -> MultiHeadAttention:
     return MultiHeadAttention(
@@ -198,7 +230,9 @@ class _BlockBase(nn.Module):
     return x + drop_branch(scale(self._norm(norm_name)(dropout(branch(x)))))
 
   def _ffn(self, x: Array) -> Array:
-    return FeedForward(
+    if self.ffn not in FFNS:
+      raise ValueError(f"unknown ffn {self.ffn!r}; use one of {', '.join(map(repr, FFNS))}")
+    return FFNS[self.ffn](
       self.mlp_dim,
       act=self.act,
       dropout_rate=self.dropout_rate,

@@ -244,6 +244,18 @@ def timm_mlp(r: Reader, src: str, dst: str, out: dict) -> None:
   linear(r, f"{src}.fc2", f"{dst}/fc2", out)
 
 
+def packed_swiglu(r: Reader, fc1: str, fc2: str, dst: str, out: dict) -> None:
+  """A packed gated feed-forward -> vitjax.layers.SwiGLU's fc1_g, fc1_x and fc2 (see `linear`).
+
+  Its fc1 [2H, D] holds the gate's rows first (timm's SwiGLUPacked GluMlp, transformers' DINOv2 weights_in); fc2 [D, H].
+  """
+  w, b = r(f"{fc1}.weight"), r(f"{fc1}.bias")
+  h = w.shape[0] // 2
+  out[f"{dst}/fc1_g/kernel"], out[f"{dst}/fc1_g/bias"] = w[:h].T, b[:h]
+  out[f"{dst}/fc1_x/kernel"], out[f"{dst}/fc1_x/bias"] = w[h:].T, b[h:]
+  linear(r, fc2, f"{dst}/fc2", out)
+
+
 def copy_tree(r: Reader, src: str, dst: str, out: dict, subs=(None,), new_subs=None) -> None:
   """Copies every parameter under src/SUB to dst/NEW_SUB (flax names on both sides: kernel, bias, scale)."""
   for sub, new in zip(subs, new_subs or subs):

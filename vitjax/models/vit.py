@@ -181,6 +181,8 @@ class ViT(nn.Module):
     num_registers: register tokens (Darcet et al. 2024, "Vision Transformers Need Registers"): learned tokens
       "registers" [1, R, D] after the class token, before the patches; attended to, never pooled ("gap" averages the
       patches only). 0: none, and no parameter.
+    ffn: the blocks' feed-forward: "mlp" (two layers, `act` between) or "swiglu" (vitjax.layers.SwiGLU, `act` on its
+      gate, "silu" for SwiGLU; mlp_dim the width of each half: DINOv2-g, EVA-02).
     qk_norm: "layernorm" or "rmsnorm" on each attention's queries and keys, per head (vitjax.attention, "q_norm" and
       "k_norm"; timm's qk_norm); None: none.
     init_values: LayerScale on both residual branches of every block (vitjax.layers.LayerScale, "ls1" and "ls2"),
@@ -225,6 +227,7 @@ class ViT(nn.Module):
   num_registers: int = 0
   init_values: float | None = None
   qk_norm: str | None = None
+  ffn: str = "mlp"
   stem: str = "patch"
   stem_depth: int = 1
   norm: str = "pre"
@@ -338,6 +341,7 @@ class ViT(nn.Module):
       dtype=self.dtype,
       init_values=self.init_values,
       qk_norm=self.qk_norm,
+      ffn=self.ffn,
     )
     if self.rel_pos_bias:
       block_kwargs.update(rel_pos_grid=grid, rel_pos_cls_token=self.has_class_token)

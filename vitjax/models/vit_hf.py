@@ -135,26 +135,27 @@ def _read_dinov2(state_dict, config: dict):
   class_posemb=False holds the table's other rows, and the class token with its row added, the same sums.
   """
   what = f"transformers DINOv2 ({config.get('_name_or_path') or 'config.json'})"
-  if config.get("use_swiglu_ffn"):
-    raise ValueError(f"{what}: use_swiglu_ffn (DINOv2's giant) needs a SwiGLU feed-forward, which vitjax's ViT lacks")
+  swiglu = bool(config.get("use_swiglu_ffn"))  # DINOv2's giant: SiLU-gated, weights_in holding the gate first
   sd = u.rename_keys(u.unwrap(state_dict), _DINOV2_RENAMES)
   prefix = next((p for p in ("dinov2_with_registers.", "dinov2.") if any(k.startswith(p) for k in sd)), "")
   r = u.Reader({k[len(prefix) :] if k.startswith(prefix) else k: v for k, v in sd.items()})
   heads = int(config.get("num_attention_heads", 12))
   proj = r.arrays["embeddings.patch_embeddings.projection.weight"]  # [D, C, p, p]
   depth = len({k.split(".")[2] for k in r.arrays if k.startswith("encoder.layer.")})
+  out_layer = next(n for n in ("fc2", "weights_out", "down_proj") if f"encoder.layer.0.mlp.{n}.weight" in r)
   registers = int(r.arrays["embeddings.register_tokens"].shape[1]) if "embeddings.register_tokens" in r else 0
   head = r.arrays["classifier.weight"].shape[0] if "classifier.weight" in r else 0
   cfg = dict(
     patch_size=tuple(proj.shape[2:]),
     width=proj.shape[0],
     depth=depth,
-    mlp_dim=r.arrays["encoder.layer.0.mlp.fc1.weight"].shape[0],
+    mlp_dim=r.arrays[f"encoder.layer.0.mlp.{out_layer}.weight"].shape[1],
     num_heads=heads,
     pool_type="tok_gap" if head else "tok",
     qkv_bias="encoder.layer.0.attention.attention.query.bias" in r,
     layernorm_eps=float(config.get("layer_norm_eps", 1e-6)),
-    act=activation(config, what),
+    act="silu" if swiglu else activation(config, what),
+    ffn="swiglu" if swiglu else "mlp",
     num_classes=head,
     init_values=float(config.get("layerscale_value", 1.0)),
   )
@@ -174,8 +175,14 @@ def _read_dinov2(state_dict, config: dict):
     u.separate_attention(r, {**names, "out": f"{s}.attention.output.dense"}, f"{d}/attn", heads, out)
     out[f"{d}/ls1/scale"] = r(f"{s}.layer_scale1.lambda1")
     u.norm(r, f"{s}.norm2", f"{d}/norm2", out)
-    u.linear(r, f"{s}.mlp.fc1", f"{d}/mlp/fc1", out)
-    u.linear(r, f"{s}.mlp.fc2", f"{d}/mlp/fc2", out)
+    if swiglu and f"{s}.mlp.gate_proj.weight" in r:  # transformers 5's in-memory names: the halves apart
+      for src, dst in (("gate_proj", "fc1_g"), ("up_proj", "fc1_x"), ("down_proj", "fc2")):
+        u.linear(r, f"{s}.mlp.{src}", f"{d}/mlp/{dst}", out)
+    elif swiglu:
+      u.packed_swiglu(r, f"{s}.mlp.weights_in", f"{s}.mlp.weights_out", f"{d}/mlp", out)
+    else:
+      u.linear(r, f"{s}.mlp.fc1", f"{d}/mlp/fc1", out)
+      u.linear(r, f"{s}.mlp.fc2", f"{d}/mlp/fc2", out)
     out[f"{d}/ls2/scale"] = r(f"{s}.layer_scale2.lambda1")
   u.norm(r, "layernorm", "encoder/final_norm", out)
   if head:

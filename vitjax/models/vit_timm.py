@@ -18,10 +18,11 @@ from vitjax.models import vit as vit_lib
 # timm's names of the ViTs read here: vit_SIZE_patchP_[clip_|gap_|siglip_|regN_]IMAGE (AugReg, CLIP, SigLIP, timm's
 # register ViTs), deit3_SIZE_patchP_IMAGE (DeiT III), vit_SIZE_patch14_[reg4_]dinov2 (DINOv2: its weights give the size)
 NAMES = re.compile(
-  r"^(?:vit|deit3)_(?P<size>tiny|small|medium|base|large|huge)_patch(?P<patch>\d+)_"
+  r"^(?:vit|deit3)_(?P<size>tiny|small|medium|base|large|huge|giant)_patch(?P<patch>\d+)_"
   r"(?:(?:clip|gap|siglip|reg\d+)_)*(?:(?P<image>\d+)|dinov2)"
 )
 _SIZES = {"tiny": "Ti", "small": "S", "medium": "M", "base": "B", "large": "L", "huge": "H"}
+_GIANT_HEADS = 24  # DINOv2's giant (1536 wide): not the ViT-g of Zhai et al., which vitjax's VARIANTS would name
 LAYOUTS = {"timm-vit": "timm ViT (patch_embed.proj, blocks.N.attn.qkv, ...)"}
 READS = ("timm-vit",)  # the layouts read() takes
 
@@ -66,7 +67,8 @@ def _timm_attention_pool(r: u.Reader, heads: int, out: dict) -> None:
 
 def _read(m: re.Match, r: u.Reader, num_heads: int | None):
   grid = int(m["image"]) // int(m["patch"]) if m["image"] else None
-  cfg, out = read_vit(r, num_heads or vit_lib.VARIANTS[_SIZES[m["size"]]][3], grid)
+  heads = _GIANT_HEADS if m["size"] == "giant" else vit_lib.VARIANTS[_SIZES[m["size"]]][3]
+  cfg, out = read_vit(r, num_heads or heads, grid)
   if m["image"]:  # the name's image size, as timm builds it
     return vit_lib.ViT(**cfg), out, (int(m["image"]),) * 2
   rows = out["posembed/pos_embedding"].shape[1]  # DINOv2's names give none: its table's grid does (518 px)
@@ -90,7 +92,8 @@ def read_vit(r: u.Reader, heads: int, grid: int | None = None) -> tuple[dict, di
       "the file)"
     )
   variant = dict(num_heads=heads, width=kernel.shape[0], patch_size=tuple(kernel.shape[2:]))
-  variant["mlp_dim"] = r.arrays["blocks.0.mlp.fc1.weight"].shape[0]
+  ffn = _ffn_layout(r)
+  variant["mlp_dim"] = r.arrays["blocks.0.mlp.fc2.weight"].shape[1]
   depth = len({k.split(".")[1] for k in r.arrays if k.startswith("blocks.")})
   pool = "map" if "attn_pool.latent" in r else "tok" if "cls_token" in r else "gap"
   cfg = dict(
@@ -100,7 +103,8 @@ def read_vit(r: u.Reader, heads: int, grid: int | None = None) -> tuple[dict, di
     fc_norm="fc_norm.weight" in r,
     num_classes=r.arrays["head.weight"].shape[0] if "head.weight" in r else 0,
     qkv_bias="blocks.0.attn.qkv.bias" in r,
-    act="gelu",
+    act="silu" if ffn else "gelu",
+    **({"ffn": "swiglu"} if ffn else {}),
   )
   if "pre_logits.fc.weight" in r:
     cfg["representation_size"] = r.arrays["pre_logits.fc.weight"].shape[0]
@@ -117,7 +121,13 @@ def read_vit(r: u.Reader, heads: int, grid: int | None = None) -> tuple[dict, di
     u.norm(r, f"{s}.norm1", f"{d}/norm1", out)
     u.timm_attention(r, f"{s}.attn", f"{d}/attn", heads, out)
     u.norm(r, f"{s}.norm2", f"{d}/norm2", out)
-    u.timm_mlp(r, f"{s}.mlp", f"{d}/mlp", out)
+    if ffn == "packed":
+      u.packed_swiglu(r, f"{s}.mlp.fc1", f"{s}.mlp.fc2", f"{d}/mlp", out)
+    elif ffn == "split":
+      for name in ("fc1_g", "fc1_x", "fc2"):
+        u.linear(r, f"{s}.mlp.{name}", f"{d}/mlp/{name}", out)
+    else:
+      u.timm_mlp(r, f"{s}.mlp", f"{d}/mlp", out)
     for ls in ("ls1", "ls2") if "init_values" in cfg else ():
       out[f"{d}/{ls}/scale"] = r(f"{s}.{ls}.gamma")
     for qk in ("q_norm", "k_norm") if "qk_norm" in cfg else ():
@@ -130,6 +140,18 @@ def read_vit(r: u.Reader, heads: int, grid: int | None = None) -> tuple[dict, di
   if cfg["num_classes"]:
     u.linear(r, "head", "head", out)
   return cfg, out
+
+
+def _ffn_layout(r: u.Reader) -> str | None:
+  """The blocks' SwiGLU as timm stores it, or None for the two-layer Mlp.
+
+  "split": SwiGLU's fc1_g and fc1_x; "packed": GluMlp's fc1 twice as wide as fc2's input (DINOv2-g). Its activation
+  is SiLU (timm's SwiGLU and SwiGLUPacked).
+  """
+  if "blocks.0.mlp.fc1_g.weight" in r:
+    return "split"
+  fc1, fc2 = r.arrays.get("blocks.0.mlp.fc1.weight"), r.arrays["blocks.0.mlp.fc2.weight"]
+  return "packed" if fc1 is not None and fc1.shape[0] == 2 * fc2.shape[1] else None
 
 
 def _read_tokens(r: u.Reader, cfg: dict, grid: int | None) -> None:
@@ -186,6 +208,7 @@ def write(module, p: dict, image_size) -> tuple[dict, dict]:
     rel_pos_bias=(False,),
     layernorm_eps=(1e-6,),  # timm's LayerNorm; its arguments hold no other
     qk_norm=(None, "layernorm"),  # timm's is its blocks' LayerNorm
+    ffn=("mlp",),  # (timm builds its SwiGLU from a class argument, which the .json beside the file cannot hold)
   )
   out: dict[str, np.ndarray] = {}
   k = p["embedding/kernel"]  # [p, p, C, D]

@@ -162,6 +162,21 @@ def load(workdir: str, checkpoint: str | int = "best", weights: str = "params") 
   return Trained(net.model, variables, config, step, workdir, net.mesh, net.batch_sharding, task)
 
 
+def _at_input_size(net, params, spec: str):
+  """The hub's parameters for `net`, at net's input size.
+
+  That may be another than the weights' (DINOv2: 518 px weights, 224 px crops): the position table is resampled once,
+  as transformers and timm resample it at run time (vitjax.models.adapt).
+  """
+  if jax.tree.map(np.shape, params) == jax.tree.map(lambda a: a.shape, net.abstract["params"]):
+    return params
+  zeros = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), net.abstract["params"])
+  params, changes = adapt.adapt_params(jax.device_get(params), zeros, net.model)
+  for line in changes:
+    logging.info("%s: %s", spec, line)
+  return params
+
+
 def load_hub(spec: str, checkpoint: str | int = "best", weights: str = "params") -> Trained:
   """The pretrained classifier of a Hugging Face hub repository, 'hf:ORG/NAME[@REVISION]', as a Trained.
 
@@ -213,13 +228,5 @@ def load_hub(spec: str, checkpoint: str | int = "best", weights: str = "params")
   net = tasks.network(config, task)
   if convert.model_config(net.model) != config.model.to_dict():  # the config must rebuild the converted module
     raise RuntimeError(f"{spec}: config.model {config.model.to_dict()} builds {net.model}, not {module}")
-  params = variables["params"]  # (read once: the hub's weights gave the config)
-  if jax.tree.map(np.shape, params) != jax.tree.map(lambda a: a.shape, net.abstract["params"]):
-    # another input size than the weights' (DINOv2: 518 px, its processor 224): the table resampled as transformers
-    # and timm resample it at run time (vitjax.models.adapt), once
-    zeros = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), net.abstract["params"])
-    params, changes = adapt.adapt_params(jax.device_get(params), zeros, net.model)
-    for line in changes:
-      logging.info("%s: %s", spec, line)
-  variables = pretrained.place(net, params, spec)
+  variables = pretrained.place(net, _at_input_size(net, variables["params"], spec), spec)  # (read once)
   return Trained(net.model, variables, config, 0, spec, net.mesh, net.batch_sharding, task)

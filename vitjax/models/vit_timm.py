@@ -117,21 +117,7 @@ def read_vit(r: u.Reader, heads: int, grid: int | None = None) -> tuple[dict, di
     out["registers"] = r("reg_token")
   out["posembed/pos_embedding"] = r("pos_embed")
   for i in range(depth):
-    s, d = f"blocks.{i}", f"encoder/block_{i}"
-    u.norm(r, f"{s}.norm1", f"{d}/norm1", out)
-    u.timm_attention(r, f"{s}.attn", f"{d}/attn", heads, out)
-    u.norm(r, f"{s}.norm2", f"{d}/norm2", out)
-    if ffn == "packed":
-      u.packed_swiglu(r, f"{s}.mlp.fc1", f"{s}.mlp.fc2", f"{d}/mlp", out)
-    elif ffn == "split":
-      for name in ("fc1_g", "fc1_x", "fc2"):
-        u.linear(r, f"{s}.mlp.{name}", f"{d}/mlp/{name}", out)
-    else:
-      u.timm_mlp(r, f"{s}.mlp", f"{d}/mlp", out)
-    for ls in ("ls1", "ls2") if "init_values" in cfg else ():
-      out[f"{d}/{ls}/scale"] = r(f"{s}.{ls}.gamma")
-    for qk in ("q_norm", "k_norm") if "qk_norm" in cfg else ():
-      u.norm(r, f"{s}.attn.{qk}", f"{d}/attn/{qk}", out)
+    _read_block(r, f"blocks.{i}", f"encoder/block_{i}", heads, cfg, ffn, out)
   u.norm(r, "fc_norm" if cfg["fc_norm"] else "norm", "fc_norm" if cfg["fc_norm"] else "encoder/final_norm", out)
   if pool == "map":
     _timm_attention_pool(r, heads, out)
@@ -140,6 +126,24 @@ def read_vit(r: u.Reader, heads: int, grid: int | None = None) -> tuple[dict, di
   if cfg["num_classes"]:
     u.linear(r, "head", "head", out)
   return cfg, out
+
+
+def _read_block(r: u.Reader, s: str, d: str, heads: int, cfg: dict, ffn: str | None, out: dict) -> None:
+  """The timm block `s` (norms, attention, feed-forward, LayerScale, QK-norm as cfg has them) into vitjax's `d`."""
+  u.norm(r, f"{s}.norm1", f"{d}/norm1", out)
+  u.timm_attention(r, f"{s}.attn", f"{d}/attn", heads, out)
+  u.norm(r, f"{s}.norm2", f"{d}/norm2", out)
+  if ffn == "packed":
+    u.packed_swiglu(r, f"{s}.mlp.fc1", f"{s}.mlp.fc2", f"{d}/mlp", out)
+  elif ffn == "split":
+    for name in ("fc1_g", "fc1_x", "fc2"):
+      u.linear(r, f"{s}.mlp.{name}", f"{d}/mlp/{name}", out)
+  else:
+    u.timm_mlp(r, f"{s}.mlp", f"{d}/mlp", out)
+  for ls in ("ls1", "ls2") if "init_values" in cfg else ():
+    out[f"{d}/{ls}/scale"] = r(f"{s}.{ls}.gamma")
+  for qk in ("q_norm", "k_norm") if "qk_norm" in cfg else ():
+    u.norm(r, f"{s}.attn.{qk}", f"{d}/attn/{qk}", out)
 
 
 def _ffn_layout(r: u.Reader) -> str | None:
@@ -242,6 +246,15 @@ def write(module, p: dict, image_size) -> tuple[dict, dict]:
     _put_map_head(p, out)
   if "head/kernel" in p:
     u.put_linear(p, "head", "head", out)
+  return out, {"model": "vit", "kwargs": _timm_args(module, p, out, image_size, prefix)}
+
+
+def _timm_args(module, p: dict, out: dict, image_size, prefix: int) -> dict:
+  """The arguments of timm's VisionTransformer for the exported ViT.
+
+  out: its state dict; prefix: the position table's rows before the patches'.
+  """
+  k = p["embedding/kernel"]  # [p, p, C, D]
   width = k.shape[-1]
   args = dict(
     img_size=tuple(image_size),
@@ -266,7 +279,7 @@ def write(module, p: dict, image_size) -> tuple[dict, dict]:
     args["init_values"] = module.init_values
   if module.qk_norm:
     args["qk_norm"] = True
-  return out, {"model": "vit", "kwargs": args}
+  return args
 
 
 def _put_map_head(p: dict, out: dict) -> None:

@@ -111,6 +111,41 @@ def transformers_cases():
         got = np.asarray(jax.jit(module.apply)(variables, x.transpose(0, 2, 3, 1))[0])
         errors.append(np.abs(got - want).max() / np.abs(want).max())
     print(f"| {cls} | {module.num_registers} | {module.ffn} | {module.pool_type} | {errors[0]:.2e} | {errors[1]:.2e} |")
+  siglip_cases(t, x)
+
+
+def siglip_cases(t, x):
+  """SigLIP's image tower: SiglipVisionModel (its MAP head), SiglipForImageClassification (the average)."""
+  import tempfile
+
+  import torch
+  from safetensors.numpy import load_file
+
+  vision = t.SiglipVisionConfig(
+    hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=56, patch_size=14
+  )
+  for cls, cfg in (
+    ("SiglipVisionModel", vision),
+    ("SiglipForImageClassification", t.SiglipConfig(vision_config=vision.to_dict(), num_labels=3)),
+  ):
+    torch.manual_seed(0)
+    model = getattr(t, cls)(cfg).eval()
+    with torch.no_grad():
+      for p in model.parameters():
+        p.add_(0.02 * torch.randn_like(p))
+      out = model(pixel_values=torch.from_numpy(x))
+    want = (out.logits if hasattr(out, "logits") else out.pooler_output).numpy()
+    errors = []
+    with tempfile.TemporaryDirectory() as d:
+      model.save_pretrained(d)
+      for sd in (
+        {k: v.numpy() for k, v in model.state_dict().items()},
+        load_file(os.path.join(d, "model.safetensors")),
+      ):
+        module, variables = convert.from_hf(sd, cfg.to_dict())
+        got = np.asarray(jax.jit(module.apply)(variables, x.transpose(0, 2, 3, 1))[0])
+        errors.append(np.abs(got - want).max() / np.abs(want).max())
+    print(f"| {cls} | 0 | {module.ffn} | {module.pool_type} | {errors[0]:.2e} | {errors[1]:.2e} |")
 
 
 if __name__ == "__main__":

@@ -263,7 +263,7 @@ def test_command_line_says_it_in_one_error_line(case, tmp_path, hub_cache, data_
   else:
     assert (
       "an unknown hub layout (config.json has model_type 'resnet')" in err
-      and "'vit', 'dinov2', 'dinov2_with_registers', 'swin'" in err
+      and "'vit', 'dinov2', 'dinov2_with_registers', 'siglip_vision_model', 'siglip', 'swin'" in err
     )
   assert not os.path.exists(workdir)
 
@@ -531,3 +531,46 @@ def test_transformers_dinov2_giant_swiglu_matches_transformers(tmp_path):
     module, variables = convert.from_hf(sd, cfg.to_dict())
     assert (module.ffn, module.act, module.mlp_dim) == ("swiglu", "silu", 128)  # (int(192 * 2 / 3) + 7) // 8 * 8
     assert _rel(jax.jit(module.apply)(variables, x.transpose(0, 2, 3, 1))[0], want) <= TOL
+
+
+@pytest.mark.parametrize("kind", ["SiglipVisionModel", "SiglipForImageClassification", "SiglipModel"])
+def test_transformers_siglip_vision_tower_matches_transformers(kind, tmp_path, hub_cache):
+  """SigLIP's image tower in transformers' layout (model_type 'siglip_vision_model' or 'siglip', refused before):
+  no class token, the attention-pooling head as vitjax's MAP head (torch's MultiheadAttention in_proj split), or
+  the classifier's token average; a SiglipModel's text tower left aside. From memory and from the saved file; the
+  tower's repository loads with vitjax.load and gives its pooled features."""
+  import torch
+  from safetensors.numpy import load_file
+
+  t = _transformers()
+  torch.manual_seed(0)
+  vision = t.SiglipVisionConfig(
+    hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=56, patch_size=14
+  )
+  text = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, vocab_size=100)
+  cfg = {
+    "SiglipVisionModel": vision,
+    "SiglipForImageClassification": t.SiglipConfig(vision_config=vision.to_dict(), num_labels=3),
+    "SiglipModel": t.SiglipConfig(vision_config=vision.to_dict(), text_config=text),
+  }[kind]
+  model = _perturbed(getattr(t, kind)(cfg)).eval()
+  x = np.random.RandomState(1).randn(2, 3, 56, 56).astype(np.float32)
+  with torch.no_grad():
+    tower = model if kind != "SiglipModel" else model.vision_model
+    out = tower(pixel_values=torch.from_numpy(x))
+  want = (out.logits if kind == "SiglipForImageClassification" else out.pooler_output).numpy()
+  model.save_pretrained(str(tmp_path / "save"))
+  for sd in (
+    {k: v.numpy() for k, v in model.state_dict().items()},
+    load_file(str(tmp_path / "save/model.safetensors")),
+  ):
+    module, variables = convert.from_hf(sd, cfg.to_dict())
+    assert (
+      module.pool_type == ("gap" if kind == "SiglipForImageClassification" else "map") and module.act == "gelu_tanh"
+    )
+    assert _rel(jax.jit(module.apply)(variables, x.transpose(0, 2, 3, 1))[0], want) <= TOL
+  if kind == "SiglipVisionModel":
+    t.SiglipImageProcessor(size={"height": 56, "width": 56}).save_pretrained(str(tmp_path / "save"))
+    cache_repo(hub_cache, "someone/tiny-siglip", read_dir(str(tmp_path / "save")))
+    feats = vitjax.load("hf:someone/tiny-siglip").features(np.zeros((2, 56, 56, 3), np.uint8))
+    assert feats["pooled"].shape == (2, 32) and feats["patches"].shape == (2, 4, 4, 32)

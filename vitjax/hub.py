@@ -238,8 +238,9 @@ def supported_model_types() -> dict[str, str]:
 
 
 _KNOWN = (
-  "vitjax reads timm's ViT and Swin repositories (config.json with 'architecture') and transformers' ViT, DINOv2 and "
-  "Swin (model_type 'vit', 'dinov2', 'dinov2_with_registers', 'swin')"
+  "vitjax reads timm's ViT and Swin repositories (config.json with 'architecture') and transformers' ViT, DINOv2, "
+  "SigLIP's image tower and Swin (model_type 'vit', 'dinov2', 'dinov2_with_registers', 'siglip_vision_model', "
+  "'siglip', 'swin')"
 )
 
 

@@ -3,6 +3,8 @@
 ViTForImageClassification / ViTModel: vit.embeddings..., vit.encoder.layer.N.attention.attention.query, ..., classifier.
 Dinov2Model, Dinov2WithRegistersModel and their ...ForImageClassification (model_type "dinov2",
 "dinov2_with_registers"): LayerScale, registers, and a classifier over the class token and the patches' mean.
+SiglipVisionModel (model_type "siglip_vision_model"; SigLIP's image tower) with its attention-pooling head, and
+SiglipForImageClassification and SiglipModel ("siglip": the vision tower's weights, the text tower's left aside).
 
 read(state_dict, layout, config) -> (module, variables). The weights give the width, depth, MLP width, classes,
 pooler and qkv biases; config.json (a dict) the heads, the LayerNorm epsilon (transformers' default 1e-12 becomes
@@ -22,9 +24,10 @@ from vitjax.models import vit as vit_lib
 LAYOUTS = {
   "hf-vit": "transformers ViT (vit.embeddings..., vit.encoder.layer.N.attention.attention.query, classifier)",
   "hf-dinov2": "transformers DINOv2 (embeddings..., encoder.layer.N.layer_scale1.lambda1, ...)",
+  "hf-siglip": "transformers SigLIP vision tower (vision_model.embeddings.patch_embedding, encoder.layers.N.self_attn)",
 }
-READS = ("hf-vit", "hf-dinov2")
-MODEL_TYPES = ("vit", "dinov2", "dinov2_with_registers")  # config.json's model_type
+READS = ("hf-vit", "hf-dinov2", "hf-siglip")
+MODEL_TYPES = ("vit", "dinov2", "dinov2_with_registers", "siglip_vision_model", "siglip")  # config.json's model_type
 
 # transformers' activations that vitjax has (anything else is refused with its name)
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
@@ -49,10 +52,15 @@ _DINOV2_RENAMES = (
 _QKV = {"q": "query", "k": "key", "v": "value"}
 
 
+_SIGLIP = re.compile(r"^(vision_model\.)?embeddings\.patch_embedding\.weight$")
+
+
 def detect(keys: set[str]) -> str | None:
-  """The layout of a transformers DINOv2's ("hf-dinov2") or ViT's ("hf-vit") keys (either naming), else None."""
+  """The layout of a transformers model's keys (either naming): "hf-dinov2", "hf-siglip", "hf-vit", else None."""
   if any(_DINOV2.match(k) for k in keys):
     return "hf-dinov2"
+  if any(_SIGLIP.match(k) for k in keys):
+    return "hf-siglip"
   return "hf-vit" if any(_DETECT.match(k) for k in keys) else None
 
 
@@ -77,6 +85,8 @@ def read(state_dict, layout: str = "hf-vit", config: dict | None = None):
   config = dict(config or {})
   if layout == "hf-dinov2" or config.get("model_type") in ("dinov2", "dinov2_with_registers"):
     return _read_dinov2(state_dict, config)
+  if layout == "hf-siglip" or config.get("model_type") in ("siglip", "siglip_vision_model"):
+    return _read_siglip(state_dict, config)
   what = f"transformers ViT ({config.get('_name_or_path') or 'config.json'})"
   sd = u.rename_keys(u.unwrap(state_dict), _RENAMES)
   prefix = "vit." if any(k.startswith("vit.") for k in sd) else ""
@@ -189,3 +199,59 @@ def _read_dinov2(state_dict, config: dict):
     u.linear(r, "classifier", "head", out)
   r.check_all_used(what, re.compile(r"^embeddings\.mask_token$"))  # (masked-image pre-training's; unused here)
   return u.finish(vit_lib.ViT(**cfg), out, pair(config.get("image_size", 518)))
+
+
+def _read_siglip(state_dict, config: dict):
+  """(module, variables) of transformers' SigLIP image tower: SiglipVisionModel, or SiglipForImageClassification.
+
+  The tower has no class token; its position table covers the patches. SiglipVisionModel pools with its attention
+  head (vitjax's "map", torch's MultiheadAttention in_proj split into query, key, value); SiglipForImageClassification
+  averages the tokens ("gap") into its classifier, its tower's attention head unused. A SiglipModel's text tower and
+  logit scale are left aside.
+  """
+  vision = dict(config.get("vision_config") or config)  # (a SiglipModel's config holds the tower's)
+  what = f"transformers SigLIP ({config.get('_name_or_path') or 'config.json'})"
+  sd = u.unwrap(state_dict)
+  r = u.Reader({k.removeprefix("vision_model."): v for k, v in sd.items()})
+  heads = int(vision.get("num_attention_heads", 12))
+  proj = r.arrays["embeddings.patch_embedding.weight"]  # [D, C, p, p]
+  width = proj.shape[0]
+  depth = len({k.split(".")[2] for k in r.arrays if k.startswith("encoder.layers.")})
+  head = r.arrays["classifier.weight"].shape[0] if "classifier.weight" in r else 0
+  cfg = dict(
+    patch_size=tuple(proj.shape[2:]),
+    width=width,
+    depth=depth,
+    mlp_dim=r.arrays["encoder.layers.0.mlp.fc1.weight"].shape[0],
+    num_heads=heads,
+    pool_type="gap" if head or "head.probe" not in r else "map",
+    layernorm_eps=float(vision.get("layer_norm_eps", 1e-6)),
+    act=activation({"hidden_act": vision.get("hidden_act", "gelu_pytorch_tanh")}, what),
+    num_classes=head,
+  )
+  out: dict[str, np.ndarray] = {}
+  u.conv(r, "embeddings.patch_embedding", "embedding", out)
+  out["posembed/pos_embedding"] = r("embeddings.position_embedding.weight")[None]
+  for i in range(depth):
+    s, d = f"encoder.layers.{i}", f"encoder/block_{i}"
+    u.norm(r, f"{s}.layer_norm1", f"{d}/norm1", out)
+    names = {n: f"{s}.self_attn.{n[0]}_proj" for n in ("query", "key", "value")}
+    u.separate_attention(r, {**names, "out": f"{s}.self_attn.out_proj"}, f"{d}/attn", heads, out)
+    u.norm(r, f"{s}.layer_norm2", f"{d}/norm2", out)
+    u.timm_mlp(r, f"{s}.mlp", f"{d}/mlp", out)
+  u.norm(r, "post_layernorm", "encoder/final_norm", out)
+  if cfg["pool_type"] == "map":
+    out["map_head/probe"] = r("head.probe")
+    w, b = r("head.attention.in_proj_weight"), r("head.attention.in_proj_bias")
+    for j, name in enumerate(("query", "key", "value")):
+      out[f"map_head/attn/{name}/kernel"] = u.split_heads(w[j * width : (j + 1) * width], heads)
+      out[f"map_head/attn/{name}/bias"] = b[j * width : (j + 1) * width].reshape(heads, -1)
+    out["map_head/attn/out/kernel"] = r("head.attention.out_proj.weight").T.reshape(heads, -1, width)
+    out["map_head/attn/out/bias"] = r("head.attention.out_proj.bias")
+    u.norm(r, "head.layernorm", "map_head/norm", out)
+    u.timm_mlp(r, "head.mlp", "map_head/mlp", out)
+  if head:
+    u.linear(r, "classifier", "head", out)
+  aside = r"^(text_model\.|logit_scale|logit_bias)" + (r"|^head\." if head else "")  # (the classifier averages)
+  r.check_all_used(what, re.compile(aside))
+  return u.finish(vit_lib.ViT(**cfg), out, pair(vision.get("image_size", 224)))

@@ -198,3 +198,22 @@ def test_randaugment_magnitudes_above_ten_act_as_ten():
     at = lambda magnitude, seed=seed: augment.randaugment(image, np.random.default_rng(seed), 2, magnitude)
     np.testing.assert_array_equal(at(25.0), at(10.0))
     np.testing.assert_array_equal(at(-3.0), at(0.0))
+
+
+def test_the_centre_crop_starts_where_torchvision_or_transformers_start_it():
+  """An odd margin: 40x36 -> 35x32 (the shorter side to 32), cropped to 28x28, 7 rows to spare. torchvision's
+  CenterCrop (timm's, the default) starts at round(3.5) = 4, transformers' image processors at 7 // 2 = 3
+  (crop_offset="floor", which a transformers hub repository sets); 4 columns to spare start at 2 either way."""
+  image = np.arange(40 * 36, dtype=np.int64).reshape(40, 36, 1) % 251
+  image = image.astype(np.uint8)
+  kw = dict(mean=(0.5,), std=(0.5,), crop_fraction=28 / 32, interpolation="bilinear")
+  rounded = augment.preprocess_eval(image, (28, 28), augment.Preprocess(**kw))
+  floored = augment.preprocess_eval(image, (28, 28), augment.Preprocess(**kw, crop_offset="floor"))
+  resized = augment.resize(image, (35, 32), interpolation="bilinear")
+  np.testing.assert_array_equal(rounded, resized[4:32, 2:30])
+  np.testing.assert_array_equal(floored, resized[3:31, 2:30])
+  described = augment.Preprocess(**kw, crop_offset="floor").describe()
+  assert described["crop_offset"] == "floor" and "crop_offset" not in augment.Preprocess(**kw).describe()
+  assert augment.Preprocess.from_described(described).crop_offset == "floor"
+  with pytest.raises(ValueError, match="crop_offset='ceil': use 'round' or 'floor'"):
+    augment.Preprocess(crop_offset="ceil")

@@ -151,7 +151,9 @@ def test_transformers_preprocessor_configs_give_the_input_size_and_crop(caplog):
   vit = {"model_type": "vit"}
   fields, hw = _repo("transformers", vit, {"size": {"height": 384, "width": 320}, "resample": 3})._transformers_input()
   assert hw == (384, 320)
-  assert fields == {"mean": (0.5,) * 3, "std": (0.5,) * 3, "crop_fraction": None, "interpolation": "bicubic"}
+  assert fields == {
+    "mean": (0.5,) * 3, "std": (0.5,) * 3, "crop_fraction": None, "interpolation": "bicubic", "crop_offset": "floor"
+  }  # fmt: skip
   pre = {"size": {"shortest_edge": 256}, "do_center_crop": True, "crop_size": {"height": 224, "width": 224}}
   fields, hw = _repo("transformers", vit, pre)._transformers_input()
   assert hw == (224, 224) and fields["crop_fraction"] == 224 / 256 and fields["interpolation"] == "bilinear"
@@ -397,7 +399,8 @@ def test_transformers_dinov2_with_registers_predicts_as_transformers_at_its_proc
   """A transformers Dinov2WithRegistersForImageClassification repository (model_type 'dinov2_with_registers', refused
   before: "an unknown hub layout"): 4 registers, LayerScale, the classifier over the class token and the patches'
   mean. Its config says 56 px, its BitImageProcessor crops 28 (DINOv2's 518 and 224): transformers resamples the
-  table at every call, vitjax once at load, the same way; vitjax.load's predict gives transformers' probabilities.
+  table at every call, vitjax once at load, the same way; vitjax.load's predict gives transformers' probabilities,
+  non-square images cropped where transformers crops them.
   Dinov2Model (no classifier) and the in-memory state dict of transformers 5 read too."""
   import torch
 
@@ -418,9 +421,10 @@ def test_transformers_dinov2_with_registers_predicts_as_transformers_at_its_proc
   m = trained.model
   assert (m.num_registers, m.class_posemb, m.pool_type, m.init_values) == (4, False, "tok_gap", 0.5)
   assert trained.variables["params"]["posembed"]["pos_embedding"].shape == (1, 4, 32)  # 4x4 -> 2x2
-  # square images: transformers' centre crop starts at floor((h - crop) / 2), torchvision's (timm's, vitjax's) rounds
-  # it, so a 40x36 image is cropped one row apart (an open difference, issue 75's notes)
-  images = np.random.RandomState(2).randint(0, 256, (3, 40, 40, 3), dtype=np.uint8)
+  # 40x36: resized to 35x32, an odd margin of 7 rows: transformers' centre crop starts at row 3 (floor), torchvision's
+  # at 4 (round); a transformers repository's preprocessing takes the floor (augment.Preprocess.crop_offset)
+  images = np.random.RandomState(2).randint(0, 256, (3, 40, 36, 3), dtype=np.uint8)
+  assert trained.task.preprocess().crop_offset == "floor"
   x = processor(list(images), return_tensors="np")["pixel_values"]
   assert x.shape == (3, 3, 28, 28)
   with torch.no_grad():

@@ -107,7 +107,10 @@ class Repo:
     raise ConfigError(f"{self.spec}: the repository has neither {' nor '.join(WEIGHTS)} (sharded weights are not read)")
 
   def preprocess(self) -> dict:
-    """{"mean", "std", "crop_fraction", "interpolation"} the model was trained with (augment.Preprocess's fields)."""
+    """{"mean", "std", "crop_fraction", "interpolation"} the model was trained with (augment.Preprocess's fields).
+
+    A transformers repository's also has "crop_offset": "floor", where its image processors start the centre crop.
+    """
     if self.layout == "timm":
       return timm_pretrained_preprocess(self.config.get("pretrained_cfg") or {})
     return self._transformers_input()[0]
@@ -180,6 +183,7 @@ class Repo:
       "std": tuple(float(s) for s in std),
       "crop_fraction": crop_fraction,
       "interpolation": interpolation,
+      "crop_offset": "floor",  # transformers' centre crop starts at (resized - size) // 2
     }
     return fields, hw
 

@@ -313,12 +313,17 @@ class Preprocess:
     the model's size (timm's crop_pct, 0.875 or 0.9 for most ImageNet models); None resizes the whole image.
 
   interpolation: "bilinear" or "bicubic" (the evaluation's resize).
+
+  crop_offset: where the centre crop starts, (resized - size) / 2 "round"ed (torchvision's CenterCrop, timm's) or
+    "floor"ed (transformers' image processors); it moves an odd margin's crop by one pixel. Not a config field: a
+    hub repository in transformers' layout sets "floor".
   """
 
   mean: tuple[float, ...] | None = None
   std: tuple[float, ...] | None = None
   crop_fraction: float | None = None
   interpolation: str = "bilinear"
+  crop_offset: str = "round"
 
   def __post_init__(self):
     if (self.mean is None) != (self.std is None):
@@ -335,6 +340,8 @@ class Preprocess:
       raise ValueError(f"preprocess.crop_fraction={self.crop_fraction} must be in (0, 1]")
     if self.interpolation not in _RESAMPLE:
       raise ValueError(f"preprocess.interpolation={self.interpolation!r}: use one of {sorted(_RESAMPLE)}")
+    if self.crop_offset not in ("round", "floor"):
+      raise ValueError(f"preprocess.crop_offset={self.crop_offset!r}: use 'round' or 'floor'")
 
   def describe(self) -> dict:
     """The preprocessing as task.json records it; `from_described` reads it back.
@@ -343,7 +350,8 @@ class Preprocess:
       dict: {"normalize": "[-1, 1]: ..." or {"mean", "std"}, "crop_fraction", "interpolation"}.
     """
     normalize = "[-1, 1]: x * 2 / 255 - 1" if self.mean is None else {"mean": self.mean, "std": self.std}
-    return {"normalize": normalize, "crop_fraction": self.crop_fraction, "interpolation": self.interpolation}
+    out = {"normalize": normalize, "crop_fraction": self.crop_fraction, "interpolation": self.interpolation}
+    return {**out, "crop_offset": self.crop_offset} if self.crop_offset != "round" else out
 
   @classmethod
   def from_described(cls, described: dict) -> Preprocess:
@@ -352,7 +360,7 @@ class Preprocess:
     mean = tuple(normalize["mean"]) if isinstance(normalize, dict) else None
     std = tuple(normalize["std"]) if isinstance(normalize, dict) else None
     interpolation = described.get("interpolation") or "bilinear"
-    return cls(mean, std, described.get("crop_fraction"), interpolation)
+    return cls(mean, std, described.get("crop_fraction"), interpolation, described.get("crop_offset") or "round")
 
 
 def preprocess_eval(image: np.ndarray, size: tuple[int, int], pre: Preprocess | None = None) -> np.ndarray:
@@ -379,7 +387,10 @@ def preprocess_eval(image: np.ndarray, size: tuple[int, int], pre: Preprocess | 
     f = max(want[0] / h, want[1] / w)
     new = (max(want[0], round(h * f)), max(want[1], round(w * f)))
   image = resize(image, new, interpolation=pre.interpolation)
-  top, left = int(round((new[0] - size[0]) / 2.0)), int(round((new[1] - size[1]) / 2.0))
+  if pre.crop_offset == "floor":  # transformers' image processors
+    top, left = (new[0] - size[0]) // 2, (new[1] - size[1]) // 2
+  else:  # torchvision's CenterCrop
+    top, left = int(round((new[0] - size[0]) / 2.0)), int(round((new[1] - size[1]) / 2.0))
   if top < 0 or left < 0:
     raise ValueError(f"crop_fraction={pre.crop_fraction}: a {new} image cannot be cropped to {size}")
   return image[top : top + size[0], left : left + size[1]]

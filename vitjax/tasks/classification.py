@@ -149,6 +149,7 @@ class ImageClassification:
       if source.imported and any(v is None for v in fields.values()):
         known = convert.pretrained_preprocess(source) or {}
         fields = {k: known.get(k) if v is None else v for k, v in fields.items()}
+        fields["crop_offset"] = known.get("crop_offset")  # (not a config field: a transformers repository's)
       try:
         self._preprocess = augment.Preprocess(**{k: v for k, v in fields.items() if v is not None})
       except ValueError as e:

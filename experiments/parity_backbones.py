@@ -70,82 +70,55 @@ def main():
 
 
 def transformers_cases():
-  import tempfile
-
+  """transformers' DINOv2 classes and SigLIP's image tower, each from memory and from its saved file."""
   import torch
   import transformers as t
-  from safetensors.numpy import load_file
 
-  print(f"\ntransformers {t.__version__}: 56 px, patch 14, width 32, two blocks, layerscale_value 0.5")
+  print(f"\ntransformers {t.__version__}: 56 px, patch 14, width 32, two blocks (DINOv2: layerscale_value 0.5)")
   print("| transformers class | registers | ffn | pool | rel. error, in memory | rel. error, saved file |")
   print("| --- | ---: | --- | --- | ---: | ---: |")
   x = np.random.RandomState(1).randn(2, 3, 56, 56).astype(np.float32)
-  for cls, config, extra in (
-    ("Dinov2Model", "Dinov2Config", {}),
-    ("Dinov2ForImageClassification", "Dinov2Config", dict(num_labels=3)),
-    ("Dinov2WithRegistersModel", "Dinov2WithRegistersConfig", dict(num_register_tokens=4)),
+  args = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=56, patch_size=14)
+  dinov2 = lambda config, **extra: getattr(t, config)(**args, layerscale_value=0.5, **extra)
+  vision = t.SiglipVisionConfig(**args, intermediate_size=64)
+  for cls, cfg in (
+    ("Dinov2Model", dinov2("Dinov2Config")),
+    ("Dinov2ForImageClassification", dinov2("Dinov2Config", num_labels=3)),
+    ("Dinov2WithRegistersModel", dinov2("Dinov2WithRegistersConfig", num_register_tokens=4)),
     (
       "Dinov2WithRegistersForImageClassification",
-      "Dinov2WithRegistersConfig",
-      dict(num_register_tokens=4, num_labels=3),
+      dinov2("Dinov2WithRegistersConfig", num_register_tokens=4, num_labels=3),
     ),
-    ("Dinov2Model", "Dinov2Config", dict(use_swiglu_ffn=True)),  # the giant's SwiGLU
+    ("Dinov2Model", dinov2("Dinov2Config", use_swiglu_ffn=True)),  # the giant's SwiGLU
+    ("SiglipVisionModel", vision),  # its MAP head
+    ("SiglipForImageClassification", t.SiglipConfig(vision_config=vision.to_dict(), num_labels=3)),  # the average
   ):
-    torch.manual_seed(0)
-    args = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=56, patch_size=14)
-    cfg = getattr(t, config)(**args, layerscale_value=0.5, **extra)
-    model = getattr(t, cls)(cfg).eval()
-    with torch.no_grad():
-      for p in model.parameters():
-        p.add_(0.02 * torch.randn_like(p))
-      out = model(pixel_values=torch.from_numpy(x))
-    want = (out.logits if hasattr(out, "logits") else out.pooler_output).numpy()
-    errors = []
-    with tempfile.TemporaryDirectory() as d:
-      model.save_pretrained(d)
-      for sd in (
-        {k: v.numpy() for k, v in model.state_dict().items()},
-        load_file(os.path.join(d, "model.safetensors")),
-      ):
-        module, variables = convert.from_hf(sd, cfg.to_dict())
-        got = np.asarray(jax.jit(module.apply)(variables, x.transpose(0, 2, 3, 1))[0])
-        errors.append(np.abs(got - want).max() / np.abs(want).max())
+    torch.manual_seed(0)  # (the initialisation too: the same weights every run)
+    module, errors = _transformers_errors(getattr(t, cls)(cfg), cfg, x)
     print(f"| {cls} | {module.num_registers} | {module.ffn} | {module.pool_type} | {errors[0]:.2e} | {errors[1]:.2e} |")
-  siglip_cases(t, x)
 
 
-def siglip_cases(t, x):
-  """SigLIP's image tower: SiglipVisionModel (its MAP head), SiglipForImageClassification (the average)."""
+def _transformers_errors(model, cfg, x):
+  """(vitjax module, [relative max error from the in-memory state dict, from save_pretrained's file])."""
   import tempfile
 
   import torch
   from safetensors.numpy import load_file
 
-  vision = t.SiglipVisionConfig(
-    hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=56, patch_size=14
-  )
-  for cls, cfg in (
-    ("SiglipVisionModel", vision),
-    ("SiglipForImageClassification", t.SiglipConfig(vision_config=vision.to_dict(), num_labels=3)),
-  ):
-    torch.manual_seed(0)
-    model = getattr(t, cls)(cfg).eval()
-    with torch.no_grad():
-      for p in model.parameters():
-        p.add_(0.02 * torch.randn_like(p))
-      out = model(pixel_values=torch.from_numpy(x))
-    want = (out.logits if hasattr(out, "logits") else out.pooler_output).numpy()
-    errors = []
-    with tempfile.TemporaryDirectory() as d:
-      model.save_pretrained(d)
-      for sd in (
-        {k: v.numpy() for k, v in model.state_dict().items()},
-        load_file(os.path.join(d, "model.safetensors")),
-      ):
-        module, variables = convert.from_hf(sd, cfg.to_dict())
-        got = np.asarray(jax.jit(module.apply)(variables, x.transpose(0, 2, 3, 1))[0])
-        errors.append(np.abs(got - want).max() / np.abs(want).max())
-    print(f"| {cls} | 0 | {module.ffn} | {module.pool_type} | {errors[0]:.2e} | {errors[1]:.2e} |")
+  model = model.eval()
+  with torch.no_grad():
+    for p in model.parameters():
+      p.add_(0.02 * torch.randn_like(p))
+    out = model(pixel_values=torch.from_numpy(x))
+  want = (out.logits if hasattr(out, "logits") else out.pooler_output).numpy()
+  errors = []
+  with tempfile.TemporaryDirectory() as d:
+    model.save_pretrained(d)
+    for sd in ({k: v.numpy() for k, v in model.state_dict().items()}, load_file(os.path.join(d, "model.safetensors"))):
+      module, variables = convert.from_hf(sd, cfg.to_dict())
+      got = np.asarray(jax.jit(module.apply)(variables, x.transpose(0, 2, 3, 1))[0])
+      errors.append(np.abs(got - want).max() / np.abs(want).max())
+  return module, errors
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Checkpoints: the reader (vitjax.models.checkpoints), the writer (vitjax.train.checkpoints) and a network's weights
-from them or from other sources (vitjax.models.pretrained).
+from them or from other sources (vitjax.pretrained).
 
 The faults a run survives through them (SIGTERM, SIGKILL, corrupt steps in a run) are test_faults.py's.
 """
@@ -125,8 +125,8 @@ def test_weights_that_fit_the_network_are_placed_on_its_shardings_and_others_nam
   for a network of 3), which points to init_from, where other shapes are fitted."""
   import jax
 
+  from vitjax import pretrained
   from vitjax.errors import ConfigError
-  from vitjax.models import pretrained
 
   net = _net()
   params, _ = jax.device_get(net.init())
@@ -148,8 +148,8 @@ def test_initial_variables_are_the_seeds_and_imported_weights_are_one_set():
   no steps or moving average to choose (pretrained.load says so before reading anything)."""
   import jax
 
+  from vitjax import pretrained
   from vitjax.errors import ConfigError
-  from vitjax.models import pretrained
 
   net = _net()
   a, b = pretrained.load("", net, fit=True), pretrained.load(None, net, fit=True)
@@ -170,9 +170,10 @@ def test_init_from_a_dinov2_with_registers_file_fits_a_smaller_grid_and_names_a_
   import torch
 
   from vitjax import mesh as mesh_lib
+  from vitjax import pretrained
   from vitjax.config import default_config
   from vitjax.errors import ConfigError
-  from vitjax.models import network, pretrained
+  from vitjax.models import network
 
   torch.manual_seed(0)
   model = timm_ref.create_model("vit_small_patch14_reg4_dinov2", pretrained=False, depth=1, num_classes=0)

@@ -158,7 +158,7 @@ def test_plan_resolves_cadences_and_best_and_refuses_a_best_nobody_reports(data_
 
 
 def _finished(finished_run, data_dir):
-  from vitjax.models import pretrained
+  from vitjax import pretrained
 
   config = config_lib.read_config(finished_run)
   config.data.data_dir = data_dir

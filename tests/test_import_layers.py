@@ -211,10 +211,10 @@ def reach(start: str, root: str = ROOT) -> list[str]:
 
 
 def test_predicting_passes_through_no_module_of_the_trainer():
-  """vitjax.load and predict go through tasks and models (vitjax.models.pretrained), not vitjax.train: it went through
+  """vitjax.load and predict go through tasks and models (vitjax.pretrained), not vitjax.train: it went through
   train/state, train/checkpoints and train/workdir (issue 74, point 4)."""
   through = reach("vitjax.trained")
-  assert "vitjax.models.pretrained" in through and "vitjax.tasks" in through
+  assert "vitjax.pretrained" in through and "vitjax.tasks" in through
   assert [m for m in through if m == "vitjax.train" or m.startswith("vitjax.train.")] == []
 
 

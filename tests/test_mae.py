@@ -73,8 +73,7 @@ def test_the_loss_counts_only_the_dropped_patches(data_dir):
 def test_the_evaluation_masks_are_each_images_own(data_dir):
   """The evaluation's fixed masks are drawn from each image's position in the split: its loss does not depend on
   the batch size (they were drawn per batch: 2.042 at 64 a batch, 2.029 at 40, 2.023 at 160)."""
-  from vitjax import evaluators
-  from vitjax.models import pretrained
+  from vitjax import evaluators, pretrained
 
   config = load_module(os.path.join(th.ROOT, "configs", "mae_digits.py")).get_config()
   config.data.data_dir, config.evals.eval.drawn = data_dir, 0

@@ -84,7 +84,12 @@ def activation(name: str):
 
 
 class FeedForward(nn.Module):
-  """FFN(x) = W2 act(W1 x + b1) + b2, dropout after the activation. [..., D] -> [..., D_out or D]."""
+  """FFN(x) = W2 act(W1 x + b1) + b2, dropout after the activation. [..., D] -> [..., D_out or D].
+
+  gated: W2 (act(Wg x + bg) * (Wx x + bx)) + b2 instead (Shazeer 2020; act "silu": SwiGLU), parameters "fc1_g" (the
+  gate) and "fc1_x" in place of "fc1", as timm's SwiGLU names them (its packed GluMlp and transformers' DINOv2 hold the
+  gate as fc1's first half: the converters split it).
+  """
 
   hidden: int
   out_features: int | None = None
@@ -94,43 +99,21 @@ class FeedForward(nn.Module):
   dtype: Any = None
   kernel_init: Any = nn.initializers.xavier_uniform()
   bias_init: Any = nn.initializers.normal(stddev=1e-6)
+  gated: bool = False
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    """Applies fc1 to `hidden`, the activation, dropout, fc2: x [..., D] -> [..., out_features or D]."""
+    """Applies fc1 (or the gated pair) to `hidden`, the activation, dropout, fc2: x [..., D] -> [..., out_features or D]."""
     dense = functools.partial(dots.Dense, dtype=self.dtype, kernel_init=self.kernel_init, bias_init=self.bias_init)
-    y = activation(self.act)(dense(self.hidden, name="fc1")(x))
+    if self.gated:
+      y = activation(self.act)(dense(self.hidden, name="fc1_g")(x)) * dense(self.hidden, name="fc1_x")(x)
+    else:
+      y = activation(self.act)(dense(self.hidden, name="fc1")(x))
     y = nn.Dropout(self.dropout_rate)(y, deterministic=self.deterministic)
     return dense(self.out_features or x.shape[-1], name="fc2")(y)
 
 
-class SwiGLU(nn.Module):
-  """FFN(x) = W2 (act(Wg x + bg) * (Wx x + bx)) + b2 (Shazeer 2020; act SiLU: SwiGLU). [..., D] -> [..., D_out or D].
-
-  Parameters "fc1_g" (the gate), "fc1_x" [D, hidden] and "fc2" [hidden, D_out], as timm's SwiGLU names them (its packed
-  GluMlp and transformers' DINOv2 hold the gate as fc1's first half: the converters split it). Dropout after the
-  product.
-  """
-
-  hidden: int
-  out_features: int | None = None
-  act: str = "silu"
-  dropout_rate: float = 0.0
-  deterministic: bool = True
-  dtype: Any = None
-  kernel_init: Any = nn.initializers.xavier_uniform()
-  bias_init: Any = nn.initializers.normal(stddev=1e-6)
-
-  @nn.compact
-  def __call__(self, x: Array) -> Array:
-    """Applies the gated feed-forward: x [..., D] -> [..., out_features or D]."""
-    dense = functools.partial(dots.Dense, dtype=self.dtype, kernel_init=self.kernel_init, bias_init=self.bias_init)
-    y = activation(self.act)(dense(self.hidden, name="fc1_g")(x)) * dense(self.hidden, name="fc1_x")(x)
-    y = nn.Dropout(self.dropout_rate)(y, deterministic=self.deterministic)
-    return dense(self.out_features or x.shape[-1], name="fc2")(y)
-
-
-FFNS = {"mlp": FeedForward, "swiglu": SwiGLU}  # a block's feed-forward (_BlockBase.ffn)
+FFNS = ("mlp", "swiglu")  # a block's feed-forward (_BlockBase.ffn): FeedForward, gated for "swiglu"
 
 
 class DropPath(nn.Module):
@@ -176,7 +159,7 @@ class _BlockBase(nn.Module):
   init_values: LayerScale on every residual branch ("ls1", "ls2", ...: one per norm "norm1", "norm2", ...),
   initialised to this value; None (the default): none, and no parameter.
   qk_norm: "layernorm" or "rmsnorm" on every attention's queries and keys (MultiHeadAttention.qk_norm); None: none.
-  ffn: "mlp" (FeedForward, the default) or "swiglu" (SwiGLU: mlp_dim is each of its two halves' width; act its gate's).
+  ffn: "mlp" (FeedForward, the default) or "swiglu" (FeedForward gated: mlp_dim is each half's width, act the gate's).
   """
 
   num_heads: int
@@ -232,12 +215,13 @@ class _BlockBase(nn.Module):
   def _ffn(self, x: Array) -> Array:
     if self.ffn not in FFNS:
       raise ValueError(f"unknown ffn {self.ffn!r}; use one of {', '.join(map(repr, FFNS))}")
-    return FFNS[self.ffn](
+    return FeedForward(
       self.mlp_dim,
       act=self.act,
       dropout_rate=self.dropout_rate,
       deterministic=self.deterministic,
       dtype=self.dtype,
+      gated=self.ffn == "swiglu",
       name="mlp",
     )(x)
 

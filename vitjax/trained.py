@@ -33,11 +33,10 @@ from absl import logging
 from jax.sharding import Mesh, NamedSharding
 
 from vitjax import config as config_lib
-from vitjax import convert, decode, evaluators, tasks
+from vitjax import convert, decode, evaluators, pretrained, tasks
 from vitjax.config import default_config
 from vitjax.data import augment
-from vitjax.errors import ConfigError
-from vitjax.models import adapt, convert_util, pretrained
+from vitjax.models import adapt, convert_util
 
 
 @dataclasses.dataclass
@@ -188,11 +187,7 @@ def load_hub(spec: str, checkpoint: str | int = "best", weights: str = "params")
   kind of model), and for checkpoint or weights other than the defaults: a repository has one set of weights (pin
   one with @REVISION).
   """
-  if str(checkpoint) not in ("best", "latest") or weights != "params":
-    raise ConfigError(
-      f"{spec}: a hub repository has one set of weights (checkpoint={checkpoint!r}, weights={weights!r} asked "
-      "for); pin a version with hf:ORG/NAME@REVISION"
-    )
+  pretrained.check_one_set(spec, checkpoint, weights)
   module, variables, repo = convert.from_hub(spec)
   flat = convert_util.flat_params(variables["params"])
   channels = next(v.shape[2] for k, v in flat.items() if k in ("embedding/kernel", "patch_embed/kernel"))

@@ -245,7 +245,7 @@ def timm_mlp(r: Reader, src: str, dst: str, out: dict) -> None:
 
 
 def packed_swiglu(r: Reader, fc1: str, fc2: str, dst: str, out: dict) -> None:
-  """A packed gated feed-forward -> vitjax.layers.SwiGLU's fc1_g, fc1_x and fc2 (see `linear`).
+  """A packed gated feed-forward -> vitjax.layers.FeedForward(gated=True)'s fc1_g, fc1_x and fc2 (see `linear`).
 
   Its fc1 [2H, D] holds the gate's rows first (timm's SwiGLUPacked GluMlp, transformers' DINOv2 weights_in); fc2 [D, H].
   """

@@ -5,7 +5,7 @@
 
 What prediction needs and no more: no schedule, no optimizer (vitjax.train.state adds those for training). The task
 gives `overrides` (what its data fixes: classes, vocabulary), `inputs` (example inputs, for the shapes) and the mesh;
-vitjax.models.pretrained fills the variables from a checkpoint, a weights file or a hub repository. Nothing here
+vitjax.pretrained fills the variables from a checkpoint, a weights file or a hub repository. Nothing here
 compiles or allocates.
 """
 

@@ -181,7 +181,7 @@ class ViT(nn.Module):
     num_registers: register tokens (Darcet et al. 2024, "Vision Transformers Need Registers"): learned tokens
       "registers" [1, R, D] after the class token, before the patches; attended to, never pooled ("gap" averages the
       patches only). 0: none, and no parameter.
-    ffn: the blocks' feed-forward: "mlp" (two layers, `act` between) or "swiglu" (vitjax.layers.SwiGLU, `act` on its
+    ffn: the blocks' feed-forward: "mlp" (two layers, `act` between) or "swiglu" (vitjax.layers.FeedForward gated, `act` on its
       gate, "silu" for SwiGLU; mlp_dim the width of each half: DINOv2-g, EVA-02).
     qk_norm: "layernorm" or "rmsnorm" on each attention's queries and keys, per head (vitjax.attention, "q_norm" and
       "k_norm"; timm's qk_norm); None: none.

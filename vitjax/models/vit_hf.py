@@ -77,6 +77,13 @@ def pair(v) -> tuple[int, int]:
   return (int(v), int(v)) if isinstance(v, int | float) else (int(v[0]), int(v[1]))
 
 
+def _norms_and_attention(r: u.Reader, d: str, heads: int, norm1: str, attn: dict, norm2: str, out: dict) -> None:
+  """A transformers pre-norm block's two LayerNorms and its separate q/k/v/out linears (`attn`) into vitjax's `d`."""
+  u.norm(r, norm1, f"{d}/norm1", out)
+  u.separate_attention(r, attn, f"{d}/attn", heads, out)
+  u.norm(r, norm2, f"{d}/norm2", out)
+
+
 def read(state_dict, layout: str = "hf-vit", config: dict | None = None):
   """(module, variables) of a transformers ViT from its state dict and its config.json.
 
@@ -116,10 +123,9 @@ def read(state_dict, layout: str = "hf-vit", config: dict | None = None):
   out["posembed/pos_embedding"] = r("embeddings.position_embeddings")
   for i in range(depth):
     s, d = f"encoder.layer.{i}", f"encoder/block_{i}"
-    u.norm(r, f"{s}.layernorm_before", f"{d}/norm1", out)
     names = {n: f"{s}.attention.attention.{n}" for n in ("query", "key", "value")}
-    u.separate_attention(r, {**names, "out": f"{s}.attention.output.dense"}, f"{d}/attn", heads, out)
-    u.norm(r, f"{s}.layernorm_after", f"{d}/norm2", out)
+    attn = {**names, "out": f"{s}.attention.output.dense"}
+    _norms_and_attention(r, d, heads, f"{s}.layernorm_before", attn, f"{s}.layernorm_after", out)
     u.linear(r, f"{s}.intermediate.dense", f"{d}/mlp/fc1", out)
     u.linear(r, f"{s}.output.dense", f"{d}/mlp/fc2", out)
   u.norm(r, "layernorm", "encoder/final_norm", out)
@@ -180,11 +186,9 @@ def _read_dinov2(state_dict, config: dict):
     out["cls"], out["posembed/pos_embedding"] = cls, table
   for i in range(depth):
     s, d = f"encoder.layer.{i}", f"encoder/block_{i}"
-    u.norm(r, f"{s}.norm1", f"{d}/norm1", out)
     names = {n: f"{s}.attention.attention.{n}" for n in ("query", "key", "value")}
-    u.separate_attention(r, {**names, "out": f"{s}.attention.output.dense"}, f"{d}/attn", heads, out)
+    _norms_and_attention(r, d, heads, f"{s}.norm1", {**names, "out": f"{s}.attention.output.dense"}, f"{s}.norm2", out)
     out[f"{d}/ls1/scale"] = r(f"{s}.layer_scale1.lambda1")
-    u.norm(r, f"{s}.norm2", f"{d}/norm2", out)
     if swiglu and f"{s}.mlp.gate_proj.weight" in r:  # transformers 5's in-memory names: the halves apart
       for src, dst in (("gate_proj", "fc1_g"), ("up_proj", "fc1_x"), ("down_proj", "fc2")):
         u.linear(r, f"{s}.mlp.{src}", f"{d}/mlp/{dst}", out)
@@ -234,10 +238,9 @@ def _read_siglip(state_dict, config: dict):
   out["posembed/pos_embedding"] = r("embeddings.position_embedding.weight")[None]
   for i in range(depth):
     s, d = f"encoder.layers.{i}", f"encoder/block_{i}"
-    u.norm(r, f"{s}.layer_norm1", f"{d}/norm1", out)
     names = {n: f"{s}.self_attn.{n[0]}_proj" for n in ("query", "key", "value")}
-    u.separate_attention(r, {**names, "out": f"{s}.self_attn.out_proj"}, f"{d}/attn", heads, out)
-    u.norm(r, f"{s}.layer_norm2", f"{d}/norm2", out)
+    attn = {**names, "out": f"{s}.self_attn.out_proj"}
+    _norms_and_attention(r, d, heads, f"{s}.layer_norm1", attn, f"{s}.layer_norm2", out)
     u.timm_mlp(r, f"{s}.mlp", f"{d}/mlp", out)
   u.norm(r, "post_layernorm", "encoder/final_norm", out)
   if cfg["pool_type"] == "map":

@@ -367,7 +367,7 @@ class ImageClassification:
     """
     pre = self.preprocess()
     step = lambda x: _predict_step(model, variables, x, pre.mean, pre.std)
-    out = [probs for (probs,) in self._over_images(images, sharding, batch_size, step)]
+    out = [probs for (probs,) in self._over_images(images, sharding, batch_size, pre, step)]
     return np.concatenate(out) if out else np.zeros((0, self.describe()["num_classes"]), np.float32)
 
   def embed(self, model, variables, images, sharding, batch_size: int = 256) -> dict[str, np.ndarray]:
@@ -378,12 +378,12 @@ class ImageClassification:
     """
     pre = self.preprocess()
     step = lambda x: _embed_step(model, variables, x, pre.mean, pre.std)
-    parts = list(self._over_images(images, sharding, batch_size, step))
+    parts = list(self._over_images(images, sharding, batch_size, pre, step))
     if not parts:
       raise ValueError("embed takes at least one image")
     return {k: np.concatenate([p[i] for p in parts]) for i, k in enumerate(("pooled", "patches"))}
 
-  def _over_images(self, images, sharding, batch_size: int, step):
+  def _over_images(self, images, sharding, batch_size: int, pre: augment.Preprocess, step):
     """The step's outputs, gathered, for each batch of the images after the evaluation preprocessing.
 
     Every process passes the same images and gets all the outputs: a batch is padded to the devices, split over the
@@ -394,7 +394,6 @@ class ImageClassification:
     size = tuple(info["image_size"])
     n_dev = jax.device_count()
     batch_size = -(-batch_size // n_dev) * n_dev
-    pre = self.preprocess()
     for start in range(0, len(images), batch_size):
       chunk = np.stack([augment.preprocess_eval(im, size, pre) for im in images[start : start + batch_size]])
       rows = len(chunk)

@@ -9,7 +9,7 @@ One concern per module::
     guard.py           the non-finite guard (config.on_nonfinite)
     prefetch.py        the training batches on their way to the devices
     state.py           setup() -> Experiment: the task's Network (vitjax.models.network) with the optimizer and
-                       the sharded TrainState; initial_state (init_from: vitjax.models.pretrained)
+                       the sharded TrainState; initial_state (init_from: vitjax.pretrained)
     step.py            the jit-compiled training step (gradient accumulation included)
     optim.py           any optax optimizer by name, lr_mults / wd_mults / frozen rules, learning-rate schedule
     checkpoints.py     the writer: latest N + best kept, corrupt steps set aside (vitjax.models.checkpoints reads them:
@@ -21,7 +21,7 @@ One concern per module::
 Around it: vitjax.tasks (what differs between tasks: data, inputs, loss), vitjax.evaluators (what a run measures,
 config.evals: the loop runs them without knowing what they are), vitjax.mesh (devices and shardings), vitjax.logs, and
 vitjax.errors. `python -m vitjax.main` is the command line; vitjax.load restores a trained model without this package
-(vitjax.models.pretrained).
+(vitjax.pretrained).
 """
 
 from vitjax.errors import ConfigError, Diverged, Preempted

@@ -11,10 +11,9 @@ import jax
 from absl import logging
 
 from vitjax import config as config_lib
-from vitjax import evaluators, tasks
+from vitjax import evaluators, pretrained, tasks
 from vitjax.errors import ConfigError
 from vitjax.models import checkpoints as ckpt_lib
-from vitjax.models import pretrained
 from vitjax.train import workdir as workdir_lib
 
 

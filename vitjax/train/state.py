@@ -3,7 +3,7 @@
 `network()` (vitjax.tasks.network) is the task's vitjax.models.network.Network (what prediction needs: model, mesh, the variables' abstract
 sharded layout). `setup()` adds what training needs to it: schedule, optimizer and the whole TrainState's layout, as
 an `Experiment`. Neither compiles nor allocates anything. Initialisation may start from other weights
-(`config.init_from`, vitjax.models.pretrained).
+(`config.init_from`, vitjax.pretrained).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import optax
 from jax.sharding import NamedSharding
 
 from vitjax import mesh as mesh_lib
-from vitjax.models import pretrained
+from vitjax import pretrained
 from vitjax.models.network import Network, with_shardings
 from vitjax.tasks import Task, network
 from vitjax.train import optim
@@ -94,7 +94,7 @@ def setup(
 def initial_state(exp: Experiment) -> TrainState:
   """The initialised TrainState: config.init_from's variables fitted to the model, and the optimizer's state of them.
 
-  vitjax.models.pretrained.load(..., fit=True); config.seed's initialisation without init_from.
+  vitjax.pretrained.load(..., fit=True); config.seed's initialisation without init_from.
   """
   if not exp.config.init_from:
     return jax.jit(exp.init_state, out_shardings=exp.state_sharding)()

@@ -49,12 +49,17 @@ def load(
       source, checkpoint, net.abstract, weights, metric, mode, keep
     )
     return step, {"params": params, **model_state}
+  check_one_set(source, checkpoint, weights)
+  return 0, place(net, convert.load_params(source), source)
+
+
+def check_one_set(source: str, checkpoint, weights: str) -> None:
+  """ConfigError unless checkpoint and weights are the defaults: imported weights have no steps or moving average."""
   if str(checkpoint) not in ("best", "latest") or weights != "params":
     raise ConfigError(
-      f"{source}: imported weights are one set (checkpoint={checkpoint!r}, weights={weights!r} asked for); pin a "
-      "hub repository's version with hf:ORG/NAME@REVISION"
+      f"{source}: imported weights are one set, and a hub repository has one set of weights (checkpoint="
+      f"{checkpoint!r}, weights={weights!r} asked for); pin a hub repository's version with hf:ORG/NAME@REVISION"
     )
-  return 0, place(net, convert.load_params(source), source)
 
 
 def place(net: Network, params, source: str) -> dict:

@@ -55,7 +55,8 @@ CASES = {
     (_image(),),
     lambda out: out[0].astype(jnp.float32).mean(),
   ),
-  "vit_modern": lambda dt: (  # DINOv2's parts: registers, LayerScale, a table of the patches only, SwiGLU; and QK-norm
+  "vit_modern": lambda dt: (  # DINOv2's parts: registers, LayerScale, a table of the patches only, SwiGLU; QK-norm;
+    # EVA-02's: rotary positions (applied to q and k before the kernel), sub-LayerNorms, no key bias
     models.create(
       "Ti/4",
       depth=2,
@@ -69,6 +70,10 @@ CASES = {
       qk_norm="layernorm",
       ffn="swiglu",
       act="silu",
+      rope="axial",
+      ffn_norm=True,
+      attn_norm=True,
+      key_bias=False,
       dtype=dt,
     ),
     (_image(),),

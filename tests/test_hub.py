@@ -395,6 +395,26 @@ def test_a_dinov2_with_registers_repository_loads_and_predicts_as_timm(tmp_path,
   assert _rel(jax.jit(module.apply)(trained.variables, x.transpose(0, 2, 3, 1))[0], want) <= TOL
 
 
+def test_an_eva02_repository_loads_and_predicts_as_timm(tmp_path, hub_cache):
+  """hf:timm/eva02_tiny_patch14_224.mim_in22k (refused before: "not a model vitjax reads"): timm's Eva, with 2-D
+  rotary positions, packed SwiGLU, no key bias and the patches' average; one block, 3 classes, at timm's 224 px."""
+  import torch
+
+  timm = _timm()
+  name = "eva02_tiny_patch14_224.mim_in22k"
+  model = _perturbed(timm.create_model(name, pretrained=False, depth=1, num_classes=3))
+  timm.models.save_for_hf(model, str(tmp_path / "timm"), safe_serialization=True)
+  cache_repo(hub_cache, f"timm/{name}", read_dir(str(tmp_path / "timm")))
+  trained = vitjax.load(f"hf:timm/{name}")
+  module = trained.model
+  assert (module.rope, module.ffn, module.key_bias, module.pool_type) == ("axial", "swiglu", False, "gap")
+  assert trained.config.data.image_size == 224
+  x = np.random.RandomState(1).randn(1, 3, 224, 224).astype(np.float32)
+  with torch.no_grad():
+    want = model(torch.from_numpy(x)).numpy()
+  assert _rel(jax.jit(module.apply)(trained.variables, x.transpose(0, 2, 3, 1))[0], want) <= TOL
+
+
 def test_transformers_dinov2_with_registers_predicts_as_transformers_at_its_processors_size(tmp_path, hub_cache):
   """A transformers Dinov2WithRegistersForImageClassification repository (model_type 'dinov2_with_registers', refused
   before: "an unknown hub layout"): 4 registers, LayerScale, the classifier over the class token and the patches'

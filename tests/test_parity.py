@@ -85,22 +85,62 @@ def test_layerscale_register_and_qk_norm_vits_match_timm_and_export_back(refs, n
   """DINOv2 (with and without registers), DeiT III, timm's register ViTs and QK-norm from timm's layout, two blocks;
   and vitjax.export's timm layout read back by timm with strict=True gives the same logits. DINOv2's names carry no
   image size: the position table's grid gives it (56 px here, 518 as timm builds them)."""
-  torch = refs.torch
   model = _random_timm(refs, name, depth=2, num_classes=5, **kw)
   sd = {k: v.numpy() for k, v in model.state_dict().items()}
   module, variables = convert.from_timm(name, sd, num_heads=kw.get("num_heads"))
   assert (module.num_registers, module.init_values, module.class_posemb, module.qk_norm) == options
   _compare(refs, model, module, variables, (hw, hw))
-  if module.ffn == "swiglu":  # timm builds it from a class argument, which the export's .json cannot hold
-    with pytest.raises(ValueError, match="ffn='swiglu'"):
-      convert.to_timm(module, variables, (hw, hw))
-    return
+  # SwiGLU (DINOv2-g) goes out as timm's Eva, which builds it from arguments the export's .json holds: the same
+  # weights in another module, whose sums run in another order (6e-8 apart)
+  eva = module.ffn == "swiglu"
+  _exports_back(refs, model, module, variables, hw, "eva" if eva else "vit", tol=TOL if eva else 0.0)
+
+
+def _exports_back(refs, model, module, variables, hw, timm_class, tol=0.0):
+  """vitjax's timm export, built by timm (its `timm_class`) and loaded with strict=True, gives `model`'s logits.
+
+  tol: relative; 0: bitwise the same.
+  """
+  torch = refs.torch
   state_dict, cfg = convert.to_timm(module, variables, (hw, hw))
+  assert cfg["model"] == timm_class
   back = convert.build_timm(cfg).eval()
   back.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in state_dict.items()}, strict=True)
   x = torch.from_numpy(np.random.RandomState(2).randn(2, 3, hw, hw).astype(np.float32))
   with torch.no_grad():
-    np.testing.assert_array_equal(back(x).numpy(), model(x).numpy())
+    want, got = model(x).numpy(), back(x).numpy()
+  assert np.abs(got - want).max() <= tol * np.abs(want).max()
+
+
+@pytest.mark.parametrize(
+  "name,kw,options",
+  [  # options: (ffn, ffn_norm, attn_norm, pool_type) as read from the weights; two blocks
+    ("eva02_tiny_patch14_224", dict(img_size=112), ("swiglu", False, False, "gap")),  # packed SwiGLU; q_bias, v_bias
+    ("eva02_base_patch14_224", dict(embed_dim=96, num_heads=4), ("swiglu", True, False, "gap")),  # q/k/v_proj, sub-LN
+    ("eva02_base_patch16_clip_224", dict(embed_dim=96, num_heads=4), ("swiglu", True, True, "tok")),  # + attn sub-LN
+  ],
+)
+def test_eva02_matches_timm_and_exports_back(refs, name, kw, options):
+  """EVA-02 (timm's Eva): 2-D rotary positions, SwiGLU packed and split, sub-LayerNorms, no key bias; and back through
+  vitjax's export into timm's Eva. At 112 px (8 x 8 patches) the rotary positions are rescaled to span EVA-02's 16 x 16
+  reference grid, as timm rescales them; the name passed gives the image size, as timm's names do."""
+  px = kw.get("img_size", 224)
+  model = _random_timm(refs, name, depth=2, num_classes=5, **kw)
+  sd = {k: v.numpy() for k, v in model.state_dict().items()}
+  module, variables = convert.from_timm(name.replace("_224", f"_{px}"), sd, num_heads=kw.get("num_heads"))
+  assert (module.ffn, module.ffn_norm, module.attn_norm, module.pool_type) == options
+  assert (module.rope, tuple(module.rope_grid), module.key_bias, module.has_class_token) == (
+    "axial",
+    (16, 16),
+    False,
+    True,
+  )
+  _compare(refs, model, module, variables, (px, px))
+  _exports_back(refs, model, module, variables, px, "eva", tol=TOL)
+  # the rotary embedding counts: without it, or (at 112 px) without the rescaling, the logits move
+  assert _rel_error(refs, model, module.clone(rope=None), variables, (px, px)) > 3 * TOL
+  if px != 224:
+    assert _rel_error(refs, model, module.clone(rope_grid=None), variables, (px, px)) > 3 * TOL
 
 
 def test_from_timm_matches_timm_when_swin_pads_windows(refs):

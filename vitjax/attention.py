@@ -342,6 +342,22 @@ def dot_product_attention(
 QK_NORMS = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}  # MultiHeadAttention.qk_norm
 
 
+def apply_rope(x: Array, rope: tuple[Array, Array]) -> Array:
+  """Turns each pair of channels (2i, 2i + 1) of x [B, T, H, K] by the angles of rope = (sin, cos).
+
+  sin and cos are [T, K], or [B, T, K] (a subset of patches per example). x * cos + rot(x) * sin, rot(x) = (-x1, x0, -x3, x2, ...): rotary position embedding in the interleaved layout
+  (vitjax.posenc.rope_2d). Computed in float32, returned in x's dtype. A row with sin 0 and cos 1 leaves its token as it
+  is, exactly.
+  """
+  sin, cos = (jnp.asarray(t, jnp.float32)[..., None, :] for t in rope)
+  if sin.shape[-3] != x.shape[1] or sin.shape[-1] != x.shape[-1]:
+    raise ValueError(f"rotary embedding of {sin.shape[-3]} tokens x {sin.shape[-1]} features for inputs {x.shape}")
+  y = x.astype(jnp.float32)
+  pairs = y.reshape(*y.shape[:-1], -1, 2)
+  turned = jnp.stack([-pairs[..., 1], pairs[..., 0]], -1).reshape(y.shape)
+  return (y * cos + turned * sin).astype(x.dtype)
+
+
 class MultiHeadAttention(nn.Module):
   """Multi-head attention: self-attention (inputs_kv=None) or cross-attention.
 
@@ -359,13 +375,17 @@ class MultiHeadAttention(nn.Module):
     num_heads: H.
     qk_features, v_features: per-head K and V (default D // H).
     out_features: D_out (default D).
-    qkv_bias: biases on the q/k/v projections. out_bias: bias on the output projection.
+    qkv_bias: biases on the q/k/v projections. out_bias: bias on the output projection. key_bias: False leaves the key
+      projection's out, where qkv_bias would give it one (EVA-02's; it matters only with rope: the softmax ignores a
+      bias that shifts all of a query's logits alike).
     dropout_rate: dropout on the attention weights.
     implementation: see dot_product_attention.
     deterministic: no dropout when True.
     qk_norm: "layernorm" or "rmsnorm" normalises each head's queries and keys over their K features ("q_norm",
       "k_norm", shared by the heads; Dehghani et al. 2023, timm's qk_norm) before they meet; None: not.
     qk_norm_eps: its epsilon.
+    inner_norm: a LayerNorm ("norm", epsilon qk_norm_eps) over the heads' outputs [H * V], before the output
+      projection (EVA-02 CLIP's sub-LayerNorm, timm's scale_attn_inner).
   """
 
   num_heads: int
@@ -374,6 +394,7 @@ class MultiHeadAttention(nn.Module):
   out_features: int | None = None
   qkv_bias: bool = True
   out_bias: bool = True
+  key_bias: bool = True
   dropout_rate: float = 0.0
   decode: bool = False
   implementation: str = "fast"
@@ -384,17 +405,25 @@ class MultiHeadAttention(nn.Module):
   bias_init: Callable = nn.initializers.zeros
   qk_norm: str | None = None
   qk_norm_eps: float = 1e-6
+  inner_norm: bool = False
 
   @nn.compact
   def __call__(
-    self, inputs_q: Array, inputs_kv: Array | None = None, *, mask: Array | None = None, bias: Array | None = None
+    self,
+    inputs_q: Array,
+    inputs_kv: Array | None = None,
+    *,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    rope: tuple[Array, Array] | None = None,
   ) -> Array:
     """inputs_q [B, T, D], inputs_kv [B, S, D_kv] or None -> [B, T, D_out].
 
     Long: every option of the one attention function (masks, biases, the KV cache, cross-attention, the fused
-    kernels) is read in one place.
+    kernels) is read in one place; the projections (_project) and the output (_output) are apart.
 
     mask: boolean, broadcastable to [B, H, T, S] (True = attend). bias: broadcastable to [B, H, T, S].
+    rope: (sin, cos) [T, K] turn the queries and keys (apply_rope) after qk_norm, before they meet (self-attention).
     """
     d = inputs_q.shape[-1]
     if d % self.num_heads and (self.qk_features is None or self.v_features is None):
@@ -402,26 +431,7 @@ class MultiHeadAttention(nn.Module):
         f"model width {d} is not divisible by num_heads={self.num_heads}; choose a width "
         "that is, or set qk_features and v_features"
       )
-    qk = self.qk_features or d // self.num_heads
-    vf = self.v_features or d // self.num_heads
-    dense = functools.partial(
-      dots.DenseGeneral,
-      axis=-1,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      kernel_init=self.kernel_init,
-      bias_init=self.bias_init,
-      use_bias=self.qkv_bias,
-    )
-    kv_in = inputs_q if inputs_kv is None else inputs_kv
-    q = dense(features=(self.num_heads, qk), name="query")(inputs_q)
-    k = dense(features=(self.num_heads, qk), name="key")(kv_in)
-    v = dense(features=(self.num_heads, vf), name="value")(kv_in)
-    if self.qk_norm is not None:
-      if self.qk_norm not in QK_NORMS:
-        raise ValueError(f"unknown qk_norm {self.qk_norm!r}; use one of {', '.join(map(repr, QK_NORMS))} or None")
-      norm = functools.partial(QK_NORMS[self.qk_norm], epsilon=self.qk_norm_eps, dtype=self.dtype)
-      q, k = norm(name="q_norm")(q), norm(name="k_norm")(k)
+    q, k, v = self._project(inputs_q, inputs_kv, rope)
 
     if self.decode:
       if inputs_kv is not None:
@@ -452,6 +462,44 @@ class MultiHeadAttention(nn.Module):
     )
     if self.decode and overflow is not None:  # past the cache's end: NaN, not a silently overwritten last slot
       x = jnp.where(overflow, jnp.nan, x)
+    return self._output(x, d)
+
+  # The phases of __call__ (their submodules are the attention's own, named as before).
+
+  def _project(self, inputs_q: Array, inputs_kv: Array | None, rope) -> tuple[Array, Array, Array]:
+    """Queries q [B, T, H, K], keys k [B, S, H, K], values v [B, S, H, V]: projected, qk_norm, the rotary embedding."""
+    d = inputs_q.shape[-1]
+    qk = self.qk_features or d // self.num_heads
+    vf = self.v_features or d // self.num_heads
+    dense = functools.partial(
+      dots.DenseGeneral,
+      axis=-1,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      kernel_init=self.kernel_init,
+      bias_init=self.bias_init,
+      use_bias=self.qkv_bias,
+    )
+    kv_in = inputs_q if inputs_kv is None else inputs_kv
+    q = dense(features=(self.num_heads, qk), name="query")(inputs_q)
+    k = dense(features=(self.num_heads, qk), use_bias=self.qkv_bias and self.key_bias, name="key")(kv_in)
+    v = dense(features=(self.num_heads, vf), name="value")(kv_in)
+    if self.qk_norm is not None:
+      if self.qk_norm not in QK_NORMS:
+        raise ValueError(f"unknown qk_norm {self.qk_norm!r}; use one of {', '.join(map(repr, QK_NORMS))} or None")
+      norm = functools.partial(QK_NORMS[self.qk_norm], epsilon=self.qk_norm_eps, dtype=self.dtype)
+      q, k = norm(name="q_norm")(q), norm(name="k_norm")(k)
+    if rope is not None:
+      if inputs_kv is not None or self.decode:
+        raise ValueError("rotary position embedding (rope) is for self-attention without a KV cache")
+      q, k = apply_rope(q, rope), apply_rope(k, rope)
+    return q, k, v
+
+  def _output(self, x: Array, d: int) -> Array:
+    """The heads' outputs x [B, T, H, V] -> [B, T, D_out]: the optional sub-LayerNorm, then the output projection."""
+    if self.inner_norm:
+      norm = nn.LayerNorm(epsilon=self.qk_norm_eps, dtype=self.dtype, name="norm")
+      x = norm(x.reshape(*x.shape[:-2], -1)).reshape(x.shape)
     return dots.DenseGeneral(
       features=self.out_features or d,
       axis=(-2, -1),

@@ -153,7 +153,7 @@ def from_hub(spec: str):
   if repo.layout == "timm" and not any(f.converter("timm").NAMES.match(arch) for f in registry.families_with("timm")):
     raise ConfigError(
       f"{spec}: timm's {arch!r} is not a model vitjax reads (timm's vit_SIZE_patchP_*, deit3_*, "
-      "vit_SIZE_patch14_[reg4_]dinov2 and swin_*)"
+      "vit_SIZE_patch14_[reg4_]dinov2, eva02_SIZE_patchP_* and swin_*)"
     )
   path = repo.weights_file()
   sd = _read_state_dict(spec, path)
@@ -240,12 +240,13 @@ def _converter(module, fmt: str, what: str):
 
 def build_timm(config: dict):
   """The timm model (random weights, eval mode) a `to_timm` state dict loads into with strict=True."""
+  from timm.models.eva import Eva
   from timm.models.swin_transformer import SwinTransformer
   from timm.models.vision_transformer import VisionTransformer
 
   if config["model"] == "vit_hybrid":  # a ResNetV2 backbone inside a HybridEmbed
     return vit_hybrid_timm.build(config)
-  cls = {"vit": VisionTransformer, "swin": SwinTransformer}[config["model"]]
+  cls = {"vit": VisionTransformer, "eva": Eva, "swin": SwinTransformer}[config["model"]]
   return cls(**config["kwargs"]).eval()
 
 

@@ -89,6 +89,8 @@ class FeedForward(nn.Module):
   gated: W2 (act(Wg x + bg) * (Wx x + bx)) + b2 instead (Shazeer 2020; act "silu": SwiGLU), parameters "fc1_g" (the
   gate) and "fc1_x" in place of "fc1", as timm's SwiGLU names them (its packed GluMlp and transformers' DINOv2 hold the
   gate as fc1's first half: the converters split it).
+  inner_norm: a LayerNorm ("norm", epsilon layernorm_eps) over the hidden features, after the dropout, before W2
+  (EVA-02's sub-LayerNorm, timm's scale_mlp).
   """
 
   hidden: int
@@ -100,6 +102,8 @@ class FeedForward(nn.Module):
   kernel_init: Any = nn.initializers.xavier_uniform()
   bias_init: Any = nn.initializers.normal(stddev=1e-6)
   gated: bool = False
+  inner_norm: bool = False
+  layernorm_eps: float = 1e-6
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
@@ -110,6 +114,8 @@ class FeedForward(nn.Module):
     else:
       y = activation(self.act)(dense(self.hidden, name="fc1")(x))
     y = nn.Dropout(self.dropout_rate)(y, deterministic=self.deterministic)
+    if self.inner_norm:
+      y = nn.LayerNorm(epsilon=self.layernorm_eps, dtype=self.dtype, name="norm")(y)
     return dense(self.out_features or x.shape[-1], name="fc2")(y)
 
 
@@ -160,6 +166,9 @@ class _BlockBase(nn.Module):
   initialised to this value; None (the default): none, and no parameter.
   qk_norm: "layernorm" or "rmsnorm" on every attention's queries and keys (MultiHeadAttention.qk_norm); None: none.
   ffn: "mlp" (FeedForward, the default) or "swiglu" (FeedForward gated: mlp_dim is each half's width, act the gate's).
+  ffn_norm: the feed-forward's sub-LayerNorm on its hidden features (FeedForward.inner_norm; EVA-02-B/L).
+  attn_norm: every attention's sub-LayerNorm on its heads' outputs (MultiHeadAttention.inner_norm; EVA-02 CLIP).
+  key_bias: False: no bias on the attention's keys, where qkv_bias gives queries and values one (EVA-02).
   """
 
   num_heads: int
@@ -176,6 +185,9 @@ class _BlockBase(nn.Module):
   init_values: float | None = None
   qk_norm: str | None = None
   ffn: str = "mlp"
+  ffn_norm: bool = False
+  attn_norm: bool = False
+  key_bias: bool = True
 
   def _attention(self, name: str, decode: bool = False) -> MultiHeadAttention:
     return MultiHeadAttention(
@@ -188,6 +200,8 @@ class _BlockBase(nn.Module):
       dtype=self.dtype,
       qk_norm=self.qk_norm,
       qk_norm_eps=self.layernorm_eps,
+      inner_norm=self.attn_norm,
+      key_bias=self.key_bias,
       name=name,
     )
 
@@ -222,6 +236,8 @@ class _BlockBase(nn.Module):
       deterministic=self.deterministic,
       dtype=self.dtype,
       gated=self.ffn == "swiglu",
+      inner_norm=self.ffn_norm,
+      layernorm_eps=self.layernorm_eps,
       name="mlp",
     )(x)
 
@@ -239,9 +255,14 @@ class EncoderBlock(_BlockBase):
 
   @nn.compact
   def __call__(
-    self, x: Array, mask: Array | None = None, bias: Array | None = None, drop_path: float | Array = 0.0
+    self,
+    x: Array,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    rope: tuple[Array, Array] | None = None,
+    drop_path: float | Array = 0.0,
   ) -> Array:
-    """mask: boolean broadcastable to [B, H, T, T]; bias: additive, same shape."""
+    """mask: boolean broadcastable to [B, H, T, T]; bias: additive, same shape; rope: (sin, cos) [T, K] (attention)."""
     if self.rel_pos_grid is not None:
       rel = RelativePositionBias(
         tuple(self.rel_pos_grid), self.num_heads, cls_token=self.rel_pos_cls_token, name="rel_pos"
@@ -252,7 +273,8 @@ class EncoderBlock(_BlockBase):
           f"{' plus a class token' if self.rel_pos_cls_token else ''} covers {rel.shape[-1]} tokens, got {x.shape[1]}"
         )
       bias = rel if bias is None else bias + rel
-    x = self._residual(x, lambda y: self._attention("attn")(y, mask=mask, bias=bias), "norm1", drop_path)
+    attend = lambda y: self._attention("attn")(y, mask=mask, bias=bias, rope=rope)
+    x = self._residual(x, attend, "norm1", drop_path)
     return self._residual(x, self._ffn, "norm2", drop_path)
 
 

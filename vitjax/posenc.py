@@ -1,4 +1,4 @@
-"""Positional encodings: sinusoidal 1-D and 2-D, learned (with resampling), relative position bias (Swin, ViT)."""
+"""Positional encodings: sinusoidal 1-D and 2-D, learned (with resampling), 2-D rotary, relative position bias."""
 
 from __future__ import annotations
 
@@ -39,6 +39,39 @@ def sincos_2d(height: int, width: int, dim: int, temperature: float = 10000.0) -
   y = y.reshape(-1)[:, None] * omega[None]
   x = x.reshape(-1)[:, None] * omega[None]
   return np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1).astype(np.float32)
+
+
+def rope_2d(
+  grid: Sequence[int],
+  head_dim: int,
+  temperature: float = 10000.0,
+  ref_grid: Sequence[int] | None = None,
+  prefix: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+  """EVA-02's axial 2-D rotary position embedding (Fang et al. 2023; timm's RotaryEmbeddingCat): (sin, cos).
+
+  Each float32 [prefix + h * w, head_dim], row-major over the grid, interleaved: channels (2i, 2i + 1) turn together
+  (vitjax.attention.apply_rope). The first half of the pairs turn with the row, the second half with the column, at
+  frequencies temperature^(-j / (head_dim / 4)), j < head_dim / 4. ref_grid: the positions are rescaled so that the
+  grid spans this one (EVA's ref_feat_shape: a model pre-trained at 16 x 16 patches keeps its range at 32 x 32);
+  None: a patch's position is its index. The `prefix` rows (class token, registers) do not turn: sin 0, cos 1.
+  Computed in float32, as timm computes it.
+  """
+  if head_dim % 4:
+    raise ValueError(f"2-D rotary position embedding needs a head size divisible by 4, got {head_dim}")
+  bands = head_dim // 4
+  f32 = np.float32
+  freqs = (f32(1) / f32(temperature) ** (np.arange(bands, dtype=f32) / f32(bands))).astype(f32)
+  axes = [np.arange(n, dtype=f32) for n in grid]
+  if ref_grid is not None:
+    axes = [(t / f32(n) * f32(r)).astype(f32) for t, n, r in zip(axes, grid, ref_grid)]
+  rows, cols = np.meshgrid(*axes, indexing="ij")
+  angle = np.stack([rows, cols], -1)[..., None] * freqs  # [h, w, 2, bands]
+  angle = angle.reshape(-1, 2 * bands)
+  sin, cos = np.repeat(np.sin(angle), 2, -1), np.repeat(np.cos(angle), 2, -1)  # [h * w, head_dim], interleaved
+  sin = np.concatenate([np.zeros((prefix, head_dim), f32), sin]).astype(f32)
+  cos = np.concatenate([np.ones((prefix, head_dim), f32), cos]).astype(f32)
+  return sin, cos
 
 
 class LearnedPositionEmbedding(nn.Module):

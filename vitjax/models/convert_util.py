@@ -301,8 +301,9 @@ def put_attention(p: dict, src: str, dst: str, out: dict) -> None:
   out kernel [H, K, D] and bias become DST.proj.weight [D, D] and DST.proj.bias.
   """
   out[f"{dst}.qkv.weight"] = np.concatenate([merge_heads(p[f"{src}/{n}/kernel"]) for n in ("query", "key", "value")])
-  if f"{src}/query/bias" in p:
-    out[f"{dst}.qkv.bias"] = np.concatenate([p[f"{src}/{n}/bias"].reshape(-1) for n in ("query", "key", "value")])
+  if f"{src}/query/bias" in p:  # a model without a key bias (key_bias=False) has a zero one here
+    bias = lambda n: p.get(f"{src}/{n}/bias", np.zeros_like(p[f"{src}/query/bias"])).reshape(-1)
+    out[f"{dst}.qkv.bias"] = np.concatenate([bias(n) for n in ("query", "key", "value")])
   w = p[f"{src}/out/kernel"]
   out[f"{dst}.proj.weight"] = w.reshape(-1, w.shape[-1]).T
   out[f"{dst}.proj.bias"] = p[f"{src}/out/bias"]

@@ -23,10 +23,11 @@ from vitjax import dots
 from vitjax.attention import MultiHeadAttention
 from vitjax.layers import BIAS_TABLE_TP_RULE, NORMS, TP_RULES, EncoderBlock, FeedForward, Stack
 from vitjax.models import adapt, registry
-from vitjax.posenc import LearnedPositionEmbedding, sincos_2d
+from vitjax.posenc import LearnedPositionEmbedding, rope_2d, sincos_2d
 
 Array = jax.Array
 POOL_TYPES = ("tok", "gap", "map", "none", "flatten", "tok_gap")
+ROPES = ("axial",)  # ViT.rope
 
 # name: (width, depth, mlp_dim, heads)
 VARIANTS = {
@@ -178,6 +179,8 @@ class ViT(nn.Module):
     class_posemb: with posemb "learn", the table has rows for the class token and the registers (the original ViT's,
       timm's default, DINOv2's); False: for the patches only, the other tokens join after it is added (timm's
       no_embed_class: DeiT III, DINOv2 with registers, big_vision).
+    class_token: a class token ("cls") whatever pool_type pools (EVA-02 and BEiT average the patches, with one);
+      False: one only where pool_type reads it ("tok", "tok_gap").
     num_registers: register tokens (Darcet et al. 2024, "Vision Transformers Need Registers"): learned tokens
       "registers" [1, R, D] after the class token, before the patches; attended to, never pooled ("gap" averages the
       patches only). 0: none, and no parameter.
@@ -187,6 +190,13 @@ class ViT(nn.Module):
       "k_norm"; timm's qk_norm); None: none.
     init_values: LayerScale on both residual branches of every block (vitjax.layers.LayerScale, "ls1" and "ls2"),
       initialised to this (DeiT III 1e-6, DINOv2 1e-5); None: none.
+    rope: "axial": every attention turns the patches' queries and keys by their 2-D position (EVA-02's rotary
+      embedding, vitjax.posenc.rope_2d; the class token and registers are not turned), on top of posemb; None: none.
+      rope_temperature: its base frequency. rope_grid: the patch grid its positions span whatever the input's grid
+      (EVA's ref_feat_shape, (16, 16) for EVA-02 at 224 px / 14); None: a patch's position is its index.
+    ffn_norm: a LayerNorm on the feed-forward's hidden features (EVA-02-B/L's sub-LayerNorm, "mlp/norm").
+    attn_norm: a LayerNorm on the attention heads' outputs before their projection (EVA-02 CLIP's, "attn/norm").
+    key_bias: False: the keys' projection has no bias where qkv_bias gives the queries' and values' one (EVA-02's).
     stem: "patch" (a p x p stride-p convolution) or "conv" (ConvStem).
     stem_depth: with stem "conv", the 3x3 convolutions at each of its resolutions (ConvStem.depth).
     norm: where each block's LayerNorms sit (vitjax.layers.NORMS): "pre" x + F(LN(x)) (the ViT's), "post"
@@ -224,10 +234,17 @@ class ViT(nn.Module):
   pool_type: str = "tok"
   posemb: str = "learn"
   class_posemb: bool = True
+  class_token: bool = False
   num_registers: int = 0
   init_values: float | None = None
   qk_norm: str | None = None
   ffn: str = "mlp"
+  rope: str | None = None
+  rope_temperature: float = 10000.0
+  rope_grid: Sequence[int] | None = None
+  ffn_norm: bool = False
+  attn_norm: bool = False
+  key_bias: bool = True
   stem: str = "patch"
   stem_depth: int = 1
   norm: str = "pre"
@@ -255,8 +272,8 @@ class ViT(nn.Module):
 
   @property
   def has_class_token(self) -> bool:
-    """Whether the tokens start with a class token ("cls"): pool_type "tok" or "tok_gap"."""
-    return self.pool_type in ("tok", "tok_gap")
+    """Whether the tokens start with a class token ("cls"): pool_type "tok" or "tok_gap", or class_token."""
+    return self.class_token or self.pool_type in ("tok", "tok_gap")
 
   @property
   def num_layers(self) -> int:
@@ -326,7 +343,20 @@ class ViT(nn.Module):
       x = jnp.concatenate([x[:, :prefix], patches], axis=1)
     return nn.Dropout(self.dropout_rate)(x, deterministic=not train), num_patches
 
-  def _encoder(self, x: Array, grid: tuple[int, int], train: bool) -> Array:
+  def _rope(self, grid: tuple[int, int], prefix: int, keep: Array | None) -> tuple | None:
+    """The rotary embedding's (sin, cos) of the tokens: [T, K], or [B, T, K] for the kept patches; None without rope."""
+    if self.rope is None:
+      return None
+    if self.rope not in ROPES:
+      raise ValueError(f"unknown rope {self.rope!r}; use one of {', '.join(map(repr, ROPES))} or None")
+    head_dim = self.width // self.num_heads
+    sin, cos = rope_2d(grid, head_dim, self.rope_temperature, self.rope_grid, prefix)
+    if keep is None:
+      return jnp.asarray(sin), jnp.asarray(cos)
+    rows = jnp.concatenate([jnp.broadcast_to(jnp.arange(prefix), (keep.shape[0], prefix)), prefix + keep], axis=1)
+    return jnp.asarray(sin)[rows], jnp.asarray(cos)[rows]
+
+  def _encoder(self, x: Array, grid: tuple[int, int], train: bool, rope: tuple | None = None) -> Array:
     block_kwargs = dict(
       num_heads=self.num_heads,
       mlp_dim=self.mlp_dim or 4 * x.shape[-1],
@@ -342,6 +372,9 @@ class ViT(nn.Module):
       init_values=self.init_values,
       qk_norm=self.qk_norm,
       ffn=self.ffn,
+      ffn_norm=self.ffn_norm,
+      attn_norm=self.attn_norm,
+      key_bias=self.key_bias,
     )
     if self.rel_pos_bias:
       block_kwargs.update(rel_pos_grid=grid, rel_pos_cls_token=self.has_class_token)
@@ -356,7 +389,7 @@ class ViT(nn.Module):
       layernorm_eps=self.layernorm_eps,
       dtype=self.dtype,
       name="encoder",
-    )(x)
+    )(x, *(() if rope is None else (None, None, rope)))
 
   def _pool(self, x: Array, num_patches: int) -> Array:
     """Encoded tokens [B, N, D] -> the pooled representation (see pool_type)."""
@@ -395,7 +428,7 @@ class ViT(nn.Module):
     if self.num_registers:
       prefix.append(self.param("registers", nn.initializers.normal(1e-6), (1, self.num_registers, x.shape[-1])))
     x, num_patches = self._tokens(x, prefix, h, w, keep, train)
-    x = self._encoder(x, (h, w), train)
+    x = self._encoder(x, (h, w), train, self._rope((h, w), x.shape[1] - num_patches, keep))
     out = {"encoded": x}
     if keep is None:
       out["patches"] = x[:, -h * w :].reshape(x.shape[0], h, w, x.shape[-1])

@@ -1,7 +1,11 @@
-"""The ViT in timm's layout (VisionTransformer: patch_embed.proj, blocks.N.attn.qkv, ...), both ways.
+"""The ViT in timm's layouts (VisionTransformer: patch_embed.proj, blocks.N.attn.qkv, ...; Eva's), both ways.
 
 read(name, state_dict) -> (module, variables); write(module, params, image_size) -> (state_dict, timm config).
 The name (or num_heads) gives the heads, the weights the rest; activation: exact GELU, as timm builds these models.
+timm's Eva (EVA-02) is a ViT with other names for a few parameters (q_bias and v_bias, or q_proj, k_proj and v_proj;
+gamma_1, gamma_2; the sub-LayerNorms mlp.norm, attn.norm): read here too; its rotary embedding the name gives. A ViT
+that timm's VisionTransformer cannot build (SwiGLU, rotary positions, sub-LayerNorms) is written as an Eva
+(vitjax.models.vit_timm_eva).
 """
 
 from __future__ import annotations
@@ -16,25 +20,27 @@ from vitjax.models import convert_util as u
 from vitjax.models import vit as vit_lib
 
 # timm's names of the ViTs read here: vit_SIZE_patchP_[clip_|gap_|siglip_|regN_]IMAGE (AugReg, CLIP, SigLIP, timm's
-# register ViTs), deit3_SIZE_patchP_IMAGE (DeiT III), vit_SIZE_patch14_[reg4_]dinov2 (DINOv2: its weights give the size)
+# register ViTs), deit3_SIZE_patchP_IMAGE (DeiT III), vit_SIZE_patch14_[reg4_]dinov2 (DINOv2: its weights give the size),
+# eva02_SIZE_patchP_[clip_]IMAGE (EVA-02, timm's Eva: 2-D rotary positions over a 16 x 16 reference grid)
 NAMES = re.compile(
-  r"^(?:vit|deit3)_(?P<size>tiny|small|medium|base|large|huge|giant)_patch(?P<patch>\d+)_"
+  r"^(?:vit|deit3|(?P<eva02>eva02))_(?P<size>tiny|small|medium|base|large|huge|giant)_patch(?P<patch>\d+)_"
   r"(?:(?:clip|gap|siglip|reg\d+)_)*(?:(?P<image>\d+)|dinov2)"
 )
+EVA02_ROPE = dict(rope="axial", rope_grid=(16, 16))  # every EVA-02's (timm's ref_feat_shape: 224 px / 14)
 _SIZES = {"tiny": "Ti", "small": "S", "medium": "M", "base": "B", "large": "L", "huge": "H"}
 _GIANT_HEADS = 24  # DINOv2's giant (1536 wide): not the ViT-g of Zhai et al., which vitjax's VARIANTS would name
-LAYOUTS = {"timm-vit": "timm ViT (patch_embed.proj, blocks.N.attn.qkv, ...)"}
+LAYOUTS = {"timm-vit": "timm ViT or Eva (patch_embed.proj, blocks.N.attn.qkv or .q_proj, ...)"}
 READS = ("timm-vit",)  # the layouts read() takes
 
 
 def detect(keys: set[str]) -> str | None:
-  """The layout "timm-vit" if the state dict's keys are those of timm's VisionTransformer, else None.
+  """The layout "timm-vit" if the state dict's keys are those of timm's VisionTransformer or Eva, else None.
 
   A hybrid's (a ResNet backbone under patch_embed) is vitjax.models.vit_hybrid_timm's.
   """
   if any(k.startswith("patch_embed.backbone.") for k in keys):
     return None
-  return "timm-vit" if "blocks.0.attn.qkv.weight" in keys else None
+  return "timm-vit" if {"blocks.0.attn.qkv.weight", "blocks.0.attn.q_proj.weight"} & keys else None
 
 
 def read(state_dict, layout: str, timm_name: str, num_heads: int | None = None):
@@ -69,10 +75,12 @@ def _read(m: re.Match, r: u.Reader, num_heads: int | None):
   grid = int(m["image"]) // int(m["patch"]) if m["image"] else None
   heads = _GIANT_HEADS if m["size"] == "giant" else vit_lib.VARIANTS[_SIZES[m["size"]]][3]
   cfg, out = read_vit(r, num_heads or heads, grid)
+  if m["eva02"]:
+    cfg.update(EVA02_ROPE)
   if m["image"]:  # the name's image size, as timm builds it
     return vit_lib.ViT(**cfg), out, (int(m["image"]),) * 2
   rows = out["posembed/pos_embedding"].shape[1]  # DINOv2's names give none: its table's grid does (518 px)
-  prefix = (cfg["pool_type"] == "tok") + cfg.get("num_registers", 0) if cfg.get("class_posemb", True) else 0
+  prefix = int("cls_token" in r) + cfg.get("num_registers", 0) if cfg.get("class_posemb", True) else 0
   side = math.isqrt(rows - prefix) * cfg["patch_size"][0]
   return vit_lib.ViT(**cfg), out, (side, side)
 
@@ -96,15 +104,23 @@ def read_vit(r: u.Reader, heads: int, grid: int | None = None) -> tuple[dict, di
   variant["mlp_dim"] = r.arrays["blocks.0.mlp.fc2.weight"].shape[1]
   depth = len({k.split(".")[1] for k in r.arrays if k.startswith("blocks.")})
   pool = "map" if "attn_pool.latent" in r else "tok" if "cls_token" in r else "gap"
+  if (
+    "blocks.0.attn.q_bias" in r or "blocks.0.attn.q_proj.weight" in r
+  ):  # timm's Eva: fc_norm means the patches' average
+    pool = "gap" if pool == "tok" and "fc_norm.weight" in r else pool
   cfg = dict(
     variant,
+    **({"class_token": True} if pool != "tok" and "cls_token" in r else {}),
     depth=depth,
     pool_type=pool,
     fc_norm="fc_norm.weight" in r,
     num_classes=r.arrays["head.weight"].shape[0] if "head.weight" in r else 0,
-    qkv_bias="blocks.0.attn.qkv.bias" in r,
+    qkv_bias=bool({"blocks.0.attn.qkv.bias", "blocks.0.attn.q_bias", "blocks.0.attn.q_proj.bias"} & set(r.arrays)),
     act="silu" if ffn else "gelu",
     **({"ffn": "swiglu"} if ffn else {}),
+    **({"ffn_norm": True} if "blocks.0.mlp.norm.weight" in r else {}),
+    **({"attn_norm": True} if "blocks.0.attn.norm.weight" in r else {}),
+    **({"key_bias": False} if {"blocks.0.attn.q_bias", "blocks.0.attn.q_proj.bias"} & set(r.arrays) else {}),
   )
   if "pre_logits.fc.weight" in r:
     cfg["representation_size"] = r.arrays["pre_logits.fc.weight"].shape[0]
@@ -131,7 +147,7 @@ def read_vit(r: u.Reader, heads: int, grid: int | None = None) -> tuple[dict, di
 def _read_block(r: u.Reader, s: str, d: str, heads: int, cfg: dict, ffn: str | None, out: dict) -> None:
   """The timm block `s` (norms, attention, feed-forward, LayerScale, QK-norm as cfg has them) into vitjax's `d`."""
   u.norm(r, f"{s}.norm1", f"{d}/norm1", out)
-  u.timm_attention(r, f"{s}.attn", f"{d}/attn", heads, out)
+  _read_attention(r, f"{s}.attn", f"{d}/attn", heads, out)
   u.norm(r, f"{s}.norm2", f"{d}/norm2", out)
   if ffn == "packed":
     u.packed_swiglu(r, f"{s}.mlp.fc1", f"{s}.mlp.fc2", f"{d}/mlp", out)
@@ -140,10 +156,27 @@ def _read_block(r: u.Reader, s: str, d: str, heads: int, cfg: dict, ffn: str | N
       u.linear(r, f"{s}.mlp.{name}", f"{d}/mlp/{name}", out)
   else:
     u.timm_mlp(r, f"{s}.mlp", f"{d}/mlp", out)
-  for ls in ("ls1", "ls2") if "init_values" in cfg else ():
-    out[f"{d}/{ls}/scale"] = r(f"{s}.{ls}.gamma")
+  for i, ls in enumerate(("ls1", "ls2") if "init_values" in cfg else (), 1):
+    out[f"{d}/{ls}/scale"] = r(f"{s}.{ls}.gamma" if f"{s}.{ls}.gamma" in r else f"{s}.gamma_{i}")  # ViT's, Eva's
   for qk in ("q_norm", "k_norm") if "qk_norm" in cfg else ():
     u.norm(r, f"{s}.attn.{qk}", f"{d}/attn/{qk}", out)
+  for sub in ("mlp.norm", "attn.norm"):
+    if cfg.get({"mlp.norm": "ffn_norm", "attn.norm": "attn_norm"}[sub]):
+      u.norm(r, f"{s}.{sub}", f"{d}/{sub.replace('.', '/')}", out)
+
+
+def _read_attention(r: u.Reader, s: str, d: str, heads: int, out: dict) -> None:
+  """The attention of timm: VisionTransformer's fused qkv (its bias fused too), or Eva's, q_bias and v_bias beside it.
+
+  Or Eva's q_proj, k_proj and v_proj. Eva's keys have no bias (the ViT's key_bias=False).
+  """
+  if f"{s}.q_proj.weight" in r:
+    names = {"query": f"{s}.q_proj", "key": f"{s}.k_proj", "value": f"{s}.v_proj", "out": f"{s}.proj"}
+    u.separate_attention(r, names, d, heads, out)
+  else:
+    u.timm_attention(r, s, d, heads, out)
+    if f"{s}.q_bias" in r:
+      out[f"{d}/query/bias"], out[f"{d}/value/bias"] = (r(f"{s}.{n}_bias").reshape(heads, -1) for n in "qv")
 
 
 def _ffn_layout(r: u.Reader) -> str | None:
@@ -169,7 +202,7 @@ def _read_tokens(r: u.Reader, cfg: dict, grid: int | None) -> None:
   if "reg_token" in r:
     cfg["num_registers"] = int(r.arrays["reg_token"].shape[1])
     prefix += cfg["num_registers"]
-  if "blocks.0.ls1.gamma" in r:
+  if "blocks.0.ls1.gamma" in r or "blocks.0.gamma_1" in r:
     cfg["init_values"] = 1e-5
   if "blocks.0.attn.q_norm.weight" in r:  # timm's qk_norm: its blocks' LayerNorm on each head's queries and keys
     cfg["qk_norm"] = "layernorm"
@@ -195,24 +228,29 @@ def write(module, p: dict, image_size) -> tuple[dict, dict]:
     image_size: (H, W) the timm model is built for.
 
   Returns:
-    tuple: (state dict {timm key: numpy array}, {"model": "vit", "kwargs": timm's VisionTransformer arguments}).
+    tuple: (state dict {timm key: numpy array}, {"model": "vit", "kwargs": timm's VisionTransformer arguments}); a
+    ViT with SwiGLU, rotary positions or sub-LayerNorms: {"model": "eva", "kwargs": timm's Eva arguments}.
 
   Raises:
-    ValueError: an option timm's VisionTransformer does not have.
+    ValueError: an option timm's VisionTransformer (or Eva) does not have.
   """
+  eva = bool(module.rope or module.ffn != "mlp" or module.ffn_norm or module.attn_norm)
   u.unsupported(
     module,
-    "timm's VisionTransformer",
+    "timm's Eva" if eva else "timm's VisionTransformer",
     stem=("patch",),
     representation_size=(None, 0),
     scan=(False,),
-    pool_type=("tok", "gap", "map"),
+    pool_type=("tok", "gap") if eva and module.ffn == "swiglu" else ("tok", "gap", "map"),
     norm=("pre",),
     embed_norm=(False,),
     rel_pos_bias=(False,),
     layernorm_eps=(1e-6,),  # timm's LayerNorm; its arguments hold no other
     qk_norm=(None, "layernorm"),  # timm's is its blocks' LayerNorm
-    ffn=("mlp",),  # (timm builds its SwiGLU from a class argument, which the .json beside the file cannot hold)
+    **(dict(act=("silu",) if module.ffn == "swiglu" else ("gelu",)) if eva else {}),  # Eva's are fixed
+    # Eva's keys have no bias, which with rope or qk_norm matters (Eva's attention pool's MLP is GELU's, whatever the
+    # blocks' feed-forward)
+    **(dict(key_bias=(False,)) if eva and (module.rope or module.qk_norm) and module.qkv_bias else {}),
   )
   out: dict[str, np.ndarray] = {}
   k = p["embedding/kernel"]  # [p, p, C, D]
@@ -229,15 +267,7 @@ def write(module, p: dict, image_size) -> tuple[dict, dict]:
     pe = posenc.sincos_2d(*grid, k.shape[-1])[None]
     out["pos_embed"] = np.concatenate([np.zeros((1, prefix, pe.shape[-1]), pe.dtype), pe], 1)
   for i in range(module.depth):
-    s, d = f"encoder/block_{i}", f"blocks.{i}"
-    u.put_norm(p, f"{s}/norm1", f"{d}.norm1", out)
-    u.put_attention(p, f"{s}/attn", f"{d}.attn", out)
-    u.put_norm(p, f"{s}/norm2", f"{d}.norm2", out)
-    u.put_mlp(p, f"{s}/mlp", f"{d}.mlp", out)
-    for ls in ("ls1", "ls2") if module.init_values is not None else ():
-      out[f"{d}.{ls}.gamma"] = p[f"{s}/{ls}/scale"]
-    for qk in ("q_norm", "k_norm") if module.qk_norm else ():
-      u.put_norm(p, f"{s}/attn/{qk}", f"{d}.attn.{qk}", out)
+    _put_block(module, p, f"encoder/block_{i}", f"blocks.{i}", eva, out)
   if module.fc_norm:
     u.put_norm(p, "fc_norm", "fc_norm", out)
   else:
@@ -246,7 +276,56 @@ def write(module, p: dict, image_size) -> tuple[dict, dict]:
     _put_map_head(p, out)
   if "head/kernel" in p:
     u.put_linear(p, "head", "head", out)
-  return out, {"model": "vit", "kwargs": _timm_args(module, p, out, image_size, prefix)}
+  args = _timm_args(module, p, out, image_size, prefix)
+  return out, {"model": "eva", "kwargs": _eva_args(module, args)} if eva else {"model": "vit", "kwargs": args}
+
+
+def _put_block(module, p: dict, s: str, d: str, eva: bool, out: dict) -> None:
+  """Block `s` into timm's `d`: VisionTransformer's names or (eva) Eva's (q_bias and v_bias, gamma_1, mlp.norm ...)."""
+  u.put_norm(p, f"{s}/norm1", f"{d}.norm1", out)
+  u.put_attention(p, f"{s}/attn", f"{d}.attn", out)
+  if eva and f"{d}.attn.qkv.bias" in out:  # Eva's keys have none; a key bias shifts a query's logits alike (write())
+    out[f"{d}.attn.q_bias"], _, out[f"{d}.attn.v_bias"] = np.split(out.pop(f"{d}.attn.qkv.bias"), 3)
+  u.put_norm(p, f"{s}/norm2", f"{d}.norm2", out)
+  if module.ffn == "swiglu" and not module.ffn_norm:  # Eva's packed GluMlp: the gate's rows first
+    out[f"{d}.mlp.fc1.weight"] = np.concatenate([p[f"{s}/mlp/fc1_{n}/kernel"].T for n in "gx"])
+    out[f"{d}.mlp.fc1.bias"] = np.concatenate([p[f"{s}/mlp/fc1_{n}/bias"] for n in "gx"])
+    u.put_linear(p, f"{s}/mlp/fc2", f"{d}.mlp.fc2", out)
+  else:
+    for name in ("fc1_g", "fc1_x", "fc2") if module.ffn == "swiglu" else ("fc1", "fc2"):
+      u.put_linear(p, f"{s}/mlp/{name}", f"{d}.mlp.{name}", out)
+  for i, ls in enumerate(("ls1", "ls2") if module.init_values is not None else (), 1):
+    out[f"{d}.gamma_{i}" if eva else f"{d}.{ls}.gamma"] = p[f"{s}/{ls}/scale"]
+  for sub in ("attn/q_norm", "attn/k_norm", "mlp/norm", "attn/norm"):
+    if f"{s}/{sub}/scale" in p:
+      u.put_norm(p, f"{s}/{sub}", f"{d}.{sub.replace('/', '.')}", out)
+
+
+def _eva_args(module, args: dict) -> dict:
+  """The arguments of timm's Eva for the ViT whose VisionTransformer arguments are `args` (see write)."""
+  width, hidden = args["embed_dim"], module.mlp_dim or 4 * args["embed_dim"]
+  ratio = next(r for r in (hidden / width, (hidden + 0.5) / width) if int(width * r) == hidden)  # timm's int(D * r)
+  eva = {k: args[k] for k in ("img_size", "in_chans", "patch_size", "embed_dim", "depth", "num_heads", "qkv_bias")}
+  eva.update(
+    num_classes=args["num_classes"],
+    global_pool=args["global_pool"],
+    class_token=args["class_token"],
+    num_reg_tokens=module.num_registers,
+    no_embed_class=bool(args.get("no_embed_class")),
+    mlp_ratio=ratio,
+    swiglu_mlp=module.ffn == "swiglu",
+    scale_mlp=bool(module.ffn_norm),
+    scale_attn_inner=bool(module.attn_norm),
+    qk_norm=bool(module.qk_norm),
+    init_values=module.init_values,
+    use_fc_norm=bool(module.fc_norm),
+    use_post_transformer_norm=not module.fc_norm,
+    use_rot_pos_emb=module.rope is not None,
+    rope_temperature=module.rope_temperature,
+    ref_feat_shape=None if module.rope_grid is None else tuple(module.rope_grid),
+    attn_pool_mlp_ratio=ratio,
+  )
+  return eva
 
 
 def _timm_args(module, p: dict, out: dict, image_size, prefix: int) -> dict:

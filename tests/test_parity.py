@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from vitjax import convert
+from vitjax import convert, models
 
 # max |difference| <= TOL * max |logit|. Measured on the 2-core AVX2 EPYC (2026-11-26): 6.7e-7 (Swin-T) to 1.95e-6
 # (ViT-S/32 at 384 px); the README's AVX-512 runs gave 1.1e-6 to 1.4e-6. 1e-5 is 5x the largest, as the golden
@@ -293,3 +293,30 @@ def test_imported_timm_weights_are_evaluated_with_their_own_preprocessing(refs):
   assert ImageClassification(config, "").preprocess().crop_fraction == 0.875
   config.init_from = ""
   assert ImageClassification(config, "").preprocess() == augment.Preprocess(crop_fraction=0.875)
+
+
+@pytest.mark.parametrize(
+  "vitjax_name,timm_name",
+  [
+    ("dinov2_s14", "vit_small_patch14_dinov2"),
+    ("dinov2_s14_reg4", "vit_small_patch14_reg4_dinov2"),
+    ("deit3_s16", "deit3_small_patch16_224"),
+    ("eva02_ti14", "eva02_tiny_patch14_224"),
+    ("eva02_b14", "eva02_base_patch14_224"),
+    ("siglip_b16", "vit_base_patch16_siglip_224"),
+  ],
+)
+def test_a_backbones_name_builds_the_architecture_timm_builds(refs, vitjax_name, timm_name):
+  """models.create of a backbone's name (vitjax.models.vit_backbones) has the parameters, shape for shape, and the
+  options of the model vitjax reads from timm's own build of that backbone (random weights, timm's default size).
+  A backbone's name builds the architecture (for a config's model.name); its weights come with init_from."""
+  model = refs.timm.create_model(timm_name, pretrained=False, num_classes=0)
+  read, variables = convert.from_timm(timm_name, {k: v.numpy() for k, v in model.state_dict().items()})
+  built = models.create(vitjax_name, num_classes=0)
+  px = model.pretrained_cfg["input_size"][1]
+  shapes = jax.eval_shape(built.init, jax.random.key(0), jax.numpy.zeros((1, px, px, 3)))["params"]
+  assert jax.tree_util.tree_map(np.shape, shapes) == jax.tree_util.tree_map(np.shape, variables["params"])
+  # (not act: timm builds SigLIP with exact GELU, big_vision trained it with the tanh form, which the name keeps)
+  fields = ("num_registers", "class_posemb", "qk_norm", "ffn", "ffn_norm", "rope", "key_bias", "pool_type")
+  assert {f: getattr(built, f) for f in fields} == {f: getattr(read, f) for f in fields}
+  assert (built.rope_grid is None) == (read.rope_grid is None)

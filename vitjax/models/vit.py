@@ -22,7 +22,7 @@ import numpy as np
 from vitjax import dots
 from vitjax.attention import MultiHeadAttention
 from vitjax.layers import BIAS_TABLE_TP_RULE, NORMS, TP_RULES, EncoderBlock, FeedForward, Stack
-from vitjax.models import adapt, registry
+from vitjax.models import adapt, registry, vit_backbones
 from vitjax.posenc import LearnedPositionEmbedding, rope_2d, sincos_2d
 
 Array = jax.Array
@@ -134,12 +134,19 @@ _NAME = re.compile(r"^vit_(ti|s|m|b|l|h)(\d+)$")
 
 
 def parse_name(name: str) -> dict | None:
-  """The ViT's keyword arguments for a name such as "vit_s16" or "S/16"; None for another family's name."""
+  """The ViT's keyword arguments for a name: "vit_s16", "S/16", a backbone's ("dinov2_s14_reg4"); None if not a ViT's.
+
+  The backbones' names: vitjax.models.vit_backbones.
+  """
   if "/" in name:
     return parse_variant(name)
   if m := _NAME.match(name):
     size = "Ti" if m[1] == "ti" else m[1].upper()
     return parse_variant(f"{size}/{m[2]}")
+  if backbone := vit_backbones.parse(name):
+    size, options = backbone
+    width, depth, mlp_dim, heads = vit_backbones.SIZES.get(size) or VARIANTS[size]
+    return dict(width=width, depth=depth, mlp_dim=mlp_dim, num_heads=heads) | options
   return None
 
 
@@ -157,7 +164,17 @@ ADAPTERS = (adapt.resample_patch_positions, adapt.bias_table_resizer("clip", und
 
 @registry.register(
   parse_name,
-  examples=("vit_ti16", "vit_s16", "vit_b16", "vit_l16", "vit_h14"),
+  examples=(
+    "vit_ti16",
+    "vit_s16",
+    "vit_b16",
+    "vit_l16",
+    "vit_h14",
+    "dinov2_s14_reg4",
+    "deit3_s16",
+    "eva02_s14",
+    "siglip_b16",
+  ),
   no_decay=NO_DECAY,
   tp_rules=(*TP_RULES, BIAS_TABLE_TP_RULE),
   adapters=ADAPTERS,

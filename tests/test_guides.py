@@ -38,6 +38,7 @@ _TINY_VIT = [
 ]
 TOY = {
   "vit_digits.py": _TINY_VIT,
+  "backbone_finetune.py": [*_TINY_VIT, "--config.evals.probe.fit_examples=32", "--config.evals.probe.examples=64"],
   "mae_digits.py": [
     "--config.model.encoder.width=16",
     "--config.model.encoder.depth=1",
@@ -77,7 +78,13 @@ EXPECT = {
   "guides/checkpoints": ["workdirs/vit_digits/averaged", "workdirs/vit_digits/config_history.jsonl"],
   "guides/evaluate": ["probe/linear", "(5, 10)"],
   "guides/export": ["exported/vit_digits.safetensors", "exported/vit_digits.json", "largest difference: 0.0"],
-  "guides/finetune": ["workdirs/vit_digits_from_mae/checkpoints", "workdirs/mae_digits/reconstructions"],
+  "guides/finetune": [
+    "workdirs/vit_digits_from_mae/checkpoints",
+    "workdirs/mae_digits/reconstructions",
+    "workdirs/dinov2_digits/checkpoints",
+    "workdirs/dinov2_digits {'pooled': (2, 16), 'patches': (2, 2, 2, 16)}",
+    "lvd142m {'pooled': (2, 16), 'patches': (2, 37, 37, 16)}",
+  ],
   "guides/multihost": ["workdirs/fsdp/checkpoints", "workdirs/tp/checkpoints"],
   "guides/own_images": ["my_images/9", "workdirs/my_images/task.json"],
   "guides/precision": ["workdirs/vit_digits_bf16/checkpoints"],
@@ -85,6 +92,23 @@ EXPECT = {
   "guides/training": ["workdirs/sgd/checkpoints", "workdirs/head_only/checkpoints", "workdirs/few_labels/checkpoints"],
   "guides/translation": ["workdirs/bible_en_es/tokenizer.model"],
 }
+
+
+def tiny_hub_backbones(cwd) -> dict:
+  """The hub repositories a page names, made here at TOY's size (timm's builds, random weights, as timm saves them) in
+  a hub cache of the reader's directory; the environment that reads it offline."""
+  import test_hub
+
+  timm = test_hub._timm()
+  name = "vit_small_patch14_reg4_dinov2.lvd142m"
+  args = dict(embed_dim=16, depth=1, num_heads=2, mlp_ratio=2)
+  model = test_hub._perturbed(timm.create_model(name, pretrained=False, num_classes=0, **args))
+  timm.models.save_for_hf(model, str(cwd / "timm_save"), model_args=args, safe_serialization=True)
+  test_hub.cache_repo(str(cwd / "hf_home" / "hub"), f"timm/{name}", test_hub.read_dir(str(cwd / "timm_save")))
+  return {"HF_HOME": str(cwd / "hf_home"), "HF_HUB_OFFLINE": "1"}
+
+
+SETUP = {"guides/finetune": tiny_hub_backbones}  # page: what its walkthrough needs made first -> its environment
 
 PAGES = ["getting_started", *(f"guides/{os.path.splitext(n)[0]}" for n in sorted(os.listdir(f"{DOCS}/guides")))]
 
@@ -179,14 +203,15 @@ def test_the_guide_runs(page, main_job, data_dir, tmp_path, compile_cache):
   shutil.copytree(main_job, cwd, symlinks=True)
   if page == "guides/translation":
     pytest.importorskip("sentencepiece")
+  env = SETUP[page](cwd) if page in SETUP else {}
   printed = ""
   for i, (lang, block) in enumerate(marked_blocks(page)):
     if lang == "python":
       script = cwd / f"block_{i}.py"
       script.write_text(block)
-      printed += run_command(str(cwd), data_dir, {}, "", [str(script)]).stdout
+      printed += run_command(str(cwd), data_dir, env, "", [str(script)]).stdout
     else:
-      for env, stdin, argv in commands(block):
-        printed += run_command(str(cwd), data_dir, env, stdin, argv).stdout
+      for own, stdin, argv in commands(block):
+        printed += run_command(str(cwd), data_dir, {**env, **own}, stdin, argv).stdout
   for expected in EXPECT[page]:
     assert (cwd / expected).exists() or expected in printed, f"{page}: {expected} is neither a file nor printed"

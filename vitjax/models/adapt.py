@@ -118,6 +118,17 @@ def resample_patch_positions(k: str, v: np.ndarray, t: np.ndarray):
   return None
 
 
+def grey_input(k: str, v: np.ndarray, t: np.ndarray):
+  """An RGB model's first convolution [h, w, 3, D] for grey images [h, w, 1, D]: its three input channels summed.
+
+  What the RGB model computes for a grey image given as three equal channels (timm's adapt_input_conv does the same).
+  """
+  if k in ("embedding/kernel", "conv_stem/conv_0/kernel") and v.ndim == 4 and v.shape[2] == 3 and t.shape[2] == 1:
+    if v.shape[:2] + v.shape[3:] == tuple(t.shape[:2]) + tuple(t.shape[3:]):
+      return v.sum(axis=2, keepdims=True), f"summed {k}'s 3 input channels into 1 {v.shape} -> {t.shape} (grey images)"
+  return None
+
+
 def bias_table_resizer(method: str, under: str = ""):
   """An adapter for relative position bias tables [(2W-1)^2, heads] under the path prefix `under`.
 

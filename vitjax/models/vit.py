@@ -159,7 +159,7 @@ def _overrides(kw: dict) -> dict:
 # The ViT's parameters that weight decay leaves alone (besides biases and norm scales), and how loaded weights
 # fit another resolution. They are shared with every model built on the ViT (MAE).
 NO_DECAY = ("pos_embedding", "relative_position_bias_table", "cls", "registers", "probe")
-ADAPTERS = (adapt.resample_patch_positions, adapt.bias_table_resizer("clip", under="encoder/"))
+ADAPTERS = (adapt.resample_patch_positions, adapt.bias_table_resizer("clip", under="encoder/"), adapt.grey_input)
 
 
 @registry.register(

@@ -137,8 +137,9 @@ class ImageClassification:
   def preprocess(self) -> augment.Preprocess:
     """How images meet the model.
 
-    The config's data.preprocess, its None fields from timm's pretrained config of an init_from='timm:NAME:FILE' model,
-    else the defaults (augment.Preprocess); a loaded run's from its task.json.
+    The config's data.preprocess, its None fields from timm's pretrained config of an init_from='timm:NAME:FILE' model
+    (or a hub repository's), else the defaults (augment.Preprocess); a loaded run's from its task.json. An RGB model's
+    mean and std on grey images: their averages over the channels.
     """
     if self._described is not None:
       return augment.Preprocess.from_described(self._described)
@@ -148,6 +149,8 @@ class ImageClassification:
       source = convert.WeightSource.parse(self.config.init_from)
       if source.imported and any(v is None for v in fields.values()):
         known = convert.pretrained_preprocess(source) or {}
+        if self._channels() == 1 and len(known.get("mean") or ()) == 3:  # an RGB model on grey images
+          known.update({k: [float(np.mean(known[k]))] for k in ("mean", "std")})  # (and adapt.grey_input's kernel)
         fields = {k: known.get(k) if v is None else v for k, v in fields.items()}
         fields["crop_offset"] = known.get("crop_offset")  # (not a config field: a transformers repository's)
       try:
@@ -155,6 +158,14 @@ class ImageClassification:
       except ValueError as e:
         raise ConfigError(f"config.data.{e}") from None
     return self._preprocess
+
+  def _channels(self) -> int | None:
+    """The training split's channels (None where the split is not there: describe() says so)."""
+    d = self.config.data
+    try:
+      return data_lib.split_info(d.name, d.train_split, d.data_dir)["channels"]
+    except ValueError:
+      return None
 
   # -- interface
   def check(self):

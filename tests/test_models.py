@@ -410,3 +410,19 @@ def test_qk_norm_normalises_each_heads_queries_and_keys():
     MultiHeadAttention(num_heads=2, qk_norm="l2").init(jax.random.key(1), x)
   vit = models.create("vit_ti16", patch_size=4, width=32, depth=1, num_heads=2, mlp_dim=64, qk_norm="rmsnorm")
   assert "q_norm" in _init(vit, jnp.zeros((1, 16, 16, 3)))["params"]["encoder"]["block_0"]["attn"]
+
+
+def test_rgb_weights_on_grey_images_see_them_as_the_rgb_model_sees_three_equal_channels():
+  """adapt.grey_input: an RGB ViT's weights fitted to a 1-channel model (its patch embedding summed over the colours)
+  give that model, on grey images, the RGB model's logits on the same images repeated in three channels."""
+  from vitjax.models import adapt
+
+  rgb = models.create("Ti/4", width=32, depth=1, num_heads=2, mlp_dim=64, num_classes=3)
+  images = jax.random.uniform(jax.random.key(1), (2, 16, 16, 1))
+  loaded = rgb.init(jax.random.key(0), jnp.repeat(images, 3, axis=-1))["params"]
+  loaded = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(2), p.shape), loaded)
+  target = jax.eval_shape(rgb.init, jax.random.key(0), images)["params"]
+  fitted, changes = adapt.adapt_params(loaded, target, rgb)
+  assert any("summed embedding/kernel's 3 input channels" in c for c in changes), changes
+  want = rgb.apply({"params": loaded}, jnp.repeat(images, 3, axis=-1))[0]
+  np.testing.assert_allclose(rgb.apply({"params": fitted}, images)[0], want, rtol=1e-5, atol=1e-6)

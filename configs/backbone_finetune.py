@@ -36,9 +36,7 @@ BACKBONES = {
 
 def get_config(arg: str = "dinov2_reg"):
   if arg not in BACKBONES:
-    raise ValueError(
-      f"unknown backbone {arg!r}: use configs/backbone_finetune.py:NAME, NAME one of {list(BACKBONES)}"
-    )
+    raise ValueError(f"unknown backbone {arg!r}: use configs/backbone_finetune.py:NAME, NAME one of {list(BACKBONES)}")
   name, weights, fields = BACKBONES[arg]
   c = default_config()
   sizes = {k: v for k, v in vit.parse_name(name).items() if k in ("width", "depth", "num_heads", "mlp_dim")}

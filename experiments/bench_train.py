@@ -3,6 +3,8 @@
     taskset -c 0,1 python experiments/bench_train.py --repeats=7
     taskset -c 0,1 python experiments/bench_train.py --repeats=7 --dtype=bfloat16
     python experiments/bench_train.py --models=fashion_mnist,transformer_small --repeats=1   # a quick look
+    taskset -c 0,1 python experiments/bench_train.py --models=vit_s16_224_b8,dinov2_s14_reg4_224_b8,eva02_s14_224_b8 \
+      --repeats=5 --no_compile   # the modern backbones (issue 75) beside timm's VisionTransformer and Eva
 
 On a GPU (torch's CUDA build; JAX on its default backend, the GPU), bf16 at large batches, MFU against the
 H100 SXM's dense bf16 peak (989.4 TFLOP/s; experiments/gpu_check.sh runs it on a lent GPU; experiments/README.md, "On a GPU"):
@@ -17,7 +19,7 @@ One step is forward, backward and the AdamW update. Rows, per model:
                   jits it): adds the config's global-norm clipping, label smoothing, the non-finite guard and the
                   schedule. Image models only: the translation task needs a SentencePiece tokenizer trained
                   from data for its loss and model sizes, so the Transformer has no such row.
-  torch           eager PyTorch: timm's VisionTransformer / SwinTransformer built by vitjax.convert.build_timm
+  torch           eager PyTorch: timm's VisionTransformer / Eva / SwinTransformer built by vitjax.convert.build_timm
                   and loaded with the vitjax weights (load_state_dict strict=True); torch.optim.AdamW with the
                   same settings. The Fashion-MNIST ViT's convolutional stem has no timm equivalent: timm's
                   ViT gets the same stem (3x3 stride-2 convs, BatchNorm, ReLU, 1x1) as its patch embedding,
@@ -82,8 +84,12 @@ MODELS = {
   "vit_s16_448_b2": ("vit_s16", 2, 448),
   "vit_b16_224_b8": ("vit_b16", 8, 224),  # not in the default list on a CPU (--models): for a GPU
   "transformer_base": ("transformer_base", 32, 64),  # likewise (experiments/gpu_check.sh)
+  # the backbones of issue 75, beside timm's same model (VisionTransformer; EVA-02: timm's Eva), likewise not default:
+  "dinov2_s14_reg4_224_b8": ("dinov2_s14_reg4", 8, 224),  # registers, LayerScale, patch 14
+  "eva02_s14_224_b8": ("eva02_s14", 8, 224),  # 2-D rotary positions, SwiGLU
 }
-DEFAULT_MODELS = [name for name in MODELS if not name.startswith(("vit_b16", "transformer_base"))]
+NOT_DEFAULT = ("vit_b16", "transformer_base", "dinov2_", "eva02_")
+DEFAULT_MODELS = [name for name in MODELS if not name.startswith(NOT_DEFAULT)]
 
 
 # -- timing, peaks, host
@@ -249,8 +255,9 @@ def vit_flops(m, hw: tuple[int, int], channels: int) -> float:
       flops += 2 * h * w * 9 * cin * cout
       cin = cout
     flops += 2 * h * w * cin * d
-  t = gh * gw + (m.pool_type == "tok")
-  flops += m.depth * (2 * t * (4 * d * d + 2 * d * f) + 4 * t * t * d)
+  t = gh * gw + int(m.has_class_token) + m.num_registers
+  ffn = 3 if m.ffn == "swiglu" else 2  # SwiGLU: two d x f matrices in, one out
+  flops += m.depth * (2 * t * (4 * d * d + ffn * d * f) + 4 * t * t * d)
   return flops + 2 * d * (m.num_classes or 0)
 
 
@@ -343,7 +350,7 @@ def image_case(name: str, kind: str, batch: int, image_size: int | None, dtype: 
 
   config, channels, classes = _image_config(kind, image_size, batch, dtype)
   # head_zeroinit=False (ViT): a zero head would make the parity check compare zeros
-  overrides = {"head_zeroinit": False} if "vit" in kind or kind == "fashion_mnist" else {}
+  overrides = {"head_zeroinit": False} if models.vit.parse_name(kind) or kind == "fashion_mnist" else {}
   if layers:  # --layers: a toy depth (gpu_check.sh --dry)
     overrides.update({"depths": (layers,) * 4} if kind.startswith("swin") else {"depth": layers})
   config.model.update(overrides)

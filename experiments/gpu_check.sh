@@ -195,6 +195,12 @@ step fashion_mnist 100 bash -c fashion
 if [ "$DRY" = 0 ]; then
   bench bench_swin_t 150 --torch_device=cuda --models=swin_t_224_b4 --batch=128 --repeats=10
   bench bench_transformer_base 120 --torch_device=cuda --models=transformer_base --batch=256 --repeats=10
+  # optional, only when named (--steps=bench_backbones): DINOv2-S/14 with registers and EVA-02-S (rotary positions,
+  # SwiGLU) beside timm's VisionTransformer and Eva, bf16 at batch 256 (issue 75)
+  if [[ "$STEPS" == *",bench_backbones,"* ]]; then
+    bench bench_backbones 150 --torch_device=cuda --models=dinov2_s14_reg4_224_b8,eva02_s14_224_b8 --batch=256 \
+      --repeats=10
+  fi
 fi
 
 # (b) bring-up: the in-process test modules that need no dataset, on the default backend (the GPU), at float32's

@@ -426,3 +426,18 @@ def test_rgb_weights_on_grey_images_see_them_as_the_rgb_model_sees_three_equal_c
   assert any("summed embedding/kernel's 3 input channels" in c for c in changes), changes
   want = rgb.apply({"params": loaded}, jnp.repeat(images, 3, axis=-1))[0]
   np.testing.assert_allclose(rgb.apply({"params": fitted}, images)[0], want, rtol=1e-5, atol=1e-6)
+
+
+def test_patch_dropout_shows_the_encoder_a_random_share_of_patches_in_training_only():
+  """ViT(patch_dropout=0.75): in training each example's encoder sees a quarter of its 16 patches (and its class token),
+  drawn from the "dropout" RNG; evaluation sees them all and equals the model without the option."""
+  model = models.create(
+    "Ti/4", width=32, depth=1, num_heads=2, mlp_dim=64, num_classes=3, patch_dropout=0.75, head_zeroinit=False
+  )
+  x = jax.random.normal(jax.random.key(1), (2, 16, 16, 3))
+  variables = model.init(jax.random.key(0), x)
+  train = lambda seed: model.apply(variables, x, train=True, rngs={"dropout": jax.random.key(seed)})
+  (a, out), (b, _) = train(0), train(1)
+  assert out["encoded"].shape == (2, 1 + 4, 32)
+  assert not np.allclose(a, b)  # another draw, other patches
+  np.testing.assert_array_equal(model.apply(variables, x)[0], model.clone(patch_dropout=0.0).apply(variables, x)[0])

@@ -320,3 +320,35 @@ def test_a_backbones_name_builds_the_architecture_timm_builds(refs, vitjax_name,
   fields = ("num_registers", "class_posemb", "qk_norm", "ffn", "ffn_norm", "rope", "key_bias", "pool_type")
   assert {f: getattr(built, f) for f in fields} == {f: getattr(read, f) for f in fields}
   assert (built.rope_grid is None) == (read.rope_grid is None)
+
+
+def test_one_model_for_any_image_size_as_timms_dynamic_img_size(refs):
+  """ViT(posemb_grid=...) keeps DINOv2's table at its own grid and resamples it at every call to the input's, as timm's
+  dynamic_img_size does: the same logits at 56 px (the table's 4 x 4), 84 px and a 70 x 98 image, one set of weights."""
+  name = "vit_small_patch14_reg4_dinov2"
+  model = _random_timm(refs, name, depth=2, num_classes=5, img_size=56, dynamic_img_size=True)
+  module, variables = convert.from_timm(name, {k: v.numpy() for k, v in model.state_dict().items()})
+  module = module.clone(posemb_grid=(4, 4))
+  for hw in ((56, 56), (84, 84), (70, 98)):
+    _compare(refs, model, module, variables, hw)
+  _exports_back(refs, model, module, variables, 84, "vit")  # as timm's dynamic_img_size (built at 56 px), at 84
+  with pytest.raises(ValueError, match="posembed/pos_embedding"):  # without posemb_grid the table is fixed at 4 x 4
+    module.clone(posemb_grid=None).apply(variables, np.zeros((1, 84, 84, 3), np.float32))
+
+
+@pytest.mark.parametrize(
+  "name,px,want",
+  [  # (pool_type, act): SigLIP 2's new shapes are built with the tanh GELU, the others with the exact one
+    ("vit_so400m_patch16_siglip_256", 256, ("map", "gelu_tanh")),
+    ("vit_giantopt_patch16_siglip_256", 256, ("map", "gelu_tanh")),
+    ("vit_so400m_patch14_siglip_gap_224", 224, ("gap", "gelu")),
+  ],
+)
+def test_siglip2_image_towers_match_timm(refs, name, px, want):
+  """SigLIP 2's image towers as timm builds them (vit_*_siglip_*.v2_webli; refused before: so400m and giantopt were
+  no sizes vitjax's names knew), narrowed to 128 wide with their 16 heads, two blocks; and exported back."""
+  model = _random_timm(refs, name, depth=2, num_classes=5, embed_dim=128)
+  module, variables = convert.from_timm(f"{name}.v2_webli", {k: v.numpy() for k, v in model.state_dict().items()})
+  assert (module.pool_type, module.act, module.num_heads) == (*want, 16)
+  _compare(refs, model, module, variables, (px, px))
+  _exports_back(refs, model, module, variables, px, "vit")

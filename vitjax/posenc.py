@@ -78,11 +78,28 @@ class LearnedPositionEmbedding(nn.Module):
   """Adds a learned [1, N, D] table (param "pos_embedding", N(0, 0.02) init) to inputs [B, N, D]."""
 
   embedding_init: Callable = nn.initializers.normal(stddev=0.02)
+  grid: Sequence[int] | None = None
+  prefix: int = 0
 
   @nn.compact
-  def __call__(self, x: Array) -> Array:
-    """Adds the table: x [B, N, D] -> x + the table [1, N, D] (created at x's shape, cast to x's dtype)."""
-    pe = self.param("pos_embedding", self.embedding_init, (1,) + x.shape[1:])
+  def __call__(self, x: Array, grid: Sequence[int] | None = None) -> Array:
+    """Adds the table: x [B, N, D] -> x + the table [1, N, D] (created at x's shape, cast to x's dtype).
+
+    With `grid` (the attribute) the table is [1, prefix + h * w, D] for that patch grid, whatever x's, and every call
+    resamples its patch rows to the patch grid of x, `grid` (the argument), as torch's antialiased bicubic resamples
+    (timm's dynamic_img_size); its first `prefix` rows (a class token's, registers') stay as they are.
+    """
+    if self.grid is None:
+      pe = self.param("pos_embedding", self.embedding_init, (1,) + x.shape[1:])
+      return x + pe.astype(x.dtype)
+    (h, w), (gh, gw) = self.grid, grid
+    pe = self.param("pos_embedding", self.embedding_init, (1, self.prefix + h * w, x.shape[-1]))
+    if (h, w) != (gh, gw):
+      rows, cols = (jnp.asarray(antialiased_bicubic_weights(a, b), jnp.float32) for a, b in ((h, gh), (w, gw)))
+      patches = jnp.einsum("ih,jw,hwd->ijd", rows, cols, pe[0, self.prefix :].reshape(h, w, -1)).reshape(1, gh * gw, -1)
+      pe = jnp.concatenate([pe[:, : self.prefix], patches], axis=1)
+    if pe.shape[1] != x.shape[1]:
+      raise ValueError(f"a position table of {pe.shape[1]} rows for {x.shape[1]} tokens (grid {tuple(grid)})")
     return x + pe.astype(x.dtype)
 
 

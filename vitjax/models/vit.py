@@ -193,6 +193,11 @@ class ViT(nn.Module):
       the head's kernel [N*D, classes] fixes the number of tokens, so the image size, to the one it was built for).
     posemb: "learn" (a learned table, covering the class token too, as the original ViT, unless not class_posemb) or
       "sincos2d" (fixed, the patches only).
+    posemb_grid: with posemb "learn", the patch grid of the table (say (37, 37), DINOv2's at 518 px / 14), which every
+      call resamples to the input's grid (torch's antialiased bicubic: timm's dynamic_img_size): one model for any
+      image size; None: the table is the input's grid at initialisation, and a call at another size is an error.
+    patch_dropout: at training, each example's encoder sees a random (1 - patch_dropout) of its patches (timm's
+      PatchDropout, FLIP's and EVA-CLIP's; the class token and registers stay); 0: all. Evaluation sees all.
     class_posemb: with posemb "learn", the table has rows for the class token and the registers (the original ViT's,
       timm's default, DINOv2's); False: for the patches only, the other tokens join after it is added (timm's
       no_embed_class: DeiT III, DINOv2 with registers, big_vision).
@@ -251,6 +256,8 @@ class ViT(nn.Module):
   pool_type: str = "tok"
   posemb: str = "learn"
   class_posemb: bool = True
+  posemb_grid: Sequence[int] | None = None
+  patch_dropout: float = 0.0
   class_token: bool = False
   num_registers: int = 0
   init_values: float | None = None
@@ -343,11 +350,13 @@ class ViT(nn.Module):
     prefix = [jnp.broadcast_to(t.astype(x.dtype), (b, t.shape[1], d)) for t in prefix]
     if self.posemb not in ("learn", "sincos2d"):
       raise ValueError(f"unknown posemb {self.posemb!r}; use 'learn' or 'sincos2d'")
+    rows = sum(t.shape[1] for t in prefix) if self.class_posemb else 0  # the table's rows before the patches'
+    table = LearnedPositionEmbedding(grid=self.posemb_grid, prefix=rows, name="posembed")
     if self.posemb == "learn" and self.class_posemb:  # a row for each token
-      x = LearnedPositionEmbedding(name="posembed")(jnp.concatenate([*prefix, x], axis=1))
+      x = table(jnp.concatenate([*prefix, x], axis=1), (h, w))
     else:  # the patches' positions, then the other tokens
       if self.posemb == "learn":
-        x = LearnedPositionEmbedding(name="posembed")(x)
+        x = table(x, (h, w))
       else:
         x = x + jnp.asarray(sincos_2d(h, w, d), x.dtype)[None]
       x = jnp.concatenate([*prefix, x], axis=1) if prefix else x
@@ -444,6 +453,9 @@ class ViT(nn.Module):
       prefix.append(self.param("cls", nn.initializers.normal(1e-6), (1, 1, x.shape[-1])))
     if self.num_registers:
       prefix.append(self.param("registers", nn.initializers.normal(1e-6), (1, self.num_registers, x.shape[-1])))
+    if train and self.patch_dropout and keep is None:  # a random subset of each example's patches
+      n = max(1, int(h * w * (1.0 - self.patch_dropout)))
+      keep = jnp.argsort(jax.random.uniform(self.make_rng("dropout"), (x.shape[0], h * w)), axis=1)[:, :n]
     x, num_patches = self._tokens(x, prefix, h, w, keep, train)
     x = self._encoder(x, (h, w), train, self._rope((h, w), x.shape[1] - num_patches, keep))
     out = {"encoded": x}

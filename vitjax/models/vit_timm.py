@@ -1,7 +1,8 @@
 """The ViT in timm's layouts (VisionTransformer: patch_embed.proj, blocks.N.attn.qkv, ...; Eva's), both ways.
 
 read(name, state_dict) -> (module, variables); write(module, params, image_size) -> (state_dict, timm config).
-The name (or num_heads) gives the heads, the weights the rest; activation: exact GELU, as timm builds these models.
+The name (or num_heads) gives the heads, the weights the rest; activation: exact GELU, as timm builds these models
+(but SigLIP 2's so400m/16, giantopt, B/32 and L/16 at 512 px: the tanh form, GELU_TANH).
 timm's Eva (EVA-02) is a ViT with other names for a few parameters (q_bias and v_bias, or q_proj, k_proj and v_proj;
 gamma_1, gamma_2; the sub-LayerNorms mlp.norm, attn.norm): read here too; its rotary embedding the name gives. A ViT
 that timm's VisionTransformer cannot build (SwiGLU, rotary positions, sub-LayerNorms) is written as an Eva
@@ -21,14 +22,21 @@ from vitjax.models import vit as vit_lib
 
 # timm's names of the ViTs read here: vit_SIZE_patchP_[clip_|gap_|siglip_|regN_]IMAGE (AugReg, CLIP, SigLIP, timm's
 # register ViTs), deit3_SIZE_patchP_IMAGE (DeiT III), vit_SIZE_patch14_[reg4_]dinov2 (DINOv2: its weights give the size),
-# eva02_SIZE_patchP_[clip_]IMAGE (EVA-02, timm's Eva: 2-D rotary positions over a 16 x 16 reference grid)
+# eva02_SIZE_patchP_[clip_]IMAGE (EVA-02, timm's Eva: 2-D rotary positions over a 16 x 16 reference grid); SigLIP 2's
+# image towers are timm's vit_*_siglip_* too (their .v2_webli weights), with the sizes so400m and giantopt
 NAMES = re.compile(
-  r"^(?:vit|deit3|(?P<eva02>eva02))_(?P<size>tiny|small|medium|base|large|huge|giant)_patch(?P<patch>\d+)_"
+  r"^(?:vit|deit3|(?P<eva02>eva02))_(?P<size>tiny|small|medium|base|large|huge|giant|so400m|giantopt)_patch(?P<patch>\d+)_"
   r"(?:(?:clip|gap|siglip|reg\d+)_)*(?:(?P<image>\d+)|dinov2)"
 )
 EVA02_ROPE = dict(rope="axial", rope_grid=(16, 16))  # every EVA-02's (timm's ref_feat_shape: 224 px / 14)
 _SIZES = {"tiny": "Ti", "small": "S", "medium": "M", "base": "B", "large": "L", "huge": "H"}
-_GIANT_HEADS = 24  # DINOv2's giant (1536 wide): not the ViT-g of Zhai et al., which vitjax's VARIANTS would name
+# heads of the sizes VARIANTS lacks: DINOv2's giant (1536 wide; not the ViT-g of Zhai et al.), SigLIP's so400m (1152)
+# and SigLIP 2's giantopt (1536)
+_HEADS = {"giant": 24, "so400m": 16, "giantopt": 16}
+# the SigLIP towers timm builds with the tanh GELU (SigLIP 2's new shapes); every other ViT here: exact GELU
+GELU_TANH = re.compile(
+  r"^vit_(base_patch32_siglip|giantopt_patch16_siglip|large_patch16_siglip(_gap)?_512|so400m_patch16)"
+)
 LAYOUTS = {"timm-vit": "timm ViT or Eva (patch_embed.proj, blocks.N.attn.qkv or .q_proj, ...)"}
 READS = ("timm-vit",)  # the layouts read() takes
 
@@ -73,8 +81,10 @@ def _timm_attention_pool(r: u.Reader, heads: int, out: dict) -> None:
 
 def _read(m: re.Match, r: u.Reader, num_heads: int | None):
   grid = int(m["image"]) // int(m["patch"]) if m["image"] else None
-  heads = _GIANT_HEADS if m["size"] == "giant" else vit_lib.VARIANTS[_SIZES[m["size"]]][3]
+  heads = _HEADS.get(m["size"]) or vit_lib.VARIANTS[_SIZES[m["size"]]][3]
   cfg, out = read_vit(r, num_heads or heads, grid)
+  if GELU_TANH.match(m[0]):
+    cfg["act"] = "gelu_tanh"
   if m["eva02"]:
     cfg.update(EVA02_ROPE)
   if m["image"]:  # the name's image size, as timm builds it
@@ -305,7 +315,10 @@ def _eva_args(module, args: dict) -> dict:
   """The arguments of timm's Eva for the ViT whose VisionTransformer arguments are `args` (see write)."""
   width, hidden = args["embed_dim"], module.mlp_dim or 4 * args["embed_dim"]
   ratio = next(r for r in (hidden / width, (hidden + 0.5) / width) if int(width * r) == hidden)  # timm's int(D * r)
-  eva = {k: args[k] for k in ("img_size", "in_chans", "patch_size", "embed_dim", "depth", "num_heads", "qkv_bias")}
+  keep = ("img_size", "in_chans", "patch_size", "embed_dim", "depth", "num_heads", "qkv_bias", "dynamic_img_size")
+  eva = {k: args[k] for k in keep if k in args}
+  if module.patch_dropout:
+    eva["patch_drop_rate"] = module.patch_dropout
   eva.update(
     num_classes=args["num_classes"],
     global_pool=args["global_pool"],
@@ -358,6 +371,12 @@ def _timm_args(module, p: dict, out: dict, image_size, prefix: int) -> dict:
     args["init_values"] = module.init_values
   if module.qk_norm:
     args["qk_norm"] = True
+  if module.posemb_grid is not None:  # the table's own grid, resampled to any input's: timm's dynamic_img_size
+    args.update(
+      dynamic_img_size=True, img_size=tuple(int(g) * p for g, p in zip(module.posemb_grid, args["patch_size"]))
+    )
+  if module.patch_dropout:
+    args["patch_drop_rate"] = module.patch_dropout
   return args
 
 

@@ -183,7 +183,7 @@ def test_init_from_a_dinov2_with_registers_file_fits_a_smaller_grid_and_names_a_
 
   def net(**fields):
     c = default_config()
-    c.model.update(name="vit_s16", patch_size=14, depth=1, init_values=1e-5, **fields)
+    c.model.update(dict(dict(name="vit_s16", patch_size=14, depth=1, init_values=1e-5), **fields))
     images = (np.zeros((1, 56, 56, 3), np.float32),)
     return network.network(c, {"num_classes": 3}, images, mesh_lib.Layout.of(c).mesh())
 
@@ -197,3 +197,13 @@ def test_init_from_a_dinov2_with_registers_file_fits_a_smaller_grid_and_names_a_
     pretrained.load(source, net(), fit=True)
   with pytest.raises(ConfigError, match=r"non-square grid of 21 tokens .*set config.model.class_posemb=False"):
     pretrained.load(source, net(num_registers=4), fit=True)
+  # an option the checkpoint's blocks have and the model's lack, or the reverse: one line naming the field
+  fields = dict(num_registers=4, class_posemb=False)
+  for model_has, want in (
+    (dict(init_values=None), r"has ls1/scale in its blocks, the model not: set config.model.init_values=1e-5"),
+    (dict(ffn="swiglu", act="silu"), r"has no mlp/fc1_g/kernel in its blocks, the model does: .*ffn='mlp'"),
+    (dict(qk_norm="layernorm"), r"has no attn/q_norm/scale .* set config.model.qk_norm=None"),
+    (dict(key_bias=False), r"attention has a key bias, the model's none: set config.model.key_bias=True"),
+  ):
+    with pytest.raises(ConfigError, match=want):
+      pretrained.load(source, net(**fields, **model_has), fit=True)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -141,6 +142,21 @@ def from_hf(state_dict: Mapping[str, Any], config: Mapping[str, Any]):
   raise ValueError(f"a transformers model was asked for, but the weights are in the {layout} layout")
 
 
+# timm architectures of the ViT's kin that vitjax does not build, and what they need (the refusal's words)
+_TIMM_NEEDS = (
+  (
+    r"_rope_",
+    "rotary positions without a position table, or in the 'xy' and 'mixed' forms (vitjax: EVA-02's, beside one)",
+  ),
+  (r"dinov3|lingbot|sapiens2", "DINOv3's rotary embedding (its coordinates in [-1, 1], rotate-half)"),
+  (r"^vit_pe_", "the Perception Encoder's rotary embedding and attention pooling"),
+  (r"^naflexvit", "NaFlex's patches of any aspect ratio, packed with masks (issue 78)"),
+  (r"^deit_.*distilled", "DeiT's distillation token"),
+  (r"^(beit|beitv2)_", "BEiT's layout (timm's Beit: per-block relative position tables, its own LayerScale names)"),
+  (r"^(eva_giant|eva02_enormous)", "EVA-01's post-norm blocks without rotary positions (timm's Eva, no rope)"),
+)
+
+
 def from_hub(spec: str):
   """(module, variables, repo) of a Hugging Face hub repository, 'hf:ORG/NAME[@REVISION]'.
 
@@ -151,9 +167,11 @@ def from_hub(spec: str):
   repo = hub.open_repo(spec)
   arch = repo.config.get("architecture", "")
   if repo.layout == "timm" and not any(f.converter("timm").NAMES.match(arch) for f in registry.families_with("timm")):
+    needs = next((why for pattern, why in _TIMM_NEEDS if re.search(pattern, arch)), None)
     raise ConfigError(
-      f"{spec}: timm's {arch!r} is not a model vitjax reads (timm's vit_SIZE_patchP_*, deit3_*, "
-      "vit_SIZE_patch14_[reg4_]dinov2, eva02_SIZE_patchP_* and swin_*)"
+      f"{spec}: timm's {arch!r} "
+      + (f"needs {needs}, which vitjax does not build" if needs else "is not a model vitjax reads")
+      + " (it reads timm's vit_SIZE_patchP_*, deit3_*, vit_SIZE_patch14_[reg4_]dinov2, eva02_SIZE_patchP_* and swin_*)"
     )
   path = repo.weights_file()
   sd = _read_state_dict(spec, path)

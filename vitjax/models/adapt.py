@@ -34,6 +34,7 @@ def adapt_params(loaded, target, model=None) -> tuple[dict, list[str]]:
   flat_t = flax.traverse_util.flatten_dict(flax.core.unfreeze(target), sep="/")
   out, problems, changes = {}, [], []
   _check_registers(flat_l, flat_t)
+  _check_options(flat_l, flat_t)
   flat_l = _restack(flat_l, scanned=any(_SCANNED in k for k in flat_t), changes=changes)
   for k, t in flat_t.items():
     if k not in flat_l:
@@ -67,6 +68,40 @@ def adapt_params(loaded, target, model=None) -> tuple[dict, list[str]]:
       + more
     )
   return flax.traverse_util.unflatten_dict({tuple(k.split("/")): v for k, v in out.items()}), changes
+
+
+# (a parameter an option adds to every block, the config field, what to set when the checkpoint has it / has not)
+OPTION_PARAMS = (
+  ("/mlp/fc1_g/kernel", "ffn", "'swiglu' (and act='silu')", "'mlp'"),
+  ("/ls1/scale", "init_values", "1e-5 (LayerScale; DINOv2's)", "None"),
+  ("/attn/q_norm/scale", "qk_norm", "'layernorm'", "None"),
+  ("/mlp/norm/scale", "ffn_norm", "True", "False"),
+  ("/attn/norm/scale", "attn_norm", "True", "False"),
+)
+
+
+def _check_options(flat_l: dict, flat_t: dict) -> None:
+  """ConfigError naming the config.model field where the checkpoint's blocks and the model's differ in an option.
+
+  SwiGLU against a two-layer MLP, LayerScale, QK-norm, sub-LayerNorms, a key bias; in the subtrees both have (an MAE
+  checkpoint's decoder is not the classifier's).
+  """
+  tops = {k.split("/")[0] for k in flat_t} & {k.split("/")[0] for k in flat_l}
+  has = lambda flat, part: any(k.endswith(part) and k.split("/")[0] in tops for k in flat)
+  for part, field, on, off in OPTION_PARAMS:
+    if has(flat_l, part) != has(flat_t, part):
+      what = "has" if has(flat_l, part) else "has no"
+      raise ConfigError(
+        f"the checkpoint {what} {part.strip('/')} in its blocks, the model {'not' if what == 'has' else 'does'}: "
+        f"set config.model.{field}={on if what == 'has' else off}"
+      )
+  if has(flat_l, "/attn/query/bias") and has(flat_t, "/attn/query/bias"):
+    if has(flat_l, "/attn/key/bias") != has(flat_t, "/attn/key/bias"):
+      want = has(flat_l, "/attn/key/bias")
+      raise ConfigError(
+        f"the checkpoint's attention has {'a' if want else 'no'} key bias, the model's {'none' if want else 'one'}: "
+        f"set config.model.key_bias={want}" + ("" if want else " (EVA-02's)")
+      )
 
 
 def _check_registers(flat_l: dict, flat_t: dict) -> None:

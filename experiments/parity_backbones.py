@@ -27,6 +27,16 @@ CASES = [  # timm name, create_model's arguments, image side
   ("vit_base_patch16_reg4_gap_256", dict(embed_dim=192, num_heads=3), 256),
   ("vit_small_patch16_224", dict(qk_norm=True), 224),  # QK-norm: timm's option (no pretrained name has it alone)
   ("vit_giant_patch14_reg4_dinov2", dict(img_size=56, embed_dim=96, num_heads=4), 56),  # packed SwiGLU, narrowed
+  # EVA-02 (timm's Eva): 2-D rotary positions, SwiGLU packed / split, sub-LayerNorms, no key bias; at 112 px the rotary
+  # positions are rescaled to the 16 x 16 reference grid (the name passed to from_timm gives the image size)
+  ("eva02_tiny_patch14_224", dict(img_size=112), 112),
+  ("eva02_small_patch14_224", {}, 224),
+  ("eva02_base_patch14_224", dict(embed_dim=96, num_heads=4), 224),
+  ("eva02_base_patch16_clip_224", dict(embed_dim=96, num_heads=4), 224),
+  # SigLIP 2's image towers (vit_*_siglip_*.v2_webli), narrowed to 128 wide, 16 heads
+  ("vit_so400m_patch16_siglip_256", dict(embed_dim=128), 256),
+  ("vit_giantopt_patch16_siglip_256", dict(embed_dim=128), 256),
+  ("vit_so400m_patch14_siglip_gap_224", dict(embed_dim=128), 224),
 ]
 
 
@@ -38,10 +48,8 @@ def main():
   # isort: on
 
   print(f"timm {timm.__version__}, torch {torch.__version__}, jax {jax.__version__}")
-  print(
-    "| timm model | px | registers | LayerScale | QK-norm | ffn | table rows for cls/registers | pool | rel. error | export |"
-  )
-  print("| --- | ---: | ---: | --- | --- | --- | --- | --- | ---: | --- |")
+  print("| timm model | px | registers | LayerScale | QK-norm | ffn | rope | act | pool | rel. error | export |")
+  print("| --- | ---: | ---: | --- | --- | --- | --- | --- | --- | ---: | --- |")
   for name, kw, hw in CASES:
     torch.manual_seed(0)
     model = timm.create_model(name, pretrained=False, depth=2, num_classes=5, **kw).eval()
@@ -49,23 +57,23 @@ def main():
       for p in model.parameters():
         p.add_(0.02 * torch.randn_like(p))
     sd = {k: v.numpy() for k, v in model.state_dict().items()}
-    module, variables = convert.from_timm(name, sd, num_heads=kw.get("num_heads"))
+    module, variables = convert.from_timm(name.replace("_224", f"_{hw}"), sd, num_heads=kw.get("num_heads"))
     x = np.random.RandomState(1).randn(2, 3, hw, hw).astype(np.float32)
     with torch.no_grad():
       want = model(torch.from_numpy(x)).numpy()
     got = np.asarray(jax.jit(module.apply)(variables, x.transpose(0, 2, 3, 1))[0])
     rel = np.abs(got - want).max() / np.abs(want).max()
-    exported = "not written (timm's SwiGLU is a class argument)"
-    if module.ffn == "mlp":
-      state_dict, cfg = convert.to_timm(module, variables, (hw, hw))
-      back = convert.build_timm(cfg).eval()
-      back.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in state_dict.items()}, strict=True)
-      with torch.no_grad():
-        exported = f"timm strict, max diff {np.abs(back(torch.from_numpy(x)).numpy() - want).max():.1e}"
-    ls = module.init_values is not None
+    state_dict, cfg = convert.to_timm(module, variables, (hw, hw))
+    back = convert.build_timm(cfg).eval()
+    back.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in state_dict.items()}, strict=True)
+    with torch.no_grad():
+      diff = np.abs(back(torch.from_numpy(x)).numpy() - want).max() / np.abs(want).max()
+    exported = f"timm's {type(back).__name__}, strict, rel. diff {diff:.1e}"
+    ls, rope = module.init_values is not None, module.rope and f"{module.rope} {tuple(module.rope_grid)}"
     print(
-      f"| {name}{' qk_norm' if kw.get('qk_norm') else ''} | {hw} | {module.num_registers} | {ls} | {module.qk_norm} | {module.ffn} | "
-      f"{module.class_posemb} | {module.pool_type} | {rel:.2e} | {exported} |"
+      f"| {name}{' qk_norm' if kw.get('qk_norm') else ''} | {hw} | {module.num_registers} | {ls} | {module.qk_norm} | "
+      f"{module.ffn}{' + sub-LN' if module.ffn_norm else ''} | {rope} | {module.act} | {module.pool_type} | {rel:.2e} | "
+      f"{exported} |"
     )
 
 

@@ -215,13 +215,10 @@ def test_not_cached_offline_and_unknown_layouts_are_one_line(hub_cache):
   with pytest.raises(ConfigError, match=r"^hf:timm/resnet50.a1_in1k: timm's 'resnet50' is not a model vitjax reads"):
     convert.load_params("hf:timm/resnet50.a1_in1k")  # before it fetches the weights
   # a ViT's kin vitjax does not build: the refusal names what it needs
-  cache_repo(
-    hub_cache, "timm/vit_base_patch16_dinov3.lvd1689m", {"config.json": {"architecture": "vit_base_patch16_dinov3"}}
-  )
-  with pytest.raises(
-    ConfigError, match=r"'vit_base_patch16_dinov3' needs DINOv3's rotary embedding .*, which vitjax does"
-  ):
-    convert.load_params("hf:timm/vit_base_patch16_dinov3.lvd1689m")
+  rope_vit = "vit_base_patch16_rope_224"
+  cache_repo(hub_cache, f"timm/{rope_vit}.naver_in1k", {"config.json": {"architecture": rope_vit}})
+  with pytest.raises(ConfigError, match=rf"'{rope_vit}' needs rotary positions without a position table"):
+    convert.load_params(f"hf:timm/{rope_vit}.naver_in1k")
   with pytest.raises(ConfigError, match="a hub repository has one set of weights"):
     vitjax.load("hf:someone/no-weights", weights="ema")
 

@@ -300,6 +300,7 @@ def test_imported_timm_weights_are_evaluated_with_their_own_preprocessing(refs):
   [
     ("dinov2_s14", "vit_small_patch14_dinov2"),
     ("dinov2_s14_reg4", "vit_small_patch14_reg4_dinov2"),
+    ("dinov3_s16", "vit_small_patch16_dinov3"),
     ("deit3_s16", "deit3_small_patch16_224"),
     ("eva02_ti14", "eva02_tiny_patch14_224"),
     ("eva02_b14", "eva02_base_patch14_224"),
@@ -317,7 +318,8 @@ def test_a_backbones_name_builds_the_architecture_timm_builds(refs, vitjax_name,
   shapes = jax.eval_shape(built.init, jax.random.key(0), jax.numpy.zeros((1, px, px, 3)))["params"]
   assert jax.tree_util.tree_map(np.shape, shapes) == jax.tree_util.tree_map(np.shape, variables["params"])
   # (not act: timm builds SigLIP with exact GELU, big_vision trained it with the tanh form, which the name keeps)
-  fields = ("num_registers", "class_posemb", "qk_norm", "ffn", "ffn_norm", "rope", "key_bias", "pool_type")
+  fields = ("num_registers", "qk_norm", "ffn", "ffn_norm", "rope", "key_bias", "pool_type", "posemb", "qkv_bias")
+  fields += () if built.posemb == "none" else ("class_posemb",)  # (without a table it says nothing)
   assert {f: getattr(built, f) for f in fields} == {f: getattr(read, f) for f in fields}
   assert (built.rope_grid is None) == (read.rope_grid is None)
 
@@ -352,3 +354,26 @@ def test_siglip2_image_towers_match_timm(refs, name, px, want):
   assert (module.pool_type, module.act, module.num_heads) == (*want, 16)
   _compare(refs, model, module, variables, (px, px))
   _exports_back(refs, model, module, variables, px, "vit")
+
+
+@pytest.mark.parametrize(
+  "name,ffn",
+  [
+    ("vit_small_patch16_dinov3", "mlp"),  # no qkv bias
+    ("vit_small_patch16_dinov3_qkvb", "mlp"),  # q and v biases, none on the keys
+    ("vit_small_plus_patch16_dinov3", "swiglu"),  # SwiGLU, its two halves apart
+  ],
+)
+def test_dinov3_matches_timm_at_any_image_size(refs, name, ffn):
+  """DINOv3 (timm's Eva): its rotary embedding alone gives the positions (patch centres in [-1, 1], the half layout,
+  periods 100^(2j / (K / 2))), 4 registers, LayerScale, LayerNorm epsilon 1e-5; timm builds it for any image size, so
+  one set of weights at 224 px and at a 160 x 96 image."""
+  model = _random_timm(refs, name, depth=2, num_classes=5)
+  module, variables = convert.from_timm(name, {k: v.numpy() for k, v in model.state_dict().items()})
+  got = (module.rope, module.posemb, module.num_registers, module.ffn, module.layernorm_eps)
+  assert got == ("dinov3", "none", 4, ffn, 1e-5)
+  for hw in ((224, 224), (160, 96)):
+    _compare(refs, model, module, variables, hw)
+  assert _rel_error(refs, model, module.clone(rope=None), variables, (224, 224)) > 3 * TOL
+  with pytest.raises(ValueError, match="posemb='none'"):  # timm's Eva from arguments the export cannot write
+    convert.to_timm(module, variables, (224, 224))

@@ -342,19 +342,24 @@ def dot_product_attention(
 QK_NORMS = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}  # MultiHeadAttention.qk_norm
 
 
-def apply_rope(x: Array, rope: tuple[Array, Array]) -> Array:
+def apply_rope(x: Array, rope: tuple[Array, Array], half: bool = False) -> Array:
   """Turns each pair of channels (2i, 2i + 1) of x [B, T, H, K] by the angles of rope = (sin, cos).
 
-  sin and cos are [T, K], or [B, T, K] (a subset of patches per example). x * cos + rot(x) * sin, rot(x) = (-x1, x0, -x3, x2, ...): rotary position embedding in the interleaved layout
-  (vitjax.posenc.rope_2d). Computed in float32, returned in x's dtype. A row with sin 0 and cos 1 leaves its token as it
-  is, exactly.
+  sin and cos are [T, K], or [B, T, K] (a subset of patches per example). x * cos + rot(x) * sin with rot(x) = (-x1,
+  x0, -x3, x2, ...): rotary position embedding in the interleaved layout (vitjax.posenc.rope_2d); half: in the "half"
+  layout instead, channel i with i + K/2, rot(x) = (-x[K/2:], x[:K/2]) (DINOv3's). Computed in float32, returned in
+  x's dtype. A row with sin 0 and cos 1 leaves its token as it is, exactly.
   """
   sin, cos = (jnp.asarray(t, jnp.float32)[..., None, :] for t in rope)
   if sin.shape[-3] != x.shape[1] or sin.shape[-1] != x.shape[-1]:
     raise ValueError(f"rotary embedding of {sin.shape[-3]} tokens x {sin.shape[-1]} features for inputs {x.shape}")
   y = x.astype(jnp.float32)
-  pairs = y.reshape(*y.shape[:-1], -1, 2)
-  turned = jnp.stack([-pairs[..., 1], pairs[..., 0]], -1).reshape(y.shape)
+  if half:
+    first, second = jnp.split(y, 2, axis=-1)
+    turned = jnp.concatenate([-second, first], axis=-1)
+  else:
+    pairs = y.reshape(*y.shape[:-1], -1, 2)
+    turned = jnp.stack([-pairs[..., 1], pairs[..., 0]], -1).reshape(y.shape)
   return (y * cos + turned * sin).astype(x.dtype)
 
 
@@ -406,6 +411,7 @@ class MultiHeadAttention(nn.Module):
   qk_norm: str | None = None
   qk_norm_eps: float = 1e-6
   inner_norm: bool = False
+  rope_half: bool = False
 
   @nn.compact
   def __call__(
@@ -423,7 +429,8 @@ class MultiHeadAttention(nn.Module):
     kernels) is read in one place; the projections (_project) and the output (_output) are apart.
 
     mask: boolean, broadcastable to [B, H, T, S] (True = attend). bias: broadcastable to [B, H, T, S].
-    rope: (sin, cos) [T, K] turn the queries and keys (apply_rope) after qk_norm, before they meet (self-attention).
+    rope: (sin, cos) [T, K] turn the queries and keys (apply_rope; rope_half: its half layout) after qk_norm, before
+      they meet (self-attention).
     """
     d = inputs_q.shape[-1]
     if d % self.num_heads and (self.qk_features is None or self.v_features is None):
@@ -492,7 +499,7 @@ class MultiHeadAttention(nn.Module):
     if rope is not None:
       if inputs_kv is not None or self.decode:
         raise ValueError("rotary position embedding (rope) is for self-attention without a KV cache")
-      q, k = apply_rope(q, rope), apply_rope(k, rope)
+      q, k = apply_rope(q, rope, self.rope_half), apply_rope(k, rope, self.rope_half)
     return q, k, v
 
   def _output(self, x: Array, d: int) -> Array:

@@ -148,7 +148,6 @@ _TIMM_NEEDS = (
     r"_rope_",
     "rotary positions without a position table, or in the 'xy' and 'mixed' forms (vitjax: EVA-02's, beside one)",
   ),
-  (r"dinov3|lingbot|sapiens2", "DINOv3's rotary embedding (its coordinates in [-1, 1], rotate-half)"),
   (r"^vit_pe_", "the Perception Encoder's rotary embedding and attention pooling"),
   (r"^naflexvit", "NaFlex's patches of any aspect ratio, packed with masks (issue 78)"),
   (r"^deit_.*distilled", "DeiT's distillation token"),
@@ -171,7 +170,8 @@ def from_hub(spec: str):
     raise ConfigError(
       f"{spec}: timm's {arch!r} "
       + (f"needs {needs}, which vitjax does not build" if needs else "is not a model vitjax reads")
-      + " (it reads timm's vit_SIZE_patchP_*, deit3_*, vit_SIZE_patch14_[reg4_]dinov2, eva02_SIZE_patchP_* and swin_*)"
+      + " (it reads timm's vit_SIZE_patchP_*, deit3_*, vit_SIZE_patch14_[reg4_]dinov2, vit_SIZE_patch16_dinov3, eva02_SIZE_patchP_* "
+      "and swin_*)"
     )
   path = repo.weights_file()
   sd = _read_state_dict(spec, path)

@@ -169,6 +169,7 @@ class _BlockBase(nn.Module):
   ffn_norm: the feed-forward's sub-LayerNorm on its hidden features (FeedForward.inner_norm; EVA-02-B/L).
   attn_norm: every attention's sub-LayerNorm on its heads' outputs (MultiHeadAttention.inner_norm; EVA-02 CLIP).
   key_bias: False: no bias on the attention's keys, where qkv_bias gives queries and values one (EVA-02).
+  rope_half: the rotary embedding given to the attention is in the half layout (DINOv3's; apply_rope).
   """
 
   num_heads: int
@@ -188,6 +189,7 @@ class _BlockBase(nn.Module):
   ffn_norm: bool = False
   attn_norm: bool = False
   key_bias: bool = True
+  rope_half: bool = False
 
   def _attention(self, name: str, decode: bool = False) -> MultiHeadAttention:
     return MultiHeadAttention(
@@ -202,6 +204,7 @@ class _BlockBase(nn.Module):
       qk_norm_eps=self.layernorm_eps,
       inner_norm=self.attn_norm,
       key_bias=self.key_bias,
+      rope_half=self.rope_half,
       name=name,
     )
 

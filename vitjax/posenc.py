@@ -47,6 +47,7 @@ def rope_2d(
   temperature: float = 10000.0,
   ref_grid: Sequence[int] | None = None,
   prefix: int = 0,
+  kind: str = "axial",
 ) -> tuple[np.ndarray, np.ndarray]:
   """EVA-02's axial 2-D rotary position embedding (Fang et al. 2023; timm's RotaryEmbeddingCat): (sin, cos).
 
@@ -56,19 +57,30 @@ def rope_2d(
   grid spans this one (EVA's ref_feat_shape: a model pre-trained at 16 x 16 patches keeps its range at 32 x 32);
   None: a patch's position is its index. The `prefix` rows (class token, registers) do not turn: sin 0, cos 1.
   Computed in float32, as timm computes it.
+
+  kind "dinov3" is DINOv3's instead (Simeoni et al. 2025; timm's RotaryEmbeddingDinoV3): positions are the patches'
+  centres scaled to [-1, 1] along each axis (any grid spans the same range: ref_grid is not used), the angles 2 pi x
+  position / temperature^(2j / (head_dim / 2)), and the layout is the "half" one: channel i turns with i + head_dim / 2
+  (apply_rope(..., half=True)).
   """
   if head_dim % 4:
     raise ValueError(f"2-D rotary position embedding needs a head size divisible by 4, got {head_dim}")
   bands = head_dim // 4
   f32 = np.float32
-  freqs = (f32(1) / f32(temperature) ** (np.arange(bands, dtype=f32) / f32(bands))).astype(f32)
-  axes = [np.arange(n, dtype=f32) for n in grid]
-  if ref_grid is not None:
-    axes = [(t / f32(n) * f32(r)).astype(f32) for t, n, r in zip(axes, grid, ref_grid)]
+  if kind == "dinov3":
+    axes = [(f32(2) * ((np.arange(n, dtype=f32) + f32(0.5)) / f32(n)) - f32(1)).astype(f32) for n in grid]
+    periods = (f32(temperature) ** (f32(2) * np.arange(bands, dtype=f32) / f32(head_dim // 2))).astype(f32)
+    freqs = (f32(2 * np.pi) / periods).astype(f32)
+  else:
+    freqs = (f32(1) / f32(temperature) ** (np.arange(bands, dtype=f32) / f32(bands))).astype(f32)
+    axes = [np.arange(n, dtype=f32) for n in grid]
+    if ref_grid is not None:
+      axes = [(t / f32(n) * f32(r)).astype(f32) for t, n, r in zip(axes, grid, ref_grid)]
   rows, cols = np.meshgrid(*axes, indexing="ij")
   angle = np.stack([rows, cols], -1)[..., None] * freqs  # [h, w, 2, bands]
   angle = angle.reshape(-1, 2 * bands)
-  sin, cos = np.repeat(np.sin(angle), 2, -1), np.repeat(np.cos(angle), 2, -1)  # [h * w, head_dim], interleaved
+  expand = (lambda a: np.concatenate([a, a], -1)) if kind == "dinov3" else (lambda a: np.repeat(a, 2, -1))
+  sin, cos = expand(np.sin(angle)), expand(np.cos(angle))  # [h * w, head_dim]: half or interleaved
   sin = np.concatenate([np.zeros((prefix, head_dim), f32), sin]).astype(f32)
   cos = np.concatenate([np.ones((prefix, head_dim), f32), cos]).astype(f32)
   return sin, cos

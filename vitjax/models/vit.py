@@ -27,7 +27,7 @@ from vitjax.posenc import LearnedPositionEmbedding, rope_2d, sincos_2d
 
 Array = jax.Array
 POOL_TYPES = ("tok", "gap", "map", "none", "flatten", "tok_gap")
-ROPES = ("axial",)  # ViT.rope
+ROPES = ("axial", "dinov3")  # ViT.rope
 
 # name: (width, depth, mlp_dim, heads)
 VARIANTS = {
@@ -191,8 +191,8 @@ class ViT(nn.Module):
       the patches' average side by side, [B, 2D]: DINOv2's linear classifier), "none" (all tokens,
       [B, N, D], to the head), "flatten" (all tokens flattened to [B, N*D], then the head: "Flatten + Linear";
       the head's kernel [N*D, classes] fixes the number of tokens, so the image size, to the one it was built for).
-    posemb: "learn" (a learned table, covering the class token too, as the original ViT, unless not class_posemb) or
-      "sincos2d" (fixed, the patches only).
+    posemb: "learn" (a learned table, covering the class token too, as the original ViT, unless not class_posemb),
+      "sincos2d" (fixed, the patches only) or "none" (no table: DINOv3's, whose positions are rope's alone).
     posemb_grid: with posemb "learn", the patch grid of the table (say (37, 37), DINOv2's at 518 px / 14), which every
       call resamples to the input's grid (torch's antialiased bicubic: timm's dynamic_img_size): one model for any
       image size; None: the table is the input's grid at initialisation, and a call at another size is an error.
@@ -216,6 +216,7 @@ class ViT(nn.Module):
       embedding, vitjax.posenc.rope_2d; the class token and registers are not turned), on top of posemb; None: none.
       rope_temperature: its base frequency. rope_grid: the patch grid its positions span whatever the input's grid
       (EVA's ref_feat_shape, (16, 16) for EVA-02 at 224 px / 14); None: a patch's position is its index.
+      "dinov3": DINOv3's (positions in [-1, 1] on any grid, the half layout; rope_temperature 100, posemb "none").
     ffn_norm: a LayerNorm on the feed-forward's hidden features (EVA-02-B/L's sub-LayerNorm, "mlp/norm").
     attn_norm: a LayerNorm on the attention heads' outputs before their projection (EVA-02 CLIP's, "attn/norm").
     key_bias: False: the keys' projection has no bias where qkv_bias gives the queries' and values' one (EVA-02's).
@@ -348,8 +349,8 @@ class ViT(nn.Module):
     """
     b, _, d = x.shape
     prefix = [jnp.broadcast_to(t.astype(x.dtype), (b, t.shape[1], d)) for t in prefix]
-    if self.posemb not in ("learn", "sincos2d"):
-      raise ValueError(f"unknown posemb {self.posemb!r}; use 'learn' or 'sincos2d'")
+    if self.posemb not in ("learn", "sincos2d", "none"):
+      raise ValueError(f"unknown posemb {self.posemb!r}; use 'learn', 'sincos2d' or 'none'")
     rows = sum(t.shape[1] for t in prefix) if self.class_posemb else 0  # the table's rows before the patches'
     table = LearnedPositionEmbedding(grid=self.posemb_grid, prefix=rows, name="posembed")
     if self.posemb == "learn" and self.class_posemb:  # a row for each token
@@ -357,7 +358,7 @@ class ViT(nn.Module):
     else:  # the patches' positions, then the other tokens
       if self.posemb == "learn":
         x = table(x, (h, w))
-      else:
+      elif self.posemb == "sincos2d":
         x = x + jnp.asarray(sincos_2d(h, w, d), x.dtype)[None]
       x = jnp.concatenate([*prefix, x], axis=1) if prefix else x
     num_patches = h * w
@@ -376,7 +377,7 @@ class ViT(nn.Module):
     if self.rope not in ROPES:
       raise ValueError(f"unknown rope {self.rope!r}; use one of {', '.join(map(repr, ROPES))} or None")
     head_dim = self.width // self.num_heads
-    sin, cos = rope_2d(grid, head_dim, self.rope_temperature, self.rope_grid, prefix)
+    sin, cos = rope_2d(grid, head_dim, self.rope_temperature, self.rope_grid, prefix, kind=self.rope)
     if keep is None:
       return jnp.asarray(sin), jnp.asarray(cos)
     rows = jnp.concatenate([jnp.broadcast_to(jnp.arange(prefix), (keep.shape[0], prefix)), prefix + keep], axis=1)
@@ -401,6 +402,7 @@ class ViT(nn.Module):
       ffn_norm=self.ffn_norm,
       attn_norm=self.attn_norm,
       key_bias=self.key_bias,
+      rope_half=self.rope == "dinov3",
     )
     if self.rel_pos_bias:
       block_kwargs.update(rel_pos_grid=grid, rel_pos_cls_token=self.has_class_token)

@@ -2,7 +2,8 @@
 
     models.create("dinov2_s14_reg4")   # = ViT(width=384, ..., patch 14, init_values=1e-5, num_registers=4, ...)
 
-Names: dinov2_{s,b,l,g}14[_reg4], deit3_{s,b,l}16, deit3_h14, eva02_{ti,s,b,l}14, siglip_{b,l}16, siglip_so400m14.
+Names: dinov2_{s,b,l,g}14[_reg4], dinov3_{s,b,l}16, deit3_{s,b,l}16, deit3_h14, eva02_{ti,s,b,l}14, siglip_{b,l}16,
+siglip_so400m14.
 They are the architectures only: their weights load from the hub (vitjax.load("hf:timm/...")) or as config.init_from;
 fine-tuning a config of one such name starts from random weights unless init_from says where they are.
 """
@@ -21,6 +22,20 @@ _EVA02_MLP = {"ti": 512, "s": 1024, "b": 2048, "l": 2730}  # int(width * 8 / 3):
 # family: (its sizes and patch, its options); a size's own options after "|"
 FAMILIES = {
   "dinov2": ({"s": 14, "b": 14, "l": 14, "g": 14}, dict(init_values=1e-5)),
+  "dinov3": (
+    {"s": 16, "b": 16, "l": 16},
+    dict(
+      init_values=1e-5,
+      num_registers=4,
+      qkv_bias=False,
+      rope="dinov3",
+      rope_temperature=100.0,
+      posemb="none",
+      layernorm_eps=1e-5,
+      class_token=True,
+      pool_type="gap",
+    ),
+  ),
   "deit3": ({"s": 16, "b": 16, "l": 16, "h": 14}, dict(init_values=1e-6, class_posemb=False)),
   "eva02": (
     {"ti": 14, "s": 14, "b": 14, "l": 14},
@@ -38,7 +53,7 @@ FAMILIES = {
   "siglip": ({"b": 16, "l": 16, "so400m": 14}, dict(pool_type="map", act="gelu_tanh")),
 }
 _NAME = re.compile(
-  r"^(?P<family>dinov2|deit3|eva02|siglip)_(?P<size>ti|s|b|l|h|g|so400m)(?P<patch>\d+)(?:_reg(?P<reg>\d+))?$"
+  r"^(?P<family>dinov2|dinov3|deit3|eva02|siglip)_(?P<size>ti|s|b|l|h|g|so400m)(?P<patch>\d+)(?:_reg(?P<reg>\d+))?$"
 )
 
 

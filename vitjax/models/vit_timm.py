@@ -25,14 +25,18 @@ from vitjax.models import vit as vit_lib
 # eva02_SIZE_patchP_[clip_]IMAGE (EVA-02, timm's Eva: 2-D rotary positions over a 16 x 16 reference grid); SigLIP 2's
 # image towers are timm's vit_*_siglip_* too (their .v2_webli weights), with the sizes so400m and giantopt
 NAMES = re.compile(
-  r"^(?:vit|deit3|(?P<eva02>eva02))_(?P<size>tiny|small|medium|base|large|huge|giant|so400m|giantopt)_patch(?P<patch>\d+)_"
-  r"(?:(?:clip|gap|siglip|reg\d+)_)*(?:(?P<image>\d+)|dinov2)"
+  r"^(?:vit|deit3|(?P<eva02>eva02))_(?P<size>tiny|small|small_plus|medium|base|large|huge|huge_plus|giant|so400m|giantopt)"
+  r"_patch(?P<patch>\d+)_(?:(?:clip|gap|siglip|reg\d+)_)*(?:(?P<image>\d+)|dinov2|(?P<dinov3>dinov3))"
 )
 EVA02_ROPE = dict(rope="axial", rope_grid=(16, 16))  # every EVA-02's (timm's ref_feat_shape: 224 px / 14)
 _SIZES = {"tiny": "Ti", "small": "S", "medium": "M", "base": "B", "large": "L", "huge": "H"}
 # heads of the sizes VARIANTS lacks: DINOv2's giant (1536 wide; not the ViT-g of Zhai et al.), SigLIP's so400m (1152)
 # and SigLIP 2's giantopt (1536)
-_HEADS = {"giant": 24, "so400m": 16, "giantopt": 16}
+_HEADS = {"giant": 24, "so400m": 16, "giantopt": 16, "small_plus": 6, "huge_plus": 20}  # (and DINOv3's S+, H+)
+# DINOv3 (timm's Eva): its rotary embedding alone gives positions; LayerNorm's epsilon 1e-5; timm averages the patches
+DINOV3 = dict(
+  rope="dinov3", rope_temperature=100.0, posemb="none", layernorm_eps=1e-5, pool_type="gap", class_token=True
+)
 # the SigLIP towers timm builds with the tanh GELU (SigLIP 2's new shapes); every other ViT here: exact GELU
 GELU_TANH = re.compile(
   r"^vit_(base_patch32_siglip|giantopt_patch16_siglip|large_patch16_siglip(_gap)?_512|so400m_patch16)"
@@ -87,6 +91,8 @@ def _read(m: re.Match, r: u.Reader, num_heads: int | None):
     cfg["act"] = "gelu_tanh"
   if m["eva02"]:
     cfg.update(EVA02_ROPE)
+  if m["dinov3"]:  # any image size (timm builds it with dynamic_img_size); 224 px, its pretrained configs'
+    return vit_lib.ViT(**(cfg | DINOV3)), out, (224, 224)
   if m["image"]:  # the name's image size, as timm builds it
     return vit_lib.ViT(**cfg), out, (int(m["image"]),) * 2
   rows = out["posembed/pos_embedding"].shape[1]  # DINOv2's names give none: its table's grid does (518 px)
@@ -141,7 +147,8 @@ def read_vit(r: u.Reader, heads: int, grid: int | None = None) -> tuple[dict, di
     out["cls"] = r("cls_token")
   if "reg_token" in r:
     out["registers"] = r("reg_token")
-  out["posembed/pos_embedding"] = r("pos_embed")
+  if "pos_embed" in r:  # (DINOv3 has none)
+    out["posembed/pos_embedding"] = r("pos_embed")
   for i in range(depth):
     _read_block(r, f"blocks.{i}", f"encoder/block_{i}", heads, cfg, ffn, out)
   u.norm(r, "fc_norm" if cfg["fc_norm"] else "norm", "fc_norm" if cfg["fc_norm"] else "encoder/final_norm", out)
@@ -216,6 +223,8 @@ def _read_tokens(r: u.Reader, cfg: dict, grid: int | None) -> None:
     cfg["init_values"] = 1e-5
   if "blocks.0.attn.q_norm.weight" in r:  # timm's qk_norm: its blocks' LayerNorm on each head's queries and keys
     cfg["qk_norm"] = "layernorm"
+  if "pos_embed" not in r:
+    return
   rows = r.arrays["pos_embed"].shape[1]
   square = lambda n: n >= 0 and math.isqrt(n) ** 2 == n
   patches_only = rows == grid * grid if grid else square(rows) and not square(rows - prefix)
@@ -258,6 +267,9 @@ def write(module, p: dict, image_size) -> tuple[dict, dict]:
     layernorm_eps=(1e-6,),  # timm's LayerNorm; its arguments hold no other
     qk_norm=(None, "layernorm"),  # timm's is its blocks' LayerNorm
     **(dict(act=("silu",) if module.ffn == "swiglu" else ("gelu",)) if eva else {}),  # Eva's are fixed
+    posemb=("learn", "sincos2d"),  # (DINOv3's positions are its rotary embedding's alone: timm's Eva from arguments
+    # vitjax does not write, with LayerNorm's epsilon 1e-5, which timm's arguments cannot hold)
+    **(dict(rope=(None, "axial")) if eva else {}),
     # Eva's keys have no bias, which with rope or qk_norm matters (Eva's attention pool's MLP is GELU's, whatever the
     # blocks' feed-forward)
     **(dict(key_bias=(False,)) if eva and (module.rope or module.qk_norm) and module.qkv_bias else {}),

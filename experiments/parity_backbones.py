@@ -37,6 +37,10 @@ CASES = [  # timm name, create_model's arguments, image side
   ("vit_so400m_patch16_siglip_256", dict(embed_dim=128), 256),
   ("vit_giantopt_patch16_siglip_256", dict(embed_dim=128), 256),
   ("vit_so400m_patch14_siglip_gap_224", dict(embed_dim=128), 224),
+  # DINOv3: rotary positions alone (patch centres in [-1, 1], the half layout), registers, LayerScale, any size
+  ("vit_small_patch16_dinov3", {}, 224),
+  ("vit_small_patch16_dinov3_qkvb", {}, 160),
+  ("vit_small_plus_patch16_dinov3", {}, 224),
 ]
 
 
@@ -57,18 +61,23 @@ def main():
       for p in model.parameters():
         p.add_(0.02 * torch.randn_like(p))
     sd = {k: v.numpy() for k, v in model.state_dict().items()}
-    module, variables = convert.from_timm(name.replace("_224", f"_{hw}"), sd, num_heads=kw.get("num_heads"))
+    timm_name = name if "dinov3" in name else name.replace("_224", f"_{hw}")  # (DINOv3: any size, the name none)
+    module, variables = convert.from_timm(timm_name, sd, num_heads=kw.get("num_heads"))
     x = np.random.RandomState(1).randn(2, 3, hw, hw).astype(np.float32)
     with torch.no_grad():
       want = model(torch.from_numpy(x)).numpy()
     got = np.asarray(jax.jit(module.apply)(variables, x.transpose(0, 2, 3, 1))[0])
     rel = np.abs(got - want).max() / np.abs(want).max()
-    state_dict, cfg = convert.to_timm(module, variables, (hw, hw))
-    back = convert.build_timm(cfg).eval()
-    back.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in state_dict.items()}, strict=True)
-    with torch.no_grad():
-      diff = np.abs(back(torch.from_numpy(x)).numpy() - want).max() / np.abs(want).max()
-    exported = f"timm's {type(back).__name__}, strict, rel. diff {diff:.1e}"
+    try:
+      state_dict, cfg = convert.to_timm(module, variables, (hw, hw))
+    except ValueError as e:  # what timm's arguments cannot hold (DINOv3's)
+      exported = f"refused: {e}"
+    else:
+      back = convert.build_timm(cfg).eval()
+      back.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in state_dict.items()}, strict=True)
+      with torch.no_grad():
+        diff = np.abs(back(torch.from_numpy(x)).numpy() - want).max() / np.abs(want).max()
+      exported = f"timm's {type(back).__name__}, strict, rel. diff {diff:.1e}"
     ls, rope = module.init_values is not None, module.rope and f"{module.rope} {tuple(module.rope_grid)}"
     print(
       f"| {name}{' qk_norm' if kw.get('qk_norm') else ''} | {hw} | {module.num_registers} | {ls} | {module.qk_norm} | "

@@ -160,11 +160,11 @@ class ImageClassification:
     return self._preprocess
 
   def _channels(self) -> int | None:
-    """The training split's channels (None where the split is not there: describe() says so)."""
+    """The training split's channels (None where the dataset or split is not there: describe() says so)."""
     d = self.config.data
     try:
       return data_lib.split_info(d.name, d.train_split, d.data_dir)["channels"]
-    except ValueError:
+    except (ValueError, FileNotFoundError):  # (DatasetNotPreparedError is a FileNotFoundError)
       return None
 
   # -- interface

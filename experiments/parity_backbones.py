@@ -78,7 +78,7 @@ def main():
       with torch.no_grad():
         diff = np.abs(back(torch.from_numpy(x)).numpy() - want).max() / np.abs(want).max()
       exported = f"timm's {type(back).__name__}, strict, rel. diff {diff:.1e}"
-    ls, rope = module.init_values is not None, module.rope and f"{module.rope} {tuple(module.rope_grid)}"
+    ls, rope = module.init_values is not None, module.rope and f"{module.rope} {module.rope_grid or ''}".strip()
     print(
       f"| {name}{' qk_norm' if kw.get('qk_norm') else ''} | {hw} | {module.num_registers} | {ls} | {module.qk_norm} | "
       f"{module.ffn}{' + sub-LN' if module.ffn_norm else ''} | {rope} | {module.act} | {module.pool_type} | {rel:.2e} | "

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import train_helpers as th
 
-from vitjax import convert, models
+from vitjax import convert, models, paths
 
 GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden")
 TOL = 1e-5  # max |difference| <= TOL * max |logit|
@@ -262,7 +262,7 @@ def test_a_safetensors_write_that_fails_leaves_neither_a_temporary_nor_a_target_
   def fail(tmp, dst):
     raise OSError("disk full")
 
-  monkeypatch.setattr(convert, "publish", fail)
+  monkeypatch.setattr(paths, "publish", fail)
   with pytest.raises(OSError, match="disk full"):
     convert.save_safetensors(str(path), {"w": np.ones((2, 2), np.float32)})
   assert os.listdir(tmp_path) == ["m.safetensors"] and path.read_bytes() == b"old"

@@ -167,7 +167,8 @@ def _show(ax, image, overlay=None, title=None):
 
 
 def _save(fig, path) -> str:
-  fig.savefig(path, dpi=90, bbox_inches="tight")
+  with paths.replacing(path) as f:
+    fig.savefig(f, dpi=90, bbox_inches="tight", format="png")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
   plt.close(fig)

@@ -10,7 +10,7 @@ activation its source was trained with (timm and Microsoft's Swin: exact GELU; t
 flax's tanh-approximated GELU).
 
     module, variables = from_timm("vit_base_patch16_224", safetensors.numpy.load_file("model.safetensors"))
-    module, variables = from_swin(torch.load("swin_tiny_patch4_window7_224.pth"))   # Microsoft's or timm's
+    module, variables = from_swin(torch.load("swin_tiny_patch4_window7_224.pth", weights_only=True))   # Microsoft's or timm's
     module, variables = from_vit_npz("ViT-B_16.npz")           # original ViT, big_vision, SigLIP (img tower)
     module, variables = from_hf(load_file("model.safetensors"), json.load(open("config.json")))  # transformers
     module, variables, repo = from_hub("hf:google/vit-base-patch16-224")   # by name, through the hub's cache
@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pickle
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -36,7 +37,7 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from vitjax import hub, models
+from vitjax import hub, models, paths
 from vitjax.errors import ConfigError
 from vitjax.models import convert_util as u
 from vitjax.models import registry, vit_hybrid_timm
@@ -52,7 +53,7 @@ def from_timm(timm_name: str, state_dict: Mapping[str, Any], num_heads: int | No
   """(module, variables) for a timm ViT or Swin, e.g. "vit_base_patch16_224", "swin_tiny_patch4_window7_224".
 
   state_dict: parameter name -> array (numpy or torch), e.g. `safetensors.numpy.load_file(...)` or
-  `torch.load(...)` (a training checkpoint {'model': state_dict, ...} is unwrapped). The pretrained tag after a
+  `torch.load(..., weights_only=True)` (a training checkpoint {'model': state_dict, ...} is unwrapped). The pretrained tag after a
   dot ("vit_base_patch16_224.augreg_in21k") is ignored. ViT: `num_heads`, or else the name, gives the heads (the
   weights cannot: pass it for a model whose head count no timm name has, e.g. one vitjax exported: its `.json` holds
   it), the weights the rest. Swin: the weights give everything, in timm's layout or Microsoft's (see from_swin).
@@ -279,26 +280,8 @@ def save_safetensors(path: str, state_dict: Mapping[str, Any], metadata: dict[st
       "flatten parameters with vitjax.models.convert_util.flat_params"
     )
   arrays = {k: np.ascontiguousarray(u.to_numpy(v), dtype=np.float32) for k, v in state_dict.items()}
-  tmp = f"{path}.tmp{os.getpid()}"
-  try:
+  with paths.replacing(path, None, suffix=".safetensors") as tmp:
     save_file(arrays, tmp, metadata=metadata)
-    publish(tmp, path)
-  except BaseException:
-    if os.path.isfile(tmp):
-      os.remove(tmp)
-    raise
-
-
-def publish(tmp: str, path: str) -> None:
-  """Moves a finished temporary file onto `path` (atomically) with an ordinary file's mode.
-
-  The mode is 0666 less the umask (0644 by default), since some writers (safetensors) create theirs readable by the
-  owner only.
-  """
-  umask = os.umask(0)
-  os.umask(umask)
-  os.chmod(tmp, 0o666 & ~umask)
-  os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------------------------------- init_from
@@ -451,14 +434,33 @@ def _read_state_dict(what: str, path: str) -> dict:
       import torch  # a .pth / .bin state dict
     except ImportError:
       raise ConfigError(f"reading {path} needs torch (pip install torch), or convert it to .safetensors") from None
+    _check_torch(torch.__version__, path)
     return torch.load(path, map_location="cpu", weights_only=True)
   except ConfigError:
     raise
+  except pickle.UnpicklingError:  # torch's weights_only refusal: the pickle names code or objects beyond tensors
+    raise ConfigError(
+      f"{what}: {path} carries code (its pickle calls functions or builds objects beyond tensors), and vitjax will "
+      "not run it; get the weights as .safetensors, or ask who made the file"
+    ) from None
   except Exception as e:  # a truncated or garbage file
     raise ConfigError(
       f"{what}: {path} is not a readable {os.path.splitext(path)[1] or 'weights'} file "
       f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
     ) from None
+
+
+TORCH_SAFE = (2, 6)  # the first torch whose weights_only load runs no code (CVE-2025-32434)
+
+
+def _check_torch(version: str, path: str) -> None:
+  """ConfigError for a torch whose `weights_only` load can still run a pickle's code."""
+  have = tuple(int(n) for n in re.findall(r"\d+", version)[:2])
+  if have < TORCH_SAFE:
+    raise ConfigError(
+      f"{path} is a pickle, which can carry code; torch {version} can run it even with weights_only=True "
+      "(CVE-2025-32434): install torch>=2.6, or get the weights as .safetensors"
+    )
 
 
 def _load_error(spec: str, path: str, e: Exception) -> Exception:

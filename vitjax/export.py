@@ -71,21 +71,18 @@ def export(workdir: str, fmt: str, out: str, checkpoint: str = "best", weights: 
     raise ConfigError(f"--format={fmt}: {e}") from None
   folder = os.path.dirname(os.path.abspath(out))
   created, new = paths.missing_folders(folder), [f for f in files if not os.path.exists(f)]
-  tmp = out + ".tmp.npz" if fmt == "npz" else side + ".tmp"
   try:
     os.makedirs(folder, exist_ok=True)
     if fmt == "npz":
-      np.savez(tmp, **arrays)
-      convert.publish(tmp, out)
+      with paths.replacing(out) as f:
+        np.savez(f, **arrays)
       return [out]
-    with open(tmp, "w") as f:
-      json.dump(cfg, f, indent=1)
     meta = {"vitjax_workdir": os.path.abspath(workdir), "vitjax_step": str(trained.step), "vitjax_weights": weights}
     convert.save_safetensors(out, state_dict, meta)  # (atomic: it removes its own temporary file if it fails)
-    convert.publish(tmp, side)
+    paths.write_text(side, json.dumps(cfg, indent=1))
     return [out, side]
   except OSError as e:
-    for path in [tmp, *new]:
+    for path in new:
       if os.path.isfile(path):
         os.remove(path)
     if created:

@@ -180,7 +180,8 @@ def draw(runs: list[Run], metrics: list[str], out: str, xs=None, xlabel: str = "
     fig.suptitle(title)
   fig.tight_layout()
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-  fig.savefig(out, dpi=110)
+  with paths.replacing(out) as f:
+    fig.savefig(f, dpi=110, format=os.path.splitext(out)[1][1:] or "png")
   plt.close(fig)
   return out
 

@@ -8,7 +8,6 @@ the unknown token; a line longer than the model's max_len tokens is truncated, w
 the line. --method=greedy or --method=sample (with --temperature, --top_k) replace beam search.
 """
 
-import os
 import sys
 
 from absl import flags
@@ -74,13 +73,9 @@ def _write(path: str | None, text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()
     return
-  existed = os.path.exists(path)
   try:
-    with open(path, "w", encoding="utf-8") as f:
-      f.write(text)
+    paths.write_text(path, text)
   except OSError as e:
-    if not existed and os.path.isfile(path):
-      os.remove(path)
     raise ConfigError(
       f"--output={path}: cannot write it ({e.strerror}); give another --output, in a writable folder with room"
     ) from None

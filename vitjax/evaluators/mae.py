@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vitjax import mesh as mesh_lib
+from vitjax import paths
 from vitjax.data import device_ops
 from vitjax.errors import ConfigError
 from vitjax.models.mae import patchify, unpatchify
@@ -99,8 +100,8 @@ def _draw(images, pred, mask, grid, patch, path: str) -> None:
   pil = PIL.Image.fromarray(pixels[..., 0] if channels == 1 else pixels)
   pil = pil.resize((pil.width * scale, pil.height * scale), PIL.Image.NEAREST)
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  pil.save(path + ".tmp.png")
-  os.replace(path + ".tmp.png", path)
+  with paths.replacing(path) as f:
+    pil.save(f, format="PNG")
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4, 5, 6, 7))

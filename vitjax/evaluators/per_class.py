@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vitjax import paths
 from vitjax.data import device_ops
 from vitjax.evaluators import classification
 from vitjax.tasks.base import check_stop
@@ -69,9 +70,7 @@ def run(ev, net, variables, stop=None, step=None) -> dict:
   if step is not None and ev.workdir and jax.process_index() == 0:
     ema = "_ema" if ev.weights == "ema" else ""  # one file per split, weights and what was evaluated
     path = os.path.join(ev.workdir, f"{ev.name}_confusion_{ev.split}_{step}{ema}.json")
-    with open(path + ".tmp", "w") as f:
-      json.dump({"split": ev.split, "classes": list(names), "confusion": confusion.tolist()}, f)
-    os.replace(path + ".tmp", path)
+    paths.write_text(path, json.dumps({"split": ev.split, "classes": list(names), "confusion": confusion.tolist()}))
   return out
 
 

@@ -72,6 +72,7 @@ def _overrides(argv) -> list[str]:
 
 def _check_sweep_dir(sweep_dir: str, record: dict) -> None:
 
+  paths.refuse_links(sweep_dir, ("logs",))  # (each trial's workdir is checked by its run)
   if os.path.exists(sweep_dir) and not os.path.isdir(sweep_dir):
     raise ConfigError(f"--sweep_dir={sweep_dir} is a file; give a directory")
   path = os.path.join(sweep_dir, "sweep.json")
@@ -265,10 +266,7 @@ def _run(argv) -> int:
   _check_config(FLAGS.config, sweep_dir, sweep)
   study, store = _open_study(url, name, sweep, target, sweep_dir)
   if not os.path.exists(os.path.join(sweep_dir, "sweep.json")):
-    tmp = os.path.join(sweep_dir, f".sweep.json.{os.getpid()}")  # several machines may write it at once
-    with open(tmp, "w") as f:
-      json.dump(record, f, indent=2)
-    os.replace(tmp, os.path.join(sweep_dir, "sweep.json"))
+    paths.write_text(os.path.join(sweep_dir, "sweep.json"), json.dumps(record, indent=2))  # (many may write it)
   _requeue(study, target)
   base = _trial_command(config_arg, overrides, FLAGS.config, sweep)
   run = runner.Runner(sweep, study, store, sweep_dir, base, groups, target, FLAGS.heartbeat, FLAGS.grace)

@@ -14,6 +14,7 @@ import os
 import shlex
 import warnings
 
+from vitjax import paths
 from vitjax import sweep as sweep_lib
 from vitjax.logs import fmt_time
 from vitjax.sweep.metrics import best_row, eval_rows
@@ -79,7 +80,7 @@ def write(study, sweep_dir: str, record: dict) -> str:
   described = study.user_attrs.get("sweep", {})
   objective, direction = described.get("objective", "objective"), described.get("direction", "maximize")
   params = sorted({k for r in table for k in r["params"]})
-  with open(os.path.join(sweep_dir, "trials.csv"), "w", newline="") as f:
+  with paths.replacing(os.path.join(sweep_dir, "trials.csv"), "w", newline="", encoding="utf-8") as f:
     w = csv.writer(f)
     w.writerow(COLUMNS[:3] + params + COLUMNS[3:])
     for r in table:
@@ -137,8 +138,7 @@ def write(study, sweep_dir: str, record: dict) -> str:
     if note:
       lines += ["", note, ""]
   lines += ["", f"Live view: `optuna-dashboard {record['storage']}` (pip install optuna-dashboard).", ""]
-  with open(os.path.join(sweep_dir, "report.md"), "w") as f:
-    f.write("\n".join(lines))
+  paths.write_text(os.path.join(sweep_dir, "report.md"), "\n".join(lines))
   summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
   top = f"; best trial {best['trial']}: {objective} {best['objective']:.4f}" if best else ""
   return f"{os.path.join(sweep_dir, 'report.md')} ({len(table)} trials: {summary}{top})"
@@ -191,6 +191,15 @@ def _fmt(v) -> str:
   return str(v)
 
 
+def _save(fig, path: str) -> None:
+  """Writes the figure as PNG (through paths.replacing) and closes it."""
+  import matplotlib.pyplot as plt
+
+  with paths.replacing(path) as f:
+    fig.savefig(f, dpi=100, format="png")
+  plt.close(fig)
+
+
 def _plots(study, table, params, objective, direction, sweep_dir) -> list[tuple[str, str, str]]:
   """Writes the plots; returns (title, file name or why it is missing, a note for the reader or "").
 
@@ -220,8 +229,7 @@ def _plots(study, table, params, objective, direction, sweep_dir) -> list[tuple[
     axes[0][0].legend()
     fig.suptitle(f"{objective} ({direction}) against each hyperparameter")
     fig.tight_layout()
-    fig.savefig(os.path.join(sweep_dir, "objective_vs_params.png"), dpi=100)
-    plt.close(fig)
+    _save(fig, os.path.join(sweep_dir, "objective_vs_params.png"))
     out.append(("objective against each hyperparameter", "objective_vs_params.png", ""))
   curves = [r for r in table if r["curve"]]
   if curves:
@@ -238,8 +246,7 @@ def _plots(study, table, params, objective, direction, sweep_dir) -> list[tuple[
     ax.legend(fontsize=7, ncol=2, title="trial")
     ax.set_title("every trial's evaluations during training")
     fig.tight_layout()
-    fig.savefig(os.path.join(sweep_dir, "curves.png"), dpi=100)
-    plt.close(fig)
+    _save(fig, os.path.join(sweep_dir, "curves.png"))
     out.append(("every trial's evaluation curve", "curves.png", ""))
   import optuna
 
@@ -262,8 +269,7 @@ def _plots(study, table, params, objective, direction, sweep_dir) -> list[tuple[
       fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
       fig.set_size_inches(8, 5)
       fig.tight_layout()
-      fig.savefig(os.path.join(sweep_dir, name), dpi=100)
-      plt.close(fig)
+      _save(fig, os.path.join(sweep_dir, name))
       out.append((title, name, _importance_note(table) if name == "importance.png" else ""))
     except Exception as e:  # too few complete trials, a single value per parameter, ...
       out.append((title, f"not drawn ({' '.join(str(e).split())[:200]})", ""))

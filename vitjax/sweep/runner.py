@@ -32,6 +32,7 @@ import time
 
 from absl import logging
 
+from vitjax import paths
 from vitjax import sweep as sweep_lib
 from vitjax.logs import fmt_time
 from vitjax.sweep.devices import describe_devices, launch_command, owner_gone, owner_record
@@ -332,7 +333,7 @@ class Runner:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if kind == "gpu":
       env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, ids))
-    with open(log_path, "a") as log:
+    with paths.appending(log_path) as log:
       log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(cmd)}\n")
       log.flush()
       start = log.tell()
@@ -451,7 +452,7 @@ class _SqliteGuard:
   def __enter__(self):
     self.thread_lock.acquire()
     if self.path:
-      self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+      self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
       fcntl.flock(self.fd, fcntl.LOCK_EX)
     return self
 

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from vitjax import convert, decode
+from vitjax import convert, decode, paths
 from vitjax import mesh as mesh_lib
 from vitjax.data import text
 from vitjax.errors import ConfigError
@@ -84,8 +85,8 @@ class Translation:
       if not os.path.exists(path) and parent and os.path.exists(parent):
         os.makedirs(self.workdir, exist_ok=True)  # fine-tuning keeps the vocabulary of the weights it starts from
         if jax.process_index() == 0:
-          shutil.copyfile(parent, path + ".tmp")
-          os.replace(path + ".tmp", path)
+          with open(parent, "rb") as src, paths.replacing(path) as dst:
+            shutil.copyfileobj(src, dst)
         mesh_lib.sync("tokenizer")
         logging.info("tokenizer copied from %s", parent)
       if not os.path.exists(path):
@@ -94,21 +95,22 @@ class Translation:
         logging.info("training a %d-piece SentencePiece model on %d training sentences", d.vocab_size, len(texts))
         os.makedirs(self.workdir, exist_ok=True)
         if jax.process_index() == 0:  # deterministic, so other processes wait and read the same file
-          tmp = os.path.join(self.workdir, "tokenizer.tmp")
-          try:
-            text.Tokenizer.train(
-              texts,
-              tmp,
-              vocab_size=d.vocab_size,
-              seed=self.config.seed,
-              input_sentence_size=d.tokenizer_sentences,
-              **self._configured_ids(),
-            )
-          except ConfigError as e:  # the vocabulary this text cannot give
-            raise ConfigError(f"config.data.{e}; set --config.data.vocab_size") from None
-          os.replace(tmp + ".model", path)
-          if os.path.exists(tmp + ".vocab"):
-            os.replace(tmp + ".vocab", os.path.join(self.workdir, "tokenizer.vocab"))
+          with tempfile.TemporaryDirectory(prefix=".tokenizer-", dir=self.workdir) as fresh:  # (a folder of its own)
+            tmp = os.path.join(fresh, "tokenizer")
+            try:
+              text.Tokenizer.train(
+                texts,
+                tmp,
+                vocab_size=d.vocab_size,
+                seed=self.config.seed,
+                input_sentence_size=d.tokenizer_sentences,
+                **self._configured_ids(),
+              )
+            except ConfigError as e:  # the vocabulary this text cannot give
+              raise ConfigError(f"config.data.{e}; set --config.data.vocab_size") from None
+            if os.path.exists(tmp + ".vocab"):
+              paths.publish(tmp + ".vocab", os.path.join(self.workdir, "tokenizer.vocab"))
+            paths.publish(tmp + ".model", path)
         mesh_lib.sync("tokenizer")
       tok = text.Tokenizer.load(path)
       for name, want in self._configured_ids(defaults=False).items():

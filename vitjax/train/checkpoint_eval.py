@@ -11,7 +11,7 @@ import jax
 from absl import logging
 
 from vitjax import config as config_lib
-from vitjax import evaluators, pretrained, tasks
+from vitjax import evaluators, paths, pretrained, tasks
 from vitjax.errors import ConfigError
 from vitjax.models import checkpoints as ckpt_lib
 from vitjax.train import workdir as workdir_lib
@@ -40,7 +40,7 @@ def evaluate(
   trained = ckpt_lib.has_checkpoints(workdir)
   imported = not trained and bool(config.init_from)
   initial = str(checkpoint) == "init" or imported
-  described = None if initial else config_lib.read_json(workdir, "task.json")
+  described = None if initial else config_lib.read_task(workdir)
   ran = (described or {}).get("task")
   if ran and ran != config.task and "translation" in (ran, config.task):  # text and images: nothing carries over
     raise ConfigError(
@@ -84,7 +84,7 @@ def evaluate(
   other = f"_{ev.weights}" if ev.weights != configured else ""  # --weights= against the evaluator's own
   workdir_lib.write_json(workdir, result_file(workdir, f"{ev.name}_{ev.split}_{which}{other}", options), row)
   if jax.process_index() == 0:
-    with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
+    with paths.appending(os.path.join(workdir, "metrics.jsonl")) as f:
       f.write(json.dumps({**row, "source": "evaluate"}) + "\n")
   return row
 

@@ -25,6 +25,7 @@ import uuid
 
 from absl import logging
 
+from vitjax import paths
 from vitjax.errors import ConfigError
 from vitjax.train.workdir import as_dict
 
@@ -65,7 +66,7 @@ class Jsonl:
 
   def scalars(self, step: int, values: dict) -> None:
     """Appends the row {"step": step, name: value, ...} (values as floats) to metrics.jsonl."""
-    with open(self.path, "a") as f:
+    with paths.appending(self.path) as f:
       f.write(json.dumps({"step": int(step), **{k: float(v) for k, v in values.items()}}) + "\n")
 
   def best(self, step: int, values: dict) -> None:
@@ -146,8 +147,7 @@ class WandB:
         run_id = open(id_path).read().strip()
       else:
         run_id = uuid.uuid4().hex[:12]
-        with open(id_path, "w") as f:
-          f.write(run_id + "\n")
+        paths.write_text(id_path, run_id + "\n")
 
       run = wandb.init(
         project=opts.get("project") or "vitjax",

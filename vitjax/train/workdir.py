@@ -78,10 +78,7 @@ def write_json(workdir: str, name: str, obj) -> None:
   if jax.process_index() != 0:
     return
   os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, name)
-  with open(path + ".tmp", "w") as f:
-    f.write(obj if isinstance(obj, str) else json.dumps(obj, indent=2))
-  os.replace(path + ".tmp", path)
+  paths.write_text(os.path.join(workdir, name), obj if isinstance(obj, str) else json.dumps(obj, indent=2))
 
 
 FOLDERS = ("checkpoints", "tb", "corrupt", "averaged")  # what a run (or vitjax.average) keeps in a workdir as folders
@@ -93,6 +90,7 @@ def check_recordable(workdir: str, what: str) -> None:
   `workdir` is an existing run's; read-only, or not the user's, it fails here rather than after the work.
   """
   fix = f"{what} records its result there: fix its permissions, or copy the run (cp -r {workdir} COPY) and give COPY"
+  paths.refuse_links(workdir, FOLDERS)
   paths.check_writable(workdir, "workdir", folder=True, fix=fix)
 
 
@@ -101,6 +99,7 @@ def check_path(workdir: str) -> None:
 
   Leaves nothing behind (it probes with a temporary file).
   """
+  paths.refuse_links(workdir, FOLDERS)
   paths.check_writable(workdir, "workdir", folder=True)
   if os.path.exists(os.path.join(workdir, "sweep.json")):
     raise ConfigError(
@@ -228,7 +227,7 @@ def record_config_change(workdir: str, step: int, changes: dict) -> None:
     "changes": {k: [old, new] for k, (old, new) in changes.items()},
     "experiment_fields": sorted(k for k in changes if not config_lib.is_bookkeeping(k)),
   }
-  with open(os.path.join(workdir, "config_history.jsonl"), "a") as f:
+  with paths.appending(os.path.join(workdir, "config_history.jsonl")) as f:
     f.write(json.dumps(row) + "\n")
   logging.info("config changes recorded in config_history.jsonl: %s", ", ".join(changes))
 
@@ -301,9 +300,8 @@ def drop_metrics_after(workdir: str, step: int) -> int:
     if row.get("step", 0) <= step or "source" in row:
       keep.append(line if line.endswith("\n") else line + "\n")
   if len(keep) != len(lines):
-    with open(path + ".tmp", "w") as f:
+    with paths.replacing(path, "w", encoding="utf-8") as f:
       f.writelines(keep)
-    os.replace(path + ".tmp", path)
   return len(lines) - len(keep)
 
 
@@ -349,7 +347,7 @@ class Lock:
         self.previous = f.read()
       self.previous_mtime = os.stat(self.path).st_mtime_ns
     while True:
-      fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+      fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
       try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
       except BlockingIOError:

@@ -26,6 +26,7 @@ other parameter shares its shape). Nothing here knows which task runs.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from typing import Any
 
@@ -237,6 +238,33 @@ def describe(mesh: Mesh, params, shardings) -> str:
     f"{text}: {split} of {len(leaves)} parameter arrays split, a device holds {held / 2**20:.3g} of "
     f"{whole / 2**20:.3g} MiB of parameters ({held / whole:.0%}), and that share of their optimizer state"
   )
+
+
+def device_memory() -> int:
+  """Bytes one local device can hold: an accelerator's own limit (memory_stats), a CPU device's share of the RAM."""
+  devices = jax.local_devices()
+  stats = devices[0].memory_stats() or {}
+  if stats.get("bytes_limit"):
+    return int(stats["bytes_limit"])
+  return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // len(devices)
+
+
+def check_fits(params, shardings) -> None:
+  """ConfigError, before anything is allocated, when a device's share of the parameters alone exceeds its memory.
+
+  `params`: ShapeDtypeStructs (jax.eval_shape); `shardings`: their NamedShardings. (Training needs several times
+  more: gradients, optimizer state, activations; this refuses only what can never fit.)
+  """
+  leaves = jax.tree.leaves(params)
+  shards = jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
+  held = sum(int(np.prod(s.shard_shape(p.shape))) * np.dtype(p.dtype).itemsize for p, s in zip(leaves, shards))
+  have = device_memory()
+  if held > have:
+    count = sum(int(np.prod(p.shape)) for p in leaves)
+    raise ConfigError(
+      f"the model's parameters alone ({count:.3g} of them) take {held / 2**30:.3g} GiB of each device, which holds "
+      f"{have / 2**30:.3g} GiB: make the model smaller (--config.model.*), or shard it (--config.sharding=fsdp)"
+    )
 
 
 def device_bytes(tree) -> int:

@@ -154,7 +154,7 @@ def load(workdir: str, checkpoint: str | int = "best", weights: str = "params") 
 
   workdir = os.path.abspath(os.path.expanduser(workdir))
   config = config_lib.read_config(workdir)
-  task = tasks.get(config, workdir, described=config_lib.read_json(workdir, "task.json"))
+  task = tasks.get(config, workdir, described=config_lib.read_task(workdir))
   net = tasks.network(config, task)
   best = (config.best, evaluators.best_mode(config))
   step, variables = pretrained.load(workdir, net, checkpoint, weights, best, config.keep_checkpoints)

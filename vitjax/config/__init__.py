@@ -8,7 +8,16 @@ today's by migrate.py.
     c.evals.test = evaluator("classification", split="test")
 """
 
-from vitjax.config.files import config_source, effective_config, history, load_module, read_config, read_json
+from vitjax.config.files import (
+  config_source,
+  effective_config,
+  history,
+  load_module,
+  read_config,
+  read_json,
+  read_record,
+  read_task,
+)
 from vitjax.config.migrate import migrate
 from vitjax.config.schema import (
   BOOKKEEPING,
@@ -42,6 +51,8 @@ __all__ = [
   "load_module",
   "read_config",
   "read_json",
+  "read_record",
+  "read_task",
   "migrate",
   "translation_config",
   "unknown_fields",

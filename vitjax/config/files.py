@@ -39,7 +39,47 @@ def read_json(workdir: str, name: str):
     with open(path) as f:
       return json.load(f)
   except (ValueError, UnicodeDecodeError) as e:
-    raise ConfigError(f"{path} is not valid JSON ({e}); restore it from a copy or use a new --workdir") from None
+    raise ConfigError(f"{path} is not valid JSON ({e}); {RESTORE}") from None
+
+
+RESTORE = "restore it from a copy or use a new --workdir"
+MAX_SIDE = 16384  # pixels: an image side a recorded task may claim (a float32 RGB image of it is 3 GiB)
+# task.json's fields and what each must be: (check, what it must be)
+_TASK_FIELDS = {
+  "task": (lambda v: isinstance(v, str), "a task's name"),
+  "num_classes": (lambda v: _whole(v, 1, 10**7), "a whole number of classes, 1 to 10^7"),
+  "channels": (lambda v: _whole(v, 1, 4), "1, 3 or 4"),
+  "image_size": (
+    lambda v: isinstance(v, list) and len(v) == 2 and all(_whole(n, 1, MAX_SIDE) for n in v),
+    f"[height, width], each 1 to {MAX_SIDE}",
+  ),
+  "class_names": (lambda v: v is None or isinstance(v, list) and all(isinstance(n, str) for n in v), "names or null"),
+  "vocab_size": (lambda v: _whole(v, 1, 10**7), "a whole number, 1 to 10^7"),
+  "max_len": (lambda v: _whole(v, 1, 10**6), "a whole number, 1 to 10^6"),
+}
+
+
+def _whole(v, low: int, high: int) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
+
+
+def read_record(workdir: str, name: str) -> dict | None:
+  """WORKDIR/name, a JSON object (config.json, task.json); None if there is no such file; ConfigError for the rest."""
+  record = read_json(workdir, name)
+  if record is not None and not isinstance(record, dict):
+    path = os.path.join(workdir, name)
+    raise ConfigError(f"{path} holds a JSON {type(record).__name__}, not the object vitjax wrote; {RESTORE}")
+  return record
+
+
+def read_task(workdir: str) -> dict | None:
+  """WORKDIR/task.json (what prediction needs), its fields checked; None if there is none. ConfigError per fault."""
+  task = read_record(workdir, "task.json")
+  for key, (ok, want) in _TASK_FIELDS.items():
+    if task is not None and key in task and not ok(task[key]):
+      path = os.path.join(workdir, "task.json")
+      raise ConfigError(f"{path}: {key}={task[key]!r} must be {want}; {RESTORE}")
+  return task
 
 
 def _unflatten(flat: dict) -> dict:
@@ -58,13 +98,28 @@ def history(workdir: str) -> list[dict]:
   path = os.path.join(workdir, "config_history.jsonl")
   if not os.path.exists(path):
     return []
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  rows = []
+  with open(path, encoding="utf-8", errors="replace") as f:
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+      except ValueError:
+        row = None
+      changes = row.get("changes") if isinstance(row, dict) else None
+      if not isinstance(changes, dict) or not all(isinstance(v, list) and len(v) == 2 for v in changes.values()):
+        raise ConfigError(
+          f"{path}, line {number}: not a record of config changes ({line.strip()[:60]!r}); restore the file from a "
+          "copy, or delete that line if you know the run's config did not change there"
+        )
+      rows.append(row)
+  return rows
 
 
 def effective_config(workdir: str) -> dict | None:
   """config.json with the changes of config_history.jsonl applied (None for a workdir without config.json)."""
-  base = read_json(workdir, "config.json")
+  base = read_record(workdir, "config.json")
   if base is None:
     return None
   flat = flatten(base)

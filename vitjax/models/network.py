@@ -145,6 +145,7 @@ def network(config, overrides: dict, inputs: tuple, mesh: Mesh) -> Network:
     "params": mesh_lib.param_shardings(mesh, params, config.sharding, config.sharding_rules, registry.tp_rules(model)),
     "model_state": jax.tree.map(lambda _: replicated, model_state),
   }
+  mesh_lib.check_fits(params, sharding["params"])
   abstract = with_shardings({"params": params, "model_state": model_state}, sharding)
   return Network(config, model, mesh, abstract, sharding, mesh_lib.batch_sharding(mesh), init)
 

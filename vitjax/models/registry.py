@@ -170,6 +170,8 @@ COUNTS = {
   "num_registers",
 }
 PAIRS = {"patch_size", "window_size"}  # an int or an (h, w) pair
+LAYERS = {"depth", "depths", "num_layers", "decoder_depth", "stem_depth", "resnet_layers"}
+MAX_LAYERS = 1000  # (ViT-22B has 48): a deeper model takes hours to trace before its size could be checked
 
 
 def check_values(family: str, fields: dict) -> None:
@@ -197,6 +199,8 @@ def check_values(family: str, fields: dict) -> None:
       ):
         raise ValueError(f"{family}: {key}={value!r} must be {'whole numbers' if len(items) > 1 else 'a whole number'}"
                          f" >= {low}")  # fmt: skip
+      if key in LAYERS and sum(items) > MAX_LAYERS:
+        raise ValueError(f"{family}: {key}={value!r} is more than {MAX_LAYERS} layers; give a depth a model can have")
 
 
 _SHAPE_ERROR = re.compile(

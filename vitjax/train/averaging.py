@@ -72,7 +72,7 @@ def average(config, workdir: str, last: int | None = None, steps=None) -> dict:
 
 
 def _average(config, workdir: str, last, steps) -> dict:
-  task = tasks.get(config, workdir, described=config_lib.read_json(workdir, "task.json"))
+  task = tasks.get(config, workdir, described=config_lib.read_task(workdir))
   net = tasks.network(config, task)
   with reader.Checkpoints(workdir, config.best, evaluators.best_mode(config)) as ckpts:
     members = choose(ckpts.steps(), last, steps)

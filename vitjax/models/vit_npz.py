@@ -9,6 +9,8 @@ read(path_or_mapping, variant, act) -> (module, variables); write(module, variab
 from __future__ import annotations
 
 import math
+import os
+import zipfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -50,6 +52,8 @@ def load_npz(path_or_mapping) -> dict[str, np.ndarray]:
       if f.read(4) != b"PK\x03\x04":  # an .npz is a zip archive (np.load would speak of pickled data)
         raise ValueError(f"{path_or_mapping} is not an .npz file (numpy.savez's zip archive of arrays)")
       f.seek(0)
+      check_npz(f, os.path.getsize(path_or_mapping), str(path_or_mapping))
+      f.seek(0)
       flat = dict(np.load(f, allow_pickle=False))
   if any(isinstance(v, Mapping) for v in flat.values()):  # a nested tree
     flat = flax.traverse_util.flatten_dict(flat, sep="/")
@@ -63,6 +67,37 @@ def load_npz(path_or_mapping) -> dict[str, np.ndarray]:
     for i in range(v.shape[0]):
       flat[k.replace("encoderblock/", f"encoderblock_{i}/", 1)] = v[i]
   return flat
+
+
+MAX_RATIO = 8  # what an .npz may hold per byte of file: np.savez stores arrays as they are, savez_compressed ~1.1x
+
+
+def check_npz(f, file_bytes: int, name: str) -> None:
+  """ValueError, before any array is unpacked, for an .npz whose zip headers claim more than its file can hold.
+
+  Each member's size in the zip directory must be its array header's shape and dtype (a mismatch: a damaged or forged
+  file); all of them together at most MAX_RATIO times the file's size (a zip bomb) and the machine's RAM.
+  """
+  try:
+    members = zipfile.ZipFile(f).infolist()
+    claimed = 0
+    for info in members:
+      with zipfile.ZipFile(f).open(info) as m:
+        version = np.lib.format.read_magic(m)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(m)
+        data = math.prod(shape) * dtype.itemsize
+        if info.file_size != m.tell() + data:
+          raise ValueError(f"member {info.filename} says {info.file_size} bytes, its array {shape} {dtype} {data}")
+      claimed += info.file_size
+  except (zipfile.BadZipFile, ValueError, EOFError, OSError) as e:
+    raise ValueError(f"{name} is not a readable .npz ({e}); download or export it again") from None
+  ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+  if claimed > MAX_RATIO * file_bytes + 2**20 or claimed > ram:
+    raise ValueError(
+      f"{name} claims {claimed / 2**30:.3g} GiB of arrays in a {file_bytes / 2**20:.3g} MiB file (RAM "
+      f"{ram / 2**30:.3g} GiB): a zip bomb or a damaged file, not unpacked; download or export it again"
+    )
 
 
 _POSEMB_KEYS = ("Transformer/posembed_input/pos_embedding", "Transformer/pos_embedding", "pos_embedding")

@@ -34,6 +34,7 @@ def storage(url: str, heartbeat: int | None = None, grace: int | None = None):
   """Optuna's RDB storage for `url`, with heartbeats (stale trials are queued again) when `heartbeat` is set."""
   optuna = optuna_module()
   kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+  _check_sqlite_file(url)
   for attempt in range(5):
     try:
       return optuna.storages.RDBStorage(
@@ -48,6 +49,28 @@ def storage(url: str, heartbeat: int | None = None, grace: int | None = None):
       if not racing or attempt == 4:  # racing: another worker is creating the tables right now
         raise ConfigError(f"--storage={masked(url)}: cannot open it ({first_line(e)})") from None
       time.sleep(1 + attempt)
+
+
+EMPTY_AGE_S = 60  # a 0-byte SQLite file younger than this may be one another worker is creating right now
+
+
+def _check_sqlite_file(url: str) -> None:
+  """ConfigError for a SQLite study file that holds no database: empty (long enough not to be one being made) or other.
+
+  Optuna would silently write a new schema into it: a report of nothing, a sweep that starts over.
+  """
+  path = url[len("sqlite:///") :].split("?")[0] if url.startswith("sqlite:///") else ""
+  if not path or not os.path.isfile(path):
+    return
+  st = os.stat(path)
+  with open(path, "rb") as f:
+    head = f.read(16)
+  empty = st.st_size == 0 and time.time() - st.st_mtime > EMPTY_AGE_S
+  if empty or (st.st_size and head != b"SQLite format 3\x00"):
+    what = "is empty (0 bytes)" if empty else "is not a SQLite database"
+    raise ConfigError(
+      f"the sweep's study {path} {what}, so it holds no trials; restore it from a copy, or remove it to start over"
+    )
 
 
 def masked(url: str) -> str:

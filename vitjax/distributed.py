@@ -15,6 +15,7 @@ is set well above `timeout`, so this line comes first.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import socket
@@ -76,11 +77,16 @@ def local_gpus(env) -> list[int] | None:
   return list(range(len(visible)))
 
 
-def initialize(coordinator_address=None, num_processes=None, process_id=None, peer_timeout=PEER_TIMEOUT_S) -> None:
+def initialize(
+  coordinator_address=None, num_processes=None, process_id=None, peer_timeout=PEER_TIMEOUT_S, bind_address=None
+) -> None:
   """jax.distributed.initialize with the given address, count and index, or, all absent, what JAX detects.
 
   JAX detects the cluster: SLURM, Open MPI, Kubernetes, TPU pods. ConfigError when neither is there. JAX's heartbeat
-  timeout is three times `peer_timeout`, so that PeerWatch reports a lost process before JAX aborts.
+  timeout is three times `peer_timeout`, so that PeerWatch reports a lost process before JAX aborts. Process 0 serves
+  the coordinator on `bind_address` (HOST:PORT), by default the address given: 127.0.0.1:PORT listens on loopback
+  only (JAX alone would listen on every interface); "0.0.0.0:PORT" asks for every interface. While it waits for the
+  others it says so every WAIT_LINE_S seconds.
   """
   given = [coordinator_address, num_processes, process_id]
   if any(v is not None for v in given) and any(v is None for v in given):
@@ -92,8 +98,12 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None, pe
     raise ConfigError(f"--process_id={process_id} must be in [0, --num_processes={num_processes})")
   if peer_timeout < 1:
     raise ConfigError(f"--peer_timeout={peer_timeout} must be at least 1 (seconds)")
+  if bind_address is not None and coordinator_address is None:
+    raise ConfigError("--coordinator_bind_address is where process 0 serves --coordinator_address: give both")
   if coordinator_address is not None:
-    check_coordinator(coordinator_address, process_id, COORDINATOR_WAIT_S)
+    bind_address = bind_address or coordinator_address
+    check_coordinator(coordinator_address, process_id, COORDINATOR_WAIT_S, bind_address)
+  waiting = _say_while_waiting(process_id, num_processes, bind_address) if process_id == 0 else None
   try:
     jax.distributed.initialize(
       coordinator_address,
@@ -101,11 +111,15 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None, pe
       process_id,
       local_device_ids=local_gpus(os.environ),
       heartbeat_timeout_seconds=max(100, 3 * int(peer_timeout)),
+      coordinator_bind_address=bind_address if process_id == 0 else None,
     )
   except ValueError as e:  # no cluster detected and no address given
     raise ConfigError(
       f"--multihost: {str(e).splitlines()[0]}; pass --coordinator_address=HOST:PORT --num_processes=N --process_id=I"
     ) from None
+  finally:
+    if waiting is not None:
+      waiting.set()
   logs.set_process(jax.process_index(), jax.process_count())
   logging.info(  # (process 0's line: the others log their warnings and errors only)
     "process %d of %d: %d local devices, %d in all",
@@ -116,29 +130,63 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None, pe
   )
 
 
-def check_coordinator(address: str, process_id: int, wait_s: float) -> None:
-  """ConfigError where jax.distributed.initialize would crash the process rather than raise.
+WAIT_LINE_S = 10.0  # how often process 0 says it still waits for the others
 
-  A malformed address (jax: an IndexError, or a segmentation fault); for process 0, which serves there, a port that
-  something else listens on (a segmentation fault); for the others, nothing answering there within `wait_s` seconds
-  (jax aborts the process after its own 300 s, silently until then: they say here that they wait).
-  """
+
+def _say_while_waiting(process_id: int, num_processes: int | None, address: str | None) -> threading.Event:
+  """A thread that logs, every WAIT_LINE_S seconds until the returned event is set, that process 0 waits."""
+  done, start = threading.Event(), time.monotonic()
+
+  def say():
+    while not done.wait(WAIT_LINE_S):
+      others = f"the other {num_processes - 1} processes" if num_processes else "the other processes"
+      logging.info(
+        "process %d: waiting for %s at %s (%.0f s; up to %d s)",
+        process_id,
+        others,
+        address or "the detected address",
+        time.monotonic() - start,
+        COORDINATOR_WAIT_S,
+      )
+
+  threading.Thread(target=say, daemon=True, name="vitjax-coordinator-wait").start()
+  return done
+
+
+def _host_port(address: str, flag: str) -> tuple[str, int]:
   m = re.fullmatch(r"(\[[0-9a-fA-F:.]+\]|[^\s:\[\]]+):(\d+)", address)
   if not m or not 0 < int(m[2]) < 65536:
     raise ConfigError(
-      f"--coordinator_address={address} must be HOST:PORT, process 0's host and a free port there, e.g. 10.0.0.1:8476"
+      f"--{flag}={address} must be HOST:PORT, process 0's host and a free port there, e.g. 10.0.0.1:8476"
     )
-  host, port = m[1].strip("[]"), int(m[2])
+  return m[1].strip("[]"), int(m[2])
+
+
+def check_coordinator(address: str, process_id: int, wait_s: float, bind_address: str | None = None) -> None:
+  """ConfigError where jax.distributed.initialize would crash the process rather than raise.
+
+  A malformed address (jax: an IndexError, or a segmentation fault); for process 0, which serves at `bind_address`
+  (default: `address`), an address that is not this machine's or a port that something else listens on (a
+  segmentation fault); for the others, nothing answering there within `wait_s` seconds (jax aborts the process after
+  its own 300 s, silently until then: they say here that they wait).
+  """
+  host, port = _host_port(address, "coordinator_address")
   if process_id == 0:
+    bind_host, bind_port = _host_port(bind_address or address, "coordinator_bind_address")
     try:
-      if socket.has_dualstack_ipv6():  # where jax listens: [::]:PORT
-        socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True).close()
-      else:
-        socket.create_server(("", port)).close()
+      family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
+      socket.create_server((bind_host, bind_port), family=family).close()
+    except socket.gaierror as e:
+      raise ConfigError(f"--coordinator_address={address}: {bind_host} is no known host ({e.strerror})") from None
     except OSError as e:
+      if e.errno == errno.EADDRNOTAVAIL:
+        raise ConfigError(
+          f"--coordinator_address={address}: {bind_host} is not an address of this machine, where process 0 serves; "
+          f"run process 0 there, or pass --coordinator_bind_address=0.0.0.0:{port} to listen on every interface"
+        ) from None
       raise ConfigError(
-        f"--coordinator_address={address}: process 0 cannot listen on port {port} ({e.strerror}): another program "
-        "or run holds it; give every process another port"
+        f"--coordinator_address={address}: process 0 cannot listen on port {bind_port} ({e.strerror}): another "
+        "program or run holds it; give every process another port"
       ) from None
     return
   deadline, said = time.monotonic() + wait_s, False

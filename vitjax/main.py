@@ -68,6 +68,11 @@ flags.DEFINE_bool("multihost", False, "run as one of several processes (jax.dist
 flags.DEFINE_string(
   "coordinator_address", None, "multihost: HOST:PORT of process 0 (absent: detected from SLURM, Open MPI, k8s, TPU)"
 )
+flags.DEFINE_string(
+  "coordinator_bind_address",
+  None,
+  "multihost: where process 0 listens (default: --coordinator_address itself; 0.0.0.0:PORT: every interface)",
+)
 flags.DEFINE_integer("num_processes", None, "multihost: how many processes in all")
 flags.DEFINE_integer("process_id", None, "multihost: this process's index, 0 .. num_processes - 1")
 flags.DEFINE_integer(
@@ -110,7 +115,7 @@ def _print_result(result: dict) -> None:
 
 
 EVAL_FLAGS = ("eval", "checkpoint", "split", "weights")
-MULTIHOST_FLAGS = ("coordinator_address", "num_processes", "process_id")
+MULTIHOST_FLAGS = ("coordinator_address", "coordinator_bind_address", "num_processes", "process_id")
 
 
 def _check_flags() -> None:
@@ -138,7 +143,13 @@ def main() -> None:
 
   _check_flags()
   if FLAGS.multihost:
-    distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.peer_timeout)
+    distributed.initialize(
+      FLAGS.coordinator_address,
+      FLAGS.num_processes,
+      FLAGS.process_id,
+      FLAGS.peer_timeout,
+      FLAGS.coordinator_bind_address,
+    )
   with distributed.PeerWatch(FLAGS.peer_timeout):  # a lost process: one line, exit 75
     config = _config(os.path.abspath(FLAGS.workdir))
     if FLAGS.mode == "train":

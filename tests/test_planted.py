@@ -362,3 +362,12 @@ def test_a_link_planted_in_a_sweep_folder_is_refused(data_dir, tmp_path):
   )
   th.assert_refused(proc, ["trial_0000.log is a symbolic link", "writes and deletes nothing through links"])
   _untouched(victim)
+
+
+def test_a_recorded_field_of_the_wrong_kind_is_one_line_naming_it(finished_run, tmp_path):
+  """Before: seed "a" in config.json gave a traceback from inside jax at --mode=eval."""
+  workdir = tmp_path / "w"
+  shutil.copytree(finished_run, workdir)
+  _damage(workdir, "config.json", lambda r: r.update(seed="a"))
+  proc = th.run_main(str(workdir), "--mode=eval", "--split=test", config=None, timeout=120)
+  th.assert_refused(proc, ["config.json: seed='a' must be a number (default 0)"])

@@ -13,7 +13,7 @@ import os
 import ml_collections as mlc
 
 from vitjax.config.migrate import migrate
-from vitjax.config.schema import flatten
+from vitjax.config.schema import OPEN, default_config, flatten, translation_config
 from vitjax.errors import ConfigError
 
 
@@ -126,7 +126,32 @@ def effective_config(workdir: str) -> dict | None:
   for row in history(workdir):
     for key, (_, new) in row["changes"].items():
       flat[key] = new
-  return _unflatten(migrate(flat))
+  flat = migrate(flat)
+  check_types(flat, os.path.join(workdir, "config.json"))
+  return _unflatten(flat)
+
+
+def _kind(v) -> str | None:
+  if v is None:
+    return None
+  if isinstance(v, bool):
+    return "true or false"
+  if isinstance(v, (int, float)) or (isinstance(v, list) and v and all(isinstance(n, (int, float)) for n in v)):
+    return "a number"
+  return "text" if isinstance(v, str) else None
+
+
+def check_types(flat: dict, where: str) -> None:
+  """ConfigError naming the first field of a recorded config whose value is not of its default's kind.
+
+  The kinds: true/false, a number (or numbers: an image size), text; fields whose default is None, lists and dicts
+  are checked where they are read, and so are the OPEN subtrees (the model's, evaluators', augmentation's options).
+  """
+  ref = translation_config("x", "en", "es") if flat.get("task") == "translation" else default_config()
+  for key, default in flatten(ref.to_dict()).items():
+    want, value = _kind(default), flat.get(key)
+    if want is not None and value is not None and _kind(value) != want and not key.startswith(OPEN):
+      raise ConfigError(f"{where}: {key}={value!r} must be {want} (default {default!r}); {RESTORE}")
 
 
 def config_source(workdir: str) -> str:

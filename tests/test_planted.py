@@ -371,3 +371,15 @@ def test_a_recorded_field_of_the_wrong_kind_is_one_line_naming_it(finished_run, 
   _damage(workdir, "config.json", lambda r: r.update(seed="a"))
   proc = th.run_main(str(workdir), "--mode=eval", "--split=test", config=None, timeout=120)
   th.assert_refused(proc, ["config.json: seed='a' must be a number (default 0)"])
+
+
+@pytest.mark.parametrize("heads", ["4", 0, True])
+def test_a_head_count_of_the_wrong_kind_beside_timm_weights_is_one_line(heads, tmp_path):
+  """Before: "4" gave a logging traceback, then the wrong message "not a readable .safetensors file"; 0 was ignored."""
+  from vitjax import convert
+
+  (tmp_path / "m.json").write_text(json.dumps({"model": "vit", "kwargs": {"num_heads": heads}}))
+  with pytest.raises(ConfigError, match=rf"m.json, beside the weights: num_heads={re.escape(repr(heads))} must be a"):
+    convert.exported_heads(str(tmp_path / "m.safetensors"))
+  (tmp_path / "m.json").write_text(json.dumps({"model": "vit", "kwargs": {"num_heads": 3}}))
+  assert convert.exported_heads(str(tmp_path / "m.safetensors")) == 3

@@ -418,6 +418,11 @@ def exported_heads(path: str) -> int | None:
     heads = cfg["kwargs"]["num_heads"] if cfg.get("model") in ("vit", "vit_hybrid") else None
   except (OSError, ValueError, KeyError, TypeError, AttributeError):
     return None
+  if heads is not None and (not isinstance(heads, int) or isinstance(heads, bool) or heads < 1):
+    raise ConfigError(
+      f"{json_path}, beside the weights: num_heads={heads!r} must be a whole number >= 1; export the weights again, "
+      "or remove the file (the weights' timm name then gives the heads)"
+    )
   if heads is not None:
     logging.info("%d heads, from %s beside the weights", heads, json_path)
   return heads

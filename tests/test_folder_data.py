@@ -234,7 +234,9 @@ def test_a_csv_names_files_labels_and_splits(tmp_path):
   rows.append(f"{tmp_path / 'img' / '0.png'},7,test")  # absolute, and listed twice
   (tmp_path / "lists" / "labels.csv").write_text("\n".join(rows) + "\n\n")
   name, data_dir = f"csv:{tmp_path / 'lists' / 'labels.csv'}", str(tmp_path / "tfds")
-  prepare_lib.prepare(name, data_dir, workers=1)
+  with pytest.raises(ConfigError, match="line 2: '../img/0.png' is outside the CSV file's folder"):
+    prepare_lib.prepare(name, data_dir, workers=1)  # ../img/ and the absolute path: outside lists/
+  prepare_lib.prepare(name, data_dir, workers=1, allow_outside_root=True)
   info = split_info(name, "train", data_dir)
   assert info["class_names"] == ["2", "7", "10"] and info["num_examples"] == 6  # numeric labels: numeric order
   assert split_info(name, "valid", data_dir)["num_examples"] == 3 and split_info(name, "test", data_dir)["num_examples"]

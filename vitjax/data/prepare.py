@@ -7,11 +7,14 @@ Usage::
       [--manual_dir=/usr/share/datasets/fashion-mnist]
   python -m vitjax.data.prepare --dataset=folder:PATH [--workers=N]   # PATH/CLASS/* or PATH/{train,valid,test}/CLASS/*
   python -m vitjax.data.prepare --dataset=csv:FILE                    # rows path,label[,split]
+  python -m vitjax.data.prepare --dataset=folder:PATH --allow_outside_root   # also files linked from elsewhere
 
 Your own images (``folder:``/``csv:``, vitjax.data.folder): a relative PATH is resolved against the current
 directory; files are read by ``--workers`` processes (default: the CPUs this process may use); files that are not
-readable images are skipped and listed in ``skipped.txt`` beside the dataset. Preparing again is a no-op: to take
-changed files, delete the dataset's folder (the log names it) and prepare again.
+readable images are skipped and listed in ``skipped.txt`` beside the dataset. Only regular files inside PATH (the
+CSV file's folder), by their real paths, are read: a link out of it is skipped (a CSV row naming such a file is an
+error) unless ``--allow_outside_root``. Preparing again is a no-op: to take changed files, delete the dataset's folder
+(the log names it) and prepare again.
 
 ``--data_dir`` defaults to ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``.
 Other names are handed to the stock tfds builder (which may download, and
@@ -48,7 +51,11 @@ def prepare_command(name: str, data_dir: str | None = None, manual_dir: str | No
 
 
 def prepare(
-  name: str, data_dir: str | None = None, manual_dir: str | None = None, workers: int | None = None
+  name: str,
+  data_dir: str | None = None,
+  manual_dir: str | None = None,
+  workers: int | None = None,
+  allow_outside_root: bool = False,
 ) -> tfds.core.DatasetBuilder:
   """Builds dataset ``name`` (config name, see ``builders.resolve_name``).
 
@@ -58,6 +65,8 @@ def prepare(
     manual_dir: directory with manually obtained source files; for
       ``fashion_mnist`` defaults to Debian's ``/usr/share/datasets/fashion-mnist``.
     workers: processes that read a folder's or CSV's images (default: the CPUs this process may use).
+    allow_outside_root: a folder's or CSV's files may be outside its folder (links, ``../`` or absolute CSV paths);
+      by default those are skipped (a folder's) or refused (a CSV's rows).
 
   Returns:
     The prepared builder (``builder.as_data_source()`` reads it back).
@@ -67,11 +76,15 @@ def prepare(
     vitjax.errors.ConfigError: a ``folder:``/``csv:`` source that cannot be a dataset (the message says why), or a
       ``data_dir`` that cannot be written. A dataset that fails to prepare leaves ``data_dir`` as it was.
   """
-  return _prepare(name, data_dir, manual_dir, workers)[0]
+  return _prepare(name, data_dir, manual_dir, workers, allow_outside_root)[0]
 
 
 def _prepare(
-  name: str, data_dir: str | None, manual_dir: str | None, workers: int | None = None
+  name: str,
+  data_dir: str | None,
+  manual_dir: str | None,
+  workers: int | None = None,
+  allow_outside_root: bool = False,
 ) -> tuple[tfds.core.DatasetBuilder, bool]:
   """prepare(), and whether the dataset was prepared already."""
   data_dir = os.path.expanduser(data_dir or local.default_data_dir())
@@ -85,7 +98,7 @@ def _prepare(
     return builder, True
   paths.check_writable(data_dir, "data_dir", folder=True)
   if source is not None:  # check the source (one error line for a bad one) before tfds makes any folder
-    builder.scan_result, builder.workers = folder.scan(source), workers
+    builder.scan_result, builder.workers = folder.scan(source, allow_outside_root), workers
   config = tfds.download.DownloadConfig(manual_dir=os.path.expanduser(manual_dir) if manual_dir else None)
   # tfds prints "Downloading and preparing dataset ..." even when nothing downloads: shown at --verbosity=1
   quiet = logging.get_verbosity() < 1
@@ -145,6 +158,11 @@ def define_flags() -> None:
   flags.DEFINE_string("data_dir", None, "default: $TFDS_DATA_DIR or ~/tensorflow_datasets")
   flags.DEFINE_string("manual_dir", None, "source files (fashion_mnist: Debian dir)")
   flags.DEFINE_integer("workers", None, "folder:/csv: processes reading the images (default: the CPUs available)")
+  flags.DEFINE_bool(
+    "allow_outside_root",
+    False,
+    "folder:/csv: also read files outside PATH (the CSV file's folder): links out of it, ../ or absolute CSV paths",
+  )
 
 
 def main() -> None:
@@ -155,7 +173,7 @@ def main() -> None:
   f = flags.FLAGS
   start = time.time()
   try:
-    builder, was_prepared = _prepare(f.dataset, f.data_dir, f.manual_dir, f.workers)
+    builder, was_prepared = _prepare(f.dataset, f.data_dir, f.manual_dir, f.workers, f.allow_outside_root)
   except tfds.core.DatasetNotFoundError:  # the trainer's message for the same name: the valid names, a tfds command
     splits_lib.prepared_builder(f.dataset, f.data_dir)  # (raises DatasetNotPreparedError: the name is not found there)
     raise

@@ -99,8 +99,8 @@ def _average(config, workdir: str, last, steps) -> dict:
     final, old = os.path.join(workdir, ckpt_lib.AVERAGED), os.path.join(workdir, ckpt_lib.AVERAGED + ".old")
     shutil.rmtree(old, ignore_errors=True)
     if os.path.isdir(final):
-      os.replace(final, old)
-    os.replace(os.path.join(workdir, new), final)
+      os.replace(final, old)  # (folders: checked for links by check_recordable)
+    os.replace(os.path.join(workdir, new), final)  # (folders: checked for links by check_recordable)
     shutil.rmtree(old, ignore_errors=True)
   sync("averaging_done")
   logging.info("averaged steps %s into %s", ", ".join(map(str, members)), os.path.join(workdir, ckpt_lib.AVERAGED))

@@ -410,14 +410,14 @@ def test_the_evaluation_loss_counts_the_real_target_tokens_only():
 
 FAKE_RUN = '''"""python -m vitjax.translate over a run without a model: read_config says translation, vitjax.load gives a
 stand-in whose translate upper-cases each line and appends its call to WORKDIR/calls.jsonl. --full_disk: the
---output file is created, its writing fails (ENOSPC)."""
+--output file's writing fails (ENOSPC)."""
 import errno
 import json
 import os
 import sys
 
 import vitjax
-from vitjax import cli, translate
+from vitjax import cli, paths, translate
 
 
 class _Trained:
@@ -436,23 +436,15 @@ vitjax.load = lambda path, checkpoint: _Trained(path)
 translate.read_config = lambda path: {"task": "translation"}  # (the name translate reads the workdir's config by)
 
 
-class _FullDisk:
-  def __init__(self, *args, **kwargs):
-    self.file = open(*args, **kwargs)
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    self.file.close()
-
-  def write(self, text):
+def _full_disk(path, text):
+  with paths.replacing(path, "w") as f:  # the one writer, whose write fails as on a full disk
+    f.flush()
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 if "--full_disk" in sys.argv:
   sys.argv.remove("--full_disk")
-  translate.open = _FullDisk  # (the module's open: the builtin's everywhere else)
+  paths.write_text = _full_disk
 cli.run(translate.main)
 '''
 

@@ -205,27 +205,43 @@ def _pg_bin(name: str) -> str | None:
 
 @pytest.fixture
 def postgres():
-  """A PostgreSQL server of its own: initdb in a temporary folder, a Unix socket there, stopped at the end."""
+  """A PostgreSQL server of its own: initdb in a temporary folder, stopped at the end. No TCP (listen_addresses=''),
+  its Unix socket in a folder only the server's user can enter (0700, the socket 0700 too), and peer authentication
+  that maps this process's user alone to the superuser vitjax: no other local user connects (tests/test_listeners.py).
+  """
   initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
   if not (initdb and pg_ctl):
     pytest.skip("PostgreSQL is not installed (Debian: apt-get install postgresql)")
   pytest.importorskip("psycopg2")
-  as_user = []
-  base = tempfile.mkdtemp(prefix="vitjax-pg-")  # short: a Unix socket path has a length limit
-  if os.getuid() == 0:  # initdb refuses root: run the server as the postgres user
+  as_user, owner = [], None
+  base = tempfile.mkdtemp(prefix="vitjax-pg-")  # 0700; short: a Unix socket path has a length limit
+  if os.getuid() == 0:  # initdb refuses root: run the server as the postgres user (root reaches its socket still)
     try:
       pw = pwd.getpwnam("postgres")
     except KeyError:
       pytest.skip("running as root and there is no postgres user to run PostgreSQL as")
-    os.chmod(base, 0o755)
-    os.chown(base, pw.pw_uid, pw.pw_gid)
+    owner = (pw.pw_uid, pw.pw_gid)
+    os.chown(base, *owner)
     as_user = ["runuser", "-u", "postgres", "--"]
+  os.chmod(base, 0o700)
   data = os.path.join(base, "data")
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
-  subprocess.run([*as_user, initdb, "-D", data, "-A", "trust", "-U", "vitjax", "-N"], check=True, capture_output=True)
-  opts = f"-k {base} -p {port} -c listen_addresses='' -c fsync=off"
+  init = [initdb, "-D", data, "--auth-local=peer", "--auth-host=reject", "-U", "vitjax", "-N"]
+  subprocess.run([*as_user, *init], check=True, capture_output=True)
+  rules = {  # only this process's user, as vitjax, over the socket; no other user, no TCP
+    "pg_hba.conf": "local all vitjax peer map=tests\n",
+    "pg_ident.conf": f"tests {pwd.getpwuid(os.getuid()).pw_name} vitjax\n",
+  }
+  for name, text in rules.items():
+    path = os.path.join(data, name)
+    with open(path, "w") as f:
+      f.write(text)
+    if owner:
+      os.chown(path, *owner)
+    os.chmod(path, 0o600)
+  opts = f"-k {base} -p {port} -c listen_addresses='' -c unix_socket_permissions=0700 -c fsync=off"
   subprocess.run(
     [*as_user, pg_ctl, "-D", data, "-l", f"{base}/log", "-o", opts, "-w", "start"], check=True, capture_output=True
   )

@@ -178,7 +178,7 @@ def _wait_all(slurm, job: int, timeout: float = 900) -> None:
       return
     for task, state, reason in rows:
       if state == "PENDING" and reason == "BeginTime":
-        slurm.run("scontrol", "update", f"JobId={task}", "StartTime=now", check=False)
+        slurm.release(task)
     time.sleep(1)
   raise TimeoutError(f"array job {job} still queued after {timeout:.0f} s")
 

@@ -254,7 +254,7 @@ def test_init_from_a_timm_safetensors_file_for_fine_tuning(refs, tmp_path):
   )
 
 
-def test_imported_timm_weights_are_evaluated_with_their_own_preprocessing(refs):
+def test_imported_timm_weights_are_evaluated_with_their_own_preprocessing(refs, tmp_path):
   """init_from='timm:NAME:FILE' takes timm's pretrained config for NAME (Swin: ImageNet mean/std, bicubic resize of
   the shorter side to 224 / 0.9, centre crop): vitjax's evaluation input is timm's eval transform's, bitwise, and
   the logits match timm's on it."""
@@ -278,6 +278,7 @@ def test_imported_timm_weights_are_evaluated_with_their_own_preprocessing(refs):
   config = default_config()
   config.data.image_size = 224
   config.init_from = f"timm:{name}:unused.safetensors"
+  config.data.data_dir = str(tmp_path)  # (no digits there: where digits is prepared, grey images get a grey mean)
   pre = ImageClassification(config, "").preprocess()
   assert pre == augment.Preprocess(
     mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), crop_fraction=0.9, interpolation="bicubic"

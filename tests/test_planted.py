@@ -180,7 +180,8 @@ def test_a_model_too_large_for_the_devices_is_refused_from_its_abstract_shapes_b
     env=th.env(), capture_output=True, text=True, timeout=300, cwd=th.ROOT,
   )  # fmt: skip
   th.assert_refused(proc, ["the model's parameters alone", "GiB of each device", "make the model smaller"])
-  assert _peak_mb(proc) < 1500 and not (tmp_path / "w").exists()
+  # (the parameters need 96 GiB; measured 0.3 GiB alone, 5.4 GiB once beside the full suite at -n 2)
+  assert _peak_mb(proc) < 10000 and not (tmp_path / "w").exists()
 
 
 # runs `python -m MODULE ARGS...` and prints its peak memory (ru_maxrss, MiB) on stdout as 'maxrss=N'

@@ -250,3 +250,16 @@ def postgres():
   finally:
     subprocess.run([*as_user, pg_ctl, "-D", data, "-m", "immediate", "stop"], capture_output=True)
     shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+  """A one-node SLURM cluster of the module's own (tests/slurm_cluster.py), stopped at the end; skipped without SLURM."""
+  import slurm_cluster
+
+  why = slurm_cluster.missing()
+  if why:
+    pytest.skip(why)
+  cluster = slurm_cluster.Cluster.start(str(tmp_path_factory.mktemp("slurm")))
+  yield cluster
+  cluster.stop()

@@ -81,16 +81,6 @@ def _as_nobody(*cmd) -> subprocess.CompletedProcess:
 # ------------------------------------------------------------------ the test SLURM cluster
 
 
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
-  why = slurm_cluster.missing()
-  if why:
-    pytest.skip(why)
-  cluster = slurm_cluster.Cluster.start(str(tmp_path_factory.mktemp("slurm")))
-  yield cluster
-  cluster.stop()
-
-
 @pytest.mark.xdist_group("slurm")  # (with tests/test_slurm.py's cluster: one at a time)
 def test_the_slurm_daemons_listen_on_loopback_only_and_authenticate_with_their_own_munge(slurm, tmp_path):
   conf = {}

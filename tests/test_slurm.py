@@ -12,22 +12,11 @@ import time
 
 import numpy as np
 import pytest
-import slurm_cluster
 import train_helpers as th
 
 SCRIPT = os.path.join(th.ROOT, "experiments", "slurm_train.sh")
 SWEEP_SCRIPT = os.path.join(th.ROOT, "experiments", "slurm_sweep.sh")
 pytestmark = pytest.mark.xdist_group("slurm")  # one cluster: its tests run in one worker
-
-
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
-  why = slurm_cluster.missing()
-  if why:
-    pytest.skip(why)
-  cluster = slurm_cluster.Cluster.start(str(tmp_path_factory.mktemp("slurm")))
-  yield cluster
-  cluster.stop()
 
 
 def _job_env(data_dir) -> dict:

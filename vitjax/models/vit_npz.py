@@ -79,10 +79,10 @@ def check_npz(f, file_bytes: int, name: str) -> None:
   file); all of them together at most MAX_RATIO times the file's size (a zip bomb) and the machine's RAM.
   """
   try:
-    members = zipfile.ZipFile(f).infolist()
+    archive = zipfile.ZipFile(f)  # (its central directory, read once)
     claimed = 0
-    for info in members:
-      with zipfile.ZipFile(f).open(info) as m:
+    for info in archive.infolist():
+      with archive.open(info) as m:
         version = np.lib.format.read_magic(m)
         read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
         shape, _, dtype = read_header(m)

@@ -114,6 +114,12 @@ def _data() -> mlc.ConfigDict:
   # estimated size, times 1 + worker_count copies, is at most cache_max_mb; True / False: always / never.
   d.cache = mlc.FieldReference(None, field_type=bool)
   d.cache_max_mb = 1024
+  # Training batches made on the devices (vitjax.data.resident): the split decoded once and put on them, each step's
+  # order, crop and flip made in jit, no host work per step. None (auto): when the decoded split fits on_device_max_mb
+  # of a device (None: a quarter of its free memory) and the augmentation runs there (not RandAugment); True /
+  # False: always (ConfigError if it cannot) / never. The same order as the host's, other crop and flip draws.
+  d.on_device = mlc.FieldReference(None, field_type=bool)
+  d.on_device_max_mb = mlc.FieldReference(None, field_type=float)
   return d
 
 
@@ -323,6 +329,7 @@ BOOKKEEPING = (
   "data.read_threads",
   "data.cache",
   "data.cache_max_mb",
+  "data.on_device_max_mb",  # (whether the split fits: data.on_device's auto may then choose the other mode)
   "data.eval_batch_size",
 )
 

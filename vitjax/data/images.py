@@ -219,6 +219,11 @@ class _TrainPreprocess(grain.transforms.RandomMap):
     return _finish(example, np.ascontiguousarray(image))
 
 
+def epoch_order(seed: int, epoch: int, num_examples: int) -> np.ndarray:
+  """The examples of one training epoch in order: a permutation of range(num_examples) drawn from (seed, epoch)."""
+  return np.random.default_rng([seed, epoch]).permutation(num_examples)
+
+
 class GlobalOrder:
   """A grain sampler: record key k of process p -> an example of the run's sequence of global batches.
 
@@ -263,7 +268,7 @@ class GlobalOrder:
     batch += self.start
     epoch, b = divmod(batch, self.steps_per_epoch)
     if self._perm[0] != epoch:
-      self._perm = (epoch, np.random.default_rng([self.seed, epoch]).permutation(self.n))
+      self._perm = (epoch, epoch_order(self.seed, epoch, self.n))
     offset = self.process_index * self.local_batch + row  # in the global batch
     index = int(self._perm[1][b * self.global_batch + offset])
     g = batch * self.global_batch + offset
@@ -308,11 +313,13 @@ class _GlobalBatches:
         "the checkpoint's data position was written by an older vitjax (per-process grain state); "
         "resume it with that version, or start again in a new workdir"
       )
+    if state.get("on_device"):
+      logging.info("data.on_device: the checkpoint's batches were made on the devices; same order, other crop draws")
     self._sampler.start = int(state["batches"])
     self._start()
 
 
-def _pair(size: int | Sequence[int]) -> tuple[int, int]:
+def image_pair(size: int | Sequence[int]) -> tuple[int, int]:
   """image_size as (H, W); ValueError of one line for anything but one whole number >= 1 or a pair of them."""
   pair = (size, size) if isinstance(size, (int, np.integer)) else tuple(size) if isinstance(size, Sequence) else ()
   if (
@@ -362,7 +369,7 @@ def _cache_estimate(builder, image_key: str, num_examples: int) -> float:
   return num_examples * max(stored, decoded)
 
 
-def _mix_seed(seed: int) -> int:
+def mix_seed(seed: int) -> int:
   """Spreads a user seed over 31 bits.
 
   grain derives per-record rngs as ``seed + index``, so nearby user seeds would otherwise share streams.
@@ -386,7 +393,7 @@ def _process_shard(process_index: int | None, process_count: int | None, train: 
   return process_index, process_count
 
 
-class _Split:
+class Split:
   """One prepared split (or the `subset` of its positions): its source, keys and sizes."""
 
   def __init__(self, name: str, split: str, data_dir: str | None, subset: np.ndarray | None):
@@ -419,7 +426,7 @@ class _Split:
     return _Examples(source, self.image_key, self.label_key, positions)
 
 
-def _fits_in_memory(split: _Split, worker_count: int, cache_max_mb: float) -> bool:
+def _fits_in_memory(split: Split, worker_count: int, cache_max_mb: float) -> bool:
   """cache=None: whether (1 + worker_count) copies of the split's decoded examples fit in cache_max_mb."""
   estimate = _cache_estimate(split.builder, split.image_key, split.num_examples) * (1 + worker_count)
   if estimate <= cache_max_mb * 2**20:
@@ -433,7 +440,7 @@ def _fits_in_memory(split: _Split, worker_count: int, cache_max_mb: float) -> bo
   return False
 
 
-def _train_order(split: _Split, shards, size, aug: Augment, seed: int, num_epochs, workers: int):
+def _train_order(split: Split, shards, size, aug: Augment, seed: int, num_epochs, workers: int):
   """Training: (positions read, the GlobalOrder sampler, the operations).
 
   A seeded global shuffle of which each process takes its rows, augmentation, whole batches.
@@ -454,7 +461,7 @@ def _train_order(split: _Split, shards, size, aug: Augment, seed: int, num_epoch
   return split.subset, sampler, operations
 
 
-def _eval_order(split: _Split, shards, size, preprocess: Preprocess | None):
+def _eval_order(split: Split, shards, size, preprocess: Preprocess | None):
   """Evaluation: (positions read, the operations).
 
   This process's contiguous share in order, padded to whole batches with -1 (masked), resized / cropped, no
@@ -490,7 +497,7 @@ def _loader(examples, operations, shard, worker_count: int, read_threads: int | 
 def _train_or_eval_order(split_, shards, size, aug, seed, num_epochs, worker_count, preprocess, train: bool):
   """(positions, sampler, operations, steps per epoch) of _train_order or _eval_order (sampler None: the caller's)."""
   if train:
-    positions, sampler, operations = _train_order(split_, shards, size, aug, _mix_seed(seed), num_epochs, worker_count)
+    positions, sampler, operations = _train_order(split_, shards, size, aug, mix_seed(seed), num_epochs, worker_count)
     return positions, sampler, operations, sampler.steps_per_epoch
   positions, operations = _eval_order(split_, shards, size, preprocess)
   return positions, None, operations, len(positions) // shards[2]
@@ -574,10 +581,10 @@ def make_input(
     ValueError: bad name, split, image size, batch size / sharding, augment keys.
   """
   _check_names(name, split)
-  size, aug = _pair(image_size), parse_augment(augment)
+  size, aug = image_pair(image_size), parse_augment(augment)
   process_index, process_count = _process_shard(process_index, process_count, train)
   local_batch = _local_batch(global_batch_size, process_count)
-  split_ = _Split(name, split, data_dir, subset)
+  split_ = Split(name, split, data_dir, subset)
   if limit is not None and not train:
     split_.limit(limit)
   cache = _fits_in_memory(split_, worker_count, cache_max_mb) if cache is None else cache

@@ -43,6 +43,8 @@ class TrainInput:
     steps_per_epoch: global batches per pass over the data.
     examples_per_step: the global batch size, or None when batches are sized by tokens.
     name: what the log calls the data ("digits", "bible en-es").
+    on_device: the batches are global arrays already on the devices, made there (vitjax.data.resident), not
+      process-local numpy batches.
   """
 
   batches: Iterator[dict]
@@ -50,6 +52,7 @@ class TrainInput:
   steps_per_epoch: int
   examples_per_step: int | None = None
   name: str = ""
+  on_device: bool = False
 
   def state(self) -> str:
     """The iterator's position as text (for the checkpoint): the batch after it is the next one read."""

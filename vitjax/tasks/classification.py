@@ -21,6 +21,7 @@ from vitjax import convert
 from vitjax import data as data_lib
 from vitjax import mesh as mesh_lib
 from vitjax.data import augment, device_ops, folder, image_files
+from vitjax.data import resident as resident_lib
 from vitjax.errors import ConfigError
 from vitjax.logs import Progress
 from vitjax.tasks.base import VALID, TrainInput, check_batch, check_stop, cross_entropy
@@ -281,6 +282,11 @@ class ImageClassification:
     An epoch is num_examples // batch_size steps (at least 1).
     """
     c, d = self.config, self.config.data
+    resident = self._resident()
+    if resident is not None:
+      it, info = resident
+      steps = max(info.num_examples // c.batch_size, 1)
+      return TrainInput(it, info.num_examples, steps, c.batch_size, c.data.name, on_device=True)
     it, info = self._input(
       d.train_split,
       True,
@@ -292,6 +298,27 @@ class ImageClassification:
       cache_max_mb=d.get("cache_max_mb", 1024),
     )
     return TrainInput(it, info.num_examples, max(info.num_examples // c.batch_size, 1), c.batch_size, c.data.name)
+
+  def _resident(self):
+    """(iterator, info) of the training batches made on the devices (vitjax.data.resident), or None: the host's."""
+    d = self.config.data
+    split, subset = self.split_source(d.train_split)
+    try:
+      return resident_lib.make_resident(
+        d.name,
+        split,
+        global_batch_size=self.config.batch_size,
+        image_size=d.image_size,
+        seed=self.config.seed,
+        mesh=self.layout.mesh(),
+        data_dir=d.data_dir,
+        augment=d.augment,
+        subset=subset,
+        on_device=d.get("on_device"),
+        max_mb=d.get("on_device_max_mb"),
+      )
+    except ValueError as e:
+      raise ConfigError(f"config.data ({d.name}, split {split!r}): {str(e).splitlines()[0]}") from None
 
   def device_batch(self, batch, key):
     """Normalises the uint8 images and applies Mixup/CutMix (labels become soft) on the device."""

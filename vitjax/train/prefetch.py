@@ -17,8 +17,11 @@ def prefetch(data: tasks.TrainInput, task: tasks.Task, sharding, size: int = 2):
   overlaps the device steps instead of taking turns with them; the main thread only hands each batch to the
   devices. Each batch carries the iterator's position taken right after it was read, so a checkpoint saves the
   position of the last batch consumed, not of the ones prefetched: a resumed run sees exactly the same batches.
-  Closing the generator stops the thread.
+  Closing the generator stops the thread. Batches made on the devices (data.on_device) are only dispatched: no thread.
   """
+  if data.on_device:
+    while True:
+      yield next(data.batches), data.state()
   ready, done = queue.Queue(maxsize=size), threading.Event()
 
   def offer(item) -> None:  # waits for room, unless the consumer has gone

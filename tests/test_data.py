@@ -659,7 +659,7 @@ def test_the_cache_gives_the_same_batches_and_holds_pngs_decoded_and_jpegs_encod
   _input(data_dir, cache=None)  # 1,497 digits
   assert len(made) == 1 and made[0].count == 1497
   _, builder = images.open_split("digits", "train", data_dir)
-  mib = images._cache_estimate(builder, "image", 1497) / 2**20
+  mib = images.memory_estimate(builder, "image", 1497) / 2**20
   assert 1497 * 64 <= mib * 2**20 <= made[0].nbytes * 4  # at least the decoded pixels, and near what it holds
   _input(data_dir, cache=None, cache_max_mb=3 * mib, worker_count=2)  # 3 copies: exactly the limit
   assert len(made) == 2

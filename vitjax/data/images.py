@@ -355,7 +355,7 @@ def _cache(source, image_key, label_key, positions, channels) -> _InMemory:
   return cached
 
 
-def _cache_estimate(builder, image_key: str, num_examples: int) -> float:
+def memory_estimate(builder, image_key: str, num_examples: int) -> float:
   """Bytes that ``num_examples`` examples take in memory (_InMemory).
 
   The larger of the decoded image (when the dataset's image shape is fixed) and the stored example (the prepared files'
@@ -428,7 +428,7 @@ class Split:
 
 def _fits_in_memory(split: Split, worker_count: int, cache_max_mb: float) -> bool:
   """cache=None: whether (1 + worker_count) copies of the split's decoded examples fit in cache_max_mb."""
-  estimate = _cache_estimate(split.builder, split.image_key, split.num_examples) * (1 + worker_count)
+  estimate = memory_estimate(split.builder, split.image_key, split.num_examples) * (1 + worker_count)
   if estimate <= cache_max_mb * 2**20:
     return True
   logging.info(
@@ -568,7 +568,7 @@ def make_input(
     preprocess: the evaluation's resize / centre crop (augment.Preprocess; when `train` is False).
     cache: read the examples this process needs into memory first, non-JPEG images decoded (`_InMemory`): the
       same batches, faster, for datasets that fit in memory (Fashion-MNIST: 40 MiB). None: when
-      `_cache_estimate` times (1 + worker_count) copies is at most `cache_max_mb`.
+      `memory_estimate` times (1 + worker_count) copies is at most `cache_max_mb`.
     cache_max_mb: the memory, in MiB, that cache=None lets the copies take.
     limit: evaluation only: the first `limit` examples of the split (or of `subset`), shared among the processes
       as the whole split would be; None: all. The same examples on any number of processes or devices.

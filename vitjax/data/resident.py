@@ -28,7 +28,7 @@ from jax.sharding import PartitionSpec as P
 
 from vitjax import mesh as mesh_lib
 from vitjax.data.augment import Augment, decode, parse_augment, resize
-from vitjax.data.images import DatasetInfo, Split, epoch_order, image_pair, mix_seed
+from vitjax.data.images import DatasetInfo, Split, epoch_order, image_pair, memory_estimate, mix_seed
 
 BUDGET_SHARE = 4  # on_device_max_mb=None: a quarter of one device's free memory
 
@@ -67,7 +67,7 @@ def _decoded(split: Split, size: tuple[int, int], crop: bool, limit_bytes: float
       labels[i] = int(example[split.label_key])
       held += image.nbytes
       if held > limit_bytes:
-        return f"its decoded images pass {limit_bytes / 2**20:.0f} MiB after {i + 1:,} of {len(positions):,}"
+        return f"its decoded images pass {limit_bytes / 2**20:.3g} MiB after {i + 1:,} of {len(positions):,}"
   return np.stack(images), labels
 
 
@@ -120,6 +120,9 @@ def make_resident(
   src = Split(name, split, data_dir, subset)
   shards = mesh_lib.Layout(**{a: mesh.shape[a] for a in mesh_lib.AXES}).batch_shards
   why = why_not(aug)
+  estimate = memory_estimate(src.builder, src.image_key, src.num_examples) / shards  # (the stored size where unknown)
+  if why is None and on_device is None and estimate > budget:
+    why = f"about {estimate / 2**20:.3g} MiB per device, over the {budget / 2**20:.3g} MiB of data.on_device_max_mb"
   if why is None:  # decode up to the budget (times the shards: each device holds its share of the rows)
     start = time.perf_counter()
     got = _decoded(src, size, aug.random_resized_crop is not None, budget * shards if on_device is None else np.inf)

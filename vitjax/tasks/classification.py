@@ -195,6 +195,7 @@ class ImageClassification:
       n = c.data[key]
       if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 0):
         raise ConfigError(f"data.{key}={n!r} must be 0 (read in the training process) or more, or None")
+    self._check_on_device()
     info = self.describe()
     self.training_positions()  # data.labelled: a bad amount, or too few examples of a class
     mean = self.preprocess().mean
@@ -207,6 +208,25 @@ class ImageClassification:
       raise ConfigError(
         f"config.model.num_classes={c.model.get('num_classes')} but {c.data.name} has "
         f"{info['num_classes']} classes; set --config.model.num_classes={info['num_classes']}"
+      )
+
+  def _check_on_device(self) -> None:
+    """data.on_device is None, True or False, and on_device_max_mb None or positive.
+
+    True only where the batches can be made on the devices (not with RandAugment).
+    """
+    d = self.config.data
+    mode, budget = d.get("on_device"), d.get("on_device_max_mb")
+    if mode not in (None, True, False):
+      raise ConfigError(f"data.on_device={mode!r}: use None (auto), True or False")
+    if budget is not None and not budget > 0:
+      raise ConfigError(
+        f"data.on_device_max_mb={budget!r} must be positive (or None: a quarter of a device's free memory)"
+      )
+    why = resident_lib.why_not(augment.parse_augment(d.augment)) if mode else None
+    if why:
+      raise ConfigError(
+        f"data.on_device=True: the training batches cannot be made on the devices: {why}; use None (auto) or False"
       )
 
   @property

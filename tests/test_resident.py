@@ -137,7 +137,9 @@ def test_a_split_over_the_budget_or_with_randaugment_trains_from_the_host_with_a
     assert resident.make_resident("digits", "train", on_device=False, **kw) is None
   lines = [r.getMessage() for r in caplog.records if "data.on_device" in r.getMessage()]
   assert len(lines) == 2, lines
-  assert re.search(r"trains from the host: about [\d.]+ MiB per device, over the 0.01 MiB of data.on_device_max_mb", lines[0])
+  assert re.search(
+    r"trains from the host: about [\d.]+ MiB per device, over the 0.01 MiB of data.on_device_max_mb", lines[0]
+  )
   assert "RandAugment runs on the host only" in lines[1]
   with pytest.raises(ValueError, match=r"data.on_device=True: digits\[train\] cannot be on the devices: RandAugment"):
     resident.make_resident("digits", "train", augment={"randaugment": True}, on_device=True, **kw)

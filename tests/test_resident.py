@@ -128,9 +128,19 @@ def test_crops_and_flips_are_the_same_on_one_and_on_eight_devices_and_after_a_re
   assert not np.array_equal(np.asarray(next(plain)["image"]), np.asarray(batches[0]["image"]))
 
 
-def test_a_split_over_the_budget_or_with_randaugment_trains_from_the_host_with_a_line(data_dir, caplog):
+def test_auto_on_a_cpu_is_the_host_pipeline_and_says_nothing(data_dir, caplog):
+  mesh = mesh_lib.Layout(data=1).mesh()
+  with caplog.at_level("INFO"):
+    assert resident.make_resident("digits", "train", global_batch_size=64, image_size=8, seed=0, mesh=mesh) is None
+  assert not [r for r in caplog.records if "on_device" in r.getMessage()]
+
+
+def test_a_split_over_the_budget_or_with_randaugment_trains_from_the_host_with_a_line(data_dir, caplog, monkeypatch):
+  """Auto as on a GPU (the backend's name is all it asks): over the budget, or RandAugment, the host's, in a line."""
   mesh = mesh_lib.Layout(data=1).mesh()
   kw = dict(global_batch_size=64, image_size=8, seed=0, data_dir=data_dir, mesh=mesh)
+  monkeypatch.setattr(resident.jax, "default_backend", lambda: "gpu")
+  assert resident.make_resident("digits", "train", **kw) is not None  # it fits a quarter of the free memory
   with caplog.at_level("INFO"):
     assert resident.make_resident("digits", "train", max_mb=0.01, **kw) is None
     assert resident.make_resident("digits", "train", augment={"randaugment": True}, **kw) is None
@@ -192,3 +202,27 @@ def test_on_device_true_with_randaugment_is_one_line_and_leaves_no_workdir(run_a
   proc = th.run_main(workdir, *run_args, "--config.data.on_device=True", "--config.data.augment.randaugment=True")
   th.assert_refused(proc, ["data.on_device=True", "RandAugment runs on the host only", "use None (auto) or False"])
   assert not os.path.exists(workdir)
+
+
+def test_two_processes_of_two_devices_follow_the_one_process_curve_on_the_devices(on_device_run, run_args, tmp_path):
+  """Each process puts its share of the rows on its devices; the batches, and so the curve, are the one process's."""
+  import test_multiprocess as mp  # (a module, not its tests: pytest collects names that start with test_)
+
+  ref_dir, _ = on_device_run
+  workdir = str(tmp_path / "two")
+  outs = mp._run(workdir, 2, 2, [*run_args, "--config.data.on_device=True"])
+  assert "on the devices (0.0 MiB per device" in outs[0]  # 1,347 examples over 4 devices
+  np.testing.assert_allclose(mp._losses(workdir), mp._losses(ref_dir), rtol=1e-5)
+
+
+def test_a_position_of_the_other_mode_resumes_the_same_order_with_a_line(data_dir, caplog):
+  on, host = _both(data_dir, {})
+  with caplog.at_level("INFO"):
+    on.set_state(json.loads(json.dumps(host.get_state())) | {"batches": 7})
+    host.set_state(on.get_state())
+  said = [r.getMessage() for r in caplog.records if "data.on_device" in r.getMessage()]
+  assert said == [
+    "data.on_device: the checkpoint's batches were made on the host; same order, other crop draws",
+    "data.on_device: the checkpoint's batches were made on the devices; same order, other crop draws",
+  ]
+  np.testing.assert_array_equal(np.asarray(next(on)["image"]), next(host)["image"])  # batch 8 both ways

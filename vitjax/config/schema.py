@@ -115,9 +115,10 @@ def _data() -> mlc.ConfigDict:
   d.cache = mlc.FieldReference(None, field_type=bool)
   d.cache_max_mb = 1024
   # Training batches made on the devices (vitjax.data.resident): the split decoded once and put on them, each step's
-  # order, crop and flip made in jit, no host work per step. None (auto): when the decoded split fits on_device_max_mb
-  # of a device (None: a quarter of its free memory) and the augmentation runs there (not RandAugment); True /
-  # False: always (ConfigError if it cannot) / never. The same order as the host's, other crop and flip draws.
+  # order, crop and flip made in jit, no host work per step. None (auto): on a GPU or TPU, when the decoded split fits
+  # on_device_max_mb of a device (None: a quarter of its free memory) and the augmentation runs there (not
+  # RandAugment); on a CPU the host pipeline. True / False: always (ConfigError if it cannot) / never. The same order
+  # as the host's, other crop and flip draws.
   d.on_device = mlc.FieldReference(None, field_type=bool)
   d.on_device_max_mb = mlc.FieldReference(None, field_type=float)
   return d

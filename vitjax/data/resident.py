@@ -1,7 +1,7 @@
 """Training data held on the devices: a small split is put on them once and every batch is made inside jit.
 
-`data.on_device` (None: auto, True, False). A split whose decoded images fit the budget (`data.on_device_max_mb`;
-None: a quarter of a device's free memory) is decoded once on the host, put on the devices with its rows split over
+`data.on_device` (None: auto, True, False). On a GPU or TPU by default (on a CPU with True), a split whose decoded
+images fit the budget (`data.on_device_max_mb`; None: a quarter of a device's free memory) is decoded once on the host, put on the devices with its rows split over
 the mesh's batch axes, and from then on each step's batch is cut from it by a small jitted program: the epoch's
 order (the host pipeline's, vitjax.data.images.epoch_order, sent once per epoch), the gather (XLA masks each
 device's rows and sums them over the batch axes), the Inception crop and the flip. Mixup/CutMix follow in the
@@ -106,14 +106,15 @@ def make_resident(
     global_batch_size: the batch size over all processes.
     image_size: the batches' (H, W), or one int.
     mesh: the run's Mesh; the split's rows and the batches are split over its batch axes.
-    on_device: None (auto: when it fits `max_mb`), True (ValueError if it cannot be), False (None is returned).
+    on_device: None (auto: on a GPU or TPU when it fits `max_mb`; on a CPU, whose devices are the host's own cores,
+      the host pipeline), True (ValueError if it cannot be), False (None is returned).
     max_mb: MiB of one device the split may take; None: a quarter of a device's free memory.
 
   Returns:
     (iterator, DatasetInfo) or None. The iterator yields {"image": uint8 [B, H, W, C], "label": int32 [B]} as global
     arrays split over the batch axes and has get_state() / set_state() ({"batches": n}, as the host pipeline's).
   """
-  if on_device is False:
+  if on_device is False or (on_device is None and jax.default_backend() == "cpu"):  # (auto on a CPU: the host's)
     return None
   size, aug = image_pair(image_size), parse_augment(augment)
   budget = max_mb * 2**20 if max_mb is not None else free_bytes() / BUDGET_SHARE

@@ -374,6 +374,15 @@ def test_a_recorded_field_of_the_wrong_kind_is_one_line_naming_it(finished_run, 
   th.assert_refused(proc, ["config.json: seed='a' must be a number (default 0)"])
 
 
+def test_a_recorded_duration_in_epochs_is_of_its_kind(finished_run, tmp_path):
+  """checkpoint_every="1 epoch" (configs/vit_fashion_mnist.py's) is a duration, not a wrong kind: before, the kind
+  check refused every such run at --mode=eval ("must be a number (default 500)")."""
+  workdir = tmp_path / "w"
+  shutil.copytree(finished_run, workdir)
+  _damage(workdir, "config.json", lambda r: r.update(checkpoint_every="1 epoch", eval_every="2 epochs"))
+  th.check_ok(th.run_main(str(workdir), "--mode=eval", "--split=test", config=None, timeout=120))
+
+
 @pytest.mark.parametrize("heads", ["4", 0, True])
 def test_a_head_count_of_the_wrong_kind_beside_timm_weights_is_one_line(heads, tmp_path):
   """Before: "4" gave a logging traceback, then the wrong message "not a readable .safetensors file"; 0 was ignored."""

@@ -19,6 +19,7 @@ from absl import logging
 from vitjax.errors import ConfigError
 
 CADENCES = ("log_every", "eval_every", "checkpoint_every")
+FIELDS = ("total_steps", "schedule.warmup_steps", *CADENCES)  # a number of steps, or a text with its unit
 _UNITS = {"": "steps", "st": "steps", "step": "steps", "steps": "steps", "ep": "epochs", "epoch": "epochs"}
 _UNITS |= {"epochs": "epochs", "ex": "examples", "example": "examples", "examples": "examples"}
 _FORM = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([km]?)\s*([a-z]*)\s*$", re.IGNORECASE)

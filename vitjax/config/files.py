@@ -12,6 +12,7 @@ import os
 
 import ml_collections as mlc
 
+from vitjax import durations
 from vitjax.config.migrate import migrate
 from vitjax.config.schema import OPEN, default_config, flatten, translation_config
 from vitjax.errors import ConfigError
@@ -150,6 +151,8 @@ def check_types(flat: dict, where: str) -> None:
   ref = translation_config("x", "en", "es") if flat.get("task") == "translation" else default_config()
   for key, default in flatten(ref.to_dict()).items():
     want, value = _kind(default), flat.get(key)
+    if key in durations.FIELDS:  # a number, or a text such as "1 epoch" (checked where it is read)
+      continue
     if want is not None and value is not None and _kind(value) != want and not key.startswith(OPEN):
       raise ConfigError(f"{where}: {key}={value!r} must be {want} (default {default!r}); {RESTORE}")
 

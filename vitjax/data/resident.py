@@ -1,8 +1,9 @@
 """Training data held on the devices: a small split is put on them once and every batch is made inside jit.
 
 `data.on_device` (None: auto, True, False). On a GPU or TPU by default (on a CPU with True), a split whose decoded
-images fit the budget (`data.on_device_max_mb`; None: a quarter of a device's free memory) is decoded once on the host, put on the devices with its rows split over
-the mesh's batch axes, and from then on each step's batch is cut from it by a small jitted program: the epoch's
+images fit the budget (`data.on_device_max_mb`; None: a quarter of a device's free memory) is decoded once on the
+host, put on the devices with its rows split over the mesh's batch axes, and from then on each step's batch is cut
+from it by a small jitted program: the epoch's
 order (the host pipeline's, vitjax.data.images.epoch_order, sent once per epoch), the gather (XLA masks each
 device's rows and sums them over the batch axes), the Inception crop and the flip. Mixup/CutMix follow in the
 training step as for any batch (vitjax.data.device_ops). No host work per step but the program's dispatch.

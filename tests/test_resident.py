@@ -130,7 +130,7 @@ def test_crops_and_flips_are_the_same_on_one_and_on_eight_devices_and_after_a_re
 
 def test_auto_on_a_cpu_is_the_host_pipeline_and_says_nothing(data_dir, caplog):
   mesh = mesh_lib.Layout(data=1).mesh()
-  with caplog.at_level("INFO"):
+  with caplog.at_level("INFO", logger="absl"):  # (absl's logger: under xdist its level is not the root's)
     assert resident.make_resident("digits", "train", global_batch_size=64, image_size=8, seed=0, mesh=mesh) is None
   assert not [r for r in caplog.records if "on_device" in r.getMessage()]
 
@@ -141,7 +141,7 @@ def test_a_split_over_the_budget_or_with_randaugment_trains_from_the_host_with_a
   kw = dict(global_batch_size=64, image_size=8, seed=0, data_dir=data_dir, mesh=mesh)
   monkeypatch.setattr(resident.jax, "default_backend", lambda: "gpu")
   assert resident.make_resident("digits", "train", **kw) is not None  # it fits a quarter of the free memory
-  with caplog.at_level("INFO"):
+  with caplog.at_level("INFO", logger="absl"):  # (absl's logger: under xdist its level is not the root's)
     assert resident.make_resident("digits", "train", max_mb=0.01, **kw) is None
     assert resident.make_resident("digits", "train", augment={"randaugment": True}, **kw) is None
     assert resident.make_resident("digits", "train", on_device=False, **kw) is None
@@ -217,7 +217,7 @@ def test_two_processes_of_two_devices_follow_the_one_process_curve_on_the_device
 
 def test_a_position_of_the_other_mode_resumes_the_same_order_with_a_line(data_dir, caplog):
   on, host = _both(data_dir, {})
-  with caplog.at_level("INFO"):
+  with caplog.at_level("INFO", logger="absl"):  # (absl's logger: under xdist its level is not the root's)
     on.set_state(json.loads(json.dumps(host.get_state())) | {"batches": 7})
     host.set_state(on.get_state())
   said = [r.getMessage() for r in caplog.records if "data.on_device" in r.getMessage()]

@@ -10,6 +10,7 @@ whose forward and both backward matmuls take the layer's bf16 operands and accum
 in float32 and the result rounded once; the kernel and bias gradients come out in float32, unrounded. Elsewhere
 (float32 layers, GPUs and TPUs, whose bfloat16 dots accumulate in float32 already) they are flax's layers unchanged.
 `tied_logits` does the same for a Transformer's output logits through its tied embedding (a float32 result there).
+A layer whose parameters hold a low-rank adapter (lora_a, lora_b, lora_scale: vitjax.models.lora) adds its term.
 `Conv` is flax's convolution whose backward on a CPU, for strided and 1x1 ones (patch embeddings, stems), is matmuls.
 """
 
@@ -41,8 +42,8 @@ class Dense(nn.Dense):
     Dense.
     """
     if not _own_path(self):
-      return _flax_call(nn.Dense, self, inputs)
-    return _apply(self, inputs, (inputs.shape[-1],), (self.features,))
+      return adapted(self, inputs, _flax_call(nn.Dense, self, inputs), 1)
+    return adapted(self, inputs, _apply(self, inputs, (inputs.shape[-1],), (self.features,)), 1)
 
 
 class DenseGeneral(nn.DenseGeneral):
@@ -61,9 +62,27 @@ class DenseGeneral(nn.DenseGeneral):
     axis = tuple(sorted(a % inputs.ndim for a in np.atleast_1d(self.axis)))
     trailing = axis == tuple(range(inputs.ndim - len(axis), inputs.ndim))
     if not _own_path(self) or self.batch_dims or not trailing:
-      return _flax_call(nn.DenseGeneral, self, inputs)
-    features = tuple(np.atleast_1d(self.features).tolist())
-    return _apply(self, inputs, inputs.shape[inputs.ndim - len(axis) :], features)
+      y = _flax_call(nn.DenseGeneral, self, inputs)
+    else:
+      features = tuple(np.atleast_1d(self.features).tolist())
+      y = _apply(self, inputs, inputs.shape[inputs.ndim - len(axis) :], features)
+    return adapted(self, inputs, y, len(axis))
+
+
+ADAPTER = ("lora_a", "lora_b", "lora_scale")  # a low-rank adapter's parameters beside its layer's kernel
+
+
+def adapted(layer, inputs, y, contracted: int):
+  """The layer's output y plus's low-rank adapter's term where its parameters hold one (vitjax.models.lora adds them).
+
+  y + scale * (x @ lora_a) @ lora_b, in y's dtype: x [..., K...] (`contracted` trailing dims), lora_a [K..., r],
+  lora_b [r, N...], lora_scale [] (alpha / r). A layer without them (every layer unless config.lora) is unchanged.
+  """
+  if not layer.has_variable("params", "lora_a"):
+    return y
+  a, b, scale = (layer.get_variable("params", name) for name in ADAPTER)
+  h = jnp.tensordot(inputs.astype(y.dtype), a.astype(y.dtype), axes=contracted)  # [..., r]
+  return y + scale.astype(y.dtype) * jnp.tensordot(h, b.astype(y.dtype), axes=1)
 
 
 class Conv(nn.Conv):

@@ -147,6 +147,13 @@ def _optimizer(c: mlc.ConfigDict) -> None:
   c.lr_mults = ()  # learning-rate multipliers, e.g. (("pos_embedding", 0.1),); times layer_decay's
   c.wd_mults = mlc.FieldReference(None, field_type=tuple)  # weight-decay multipliers, e.g. ((".*/bias$", 0.0),)
   c.frozen = ()  # regexes of parameters never updated (no optimizer state), e.g. ("^(?!head/).*",): the head only
+  # Low-rank adapters (vitjax.models.lora): rank 0 is off. With a rank, scale * A @ B beside every Dense layer whose
+  # path a target regex matches (() = attention q/k/v/out and the MLP's; timm names such as "qkv", "mlp.fc1" work
+  # too); alpha None is alpha = rank. Without a config.frozen of its own, all but the adapters and head/ are frozen.
+  c.lora = mlc.ConfigDict()
+  c.lora.rank = 0
+  c.lora.alpha = mlc.FieldReference(None, field_type=float)
+  c.lora.targets = ()
 
   c.schedule = mlc.ConfigDict()
   c.schedule.warmup_steps = mlc.FieldReference(None, field_type=object)  # a duration, or warmup_epochs

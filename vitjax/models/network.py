@@ -23,7 +23,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from vitjax import mesh as mesh_lib
 from vitjax.errors import ConfigError
-from vitjax.models import registry
+from vitjax.models import lora, registry
 
 
 def build_model(config, overrides: dict | None = None) -> nn.Module:
@@ -126,11 +126,13 @@ def network(config, overrides: dict, inputs: tuple, mesh: Mesh) -> Network:
   """
   model = build_model(config, overrides)
 
-  def init():
+  def base_init():
     rngs = {"params": jax.random.key(config.seed), "dropout": jax.random.key(config.seed + 1)}
     variables = model.init(rngs, *inputs)
     params = variables.pop("params")
     return params, dict(variables)
+
+  init = base_init
 
   try:
     params, model_state = jax.eval_shape(init)
@@ -140,9 +142,19 @@ def network(config, overrides: dict, inputs: tuple, mesh: Mesh) -> Network:
     if about_input:
       where = "the model's input comes from config.data; e.g. set --config.data.image_size"
     raise ConfigError(f"{e} ({where})") from None
+  if lora.enabled(config):  # low-rank adapters beside the targeted kernels (vitjax.models.lora)
+    targets, rank, scale = lora.plan(config, base_init), config.lora.rank, lora.scale(config)
+
+    def init():
+      params, model_state = base_init()
+      return lora.add(params, targets, rank, scale, config.seed + 5), model_state
+
+    params = jax.eval_shape(lambda: init()[0])
   replicated = NamedSharding(mesh, jax.sharding.PartitionSpec())
   sharding = {
-    "params": mesh_lib.param_shardings(mesh, params, config.sharding, config.sharding_rules, registry.tp_rules(model)),
+    "params": lora.follow_kernels(
+      mesh_lib.param_shardings(mesh, params, config.sharding, config.sharding_rules, registry.tp_rules(model)), params
+    ),
     "model_state": jax.tree.map(lambda _: replicated, model_state),
   }
   mesh_lib.check_fits(params, sharding["params"])

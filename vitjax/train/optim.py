@@ -34,6 +34,7 @@ import optax
 from vitjax import durations, models
 from vitjax.errors import ConfigError
 from vitjax.mesh import path_name
+from vitjax.models.lora import frozen_rules
 
 
 def make_schedule(config, total_steps: int, steps_per_epoch: int, warmup: int | None = None) -> optax.Schedule:
@@ -93,7 +94,7 @@ def check(config) -> None:
     _try(o.name, fn, kwargs(o))
   for what in ("lr_mults", "wd_mults"):
     _rules(config[what] or (), what)
-  _rules(tuple((r, 1.0) for r in config.frozen or ()), "frozen")
+  _rules(tuple((r, 1.0) for r in frozen_rules(config)), "frozen")
 
 
 def kwargs(o) -> dict:
@@ -258,8 +259,8 @@ def wd_mults(config, model=None) -> tuple:
 
 
 def frozen_tree(config, params):
-  """True for the parameters config.frozen names (any of its regexes matches the path)."""
-  rules = tuple((r, 1.0) for r in config.frozen or ())
+  """True for the parameters config.frozen names (any of its regexes matches the path); with adapters, see lora."""
+  rules = tuple((r, 1.0) for r in frozen_rules(config))
   if not rules:
     return jax.tree.map(lambda _: False, params)
   tree, _ = _decide(rules, params, "frozen", 0.0, strict=False)
@@ -295,7 +296,7 @@ def describe(config, model, params) -> list[str]:
   sizes = {path_name(p): int(np.prod(x.shape)) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
   count = lambda names: f"{len(names)} tensors, {sum(sizes[n] for n in names):,} values"
   frozen = [n for n, f in zip(sizes, jax.tree.leaves(frozen_tree(config, params))) if f]
-  for r in config.frozen or ():
+  for r in frozen_rules(config):
     names = [n for n in frozen if re.search(r, n)]
     lines.append(f"frozen {r!r}: {count(names)}")
   if frozen:
@@ -418,7 +419,7 @@ def make_optimizer(config, schedule, model=None) -> optax.GradientTransformation
     tx = optax.chain(tx, scale_by_mults(lambda params: lr_mults_tree(config, model, params)))
   if o.grad_clip_norm:
     tx = optax.chain(optax.clip_by_global_norm(o.grad_clip_norm), tx)
-  if config.frozen:
+  if frozen_rules(config):
     labels = lambda params: jax.tree.map(lambda f: "frozen" if f else "train", frozen_tree(config, params))
     tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
   if config.ema_decay:
@@ -440,9 +441,9 @@ def check_rules(config, model, params) -> None:
   _decide(config.lr_mults or (), params, "lr_mults", 1.0)
   if config.wd_mults is not None:
     _decide(tuple(config.wd_mults), params, "wd_mults", 1.0)
-  for r in config.frozen or ():  # any of them freezes a parameter: each must match one, overlaps are fine
+  for r in frozen_rules(config):  # any of them freezes a parameter: each must match one, overlaps are fine
     _decide(((r, 1.0),), params, "frozen", 0.0)
-  if config.frozen:
+  if frozen_rules(config):
     frozen_tree(config, params)
 
 

@@ -35,7 +35,7 @@ def make_train_step(model, tx, schedule, config, task, grad_sharding=None) -> Ca
   batch_key = jax.random.key(config.seed + 3)
 
   def loss_fn(params, model_state, batch, rng):
-    if config.frozen:  # no gradient flows to frozen parameters: their backward pass is not computed at all
+    if optim.frozen_rules(config):  # no gradient flows to frozen parameters: their backward pass is not computed at all
       frozen = optim.frozen_tree(config, params)
       params = jax.tree.map(lambda p, f: jax.lax.stop_gradient(p) if f else p, params, frozen)
     variables = {"params": params, **model_state}

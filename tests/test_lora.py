@@ -79,3 +79,32 @@ def test_timm_names_select_the_same_layers():
   _, a = _net(rank=2, targets=("qkv",))
   _, b = _net(rank=2, targets=("attn/(query|key|value)$",))
   assert jax.tree.map(lambda x: x.shape, a.abstract) == jax.tree.map(lambda x: x.shape, b.abstract)
+
+
+def test_an_adapter_run_keeps_its_base_bitwise_and_exports_merged(tmp_path, run_args, finished_run):
+  import train_helpers as th
+
+  import vitjax
+  from vitjax import convert
+
+  workdir = str(tmp_path / "lora")
+  proc = th.check_ok(th.run_main(workdir, *run_args, f"--config.init_from={finished_run}", "--config.lora.rank=4"))
+  assert "frozen in all" in proc.stderr
+  base, tuned = th.load_state(finished_run)["params"], th.load_state(workdir)["params"]
+  flat = lambda t: {mesh_lib.path_name(k): v for k, v in jax.tree_util.tree_leaves_with_path(t)}
+  base, tuned = flat(base), flat(tuned)
+  for k, v in base.items():
+    if not k.startswith("head/"):
+      np.testing.assert_array_equal(tuned[k], v, err_msg=k)  # frozen: bitwise the base's
+  assert any(np.abs(v).max() > 0 for k, v in tuned.items() if k.endswith("lora_b"))  # the adapters learned
+  out = str(tmp_path / "m.npz")
+  from vitjax.export import export
+
+  export(workdir, "npz", out, checkpoint="latest")
+  trained = vitjax.load(workdir, "latest")
+  images = np.random.default_rng(0).uniform(size=(4, 8, 8, 1)).astype(np.float32)
+  merged = dict(trained.variables, params=lora.merged(trained.variables["params"]))
+  assert set(convert.to_vit_npz(trained.model, merged)) == set(np.load(out).files)
+  a = trained.model.apply(trained.variables, images, train=False)[0]
+  b = trained.model.apply(merged, images, train=False)[0]
+  np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-5)

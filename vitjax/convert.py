@@ -40,7 +40,7 @@ from absl import logging
 from vitjax import hub, models, paths
 from vitjax.errors import ConfigError
 from vitjax.models import convert_util as u
-from vitjax.models import registry, vit_hybrid_timm
+from vitjax.models import lora, registry, vit_hybrid_timm
 
 # Each format's conversions live beside the model family they convert (vitjax/models/vit_timm.py, vit_npz.py,
 # vit_hf.py, swin_timm.py, swin_msft.py, swin_hf.py), declared in the family's registration; this module
@@ -228,7 +228,7 @@ def to_timm(module, variables, image_size) -> tuple[dict[str, np.ndarray], dict]
   """
   image_size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
   writer = _converter(module, "timm", "to_timm")
-  _check_variables(variables, "to_timm")
+  variables = _check_variables(variables, "to_timm")
   return writer.write(module, u.at_image_size(module, u.flat_params(variables["params"]), image_size), image_size)
 
 
@@ -238,14 +238,18 @@ def to_vit_npz(module, variables) -> dict[str, np.ndarray]:
   For a vitjax ViT with learned positions and a class token or GAP (vitjax.models.vit_npz.write).
   """
   writer = _converter(module, "npz", "to_vit_npz")
-  _check_variables(variables, "to_vit_npz")
+  variables = _check_variables(variables, "to_vit_npz")
   return writer.write(module, variables)
 
 
-def _check_variables(variables, what: str) -> None:
+def _check_variables(variables, what: str) -> Mapping:
+  """The variables, with low-rank adapters (config.lora) folded into their kernels: the plain weights a format holds."""
   if not isinstance(variables, Mapping) or "params" not in variables:
     keys = list(variables)[:4] if isinstance(variables, Mapping) else type(variables).__name__
     raise ValueError(f"{what} takes the variables {{'params': ...}} as module.init returns them; got {keys}")
+  if lora.has_adapters(variables["params"]):
+    return {**variables, "params": lora.merged(variables["params"])}
+  return variables
 
 
 def _converter(module, fmt: str, what: str):

@@ -61,12 +61,13 @@ def export(workdir: str, fmt: str, out: str, checkpoint: str = "best", weights: 
       "give an image run's --workdir"
     )
   trained = vitjax.load(workdir, checkpoint, weights)
+  variables = trained.variables  # (config.lora's adapters: the converters fold them into their kernels)
   image = tuple(trained.task.example_inputs()[0].shape[1:3])  # [B, H, W, C] for the image models
   try:
     if fmt == "timm":
-      state_dict, cfg = convert.to_timm(trained.model, trained.variables, image)
+      state_dict, cfg = convert.to_timm(trained.model, variables, image)
     else:
-      arrays = convert.to_vit_npz(trained.model, trained.variables)
+      arrays = convert.to_vit_npz(trained.model, variables)
   except ValueError as e:  # a model the format cannot express
     raise ConfigError(f"--format={fmt}: {e}") from None
   folder = os.path.dirname(os.path.abspath(out))

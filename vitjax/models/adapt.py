@@ -16,7 +16,7 @@ import numpy as np
 
 from vitjax import posenc
 from vitjax.errors import ConfigError
-from vitjax.models import registry
+from vitjax.models import lora, registry
 
 
 def adapt_params(loaded, target, model=None) -> tuple[dict, list[str]]:
@@ -30,14 +30,20 @@ def adapt_params(loaded, target, model=None) -> tuple[dict, list[str]]:
   mismatch.
   """
   fits = registry.adapters(model)
+  merged = lora.has_adapters(loaded) and not lora.has_adapters(target)
+  if merged:  # an adapter run into a model without adapters: its adapters folded into their kernels
+    loaded = lora.merged(loaded)
   flat_l = flax.traverse_util.flatten_dict(flax.core.unfreeze(loaded), sep="/")
   flat_t = flax.traverse_util.flatten_dict(flax.core.unfreeze(target), sep="/")
-  out, problems, changes = {}, [], []
+  out, problems, changes = {}, [], ["merged the checkpoint's low-rank adapters into their kernels"] if merged else []
   _check_registers(flat_l, flat_t)
   _check_options(flat_l, flat_t)
   flat_l = _restack(flat_l, scanned=any(_SCANNED in k for k in flat_t), changes=changes)
   for k, t in flat_t.items():
     if k not in flat_l:
+      if lora.is_adapter(k):  # config.lora's new adapters start at their initialisation (B = 0: the base's outputs)
+        out[k] = t
+        continue
       if k.startswith("head/"):
         changes.append(f"{k} not in the checkpoint; keeping its initialisation")
         out[k] = t

@@ -206,6 +206,11 @@ def merged(params):
   return visit(flax.core.unfreeze(params))
 
 
+def is_adapter(path: str) -> bool:
+  """Whether a parameter path ('encoder/block_0/attn/query/lora_a') is an adapter's."""
+  return bool(_ADAPTER_LEAF.search(path))
+
+
 def has_adapters(params) -> bool:
   """Whether any parameter is an adapter's."""
   return any(_ADAPTER_LEAF.search("/".join(k)) for k in flax.traverse_util.flatten_dict(flax.core.unfreeze(params)))

@@ -26,13 +26,17 @@ from vitjax import cli, paths
 from vitjax.config import read_config
 from vitjax.errors import ConfigError
 
-flags.DEFINE_string("workdir", None, "the run to export", required=True)
-flags.DEFINE_enum("format", None, ["timm", "npz"], "timm (.safetensors + .json) or npz (the original ViT layout)")
-flags.DEFINE_string("out", None, "the file to write (.safetensors for timm, .npz for npz)", required=True)
-flags.DEFINE_string("checkpoint", "best", "'best' (best validation metric), 'latest' or a step number")
-flags.DEFINE_enum("weights", "params", ["params", "ema"], "the trained parameters or their moving average (ema_decay)")
-flags.mark_flag_as_required("format")
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command line's flags, defined when it runs (so that `export` imports beside other commands' flags)."""
+  flags.DEFINE_string("workdir", None, "the run to export", required=True)
+  flags.DEFINE_enum("format", None, ["timm", "npz"], "timm (.safetensors + .json) or npz (the original ViT layout)")
+  flags.DEFINE_string("out", None, "the file to write (.safetensors for timm, .npz for npz)", required=True)
+  flags.DEFINE_string("checkpoint", "best", "'best' (best validation metric), 'latest' or a step number")
+  flags.DEFINE_enum("weights", "params", ["params", "ema"], "the trained parameters or their moving average (ema_decay)")
+  flags.mark_flag_as_required("format")
 
 
 def export(workdir: str, fmt: str, out: str, checkpoint: str = "best", weights: str = "params") -> list[str]:
@@ -100,4 +104,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+  define_flags()
   cli.run(main)

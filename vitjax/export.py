@@ -35,7 +35,9 @@ def define_flags() -> None:
   flags.DEFINE_enum("format", None, ["timm", "npz"], "timm (.safetensors + .json) or npz (the original ViT layout)")
   flags.DEFINE_string("out", None, "the file to write (.safetensors for timm, .npz for npz)", required=True)
   flags.DEFINE_string("checkpoint", "best", "'best' (best validation metric), 'latest' or a step number")
-  flags.DEFINE_enum("weights", "params", ["params", "ema"], "the trained parameters or their moving average (ema_decay)")
+  flags.DEFINE_enum(
+    "weights", "params", ["params", "ema"], "the trained parameters or their moving average (ema_decay)"
+  )
   flags.mark_flag_as_required("format")
 
 

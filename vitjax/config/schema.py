@@ -154,6 +154,15 @@ def _optimizer(c: mlc.ConfigDict) -> None:
   c.lora.rank = 0
   c.lora.alpha = mlc.FieldReference(None, field_type=float)
   c.lora.targets = ()
+  # Distillation (vitjax.train.teacher): a trained vitjax classifier's workdir as a frozen teacher ("" is off). The
+  # teacher sees the student's augmented view; loss "soft" (KL at the temperature) or "hard" (the teacher's argmax);
+  # the step's loss is (1 - weight) * the labels' + weight * the teacher's ("soft", 1.0, 1.0: function matching).
+  c.distill = mlc.ConfigDict()
+  c.distill.teacher = ""
+  c.distill.checkpoint = "best"  # the teacher run's "best", "latest" or a step
+  c.distill.loss = "soft"
+  c.distill.temperature = 1.0
+  c.distill.weight = 1.0
 
   c.schedule = mlc.ConfigDict()
   c.schedule.warmup_steps = mlc.FieldReference(None, field_type=object)  # a duration, or warmup_epochs

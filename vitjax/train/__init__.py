@@ -10,7 +10,8 @@ One concern per module::
     prefetch.py        the training batches on their way to the devices
     state.py           setup() -> Experiment: the task's Network (vitjax.models.network) with the optimizer and
                        the sharded TrainState; initial_state (init_from: vitjax.pretrained)
-    step.py            the jit-compiled training step (gradient accumulation included)
+    step.py            the jit-compiled training step (gradient accumulation included; config.distill's teacher,
+                       vitjax.tasks.distill, runs in it, its variables an argument beside the batch)
     optim.py           any optax optimizer by name, lr_mults / wd_mults / frozen rules, learning-rate schedule
     checkpoints.py     the writer: latest N + best kept, corrupt steps set aside (vitjax.models.checkpoints reads them:
                        checksums, fallback to the newest intact step)

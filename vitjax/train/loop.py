@@ -27,6 +27,7 @@ from vitjax import mesh as mesh_lib
 from vitjax.errors import USER_ERRORS, ConfigError, InputLost, Preempted, WorkdirUnwritable, lost_worker, write_failure
 from vitjax.logs import plural
 from vitjax.mesh import agree
+from vitjax.tasks import distill
 from vitjax.train import checkpoints as ckpt_lib
 from vitjax.train import notes, optim, trackers
 from vitjax.train import state as state_lib
@@ -69,6 +70,7 @@ def check_config(config) -> None:
       "bfloat16 or auto); remove model.dtype and set --config.compute_dtype"
     )
   trackers.check(config)
+  distill.check(config)
 
 
 def train(config: mlc.ConfigDict, workdir: str, allow_config_change: bool = False) -> dict:
@@ -141,6 +143,7 @@ def _open(config, workdir: str, task, allow_config_change: bool, lock, stop):
     steps_of = lambda what, every: durations.steps(what, every, data.steps_per_epoch, data.examples_per_step)
     evals = evaluators.plan(config, task, steps_of, workdir)
     exp = state_lib.setup(config, task, plan.total, data.steps_per_epoch, warmup=plan.warmup)
+    teacher = distill.load(config, task, evaluators.best_mode)  # config.distill's, or None
     if resuming:
       ckpts = _checkpoints(config, workdir)
       start, state, data_state = ckpts.restore("latest", exp.abstract_state)
@@ -161,7 +164,7 @@ def _open(config, workdir: str, task, allow_config_change: bool, lock, stop):
     raise
   # the budget counts the earlier sessions' training time too: a stopped and resumed run ends where one would have
   spent = workdir_lib.train_seconds(workdir, start) if start else 0.0
-  run = _Run(config, workdir, task, data, exp, plan, evals, ckpts, lock, stop, spent)
+  run = _Run(config, workdir, task, data, exp, plan, evals, ckpts, lock, stop, spent, teacher)
   return run, state, start, data_state, changes
 
 
@@ -216,6 +219,7 @@ class _Run:
   lock: workdir_lib.Lock
   stop: StopRequest
   spent: float  # seconds of training before this session (the metrics' train/elapsed_s at the resumed step)
+  teacher: distill.Teacher | None = None  # config.distill's, whose variables the step takes beside the batch
 
 
 # ------------------------------------------------------------------------------------ the steps
@@ -224,12 +228,18 @@ class _Run:
 def _train(run: _Run, state, start: int, data_state, changes: dict) -> dict:
   """train() after every check: the workdir is locked and from here on written."""
   config, exp, ckpts, plan = run.config, run.exp, run.ckpts, run.plan
+  teacher = run.teacher
+  shardings = (exp.state_sharding, exp.batch_sharding)
+  if teacher is not None:
+    shardings += (jax.tree.map(lambda a: a.sharding, teacher.variables),)
   train_step = jax.jit(
-    make_train_step(exp.model, exp.tx, exp.schedule, config, run.task, exp.state_sharding.params),
-    in_shardings=(exp.state_sharding, exp.batch_sharding),
+    make_train_step(exp.model, exp.tx, exp.schedule, config, run.task, exp.state_sharding.params, teacher),
+    in_shardings=shardings,
     out_shardings=(exp.state_sharding, None),
     donate_argnums=0,
   )
+  if teacher is not None:  # its variables: an argument of the program, not constants compiled into it
+    train_step = (lambda jitted: lambda state, batch: jitted(state, batch, teacher.variables))(train_step)
   _begin(run, state, start, changes)
   reporter = Reporter(
     run.workdir,

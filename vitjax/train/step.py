@@ -20,15 +20,18 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from vitjax.tasks import distill
 from vitjax.train import optim
 from vitjax.train.state import TrainState
 
 
-def make_train_step(model, tx, schedule, config, task, grad_sharding=None) -> Callable:
+def make_train_step(model, tx, schedule, config, task, grad_sharding=None, teacher=None) -> Callable:
   """(state, batch) -> (state, metrics): forward, task loss, gradients (accumulated over micro-batches), update.
 
   Long: the step is one traced function, read in one place. grad_sharding: the parameters' shardings; accumulated
-  gradients are laid out like their parameters.
+  gradients are laid out like their parameters. teacher: a vitjax.tasks.distill.Teacher (config.distill); the step
+  then takes its variables as a third argument, (state, batch, teacher_variables), and its loss is blended with the
+  distillation loss of the teacher's logits on the same device batch.
   """
   accum = config.optim.accum_steps
   dropout_key = jax.random.key(config.seed + 2)
@@ -43,43 +46,20 @@ def make_train_step(model, tx, schedule, config, task, grad_sharding=None) -> Ca
       variables, *task.model_inputs(batch), train=True, rngs={"dropout": rng}, mutable=list(model_state)
     )
     loss, metrics = task.loss(out[0], batch)
+    if teacher is not None:  # (1 - w) * the task's loss + w * the teacher's
+      loss, metrics = distill.blended(config, loss, metrics, out[0], batch["teacher_logits"])
     return loss, (dict(new_state), metrics)
 
-  def train_step(state: TrainState, batch):
+  def train_step(state: TrainState, batch, teacher_variables=None):
     rng = jax.random.fold_in(dropout_key, state.step)
     batch = task.device_batch(batch, jax.random.fold_in(batch_key, state.step))
+    if teacher is not None:  # on the whole device batch, the view the student sees (its first input: the images)
+      batch = {**batch, "teacher_logits": teacher.logits(teacher_variables, task.model_inputs(batch)[0])}
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if accum == 1:
       (loss, (model_state, metrics)), grads = grad_fn(state.params, state.model_state, batch, rng)
     else:  # micro-batches in sequence: one optimizer step per global batch, the full batch's loss and gradient
-      # micro-batch i takes rows i, i + accum, ...: every micro-batch spans all devices of the data axis
-      micro = jax.tree.map(lambda x: jnp.swapaxes(x.reshape((x.shape[0] // accum, accum) + x.shape[1:]), 0, 1), batch)
-
-      def body(carry, xs):  # sums weighted by what each micro-batch's means are over (its tokens, or 1)
-        grads, model_state, loss, metrics, weight, i = carry
-        (micro_loss, (model_state, m)), g = grad_fn(state.params, model_state, xs, jax.random.fold_in(rng, i))
-        w = m.get("tokens", 1.0)
-        return (
-          jax.tree.map(lambda a, b: a + w * b, grads, g),
-          model_state,
-          loss + w * micro_loss,
-          {k: metrics[k] + (v if k == "tokens" else w * v) for k, v in m.items()},
-          weight + w,
-          i + 1,
-        ), None
-
-      zeros = jax.tree.map(jnp.zeros_like, state.params)
-      if grad_sharding is not None:
-        zeros = jax.lax.with_sharding_constraint(zeros, grad_sharding)
-      shapes = jax.eval_shape(
-        lambda: grad_fn(state.params, state.model_state, jax.tree.map(lambda x: x[0], micro), rng)
-      )
-      m0 = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes[0][1][1])
-      carry = (zeros, state.model_state, 0.0, m0, 0.0, 0)
-      (grads, model_state, loss, metrics, weight, _), _ = jax.lax.scan(body, carry, micro)
-      weight = jnp.maximum(weight, 1.0)  # (no tokens at all: every sum is 0)
-      grads, loss = jax.tree.map(lambda g: g / weight, grads), loss / weight
-      metrics = {k: v if k == "tokens" else v / weight for k, v in metrics.items()}  # token counts add up
+      loss, model_state, metrics, grads = _accumulated(grad_fn, state, batch, rng, accum, grad_sharding)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     grad_norm = optax.global_norm(grads)
@@ -103,3 +83,37 @@ def make_train_step(model, tx, schedule, config, task, grad_sharding=None) -> Ca
     return new_state, metrics
 
   return train_step
+
+
+def _accumulated(grad_fn, state: TrainState, batch, rng, accum: int, grad_sharding):
+  """(loss, model_state, metrics, grads) of the global batch, from `accum` micro-batches in sequence.
+
+  Each micro-batch's means are weighted by what they are over (its "tokens", or 1), so that the result is the full
+  batch's; micro-batch i takes rows i, i + accum, ...: every micro-batch spans all devices of the data axis.
+  """
+  micro = jax.tree.map(lambda x: jnp.swapaxes(x.reshape((x.shape[0] // accum, accum) + x.shape[1:]), 0, 1), batch)
+
+  def body(carry, xs):  # sums weighted by what each micro-batch's means are over (its tokens, or 1)
+    grads, model_state, loss, metrics, weight, i = carry
+    (micro_loss, (model_state, m)), g = grad_fn(state.params, model_state, xs, jax.random.fold_in(rng, i))
+    w = m.get("tokens", 1.0)
+    return (
+      jax.tree.map(lambda a, b: a + w * b, grads, g),
+      model_state,
+      loss + w * micro_loss,
+      {k: metrics[k] + (v if k == "tokens" else w * v) for k, v in m.items()},
+      weight + w,
+      i + 1,
+    ), None
+
+  zeros = jax.tree.map(jnp.zeros_like, state.params)
+  if grad_sharding is not None:
+    zeros = jax.lax.with_sharding_constraint(zeros, grad_sharding)
+  shapes = jax.eval_shape(lambda: grad_fn(state.params, state.model_state, jax.tree.map(lambda x: x[0], micro), rng))
+  m0 = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes[0][1][1])
+  carry = (zeros, state.model_state, 0.0, m0, 0.0, 0)
+  (grads, model_state, loss, metrics, weight, _), _ = jax.lax.scan(body, carry, micro)
+  weight = jnp.maximum(weight, 1.0)  # (no tokens at all: every sum is 0)
+  grads, loss = jax.tree.map(lambda g: g / weight, grads), loss / weight
+  metrics = {k: v if k == "tokens" else v / weight for k, v in metrics.items()}  # token counts add up
+  return loss, model_state, metrics, grads

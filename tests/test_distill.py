@@ -148,3 +148,15 @@ def test_a_teacher_of_other_classes_or_none_at_all_is_refused_before_anything_is
   _refused(tmp_path, run_args, str(tmp_path / "nowhere"), words=("no vitjax run there",))
   _refused(tmp_path, run_args, finished_run, "--config.distill.checkpoint=7", words=("7",))
   _refused(tmp_path, run_args, finished_run, "--config.distill.loss=kl", words=("config.distill.loss",))
+
+
+def test_a_distilled_run_follows_the_same_curve_on_eight_devices(tmp_path, run_args, finished_run):
+  """The teacher's variables are laid out on the student's mesh: 1 or 8 devices give the same losses."""
+  args = [*run_args, "--config.total_steps=12", "--config.eval_every=12", f"--config.distill.teacher={finished_run}"]
+  losses = []
+  for devices in (1, 8):
+    workdir = str(tmp_path / f"d{devices}")
+    th.check_ok(th.run_main(workdir, *args, devices=devices))
+    losses.append([r["train/loss"] for r in th.read_metrics(workdir) if "train/loss" in r])
+  assert len(losses[0]) == 12
+  np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5, atol=1e-6)

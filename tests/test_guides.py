@@ -76,6 +76,7 @@ SWEPT = {"vit_digits.py": {"--config.optim.lr", "--config.optim.weight_decay", "
 EXPECT = {
   "getting_started": ['"split": "test"', "workdirs/vit_digits/curves.png"],
   "guides/checkpoints": ["workdirs/vit_digits/averaged", "workdirs/vit_digits/config_history.jsonl"],
+  "guides/distill_lora": ["workdirs/student/checkpoints", "workdirs/lora/checkpoints", "exported/lora.safetensors"],
   "guides/evaluate": ["probe/linear", "(5, 10)"],
   "guides/export": ["exported/vit_digits.safetensors", "exported/vit_digits.json", "largest difference: 0.0"],
   "guides/finetune": [

@@ -2,9 +2,8 @@
 
     c.distill.teacher = "workdirs/vit_s_fashion"   # a vitjax workdir; "" (the default): no teacher
     c.distill.checkpoint = "best"      # the teacher run's "best", "latest" or a step
-    c.distill.loss = "soft"            # "soft": KL(teacher || student) at the temperature, times its square;
-                                       # "hard": cross-entropy with the teacher's argmax (DeiT's hard distillation)
-    c.distill.temperature = 1.0
+    c.distill.loss = "soft"            # "soft": KL(teacher || student) at the temperature; "hard": its argmax
+    c.distill.temperature = 1.0        # (the soft loss is scaled by its square)
     c.distill.weight = 1.0             # loss = (1 - weight) * the task's own loss + weight * the distillation loss
 
 The teacher sees the student's view: the batch after the task's device_batch (crops, flips, Mixup/CutMix shared), so

@@ -1,4 +1,4 @@
-"""Sharding presets on a named mesh (8 simulated CPU devices): for a tiny ViT, Swin, hybrid ViT and translation
+"""Sharding presets on a named mesh (8 simulated CPU devices): for a tiny ViT (also with low-rank adapters), Swin, hybrid ViT and translation
 Transformer, 20 training steps under dp, fsdp, tp and fsdp_tp give the losses of a 1-device run, and fsdp / tp hold the
 fraction of the parameter and optimizer bytes per device that they promise, and the log's line says what a device
 holds; the tp step's only collectives are
@@ -32,8 +32,10 @@ SCRIPT = textwrap.dedent(r"""
       c.model.d_model = 64
     else:
       c = default_config()
-      if family == "vit":
+      if family in ("vit", "vit_lora"):
         c.model = mlc.ConfigDict(dict(name="Ti/2", width=64, depth=2, num_heads=4, mlp_dim=256, num_classes=10))
+        if family == "vit_lora":  # low-rank adapters: their shardings follow their kernels' (vitjax.models.lora)
+          c.lora.rank = 16  # (its adapters at least FSDP_MIN_SIZE: fsdp splits them too)
       elif family == "vit_modern":  # DINOv2's and EVA-02's parts: their parameters get the presets' rules too
         c.model = mlc.ConfigDict(dict(name="Ti/2", width=64, depth=2, num_heads=4, mlp_dim=256, num_classes=10,
                                       num_registers=4, class_posemb=False, init_values=1e-5, qk_norm="layernorm",
@@ -121,6 +123,7 @@ def _run(family: str, runs: dict, devices: int) -> dict:
   "family",
   [
     "vit",
+    "vit_lora",
     pytest.param("vit_modern", marks=pytest.mark.slow),
     pytest.param("swin", marks=pytest.mark.slow),
     pytest.param("transformer", marks=pytest.mark.slow),
@@ -154,6 +157,11 @@ def test_every_preset_gives_the_one_device_losses_and_saves_the_memory_it_promis
   assert "all-gather" in got["fsdp"]["collectives"]  # ZeRO-3: each parameter gathered where it is used
   if family == "swin":
     assert specs["stage_0_block_0/attn/query/kernel"] == "P()"
+  if family == "vit_lora":  # A split as its kernel's input dims, B as its output dims: no collective of their own
+    a, b = query.replace("kernel", "lora_a"), query.replace("kernel", "lora_b")
+    assert (specs[a], specs[b]) == ("P(None, None)", "P(None, 'tensor', None)"), (specs[a], specs[b])
+    a, b = fc2.replace("kernel", "lora_a"), fc2.replace("kernel", "lora_b")
+    assert (specs[a], specs[b]) == ("P('tensor', None)", "P(None, None)"), (specs[a], specs[b])
   # the run log's line on the layout states what a device really holds
   mb = lambda n: f"{n / 2**20:.3g}"
   assert dp["describe"] == f"mesh data=8: parameters replicated ({mb(dp['whole_bytes'])} MiB on each device)"

@@ -171,7 +171,10 @@ def frozen_rules(config) -> tuple:
 def follow_kernels(shardings, params):
   """Adapter shardings taken from their kernels': lora_a like its contracted dims, lora_b like its output dims.
 
-  shardings: NamedSharding per parameter, laid out as `params` (arrays or ShapeDtypeStructs).
+  Tensor parallelism's splits are the kernel's (x @ A and h @ B then need no collective of their own); FSDP's split
+  (ZeRO-3: memory only) is each adapter's own, on its largest dimension the axis divides, where the generic rule
+  split it at all (vitjax.mesh.param_shardings: not tiny ones). shardings: NamedSharding per parameter, laid out as
+  `params` (arrays or ShapeDtypeStructs).
   """
   flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(shardings), sep="/")
   shapes = {k: v.shape for k, v in flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/").items()}
@@ -181,10 +184,22 @@ def follow_kernels(shardings, params):
     lead = len(a) + len(b) - len(kernel) - 2
     nk = len(a) - lead - 1
     ks = flat[base + "kernel"]
-    spec = tuple(ks.spec) + (None,) * (len(kernel) - len(ks.spec))
-    flat[name] = NamedSharding(ks.mesh, P(*spec[: lead + nk], None))
-    flat[base + "lora_b"] = NamedSharding(ks.mesh, P(*spec[:lead], None, *spec[lead + nk :]))
+    spec = tuple(None if s == "fsdp" else s for s in tuple(ks.spec) + (None,) * (len(kernel) - len(ks.spec)))
+    for path, axes in ((name, (*spec[: lead + nk], None)), (base + "lora_b", (*spec[:lead], None, *spec[lead + nk :]))):
+      flat[path] = NamedSharding(ks.mesh, P(*_with_fsdp(axes, shapes[path], flat[path], ks.mesh)))
   return flax.traverse_util.unflatten_dict(flat, sep="/")
+
+
+def _with_fsdp(axes: tuple, shape: tuple, generic: NamedSharding, mesh) -> tuple:
+  """`axes` with "fsdp" on the largest free dimension it divides, where the generic sharding used fsdp at all."""
+  if "fsdp" not in jax.tree.leaves(tuple(generic.spec)):
+    return axes
+  size = dict(mesh.shape).get("fsdp", 1)
+  free = [i for i, ax in enumerate(axes) if ax is None and shape[i] % size == 0]
+  if not free:
+    return axes
+  i = max(free, key=lambda j: (shape[j], -j))
+  return (*axes[:i], "fsdp", *axes[i + 1 :])
 
 
 def merged(params):

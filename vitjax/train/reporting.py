@@ -176,7 +176,7 @@ class Reporter:
     The row gains train/elapsed_s and, from the second line on (the first includes compilation),
     train/steps_per_s, train/data_wait and train/examples_per_s or train/tokens_per_s: those of the steps since the
     previous line, over their training time (evaluations and saves left out). The line gives the step, loss,
-    accuracy, learning rate, skipped steps, the same speeds and the ETA.
+    accuracy (and agreement with a teacher), learning rate, skipped steps, the same speeds and the ETA.
 
     Args:
       step: the training step.
@@ -208,6 +208,8 @@ class Reporter:
     parts = [f"step {step}/{self.total}", f"loss {metrics['train/loss']:.4f}"]
     if "train/accuracy" in metrics:
       parts.append(f"acc {metrics['train/accuracy']:.3f}")
+    if "train/agreement" in metrics:  # (config.distill: the share of the batch where the teacher's argmax is ours)
+      parts.append(f"agree {metrics['train/agreement']:.3f}")
     parts.append(f"lr {metrics['train/lr']:.2e}")
     if metrics.get("train/skipped_steps"):
       parts.append(f"{int(metrics['train/skipped_steps'])} non-finite steps skipped")

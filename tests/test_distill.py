@@ -160,3 +160,38 @@ def test_a_distilled_run_follows_the_same_curve_on_eight_devices(tmp_path, run_a
     losses.append([r["train/loss"] for r in th.read_metrics(workdir) if "train/loss" in r])
   assert len(losses[0]) == 12
   np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_deit_student_learns_the_teacher_through_its_distillation_token_and_the_labels_through_its_class_token(
+  tmp_path, run_args, finished_run
+):
+  """DeiT's distillation token: the teacher's loss reaches its head alone, the labels' the class token's head alone
+  (both heads start at zero: the one no loss reaches stays zero), and the model predicts with their mean."""
+  import vitjax
+
+  config = tmp_path / "deit_digits.py"
+  config.write_text(
+    "import importlib.util\n"
+    f"spec = importlib.util.spec_from_file_location('vit_digits', {th.CONFIG!r})\n"
+    "base = importlib.util.module_from_spec(spec)\n"
+    "spec.loader.exec_module(base)\n\n\n"
+    "def get_config():\n  c = base.get_config()\n  c.model.distill_token = True\n  return c\n"
+  )
+  heads = {}
+  for weight in (1.0, 0.0):  # the teacher alone, the labels alone
+    workdir = str(tmp_path / f"deit_{weight}")
+    args = [
+      f"--config.distill.teacher={finished_run}",
+      "--config.distill.loss=hard",
+      f"--config.distill.weight={weight}",
+    ]
+    th.check_ok(th.run_main(workdir, *run_args, *args, config=str(config)))
+    params = th.load_state(workdir)["params"]
+    heads[weight] = {name: np.abs(params[name]["kernel"]).max() for name in ("head", "head_dist")}
+  assert heads[1.0]["head"] == 0 and heads[1.0]["head_dist"] > 0, heads
+  assert heads[0.0]["head_dist"] == 0 and heads[0.0]["head"] > 0, heads
+  student = vitjax.load(str(tmp_path / "deit_0.0"))
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(4, 8, 8, 1)), jnp.float32)
+  logits, parts = student.model.apply(student.variables, x, train=False)
+  np.testing.assert_allclose(logits, (parts["logits_cls"] + parts["logits_dist"]) / 2, rtol=1e-6)
+  assert np.abs(parts["logits_dist"]).max() == 0 < np.abs(parts["logits_cls"]).max()

@@ -1,5 +1,6 @@
 """Low-rank adapters (vitjax.models.lora): zero at the start, merged exactly, the base untouched, bad input refused."""
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -108,3 +109,26 @@ def test_an_adapter_run_keeps_its_base_bitwise_and_exports_merged(tmp_path, run_
   a = trained.model.apply(trained.variables, images, train=False)[0]
   b = trained.model.apply(merged, images, train=False)[0]
   np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-5)
+
+
+def test_adapter_dropout_drops_the_adapters_inputs_in_training_only():
+  c, net = _net(rank=4, dropout=0.5)
+  _, plain = _net(rank=4)
+  p, ms = net.init()
+  assert lora.has_adapters(p) and optim.frozen_tree(c, p)["encoder"]["block_0"]["attn"]["query"]["lora_dropout"]
+  rng = np.random.default_rng(2)
+  p = jax.tree_util.tree_map_with_path(
+    lambda k, v: rng.normal(size=v.shape).astype(np.float32) * 0.1 if "lora_b" in str(k) else v, p
+  )
+  flat = flax.traverse_util.flatten_dict(p, sep="/")
+  without = flax.traverse_util.unflatten_dict({k: v for k, v in flat.items() if "lora_dropout" not in k}, sep="/")
+  assert len(flat) > len(flax.traverse_util.flatten_dict(without))
+  # evaluation (no dropout RNG): the model without dropout's, bitwise
+  np.testing.assert_array_equal(_logits(net, p, ms), _logits(plain, without, ms))
+  features = lambda **kw: np.asarray(net.model.apply({"params": p, **ms}, X, **kw)[1]["pre_logits"])
+  train = lambda key: features(rngs={"dropout": jax.random.key(key)})  # (the head starts at zero: its input)
+  assert np.abs(train(0) - features()).max() > 1e-4 and np.abs(train(0) - train(1)).max() > 1e-4
+  np.testing.assert_array_equal(train(0), train(0))
+  assert lora.merged(p).keys() == lora.merged(without).keys()
+  with pytest.raises(ConfigError, match="must be in"):
+    _net(rank=4, dropout=1.0)

@@ -75,6 +75,7 @@ def test_from_timm_matches_timm(refs, name, hw):
     ("vit_small_patch14_dinov2", dict(img_size=56), 56, (0, 1e-5, True, None)),  # LayerScale; a class token row
     ("vit_small_patch14_reg4_dinov2", dict(img_size=56), 56, (4, 1e-5, False, None)),  # + 4 registers, no such rows
     ("deit3_small_patch16_224", {}, 224, (0, 1e-5, False, None)),  # LayerScale, no_embed_class
+    ("deit_tiny_distilled_patch16_224", {}, 224, (0, None, True, None)),  # DeiT's distillation token and head
     ("vit_base_patch16_reg4_gap_256", dict(embed_dim=192, num_heads=3), 256, (4, None, False, None)),  # no cls, gap
     ("vit_small_patch16_224", dict(qk_norm=True), 224, (0, None, True, "layernorm")),  # QK-norm
     # DINOv2-g's packed SwiGLU, narrowed to 96 wide (4 heads)
@@ -82,7 +83,8 @@ def test_from_timm_matches_timm(refs, name, hw):
   ],
 )
 def test_layerscale_register_and_qk_norm_vits_match_timm_and_export_back(refs, name, kw, hw, options):
-  """DINOv2 (with and without registers), DeiT III, timm's register ViTs and QK-norm from timm's layout, two blocks;
+  """DINOv2 (with and without registers), DeiT III, DeiT's distilled ViT (its distillation token and second head,
+  the logits their mean), timm's register ViTs and QK-norm from timm's layout, two blocks;
   and vitjax.export's timm layout read back by timm with strict=True gives the same logits. DINOv2's names carry no
   image size: the position table's grid gives it (56 px here, 518 as timm builds them)."""
   model = _random_timm(refs, name, depth=2, num_classes=5, **kw)
@@ -93,7 +95,8 @@ def test_layerscale_register_and_qk_norm_vits_match_timm_and_export_back(refs, n
   # SwiGLU (DINOv2-g) goes out as timm's Eva, which builds it from arguments the export's .json holds: the same
   # weights in another module, whose sums run in another order (6e-8 apart)
   eva = module.ffn == "swiglu"
-  _exports_back(refs, model, module, variables, hw, "eva" if eva else "vit", tol=TOL if eva else 0.0)
+  timm_class = "eva" if eva else "deit_distilled" if module.distill_token else "vit"
+  _exports_back(refs, model, module, variables, hw, timm_class, tol=TOL if eva else 0.0)
 
 
 def _exports_back(refs, model, module, variables, hw, timm_class, tol=0.0):
@@ -178,7 +181,7 @@ def test_from_timm_refuses_mismatched_or_unknown_weights(refs):
   with pytest.raises(ValueError, match=r"posembed/pos_embedding: model \(1, 197, 192\), checkpoint \(1, 100, 192\)"):
     convert.from_timm("vit_tiny_patch16_224", bad)
   with pytest.raises(ValueError, match="does not know"):
-    convert.from_timm("vit_tiny_patch16_224", dict(sd, dist_token=np.zeros((1, 1, 192))))  # DeiT's distillation
+    convert.from_timm("vit_tiny_patch16_224", dict(sd, mask_token=np.zeros((1, 1, 192))))  # a key no ViT has
   with pytest.raises(ValueError, match="no conversion"):
     convert.from_timm("resnet50", sd)
 

@@ -263,13 +263,20 @@ def _converter(module, fmt: str, what: str):
 
 def build_timm(config: dict):
   """The timm model (random weights, eval mode) a `to_timm` state dict loads into with strict=True."""
+  from timm.models.deit import VisionTransformerDistilled
   from timm.models.eva import Eva
   from timm.models.swin_transformer import SwinTransformer
   from timm.models.vision_transformer import VisionTransformer
 
   if config["model"] == "vit_hybrid":  # a ResNetV2 backbone inside a HybridEmbed
     return vit_hybrid_timm.build(config)
-  cls = {"vit": VisionTransformer, "eva": Eva, "swin": SwinTransformer}[config["model"]]
+  classes = {
+    "vit": VisionTransformer,
+    "deit_distilled": VisionTransformerDistilled,
+    "eva": Eva,
+    "swin": SwinTransformer,
+  }
+  cls = classes[config["model"]]
   return cls(**config["kwargs"]).eval()
 
 

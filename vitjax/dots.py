@@ -77,11 +77,17 @@ def adapted(layer, inputs, y, contracted: int):
 
   y + scale * (x @ lora_a) @ lora_b, in y's dtype: x [..., K...] (`contracted` trailing dims), lora_a [K..., r],
   lora_b [r, N...], lora_scale [] (alpha / r). A layer without them (every layer unless config.lora) is unchanged.
+  With lora_dropout [] (config.lora.dropout > 0) and a "dropout" RNG (training), x is dropped out on the adapter's
+  path only (PEFT's lora_dropout); evaluation has no such RNG.
   """
   if not layer.has_variable("params", "lora_a"):
     return y
   a, b, scale = (layer.get_variable("params", name) for name in ADAPTER)
-  h = jnp.tensordot(inputs.astype(y.dtype), a.astype(y.dtype), axes=contracted)  # [..., r]
+  x = inputs.astype(y.dtype)
+  if layer.has_variable("params", "lora_dropout") and layer.has_rng("dropout"):  # training (config.lora.dropout)
+    keep = 1.0 - layer.get_variable("params", "lora_dropout").astype(y.dtype)
+    x = jnp.where(jax.random.bernoulli(layer.make_rng("dropout"), keep, x.shape), x / keep, 0.0).astype(y.dtype)
+  h = jnp.tensordot(x, a.astype(y.dtype), axes=contracted)  # [..., r]
   return y + scale.astype(y.dtype) * jnp.tensordot(h, b.astype(y.dtype), axes=1)
 
 

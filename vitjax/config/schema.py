@@ -154,6 +154,7 @@ def _optimizer(c: mlc.ConfigDict) -> None:
   c.lora.rank = 0
   c.lora.alpha = mlc.FieldReference(None, field_type=float)
   c.lora.targets = ()
+  c.lora.dropout = 0.0  # on the adapters' inputs in training (PEFT's lora_dropout)
   # Distillation (vitjax.train.teacher): a trained vitjax classifier's workdir as a frozen teacher ("" is off). The
   # teacher sees the student's augmented view; loss "soft" (KL at the temperature) or "hard" (the teacher's argmax);
   # the step's loss is (1 - weight) * the labels' + weight * the teacher's ("soft", 1.0, 1.0: function matching).

@@ -18,6 +18,8 @@ from vitjax import posenc
 from vitjax.errors import ConfigError
 from vitjax.models import lora, registry
 
+HEADS = ("head/", "head_dist/")  # the classifier heads (DeiT's distillation token has the second)
+
 
 def adapt_params(loaded, target, model=None) -> tuple[dict, list[str]]:
   """(parameters of the target's shapes, one line per change) from loaded parameters.
@@ -44,7 +46,7 @@ def adapt_params(loaded, target, model=None) -> tuple[dict, list[str]]:
       if lora.is_adapter(k):  # config.lora's new adapters start at their initialisation (B = 0: the base's outputs)
         out[k] = t
         continue
-      if k.startswith("head/"):
+      if k.startswith(HEADS) or k == "dist":  # (a new head; DeiT's distillation token and head)
         changes.append(f"{k} not in the checkpoint; keeping its initialisation")
         out[k] = t
         continue
@@ -53,7 +55,7 @@ def adapt_params(loaded, target, model=None) -> tuple[dict, list[str]]:
     v = np.asarray(flat_l[k])
     if v.shape == t.shape:
       out[k] = v
-    elif k.startswith("head/"):
+    elif k.startswith(HEADS):
       changes.append(f"new head {k} {v.shape} -> {t.shape}")
       out[k] = t
     elif fitted := next((r for fit in fits if (r := fit(k, v, t)) is not None), None):

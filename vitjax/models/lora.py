@@ -3,6 +3,7 @@
     c.lora.rank = 8                      # 0: off (the default)
     c.lora.alpha = 16.0                  # scale = alpha / rank; None: alpha = rank (scale 1)
     c.lora.targets = ("attn/(query|value)$",)   # regexes of Dense layers' paths; () = DEFAULT_TARGETS
+    c.lora.dropout = 0.05                # on the adapters' inputs in training (PEFT's lora_dropout); 0: none
 
 A matched layer W [K..., N...] gets lora_a [K..., r] (uniform in +-1/sqrt(K), as PEFT's kaiming_uniform(a=sqrt(5)))
 and lora_b [r, N...] (zeros: at the start the model is the base's, bitwise), and a frozen lora_scale []. The layers
@@ -50,7 +51,7 @@ ALIASES = {  # timm's / transformers' module names -> vitjax's layers
   "k": "attn/key$",
   "v": "attn/value$",
 }
-_ADAPTER_LEAF = re.compile(r"(^|/)lora_(a|b|scale)$")
+_ADAPTER_LEAF = re.compile(r"(^|/)lora_(a|b|scale|dropout)$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +100,8 @@ def plan(config, init) -> tuple[Target, ...]:
     raise ConfigError(f"config.lora.rank={rank!r} must be a positive int (e.g. --config.lora.rank=8; 0: no adapters)")
   if spec.get("alpha") is not None and not float(spec.alpha) > 0:
     raise ConfigError(f"config.lora.alpha={spec.alpha!r} must be positive (or None: alpha = rank)")
+  if not 0 <= float(spec.get("dropout") or 0.0) < 1:
+    raise ConfigError(f"config.lora.dropout={spec.dropout!r} must be in [0, 1) (e.g. 0.05; 0: none)")
   regexes = _regexes(spec.targets)
   layers = {}
 
@@ -142,8 +145,10 @@ def plan(config, init) -> tuple[Target, ...]:
   return tuple(out)
 
 
-def add(params, targets: tuple[Target, ...], rank: int, scale_: float, seed: int):
+def add(params, targets: tuple[Target, ...], rank: int, scale_: float, seed: int, dropout: float = 0.0):
   """The parameters with each target's adapter beside its kernel: lora_a uniform in +-1/sqrt(K), lora_b zero, lora_scale.
+
+  With dropout > 0, also lora_dropout (its rate, frozen: vitjax.dots.adapted drops the adapter's inputs in training).
 
   Each adapter's draw depends on the seed and its path only (not on the devices or the other targets).
   """
@@ -157,6 +162,8 @@ def add(params, targets: tuple[Target, ...], rank: int, scale_: float, seed: int
     node["lora_a"] = jax.random.uniform(key, t.lead + t.contracted + (rank,), jnp.float32, -bound, bound)
     node["lora_b"] = jnp.zeros(t.lead + (rank,) + t.features, jnp.float32)
     node["lora_scale"] = jnp.full(t.lead, scale_, jnp.float32)
+    if dropout:
+      node["lora_dropout"] = jnp.full(t.lead, dropout, jnp.float32)
   return params
 
 
@@ -165,7 +172,7 @@ def frozen_rules(config) -> tuple:
   rules = tuple(config.frozen or ())
   if not enabled(config):
     return rules
-  return (rules or (r"^(?!head/)(?!(.*/)?lora_[ab]$).*",)) + (r"(^|/)lora_scale$",)
+  return (rules or (r"^(?!head(_dist)?/)(?!(.*/)?lora_[ab]$).*",)) + (r"(^|/)lora_(scale|dropout)$",)
 
 
 def follow_kernels(shardings, params):
@@ -210,6 +217,7 @@ def merged(params):
       return node
     node = {k: visit(v) for k, v in node.items()}
     if "lora_a" in node:
+      node.pop("lora_dropout", None)  # (training's alone)
       a, b, s, kernel = (np.asarray(node.pop(n), np.float32) for n in ("lora_a", "lora_b", "lora_scale", "kernel"))
       lead = a.ndim + b.ndim - kernel.ndim - 2
       rows = int(np.prod(a.shape[lead:-1]))

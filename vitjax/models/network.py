@@ -147,7 +147,9 @@ def network(config, overrides: dict, inputs: tuple, mesh: Mesh) -> Network:
 
     def init():
       params, model_state = base_init()
-      return lora.add(params, targets, rank, scale, config.seed + 5), model_state
+      return lora.add(
+        params, targets, rank, scale, config.seed + 5, float(config.lora.get("dropout") or 0.0)
+      ), model_state
 
     params = jax.eval_shape(lambda: init()[0])
   replicated = NamedSharding(mesh, jax.sharding.PartitionSpec())

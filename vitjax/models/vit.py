@@ -158,7 +158,7 @@ def _overrides(kw: dict) -> dict:
 
 # The ViT's parameters that weight decay leaves alone (besides biases and norm scales), and how loaded weights
 # fit another resolution. They are shared with every model built on the ViT (MAE).
-NO_DECAY = ("pos_embedding", "relative_position_bias_table", "cls", "registers", "probe")
+NO_DECAY = ("pos_embedding", "relative_position_bias_table", "cls", "dist", "registers", "probe")
 ADAPTERS = (adapt.resample_patch_positions, adapt.bias_table_resizer("clip", under="encoder/"), adapt.grey_input)
 
 
@@ -203,6 +203,10 @@ class ViT(nn.Module):
       no_embed_class: DeiT III, DINOv2 with registers, big_vision).
     class_token: a class token ("cls") whatever pool_type pools (EVA-02 and BEiT average the patches, with one);
       False: one only where pool_type reads it ("tok", "tok_gap").
+    distill_token: DeiT's distillation token ("dist" [1, 1, D], after the class token) with a head of its own
+      ("head_dist"): the logits are the mean of the two heads' (DeiT's inference), which the intermediates hold apart,
+      "logits_cls" and "logits_dist" (distillation trains the second on a teacher: vitjax.tasks.distill). With
+      pool_type "tok" only; False: none, and no parameter.
     num_registers: register tokens (Darcet et al. 2024, "Vision Transformers Need Registers"): learned tokens
       "registers" [1, R, D] after the class token, before the patches; attended to, never pooled ("gap" averages the
       patches only). 0: none, and no parameter.
@@ -260,6 +264,7 @@ class ViT(nn.Module):
   posemb_grid: Sequence[int] | None = None
   patch_dropout: float = 0.0
   class_token: bool = False
+  distill_token: bool = False
   num_registers: int = 0
   init_values: float | None = None
   qk_norm: str | None = None
@@ -309,14 +314,14 @@ class ViT(nn.Module):
     """The layer of the parameter at ``path`` ("encoder/block_3/mlp/fc1/kernel") for layer-wise learning-rate decay.
 
     BEiT's and MAE's numbering: 0 before the encoder (embedding or conv_stem, embed_norm, cls, posembed), i + 1 in
-    encoder block i, depth + 1 after it (encoder/final_norm, map_head, fc_norm, pre_logits, head). A scanned encoder's
+    encoder block i, depth + 1 after it (encoder/final_norm, map_head, fc_norm, pre_logits, head, head_dist). A scanned encoder's
     parameters ("encoder/blocks/...", stacked over blocks) get [1, ..., depth] along their first axis.
     """
     if m := re.match(r"encoder/block_(\d+)/", path):
       return int(m[1]) + 1
     if path.startswith("encoder/blocks/"):
       return np.arange(1, self.depth + 1)
-    if path.startswith(("encoder/", "map_head/", "fc_norm/", "pre_logits/", "head/")):
+    if path.startswith(("encoder/", "map_head/", "fc_norm/", "pre_logits/", "head/", "head_dist/")):
       return self.depth + 1
     return 0
 
@@ -453,6 +458,11 @@ class ViT(nn.Module):
     prefix = []
     if self.has_class_token:
       prefix.append(self.param("cls", nn.initializers.normal(1e-6), (1, 1, x.shape[-1])))
+    if self.distill_token:
+      if self.pool_type != "tok" or self.fc_norm or self.representation_size or self.rel_pos_bias:
+        raise ValueError("distill_token: DeiT's heads read the class and distillation tokens (pool_type 'tok', no "
+                         "fc_norm, representation_size or rel_pos_bias)")  # fmt: skip
+      prefix.append(self.param("dist", nn.initializers.normal(0.02), (1, 1, x.shape[-1])))
     if self.num_registers:
       prefix.append(self.param("registers", nn.initializers.normal(1e-6), (1, self.num_registers, x.shape[-1])))
     if train and self.patch_dropout and keep is None:  # a random subset of each example's patches
@@ -471,5 +481,10 @@ class ViT(nn.Module):
     out["pre_logits"] = x
     if self.num_classes:
       init = nn.initializers.zeros if self.head_zeroinit else nn.initializers.lecun_normal()
-      x = dots.Dense(self.num_classes, kernel_init=init, dtype=self.dtype, name="head")(x)
+      head = lambda t, name: dots.Dense(self.num_classes, kernel_init=init, dtype=self.dtype, name=name)(t)
+      if self.distill_token:  # DeiT: each token its head; the logits their mean
+        out["logits_cls"] = head(x, "head").astype(jnp.float32)
+        out["logits_dist"] = head(out["encoded"][:, 1], "head_dist").astype(jnp.float32)
+        return (out["logits_cls"] + out["logits_dist"]) / 2, out
+      x = head(x, "head")
     return x.astype(jnp.float32), out

@@ -1,8 +1,8 @@
-"""The backbones of 2021-2024 by name: DINOv2, DeiT III, EVA-02 and SigLIP's image tower, each a ViT with its options.
+"""The backbones of 2021-2024 by name: DINOv2, DeiT (distilled), DeiT III, EVA-02, SigLIP's tower: ViTs with options.
 
     models.create("dinov2_s14_reg4")   # = ViT(width=384, ..., patch 14, init_values=1e-5, num_registers=4, ...)
 
-Names: dinov2_{s,b,l,g}14[_reg4], dinov3_{s,b,l}16, deit3_{s,b,l}16, deit3_h14, eva02_{ti,s,b,l}14, siglip_{b,l}16,
+Names: dinov2_{s,b,l,g}14[_reg4], dinov3_{s,b,l}16, deit_{ti,s,b}16[_distilled], deit3_{s,b,l}16, deit3_h14, eva02_{ti,s,b,l}14, siglip_{b,l}16,
 siglip_so400m14.
 They are the architectures only: their weights load from the hub (vitjax.load("hf:timm/...")) or as config.init_from;
 fine-tuning a config of one such name starts from random weights unless init_from says where they are.
@@ -36,6 +36,7 @@ FAMILIES = {
       pool_type="gap",
     ),
   ),
+  "deit": ({"ti": 16, "s": 16, "b": 16}, {}),  # DeiT: the original ViT's shape; _distilled: its distillation token
   "deit3": ({"s": 16, "b": 16, "l": 16, "h": 14}, dict(init_values=1e-6, class_posemb=False)),
   "eva02": (
     {"ti": 14, "s": 14, "b": 14, "l": 14},
@@ -53,7 +54,8 @@ FAMILIES = {
   "siglip": ({"b": 16, "l": 16, "so400m": 14}, dict(pool_type="map", act="gelu_tanh")),
 }
 _NAME = re.compile(
-  r"^(?P<family>dinov2|dinov3|deit3|eva02|siglip)_(?P<size>ti|s|b|l|h|g|so400m)(?P<patch>\d+)(?:_reg(?P<reg>\d+))?$"
+  r"^(?P<family>dinov2|dinov3|deit3?|eva02|siglip)_(?P<size>ti|s|b|l|h|g|so400m)(?P<patch>\d+)"
+  r"(?:_reg(?P<reg>\d+)|(?P<distilled>_distilled))?$"
 )
 
 
@@ -70,16 +72,20 @@ def parse(name: str) -> tuple[str, dict] | None:
     return None
   family, size, patch = m["family"], m["size"], int(m["patch"])
   patches, options = FAMILIES[family]
-  if patches.get(size) != patch or (m["reg"] and family != "dinov2"):
+  if patches.get(size) != patch or (m["reg"] and family != "dinov2") or (m["distilled"] and family != "deit"):
     known = ", ".join(f"{family}_{s}{p}" for s, p in patches.items())
     raise ValueError(
-      f"unknown {family} backbone {name!r}: {family} has {known}" + (" (with _reg4)" * (family == "dinov2"))
+      f"unknown {family} backbone {name!r}: {family} has {known}"
+      + (" (with _reg4)" * (family == "dinov2"))
+      + (" (with _distilled)" * (family == "deit"))
     )
   options = dict(options, patch_size=(patch, patch))
   if family == "dinov2":
     options.update(num_registers=int(m["reg"] or 0), class_posemb=not m["reg"])  # the register models' table: patches
     if size == "g":
       options.update(ffn="swiglu", act="silu")
+  if m["distilled"]:
+    options.update(distill_token=True)
   if family == "eva02":
     options.update(mlp_dim=_EVA02_MLP[size], ffn_norm=size in ("b", "l"))
   return ("Ti" if size == "ti" else size if size in SIZES else size.upper()), options

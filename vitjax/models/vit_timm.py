@@ -21,12 +21,12 @@ from vitjax.models import convert_util as u
 from vitjax.models import vit as vit_lib
 
 # timm's names of the ViTs read here: vit_SIZE_patchP_[clip_|gap_|siglip_|regN_]IMAGE (AugReg, CLIP, SigLIP, timm's
-# register ViTs), deit3_SIZE_patchP_IMAGE (DeiT III), vit_SIZE_patch14_[reg4_]dinov2 (DINOv2: its weights give the size),
+# register ViTs), deit_SIZE_[distilled_]patchP_IMAGE (DeiT, with its distillation token), deit3_SIZE_patchP_IMAGE (DeiT III), vit_SIZE_patch14_[reg4_]dinov2 (DINOv2: its weights give the size),
 # eva02_SIZE_patchP_[clip_]IMAGE (EVA-02, timm's Eva: 2-D rotary positions over a 16 x 16 reference grid); SigLIP 2's
 # image towers are timm's vit_*_siglip_* too (their .v2_webli weights), with the sizes so400m and giantopt
 NAMES = re.compile(
-  r"^(?:vit|deit3|(?P<eva02>eva02))_(?P<size>tiny|small|small_plus|medium|base|large|huge|huge_plus|giant|so400m|giantopt)"
-  r"_patch(?P<patch>\d+)_(?:(?:clip|gap|siglip|reg\d+)_)*(?:(?P<image>\d+)|dinov2|(?P<dinov3>dinov3))"
+  r"^(?:vit|deit3?|(?P<eva02>eva02))_(?P<size>tiny|small|small_plus|medium|base|large|huge|huge_plus|giant|so400m|giantopt)"
+  r"(?:_distilled)?_patch(?P<patch>\d+)_(?:(?:clip|gap|siglip|reg\d+)_)*(?:(?P<image>\d+)|dinov2|(?P<dinov3>dinov3))"
 )
 EVA02_ROPE = dict(rope="axial", rope_grid=(16, 16))  # every EVA-02's (timm's ref_feat_shape: 224 px / 14)
 _SIZES = {"tiny": "Ti", "small": "S", "medium": "M", "base": "B", "large": "L", "huge": "H"}
@@ -96,13 +96,16 @@ def _read(m: re.Match, r: u.Reader, num_heads: int | None):
   if m["image"]:  # the name's image size, as timm builds it
     return vit_lib.ViT(**cfg), out, (int(m["image"]),) * 2
   rows = out["posembed/pos_embedding"].shape[1]  # DINOv2's names give none: its table's grid does (518 px)
-  prefix = int("cls_token" in r) + cfg.get("num_registers", 0) if cfg.get("class_posemb", True) else 0
+  tokens = int("cls_token" in r) + int("dist_token" in r) + cfg.get("num_registers", 0)
+  prefix = tokens if cfg.get("class_posemb", True) else 0
   side = math.isqrt(rows - prefix) * cfg["patch_size"][0]
   return vit_lib.ViT(**cfg), out, (side, side)
 
 
 def read_vit(r: u.Reader, heads: int, grid: int | None = None) -> tuple[dict, dict[str, np.ndarray]]:
   """The ViT part of a timm VisionTransformer state dict: (ViT keyword arguments, flax-named parameters).
+
+  Long: timm's layout read key by key, in the order of timm's module, and every option the keys show.
 
   What read() and the hybrid's reader (vitjax.models.vit_hybrid_timm) share; heads: from the model's name or the
   caller; grid: the patch grid's side the name gives (None: the position table's). Raises ValueError when the heads
@@ -145,6 +148,8 @@ def read_vit(r: u.Reader, heads: int, grid: int | None = None) -> tuple[dict, di
   u.conv(r, "patch_embed.proj", "embedding", out)
   if "cls_token" in r:
     out["cls"] = r("cls_token")
+  if "dist_token" in r:  # DeiT's distillation token, and its head below
+    out["dist"] = r("dist_token")
   if "reg_token" in r:
     out["registers"] = r("reg_token")
   if "pos_embed" in r:  # (DINOv3 has none)
@@ -158,6 +163,8 @@ def read_vit(r: u.Reader, heads: int, grid: int | None = None) -> tuple[dict, di
     u.linear(r, "pre_logits.fc", "pre_logits", out)
   if cfg["num_classes"]:
     u.linear(r, "head", "head", out)
+    if "dist_token" in r:
+      u.linear(r, "head_dist", "head_dist", out)
   return cfg, out
 
 
@@ -216,6 +223,9 @@ def _read_tokens(r: u.Reader, cfg: dict, grid: int | None) -> None:
   LayerScale's initial value is not in the weights: DINOv2's 1e-5 (it matters only to a new model).
   """
   prefix = int("cls_token" in r)
+  if "dist_token" in r:
+    cfg["distill_token"] = True
+    prefix += 1
   if "reg_token" in r:
     cfg["num_registers"] = int(r.arrays["reg_token"].shape[1])
     prefix += cfg["num_registers"]
@@ -248,7 +258,8 @@ def write(module, p: dict, image_size) -> tuple[dict, dict]:
 
   Returns:
     tuple: (state dict {timm key: numpy array}, {"model": "vit", "kwargs": timm's VisionTransformer arguments}); a
-    ViT with SwiGLU, rotary positions or sub-LayerNorms: {"model": "eva", "kwargs": timm's Eva arguments}.
+    ViT with SwiGLU, rotary positions or sub-LayerNorms: {"model": "eva", "kwargs": timm's Eva arguments}; with DeiT's
+    distillation token: {"model": "deit_distilled", ...} (timm's VisionTransformerDistilled, the same arguments).
 
   Raises:
     ValueError: an option timm's VisionTransformer (or Eva) does not have.
@@ -264,6 +275,7 @@ def write(module, p: dict, image_size) -> tuple[dict, dict]:
     norm=("pre",),
     embed_norm=(False,),
     rel_pos_bias=(False,),
+    **(dict(distill_token=(False,)) if eva else {}),
     layernorm_eps=(1e-6,),  # timm's LayerNorm; its arguments hold no other
     qk_norm=(None, "layernorm"),  # timm's is its blocks' LayerNorm
     **(dict(act=("silu",) if module.ffn == "swiglu" else ("gelu",)) if eva else {}),  # Eva's are fixed
@@ -280,9 +292,12 @@ def write(module, p: dict, image_size) -> tuple[dict, dict]:
   grid = (image_size[0] // k.shape[0], image_size[1] // k.shape[1])
   if "cls" in p:
     out["cls_token"] = p["cls"]
+  if "dist" in p:
+    out["dist_token"] = p["dist"]
   if "registers" in p:
     out["reg_token"] = p["registers"]
-  prefix = int("cls" in p) + module.num_registers if module.class_posemb else 0  # the table's rows before the patches
+  tokens = int("cls" in p) + int("dist" in p) + module.num_registers
+  prefix = tokens if module.class_posemb else 0  # the table's rows before the patches
   if module.posemb == "learn":
     out["pos_embed"] = p["posembed/pos_embedding"]
   else:  # a fixed sin-cos table becomes timm's (learned) table: same values, same logits
@@ -298,8 +313,12 @@ def write(module, p: dict, image_size) -> tuple[dict, dict]:
     _put_map_head(p, out)
   if "head/kernel" in p:
     u.put_linear(p, "head", "head", out)
+  if "head_dist/kernel" in p:
+    u.put_linear(p, "head_dist", "head_dist", out)
   args = _timm_args(module, p, out, image_size, prefix)
-  return out, {"model": "eva", "kwargs": _eva_args(module, args)} if eva else {"model": "vit", "kwargs": args}
+  if eva:
+    return out, {"model": "eva", "kwargs": _eva_args(module, args)}
+  return out, {"model": "deit_distilled" if module.distill_token else "vit", "kwargs": args}
 
 
 def _put_block(module, p: dict, s: str, d: str, eva: bool, out: dict) -> None:

@@ -8,6 +8,9 @@
 
 The teacher sees the student's view: the batch after the task's device_batch (crops, flips, Mixup/CutMix shared), so
 `loss="soft"` at temperature 1 with weight 1 is function matching (Beyer et al. 2022, big_vision's proj/distill).
+A student with DeiT's distillation token (config.model.distill_token) learns the labels through its class token's
+head and the teacher through its distillation token's; it predicts with their mean (DeiT's hard distillation:
+`loss="hard"`, `weight=0.5`).
 Its images are re-normalised with its own mean and std and resized to its own input size where these differ from the
 student's (a grey student's images are repeated over a colour teacher's channels). It may be another family or size
 than the student. Its forward runs inside the jitted step under stop_gradient: no backward, no optimizer state. Its
@@ -99,6 +102,18 @@ def distill_loss(config, logits, teacher_logits):
     loss = kl.mean() * t * t
   agreement = jnp.mean(logits.argmax(-1) == teacher_logits.argmax(-1))
   return loss, {"distill_loss": loss, "agreement": agreement}
+
+
+def heads(out) -> tuple:
+  """(the logits the labels train, the logits the teacher trains) of a model's (logits, intermediates).
+
+  A ViT with DeiT's distillation token: its class token's head and its distillation token's ("logits_cls",
+  "logits_dist"); any other model: its logits, twice.
+  """
+  logits, intermediates = out
+  if isinstance(intermediates, dict) and "logits_dist" in intermediates:
+    return intermediates["logits_cls"], intermediates["logits_dist"]
+  return logits, logits
 
 
 def blended(config, loss, metrics: dict, logits, teacher_logits):

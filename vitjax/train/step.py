@@ -45,9 +45,10 @@ def make_train_step(model, tx, schedule, config, task, grad_sharding=None, teach
     out, new_state = model.apply(
       variables, *task.model_inputs(batch), train=True, rngs={"dropout": rng}, mutable=list(model_state)
     )
-    loss, metrics = task.loss(out[0], batch)
+    own, taught = distill.heads(out) if teacher is not None else (out[0], None)  # (DeiT: two heads)
+    loss, metrics = task.loss(own, batch)
     if teacher is not None:  # (1 - w) * the task's loss + w * the teacher's
-      loss, metrics = distill.blended(config, loss, metrics, out[0], batch["teacher_logits"])
+      loss, metrics = distill.blended(config, loss, metrics, taught, batch["teacher_logits"])
     return loss, (dict(new_state), metrics)
 
   def train_step(state: TrainState, batch, teacher_variables=None):

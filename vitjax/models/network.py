@@ -19,6 +19,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from absl import logging
 from jax.sharding import Mesh, NamedSharding
 
 from vitjax import mesh as mesh_lib
@@ -144,6 +145,13 @@ def network(config, overrides: dict, inputs: tuple, mesh: Mesh) -> Network:
     raise ConfigError(f"{e} ({where})") from None
   if lora.enabled(config):  # low-rank adapters beside the targeted kernels (vitjax.models.lora)
     targets, rank, scale = lora.plan(config, base_init), config.lora.rank, lora.scale(config)
+    logging.info(
+      "low-rank adapters of rank %d (scale %g) on %d layers: %s",
+      rank,
+      scale,
+      len(targets),
+      ", ".join(t.path for t in targets[:3]) + (" ..." if len(targets) > 3 else ""),
+    )
 
     def init():
       params, model_state = base_init()

@@ -76,6 +76,7 @@ def test_the_teacher_sees_the_students_images_in_its_own_normalisation_size_and_
     (dict(teacher="w", temperature=0.0), "must be a positive number"),
     (dict(teacher="w", weight=1.5), "must be in [0, 1]"),
     (dict(teacher="hf:google/vit-base-patch16-224"), "a teacher is a vitjax workdir"),
+    (dict(teacher="w", dtype="float16"), "config.distill.dtype='float16'"),
   ],
 )
 def test_bad_distillation_settings_are_one_line(fields, line):

@@ -164,6 +164,7 @@ def _optimizer(c: mlc.ConfigDict) -> None:
   c.distill.loss = "soft"
   c.distill.temperature = 1.0
   c.distill.weight = 1.0
+  c.distill.dtype = mlc.FieldReference(None, field_type=str)  # the teacher's compute dtype; None: its run's own
 
   c.schedule = mlc.ConfigDict()
   c.schedule.warmup_steps = mlc.FieldReference(None, field_type=object)  # a duration, or warmup_epochs

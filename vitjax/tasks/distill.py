@@ -5,6 +5,7 @@
     c.distill.loss = "soft"            # "soft": KL(teacher || student) at the temperature; "hard": its argmax
     c.distill.temperature = 1.0        # (the soft loss is scaled by its square)
     c.distill.weight = 1.0             # loss = (1 - weight) * the task's own loss + weight * the distillation loss
+    c.distill.dtype = None             # the teacher's compute dtype: "float32", "bfloat16", "auto"; None: its own
 
 The teacher sees the student's view: the batch after the task's device_batch (crops, flips, Mixup/CutMix shared), so
 `loss="soft"` at temperature 1 with weight 1 is function matching (Beyer et al. 2022, big_vision's proj/distill).
@@ -80,6 +81,10 @@ def check(config) -> None:
     raise ConfigError(f"config.distill.weight={w!r} must be in [0, 1] (1: the teacher alone, 0.5: half the labels')")
   if config.task != "classification":
     raise ConfigError(f"config.distill.teacher: distillation trains image classifiers, not a {config.task!r} run")
+  if d.get("dtype") is not None and d.dtype not in ("float32", "bfloat16", "auto"):
+    raise ConfigError(
+      f"config.distill.dtype={d.dtype!r}: use 'float32', 'bfloat16', 'auto' or None (the teacher's own)"
+    )
   source = str(d.teacher)
   if source.split(":", 1)[0] in ("hf", "timm", "npz"):
     raise ConfigError(
@@ -147,6 +152,8 @@ def load(config, task, best_mode: Callable, source: str | None = None, checkpoin
   student = task.describe()
   _check_classes(what, described, student)
   tconfig.mesh, tconfig.sharding, tconfig.sharding_rules = config.mesh, config.sharding, config.sharding_rules
+  if config.distill.get("dtype") is not None:  # (its parameters stay float32; its forward in this dtype)
+    tconfig.compute_dtype = config.distill.dtype
   ttask = ImageClassification(tconfig, source, described, task.layout)
   net = network_lib.network(tconfig, ttask.model_overrides(), ttask.example_inputs(), task.layout.mesh())
   best = (tconfig.best, best_mode(tconfig))

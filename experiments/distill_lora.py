@@ -6,7 +6,7 @@ scratch, and low-rank adapters against full fine-tuning and the head alone, from
     python experiments/distill_lora.py --summary
 
 distill: the teacher is the README's main job (configs/vit_digits.py, Ti/2: width 64, depth 4; seed 0). The student
-is width 32, depth 2, 2 heads (a quarter of its parameters), trained with the main job's recipe (80 epochs), from
+is width 32, depth 2, 2 heads (an eighth of its parameters), trained with the main job's recipe (80 epochs), from
 scratch, with function matching (loss soft, temperature 1, weight 1: the teacher on the same augmented view) and with
 the teacher's hard labels (DeiT's). Every student carries an `agreement` evaluator on the test split (the teacher only
 measured where it does not teach).

@@ -107,6 +107,23 @@ def finished_run(tmp_path_factory, run_args):
   return workdir
 
 
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+  """An empty hub cache, offline: HF_HOME for the subprocesses, and huggingface_hub's constants (read when it was
+  first imported) for this process. Returns the cache folder (HF_HOME/hub)."""
+  import huggingface_hub.constants as constants
+
+  home = tmp_path / "hf_home"
+  cache = str(home / "hub")
+  os.makedirs(cache)
+  monkeypatch.setenv("HF_HOME", str(home))
+  monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  monkeypatch.setattr(constants, "HF_HUB_CACHE", cache)
+  monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+  return cache
+
+
 # Tests of XLA:CPU's own bf16 dot path (vitjax.dots takes it on a CPU only): the bring-up on a GPU
 # (experiments/gpu_check.sh) skips them. The condition is evaluated in the test module, which imports jax.
 cpu_backend_only = pytest.mark.skipif(

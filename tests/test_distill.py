@@ -75,7 +75,7 @@ def test_the_teacher_sees_the_students_images_in_its_own_normalisation_size_and_
     (dict(teacher="w", loss="kl"), "use one of soft, hard"),
     (dict(teacher="w", temperature=0.0), "must be a positive number"),
     (dict(teacher="w", weight=1.5), "must be in [0, 1]"),
-    (dict(teacher="hf:google/vit-base-patch16-224"), "a teacher is a vitjax workdir"),
+    (dict(teacher="timm:vit_tiny_patch16_224:w.safetensors"), "a teacher is a vitjax workdir or an hf: repository"),
     (dict(teacher="w", dtype="float16"), "config.distill.dtype='float16'"),
   ],
 )
@@ -196,3 +196,30 @@ def test_a_deit_student_learns_the_teacher_through_its_distillation_token_and_th
   logits, parts = student.model.apply(student.variables, x, train=False)
   np.testing.assert_allclose(logits, (parts["logits_cls"] + parts["logits_dist"]) / 2, rtol=1e-6)
   assert np.abs(parts["logits_dist"]).max() == 0 < np.abs(parts["logits_cls"]).max()
+
+
+def test_a_hub_repository_teaches_as_vitjax_load_reads_it(tmp_path, run_args, hub_cache):
+  """A transformers ViT on the hub (offline, from the cache; 1 channel, 8 px, 10 classes) as the teacher: loaded as
+  vitjax.load("hf:...") loads it, its agreement and accuracy on the test split measured beside the student's."""
+  import test_hub
+
+  import vitjax
+
+  _, files = test_hub._tiny_transformers(
+    "vit", tmp_path, num_channels=1, image_size=8, patch_size=2, hidden_size=16, num_hidden_layers=1,
+    num_attention_heads=2, intermediate_size=32, num_labels=10,
+  )  # fmt: skip
+  test_hub.cache_repo(hub_cache, "someone/vit-digits", files)
+  workdir = str(tmp_path / "student")
+  proc = th.check_ok(th.run_main(workdir, *run_args, "--config.distill.teacher=hf:someone/vit-digits", AGREE))
+  assert "teacher hf:someone/vit-digits: step 0" in proc.stderr
+  agree, _, teacher_acc = _agreement(workdir)
+  student, teacher = vitjax.load(workdir), vitjax.load("hf:someone/vit-digits")
+  batch = next(iter(student.task.eval_batches("test")))
+  keep = np.asarray(batch["mask"]).astype(bool)
+  images, labels = np.asarray(batch["image"])[keep], np.asarray(batch["label"])[keep]
+  want = [(teacher.predict(images).argmax(-1) == labels).mean()]
+  for more in list(student.task.eval_batches("test"))[1:]:
+    keep = np.asarray(more["mask"]).astype(bool)
+    want.append((teacher.predict(np.asarray(more["image"])[keep]).argmax(-1) == np.asarray(more["label"])[keep]).mean())
+  assert 0 <= agree <= 1 and abs(teacher_acc - float(np.average(want, weights=None))) < 0.05, (teacher_acc, want)

@@ -53,23 +53,6 @@ def read_dir(path: str) -> dict:
   return {n: open(os.path.join(path, n), "rb").read() for n in os.listdir(path)}
 
 
-@pytest.fixture
-def hub_cache(tmp_path, monkeypatch):
-  """An empty hub cache, offline: HF_HOME for the subprocesses, and huggingface_hub's constants (read when it was
-  first imported) for this process. Returns the cache folder (HF_HOME/hub)."""
-  import huggingface_hub.constants as constants
-
-  home = tmp_path / "hf_home"
-  cache = str(home / "hub")
-  os.makedirs(cache)
-  monkeypatch.setenv("HF_HOME", str(home))
-  monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-  monkeypatch.setattr(constants, "HF_HUB_CACHE", cache)
-  monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-  return cache
-
-
 def _transformers():
   """transformers (after the torchvision shim, as the parity tests import timm), or a skip (under CI, a failure)."""
   return _import_reference("transformers")

@@ -151,7 +151,6 @@ _TIMM_NEEDS = (
   ),
   (r"^vit_pe_", "the Perception Encoder's rotary embedding and attention pooling"),
   (r"^naflexvit", "NaFlex's patches of any aspect ratio, packed with masks (issue 78)"),
-  (r"^deit_.*distilled", "DeiT's distillation token"),
   (r"^(beit|beitv2)_", "BEiT's layout (timm's Beit: per-block relative position tables, its own LayerScale names)"),
   (r"^(eva_giant|eva02_enormous)", "EVA-01's post-norm blocks without rotary positions (timm's Eva, no rope)"),
 )
@@ -171,7 +170,7 @@ def from_hub(spec: str):
     raise ConfigError(
       f"{spec}: timm's {arch!r} "
       + (f"needs {needs}, which vitjax does not build" if needs else "is not a model vitjax reads")
-      + " (it reads timm's vit_SIZE_patchP_*, deit3_*, vit_SIZE_patch14_[reg4_]dinov2, vit_SIZE_patch16_dinov3, eva02_SIZE_patchP_* "
+      + " (it reads timm's vit_SIZE_patchP_*, deit_* (distilled too), deit3_*, vit_SIZE_patch14_[reg4_]dinov2, vit_SIZE_patch16_dinov3, eva02_SIZE_patchP_* "
       "and swin_*)"
     )
   path = repo.weights_file()

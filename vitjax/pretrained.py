@@ -98,3 +98,18 @@ def _fitted(net: Network, source: str | None) -> dict:
     logging.info("init_from: BatchNorm statistics carried over")
   logging.info("initialised parameters from %s", source)
   return {"params": params, **model_state}
+
+
+def at_input_size(net: Network, params, spec: str):
+  """The hub's parameters for `net`, at net's input size.
+
+  That may be another than the weights' (DINOv2: 518 px weights, 224 px crops): the position table is resampled once,
+  as transformers and timm resample it at run time (vitjax.models.adapt).
+  """
+  if jax.tree.map(np.shape, params) == jax.tree.map(lambda a: a.shape, net.abstract["params"]):
+    return params
+  zeros = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), net.abstract["params"])
+  params, changes = adapt_params(jax.device_get(params), zeros, net.model)
+  for line in changes:
+    logging.info("%s: %s", spec, line)
+  return params

@@ -34,9 +34,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from vitjax import config as config_lib
 from vitjax import convert, decode, evaluators, pretrained, tasks
-from vitjax.config import default_config
-from vitjax.data import augment
-from vitjax.models import adapt, convert_util
+from vitjax.config import imported
 
 
 @dataclasses.dataclass
@@ -161,21 +159,6 @@ def load(workdir: str, checkpoint: str | int = "best", weights: str = "params") 
   return Trained(net.model, variables, config, step, workdir, net.mesh, net.batch_sharding, task)
 
 
-def _at_input_size(net, params, spec: str):
-  """The hub's parameters for `net`, at net's input size.
-
-  That may be another than the weights' (DINOv2: 518 px weights, 224 px crops): the position table is resampled once,
-  as transformers and timm resample it at run time (vitjax.models.adapt).
-  """
-  if jax.tree.map(np.shape, params) == jax.tree.map(lambda a: a.shape, net.abstract["params"]):
-    return params
-  zeros = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), net.abstract["params"])
-  params, changes = adapt.adapt_params(jax.device_get(params), zeros, net.model)
-  for line in changes:
-    logging.info("%s: %s", spec, line)
-  return params
-
-
 def load_hub(spec: str, checkpoint: str | int = "best", weights: str = "params") -> Trained:
   """The pretrained classifier of a Hugging Face hub repository, 'hf:ORG/NAME[@REVISION]', as a Trained.
 
@@ -188,40 +171,16 @@ def load_hub(spec: str, checkpoint: str | int = "best", weights: str = "params")
   one with @REVISION).
   """
   pretrained.check_one_set(spec, checkpoint, weights)
-  module, variables, repo = convert.from_hub(spec)
-  flat = convert_util.flat_params(variables["params"])
-  channels = next(v.shape[2] for k, v in flat.items() if k in ("embedding/kernel", "patch_embed/kernel"))
-  num_classes = int(module.num_classes or 0)
-  if not num_classes:
+  config, described, module, variables = imported.hub_run(spec)
+  if not described["num_classes"]:
     logging.warning(
       "%s has no classifier head: predict() gives a softmax over its pooled features; model.apply(variables, x) "
       "returns the features themselves",
       spec,
     )
-  h, w = repo.image_size()
-  pre = augment.Preprocess(**{k: v for k, v in repo.preprocess().items() if v is not None})
-  described = {
-    "task": "classification",
-    "dataset": spec,
-    "num_classes": num_classes,
-    "class_names": repo.class_names(num_classes),
-    "channels": channels,
-    "image_size": [h, w],
-    **pre.describe(),
-  }
-  config = default_config()
-  config.model = mlc.ConfigDict(convert.model_config(module))
-  config.data.name = spec
-  if h == w:
-    config.data.image_size = h
-  else:  # the field is an int: a config of its own with (height, width), as a config file may give it
-    config.data = mlc.ConfigDict({**config.data.to_dict(), "image_size": (h, w)})
-  for k in ("mean", "std", "crop_fraction", "interpolation"):
-    config.data.preprocess[k] = getattr(pre, k)
-  config.init_from = spec
   task = tasks.get(config, spec, described=described)
   net = tasks.network(config, task)
   if convert.model_config(net.model) != config.model.to_dict():  # the config must rebuild the converted module
     raise RuntimeError(f"{spec}: config.model {config.model.to_dict()} builds {net.model}, not {module}")
-  variables = pretrained.place(net, _at_input_size(net, variables["params"], spec), spec)  # (read once)
+  variables = pretrained.place(net, pretrained.at_input_size(net, variables["params"], spec), spec)  # (read once)
   return Trained(net.model, variables, config, 0, spec, net.mesh, net.batch_sharding, task)

@@ -1,6 +1,6 @@
 """Distillation: a frozen teacher, loaded from a trained run, whose outputs the student learns from (config.distill).
 
-    c.distill.teacher = "workdirs/vit_s_fashion"   # a vitjax workdir; "" (the default): no teacher
+    c.distill.teacher = "workdirs/vit_s_fashion"   # a vitjax workdir or "hf:ORG/NAME"; "" (the default): none
     c.distill.checkpoint = "best"      # the teacher run's "best", "latest" or a step
     c.distill.loss = "soft"            # "soft": KL(teacher || student) at the temperature; "hard": its argmax
     c.distill.temperature = 1.0        # (the soft loss is scaled by its square)
@@ -33,6 +33,7 @@ from absl import logging
 
 from vitjax import config as config_lib
 from vitjax import pretrained
+from vitjax.config import imported
 from vitjax.errors import ConfigError
 from vitjax.models import network as network_lib
 from vitjax.tasks.classification import ImageClassification
@@ -86,10 +87,10 @@ def check(config) -> None:
       f"config.distill.dtype={d.dtype!r}: use 'float32', 'bfloat16', 'auto' or None (the teacher's own)"
     )
   source = str(d.teacher)
-  if source.split(":", 1)[0] in ("hf", "timm", "npz"):
+  if source.split(":", 1)[0] in ("timm", "npz"):
     raise ConfigError(
-      f"config.distill.teacher={source}: a teacher is a vitjax workdir; fine-tune the hub model on this data first "
-      f"(--config.init_from={source}) and give that run's workdir"
+      f"config.distill.teacher={source}: a teacher is a vitjax workdir or an hf: repository; a weights file has no "
+      f"classes or preprocessing: fine-tune from it first (--config.init_from={source}) and give that run's workdir"
     )
 
 
@@ -132,8 +133,9 @@ def load(config, task, best_mode: Callable, source: str | None = None, checkpoin
   """The teacher config.distill names (or `source` at `checkpoint`), on the student task's mesh; None without one.
 
   best_mode: a run's config -> 'max' or 'min' for its config.best (vitjax.evaluators.best_mode, which ranks the
-  teacher's checkpoints for checkpoint="best"). ConfigError (one line, before the student's workdir is written) for a
-  teacher that is not a trained vitjax classifier, has no such checkpoint, or whose classes are not the student's.
+  teacher's checkpoints for checkpoint="best"). A hub repository ('hf:ORG/NAME[@REVISION]') is read as vitjax.load
+  reads it. ConfigError (one line, before the student's workdir is written) for a teacher that is not a trained
+  classifier, has no such checkpoint, or whose classes are not the student's.
   """
   if source is None:
     if not enabled(config):
@@ -142,11 +144,17 @@ def load(config, task, best_mode: Callable, source: str | None = None, checkpoin
     source = str(config.distill.teacher)
   checkpoint = config.distill.checkpoint if checkpoint is None else checkpoint
   what = f"config.distill.teacher={source}"
-  source = os.path.abspath(os.path.expanduser(source))
-  if not os.path.isfile(os.path.join(source, "config.json")):
-    raise ConfigError(f"{what}: no vitjax run there (no config.json); give the workdir of a trained classifier")
-  tconfig = config_lib.read_config(source)
-  described = config_lib.read_task(source)
+  if source.startswith("hf:"):  # a hub repository's classifier, as vitjax.load reads it
+    if str(checkpoint) not in ("best", "latest"):
+      raise ConfigError(
+        f"{what}: a hub repository has one set of weights (checkpoint={checkpoint!r}); pin one with @REV"
+      )
+    tconfig, described, _, hub_variables = imported.hub_run(source)
+  else:
+    source = os.path.abspath(os.path.expanduser(source))
+    if not os.path.isfile(os.path.join(source, "config.json")):
+      raise ConfigError(f"{what}: no vitjax run there (no config.json); give the workdir of a trained classifier")
+    tconfig, described = config_lib.read_config(source), config_lib.read_task(source)
   if tconfig.task != "classification" or not described:
     raise ConfigError(f"{what}: a {tconfig.task!r} run; a teacher is a trained image classifier")
   student = task.describe()
@@ -156,8 +164,11 @@ def load(config, task, best_mode: Callable, source: str | None = None, checkpoin
     tconfig.compute_dtype = config.distill.dtype
   ttask = ImageClassification(tconfig, source, described, task.layout)
   net = network_lib.network(tconfig, ttask.model_overrides(), ttask.example_inputs(), task.layout.mesh())
-  best = (tconfig.best, best_mode(tconfig))
-  step, variables = pretrained.load(source, net, checkpoint, "params", best, tconfig.keep_checkpoints)
+  if source.startswith("hf:"):
+    step, variables = 0, pretrained.place(net, pretrained.at_input_size(net, hub_variables["params"], source), source)
+  else:
+    best = (tconfig.best, best_mode(tconfig))
+    step, variables = pretrained.load(source, net, checkpoint, "params", best, tconfig.keep_checkpoints)
   inputs = _input_map(what, task.preprocess(), student, ttask.preprocess(), described)
   size = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(variables["params"]))
   logging.info("teacher %s: step %d, %s, %s parameters", source, step, tconfig.model.name, f"{size:,}")

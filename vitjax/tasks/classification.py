@@ -56,6 +56,7 @@ class ImageClassification:
     self._preprocess = None  # preprocess(), built on first use
     self._own_valid = None  # own_valid(), asked once
     self._training_positions = None  # (training_positions(),), drawn once
+    self.teachers = {}  # distillation teachers on this task's mesh, loaded once (vitjax.tasks.distill.load)
 
   # -- splits
   def own_valid(self) -> bool:

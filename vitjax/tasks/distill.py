@@ -143,6 +143,14 @@ def load(config, task, best_mode: Callable, source: str | None = None, checkpoin
     check(config)
     source = str(config.distill.teacher)
   checkpoint = config.distill.checkpoint if checkpoint is None else checkpoint
+  key = (source, str(checkpoint), config.distill.get("dtype"))
+  cache = getattr(task, "teachers", {})
+  if key not in cache:  # (the step and an agreement evaluator share one copy)
+    cache[key] = _load(config, task, best_mode, source, checkpoint)
+  return cache[key]
+
+
+def _load(config, task, best_mode: Callable, source: str, checkpoint) -> Teacher:
   what = f"config.distill.teacher={source}"
   if source.startswith("hf:"):  # a hub repository's classifier, as vitjax.load reads it
     if str(checkpoint) not in ("best", "latest"):

@@ -4,7 +4,9 @@ written."""
 
 import json
 import os
+import re
 import shutil
+import signal
 
 import jax
 import jax.numpy as jnp
@@ -151,8 +153,11 @@ def test_a_teacher_of_other_classes_or_none_at_all_is_refused_before_anything_is
   _refused(tmp_path, run_args, finished_run, "--config.distill.loss=kl", words=("config.distill.loss",))
 
 
-def test_a_distilled_run_follows_the_same_curve_on_eight_devices(tmp_path, run_args, finished_run):
-  """The teacher's variables are laid out on the student's mesh: 1 or 8 devices give the same losses."""
+def test_a_distilled_run_resumes_bitwise_after_sigterm_and_follows_the_same_curve_on_eight_devices(
+  tmp_path, run_args, finished_run
+):
+  """The teacher is loaded again on resume (it is never saved): the resumed run is bitwise the uninterrupted one. Its
+  variables are laid out on the student's mesh: 1 or 8 devices give the same losses."""
   args = [*run_args, "--config.total_steps=12", "--config.eval_every=12", f"--config.distill.teacher={finished_run}"]
   losses = []
   for devices in (1, 8):
@@ -161,6 +166,16 @@ def test_a_distilled_run_follows_the_same_curve_on_eight_devices(tmp_path, run_a
     losses.append([r["train/loss"] for r in th.read_metrics(workdir) if "train/loss" in r])
   assert len(losses[0]) == 12
   np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5, atol=1e-6)
+  cut = str(tmp_path / "cut")
+  proc = th.start_main(cut, *args)
+  for line in proc.stdout:
+    if re.search(r" step 7/12 ", line):
+      proc.send_signal(signal.SIGTERM)
+      break
+  proc.communicate(timeout=120)
+  assert proc.returncode == 75
+  assert "resumed from" in th.check_ok(th.run_main(cut, *args)).stderr
+  th.assert_same_state(th.load_state(str(tmp_path / "d1")), th.load_state(cut), "distilled, stopped and resumed")
 
 
 def test_a_deit_student_learns_the_teacher_through_its_distillation_token_and_the_labels_through_its_class_token(

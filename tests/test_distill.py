@@ -4,7 +4,6 @@ written."""
 
 import json
 import os
-import re
 import shutil
 import signal
 
@@ -168,10 +167,8 @@ def test_a_distilled_run_resumes_bitwise_after_sigterm_and_follows_the_same_curv
   np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5, atol=1e-6)
   cut = str(tmp_path / "cut")
   proc = th.start_main(cut, *args)
-  for line in proc.stdout:
-    if re.search(r" step 7/12 ", line):
-      proc.send_signal(signal.SIGTERM)
-      break
+  th.read_until(proc, r" step 7/12 ")
+  proc.send_signal(signal.SIGTERM)
   proc.communicate(timeout=120)
   assert proc.returncode == 75
   assert "resumed from" in th.check_ok(th.run_main(cut, *args)).stderr

@@ -26,22 +26,6 @@ def _copy(src, tmp_path, name="w"):
   return dst
 
 
-def _read_until(proc, pattern, timeout=240.0):
-  """Reads proc's output until a line matches `pattern`; returns (match, lines so far). Kills proc on timeout."""
-  timer = threading.Timer(timeout, proc.kill)
-  timer.start()
-  lines = []
-  try:
-    for line in proc.stdout:
-      lines.append(line)
-      m = re.search(pattern, line)
-      if m:
-        return m, lines
-  finally:
-    timer.cancel()
-  raise AssertionError(f"{pattern!r} never appeared:\n{''.join(lines[-30:])}")
-
-
 def _rest(proc, timeout=120.0):
   """The rest of proc's output, after it exits; (rc, text, seconds it took)."""
   t = time.time()
@@ -71,10 +55,10 @@ def test_sigterm_checkpoints_the_step_in_flight_and_the_resume_is_bitwise_exact(
   workdir = str(tmp_path / "w")
   kill_at = random.randint(3, 27)  # a random step; printed with any failure
   proc = th.start_main(workdir, *run_args)
-  _read_until(proc, rf" step {kill_at}/30 ")
+  th.read_until(proc, rf" step {kill_at}/30 ")
   t = time.time()
   proc.send_signal(signal.SIGTERM)
-  m, _ = _read_until(proc, r"SIGTERM: stopped at step (\d+), checkpoint \1 written to .*; rerun the same command to")
+  m, _ = th.read_until(proc, r"SIGTERM: stopped at step (\d+), checkpoint \1 written to .*; rerun the same command to")
   stopped, on_disk = int(m.group(1)), th.finished_steps(workdir)  # as the line says it, not later
   rc, out, _ = _rest(proc)
   assert rc == 75, (kill_at, out[-2000:])
@@ -119,7 +103,7 @@ def test_a_killed_data_worker_stops_the_run_with_its_steps_checkpointed_and_it_r
   line and exits 75, which a cluster script requeues; the same command resumes to the uninterrupted run's state."""
   workdir = str(tmp_path / "w")
   proc = th.start_main(workdir, *run_args, "--config.data.worker_count=2")
-  _read_until(proc, r" step 6/30 ")
+  th.read_until(proc, r" step 6/30 ")
   workers = _grain_workers(proc.pid)
   assert len(workers) == 2, workers
   os.kill(workers[0], signal.SIGKILL)
@@ -162,7 +146,7 @@ def test_only_grains_report_of_a_dead_worker_is_a_lost_input(error, why):
 def test_a_second_signal_stops_at_once(run_args, tmp_path):
   workdir = str(tmp_path / "w")
   proc = th.start_main(workdir, *run_args)
-  _read_until(proc, r"training examples")  # the first step is compiling: a long step
+  th.read_until(proc, r"training examples")  # the first step is compiling: a long step
   proc.send_signal(signal.SIGTERM)
   time.sleep(0.05)
   proc.send_signal(signal.SIGINT)
@@ -394,7 +378,7 @@ def test_a_second_run_is_refused_and_a_dead_runs_lock_is_taken_over(run_args, tm
   long = [*run_args, "--config.total_steps=100000", "--config.checkpoint_every=100000", "--config.eval_every=100000"]
   first = th.start_main(workdir, *long)
   try:
-    _read_until(first, r" step 2/100000 ")
+    th.read_until(first, r" step 2/100000 ")
     second = th.run_main(workdir, *long)
     assert second.returncode == 2, second.stderr[-2000:]
     assert f"workdir {workdir} is in use: PID {first.pid} on " in second.stderr and "Traceback" not in second.stderr
@@ -533,7 +517,7 @@ def test_metrics_have_one_row_per_step_after_two_kills(finished_run, run_args, t
   workdir = str(tmp_path / "w")
   for kill_after in (8, 18):
     proc = th.start_main(workdir, *run_args)
-    _read_until(proc, rf" step {kill_after + 3}/30 ")  # a few rows past the checkpoint at kill_after - 3 .. +0
+    th.read_until(proc, rf" step {kill_after + 3}/30 ")  # a few rows past the checkpoint at kill_after - 3 .. +0
     proc.kill()
     proc.communicate(timeout=60)
   th.check_ok(th.run_main(workdir, *run_args))
@@ -547,7 +531,7 @@ def test_an_evaluation_missing_from_a_checkpoint_runs_on_resume(run_args, tmp_pa
   cadence) is evaluated first on resume and saved again with its metrics, so `best` can choose it."""
   workdir = str(tmp_path / "w")
   proc = th.start_main(workdir, *run_args, "--config.eval_every=1000")
-  _read_until(proc, r" step 13/30 ")
+  th.read_until(proc, r" step 13/30 ")
   proc.send_signal(signal.SIGTERM)
   rc, out, _ = _rest(proc)
   assert rc == 75, out[-2000:]

@@ -163,10 +163,8 @@ def test_four_processes_of_one_device_follow_the_same_curve(finished_run, run_ar
 def test_a_one_process_checkpoint_resumes_on_two_processes(finished_run, run_args, tmp_path):
   workdir = str(tmp_path / "grow")
   proc = th.start_main(workdir, *run_args, devices=4)
-  for line in proc.stdout:
-    if re.search(r" step 12/30 ", line):
-      proc.send_signal(signal.SIGTERM)
-      break
+  th.read_until(proc, r" step 12/30 ")
+  proc.send_signal(signal.SIGTERM)
   proc.communicate(timeout=120)
   assert proc.returncode == 75
   step = max(th.finished_steps(workdir))

@@ -181,10 +181,8 @@ def test_a_run_on_the_devices_resumes_bitwise_after_sigterm_and_follows_its_curv
   ref_dir, _ = on_device_run
   cut = str(tmp_path / "cut")
   proc = th.start_main(cut, *run_args, "--config.data.on_device=True")
-  for line in proc.stdout:
-    if re.search(r" step 13/30 ", line):
-      proc.send_signal(signal.SIGTERM)
-      break
+  th.read_until(proc, r" step 13/30 ")
+  proc.send_signal(signal.SIGTERM)
   proc.communicate(timeout=120)
   assert proc.returncode == 75
   resumed = th.check_ok(th.run_main(cut, *run_args, "--config.data.on_device=True"))

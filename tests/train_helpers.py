@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 
 from forkserver import ForkServer
 
@@ -219,3 +220,19 @@ def assert_same_state(ref: dict, got: dict, context: str = "") -> None:
     if a.dtype != b.dtype or a.tobytes() != b.tobytes()
   ]
   assert not differ, f"{context}: these differ: {differ[:10]}"
+
+
+def read_until(proc, pattern, timeout=240.0):
+  """Reads proc's output until a line matches `pattern`; returns (match, lines so far). Kills proc on timeout."""
+  timer = threading.Timer(timeout, proc.kill)
+  timer.start()
+  lines = []
+  try:
+    for line in proc.stdout:
+      lines.append(line)
+      m = re.search(pattern, line)
+      if m:
+        return m, lines
+  finally:
+    timer.cancel()
+  raise AssertionError(f"{pattern!r} never appeared:\n{''.join(lines[-30:])}")

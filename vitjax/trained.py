@@ -34,7 +34,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from vitjax import config as config_lib
 from vitjax import convert, decode, evaluators, pretrained, tasks
-from vitjax.config import imported
+from vitjax.tasks.classification import hub_classifier
 
 
 @dataclasses.dataclass
@@ -171,7 +171,7 @@ def load_hub(spec: str, checkpoint: str | int = "best", weights: str = "params")
   one with @REVISION).
   """
   pretrained.check_one_set(spec, checkpoint, weights)
-  config, described, module, variables = imported.hub_run(spec)
+  config, described, module, variables = hub_classifier(spec)
   if not described["num_classes"]:
     logging.warning(
       "%s has no classifier head: predict() gives a softmax over its pooled features; model.apply(variables, x) "

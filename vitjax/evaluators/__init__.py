@@ -99,7 +99,6 @@ class Evaluator:
   options: dict
   config: Any
   workdir: str | None
-  cache: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)  # what a type prepares once
 
   @property
   def type(self) -> str:

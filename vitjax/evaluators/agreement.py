@@ -5,7 +5,7 @@
 
 Options: teacher (a trained classifier's workdir; None: config.distill.teacher), checkpoint (the teacher's; None:
 config.distill.checkpoint). The teacher sees each image as the run's model does, mapped to its own normalisation and
-size (vitjax.tasks.distill); it is loaded once, when the evaluator is checked, and a teacher that cannot be loaded
+size (vitjax.tasks.distill); it is loaded once per task (the training step's copy where it distils from the same teacher), when the evaluator is checked, and a teacher that cannot be loaded
 is refused then, before anything is written.
 """
 
@@ -48,14 +48,12 @@ def check(ev) -> None:
 
 
 def teacher(ev) -> distill.Teacher:
-  """The evaluator's teacher, loaded once."""
-  if "teacher" not in ev.cache:
-    source, checkpoint = ev.options["teacher"], ev.options["checkpoint"]
-    if source is None:
-      distill.check(ev.config)
-      source = str(ev.config.distill.teacher)
-    ev.cache["teacher"] = distill.load(ev.config, ev.task, evaluators.best_mode, source, checkpoint)
-  return ev.cache["teacher"]
+  """The evaluator's teacher (loaded once per task: the training step's own, where it distils from the same)."""
+  source, checkpoint = ev.options["teacher"], ev.options["checkpoint"]
+  if source is None:
+    distill.check(ev.config)
+    source = str(ev.config.distill.teacher)
+  return distill.load(ev.config, ev.task, evaluators.best_mode, source, checkpoint)
 
 
 def run(ev, net, variables, stop=None, step=None) -> dict:
@@ -70,7 +68,7 @@ def run(ev, net, variables, stop=None, step=None) -> dict:
   sums = None
   for batch in classification.batches(ev, net):
     check_stop(stop)
-    out = _step(net.model, t.model, t.inputs, variables, t.variables, batch, pre.mean, pre.std)
+    out = _step(net.model, t.forward, variables, t.variables, batch, pre.mean, pre.std)
     sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
   sums = jax.device_get(sums)
   n = float(sums["count"])
@@ -82,12 +80,11 @@ def run(ev, net, variables, stop=None, step=None) -> dict:
   }
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 6, 7))
-def _step(model, teacher_model, teacher_inputs, variables, teacher_variables, batch, mean, std):
+@functools.partial(jax.jit, static_argnums=(0, 1, 5, 6))
+def _step(model, teacher, variables, teacher_variables, batch, mean, std):
   images = device_ops.to_float(batch["image"], mean, std)
   logits, _ = model.apply(variables, images, train=False)
-  out = teacher_model.apply(teacher_variables, teacher_inputs(images), train=False)
-  teacher_logits = out[0] if isinstance(out, tuple) else out
+  teacher_logits = teacher(teacher_variables, images)
   mask = batch["mask"].astype(jnp.float32)
   pred, tpred = logits.argmax(-1), teacher_logits.argmax(-1)
   return {

@@ -33,32 +33,33 @@ from absl import logging
 
 from vitjax import config as config_lib
 from vitjax import pretrained
-from vitjax.config import imported
 from vitjax.errors import ConfigError
 from vitjax.models import network as network_lib
-from vitjax.tasks.classification import ImageClassification
+from vitjax.tasks.classification import ImageClassification, hub_classifier
 
 LOSSES = ("soft", "hard")
 
 
 @dataclasses.dataclass
 class Teacher:
-  """A loaded teacher: its module and variables (on the student's mesh) and the map from the student's images to its.
+  """A loaded teacher: its variables (on the student's mesh) and its forward from the student's images.
 
-  inputs: float [B, H, W, C] as the student's device batch holds them -> the teacher's [B, H', W', C'].
+  forward(variables, images): float [B, H, W, C] as the student's device batch holds them -> the teacher's logits
+  [B, K] (float32, no gradient); the images mapped to its normalisation, size and channels. A plain function: jit
+  takes it as a static argument (the agreement evaluator).
   """
 
-  model: object
+  forward: Callable
   variables: dict
-  inputs: Callable
-  source: str
-  step: int
 
-  def logits(self, variables, images):
-    """The teacher's logits [B, K] (float32) of the student's images [B, H, W, C], with no gradient."""
-    out = self.model.apply(variables, self.inputs(images), train=False)
+
+def _forward(model, inputs: Callable) -> Callable:
+  def forward(variables, images):
+    out = model.apply(variables, inputs(images), train=False)
     out = out[0] if isinstance(out, tuple) else out
     return jax.lax.stop_gradient(out.astype(jnp.float32))
+
+  return forward
 
 
 def enabled(config) -> bool:
@@ -157,7 +158,7 @@ def _load(config, task, best_mode: Callable, source: str, checkpoint) -> Teacher
       raise ConfigError(
         f"{what}: a hub repository has one set of weights (checkpoint={checkpoint!r}); pin one with @REV"
       )
-    tconfig, described, _, hub_variables = imported.hub_run(source)
+    tconfig, described, _, hub_variables = hub_classifier(source)
   else:
     source = os.path.abspath(os.path.expanduser(source))
     if not os.path.isfile(os.path.join(source, "config.json")):
@@ -180,7 +181,7 @@ def _load(config, task, best_mode: Callable, source: str, checkpoint) -> Teacher
   inputs = _input_map(what, task.preprocess(), student, ttask.preprocess(), described)
   size = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(variables["params"]))
   logging.info("teacher %s: step %d, %s, %s parameters", source, step, tconfig.model.name, f"{size:,}")
-  return Teacher(net.model, variables, inputs, source, step)
+  return Teacher(_forward(net.model, inputs), variables)
 
 
 def _check_classes(what: str, teacher: dict, student: dict) -> None:

@@ -239,7 +239,8 @@ def _train(run: _Run, state, start: int, data_state, changes: dict) -> dict:
     donate_argnums=0,
   )
   if teacher is not None:  # its variables: an argument of the program, not constants compiled into it
-    train_step = (lambda jitted: lambda state, batch: jitted(state, batch, teacher.variables))(train_step)
+    jitted = train_step
+    train_step = lambda state, batch: jitted(state, batch, teacher.variables)
   _begin(run, state, start, changes)
   reporter = Reporter(
     run.workdir,

@@ -55,7 +55,7 @@ def make_train_step(model, tx, schedule, config, task, grad_sharding=None, teach
     rng = jax.random.fold_in(dropout_key, state.step)
     batch = task.device_batch(batch, jax.random.fold_in(batch_key, state.step))
     if teacher is not None:  # on the whole device batch, the view the student sees (its first input: the images)
-      batch = {**batch, "teacher_logits": teacher.logits(teacher_variables, task.model_inputs(batch)[0])}
+      batch = {**batch, "teacher_logits": teacher.forward(teacher_variables, task.model_inputs(batch)[0])}
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if accum == 1:
       (loss, (model_state, metrics)), grads = grad_fn(state.params, state.model_state, batch, rng)
